@@ -1,0 +1,8 @@
+// Op family: activation. See families.def for the ops it holds.
+#include "ops/op_util.h"
+
+namespace kiln {
+
+void register_activation_ops(OpRegistry& r) { (void)r; }
+
+}  // namespace kiln

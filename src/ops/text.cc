@@ -1,0 +1,8 @@
+// Op family: text. See families.def for the ops it holds.
+#include "ops/op_util.h"
+
+namespace kiln {
+
+void register_text_ops(OpRegistry& r) { (void)r; }
+
+}  // namespace kiln

@@ -1,0 +1,58 @@
+#include <cuda_runtime.h>
+
+#include "backends/cuda/device.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+// A trivial kernel launched once by the probe: it proves the module loads on this device (the
+// binary is built for sm_90a, so an older GPU is reported instead of failing later).
+__global__ void probe_kernel(int* out) { *out = 42; }
+
+std::string cuda_reason(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
+
+}  // namespace
+
+DeviceInfo probe_device() {
+  DeviceInfo info;
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    info.reason = cuda_reason(e);
+    return info;
+  }
+  if (count == 0) {
+    info.reason = "no CUDA device";
+    return info;
+  }
+  cudaDeviceProp p{};
+  if ((e = cudaGetDeviceProperties(&p, 0)) != cudaSuccess) {
+    info.reason = cuda_reason(e);
+    return info;
+  }
+  info.name = p.name;
+  info.sm_major = p.major;
+  info.sm_minor = p.minor;
+  info.sm_count = p.multiProcessorCount;
+  info.total_memory = p.totalGlobalMem;
+  int* d = nullptr;
+  int h = 0;
+  if ((e = cudaMalloc(&d, sizeof(int))) != cudaSuccess) {
+    info.reason = cuda_reason(e);
+    return info;
+  }
+  probe_kernel<<<1, 1>>>(d);
+  e = cudaGetLastError();
+  if (e == cudaSuccess) e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  if (e != cudaSuccess || h != 42) {
+    info.reason = "the kiln CUDA module does not run on " + info.name + " (built for sm_90a): " +
+                  (e != cudaSuccess ? cuda_reason(e) : std::string("wrong result"));
+    return info;
+  }
+  info.available = true;
+  return info;
+}
+
+}  // namespace kiln::cuda

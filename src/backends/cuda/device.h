@@ -1,0 +1,21 @@
+// Finding a CUDA device without requiring one: the CPU-only build and a machine with no driver
+// both answer "no device" with the reason, which the CLI prints once as a warning.
+#pragma once
+
+#include <string>
+
+namespace kiln::cuda {
+
+struct DeviceInfo {
+  bool available = false;
+  std::string reason;  // why not, when !available ("no CUDA driver", "no device", ...)
+  std::string name;    // "NVIDIA H100 80GB HBM3"
+  int sm_major = 0, sm_minor = 0;
+  int sm_count = 0;
+  size_t total_memory = 0;
+};
+
+// Queries device 0. Never fails: a missing driver or device is reported in the result.
+DeviceInfo probe_device();
+
+}  // namespace kiln::cuda

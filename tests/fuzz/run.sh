@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# Build and run the libFuzzer target for the ONNX importer (tests/fuzz/fuzz_import.cc).
+#
+#   bash tests/fuzz/run.sh [BUILD_DIR] [SECONDS]      (make fuzz: BUILD_DIR=build-fuzz, 60 s)
+#
+# Configures BUILD_DIR with clang and ASan+UBSan+libFuzzer instrumentation, builds only
+# kiln_fuzz_import, seeds a corpus from Debian's libonnx-testdata, replays earlier findings, then
+# fuzzes for SECONDS. Exits non-zero on any finding (crash, sanitizer report, leak, timeout, OOM);
+# the inputs are kept in BUILD_DIR/artifacts. Re-running reuses the build and the grown corpus.
+#
+# Layout of BUILD_DIR:
+#   tests/kiln_fuzz_import   the fuzzer (replay one input: tests/kiln_fuzz_import FILE)
+#   fuzz-seeds/              seeds copied from libonnx-testdata (regenerated each run)
+#   fuzz-corpus/             the corpus libFuzzer grows (kept between runs)
+#   artifacts/               crash-*, leak-*, timeout-*, oom-*; artifacts/fixed/ once they pass
+#   fuzz.log                 the fuzzer's output of the last run
+#
+# Environment: KILN_FUZZ_STRICT=1 also makes "imported but verify_graph fails" and a failed text
+# round-trip findings (see fuzz_import.cc); KILN_FUZZ_ARGS adds libFuzzer flags; CC/CXX pick the
+# compilers (default clang/clang++).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+BUILD="${1:-build-fuzz}"
+DURATION="${2:-60}"
+case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
+if ! [[ "$DURATION" =~ ^[0-9]+$ ]]; then
+  echo "usage: $0 [BUILD_DIR] [SECONDS]" >&2
+  exit 2
+fi
+
+CXX_BIN="${CXX:-clang++}"
+if ! command -v "$CXX_BIN" >/dev/null || ! "$CXX_BIN" --version 2>/dev/null | grep -qi clang; then
+  echo "fuzz: needs clang++ with libFuzzer (apt-get install clang); CXX=$CXX_BIN is not clang" >&2
+  exit 2
+fi
+
+# ---- configure + build (incremental) ---------------------------------------------------------
+SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+mkdir -p "$BUILD"
+cmake -S "$ROOT" -B "$BUILD" \
+  -DCMAKE_CXX_COMPILER="$CXX_BIN" \
+  -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link $SAN" \
+  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
+  -DCMAKE_EXE_LINKER_FLAGS="$SAN" \
+  -DCMAKE_PROJECT_INCLUDE="$ROOT/tests/fuzz/fuzz.cmake" \
+  -DKILN_FUZZ=ON -DKILN_CUDA=OFF >"$BUILD/fuzz-configure.log" 2>&1 || {
+  cat "$BUILD/fuzz-configure.log" >&2
+  echo "fuzz: cmake configure failed (log: $BUILD/fuzz-configure.log)" >&2
+  exit 2
+}
+cmake --build "$BUILD" --target kiln_fuzz_import -j "$(nproc)"
+FUZZER="$BUILD/tests/kiln_fuzz_import"
+[[ -x "$FUZZER" ]] || { echo "fuzz: $FUZZER was not built" >&2; exit 2; }
+
+# ---- seeds -----------------------------------------------------------------------------------
+# Small real models from libonnx-testdata: a curated set covering subgraphs (If/Loop/Scan),
+# sequences, optionals, strings, initializers, ai.onnx.ml and training ops, topped up with an even
+# spread over the rest. Deterministic; every file < 20 KB.
+SEEDS="$BUILD/fuzz-seeds"
+CORPUS="$BUILD/fuzz-corpus"
+ARTIFACTS="$BUILD/artifacts"
+rm -rf "$SEEDS"
+mkdir -p "$SEEDS" "$CORPUS" "$ARTIFACTS"
+TESTDATA=""
+if command -v dpkg >/dev/null && dpkg -L libonnx-testdata >/dev/null 2>&1; then
+  TESTDATA="$(dpkg -L libonnx-testdata | grep -m1 '/data/node$' || true)"
+fi
+[[ -n "$TESTDATA" && -d "$TESTDATA" ]] || TESTDATA=/usr/share/libonnx-testdata/data/node
+MAX_SEEDS=48
+if [[ -d "$TESTDATA" ]]; then
+  CURATED=(
+    test_if test_if_seq test_if_opt test_loop11 test_loop13_seq test_loop16_seq_none
+    test_scan_sum test_scan9_sum test_sequence_map_add_2_sequences test_sequence_insert_at_back
+    test_optional_get_element test_optional_has_element_empty test_constant test_constantofshape_int_zeros
+    test_cast_FLOAT_to_STRING test_castlike_FLOAT_to_BFLOAT16_expanded test_strnormalizer_export_monday_casesensintive_lower
+    test_conv_with_strides_padding test_convtranspose_output_shape test_lstm_with_peepholes test_gru_seq_length
+    test_dequantizelinear_axis test_quantizelinear test_layer_normalization_4d_axis1_expanded test_einsum_batch_diagonal
+    test_gathernd_example_int32_batch_dim1 test_nonmaxsuppression_two_classes test_resize_downsample_scales_linear
+    test_split_variable_parts_1d test_reshape_allowzero_reordered test_slice_default_steps test_range_float_type_positive_delta_expanded
+    test_ai_onnx_ml_label_encoder_string_int test_ai_onnx_ml_binarizer test_tfidfvectorizer_tf_batch_onlybigrams_skip5
+    test_adagrad_multiple test_momentum test_bernoulli_seed_expanded test_dft_axis test_stft
+  )
+  n=0
+  add_seed() {  # add_seed DIR: copies DIR/model.onnx when present and small
+    local f="$1/model.onnx" name
+    name="$(basename "$1")"
+    [[ -f "$f" && ! -e "$SEEDS/$name.onnx" ]] || return 1
+    (( $(stat -c %s "$f") < 20480 )) || return 1
+    cp "$f" "$SEEDS/$name.onnx"
+    n=$((n + 1))
+  }
+  for t in "${CURATED[@]}"; do add_seed "$TESTDATA/$t" || true; done
+  mapfile -t ALL < <(find "$TESTDATA" -mindepth 1 -maxdepth 1 -type d | LC_ALL=C sort)
+  if (( ${#ALL[@]} > 0 && n < MAX_SEEDS )); then
+    step=$(( ${#ALL[@]} / (MAX_SEEDS - n) + 1 ))
+    for (( i = 0; i < ${#ALL[@]} && n < MAX_SEEDS; i += step )); do add_seed "${ALL[$i]}" || true; done
+  fi
+  echo "fuzz: $n seed models from $TESTDATA"
+else
+  echo "fuzz: warning: libonnx-testdata not installed; fuzzing from the kept corpus only" >&2
+fi
+# Committed regression inputs (if any) are read as well, never written to.
+EXTRA_CORPORA=()
+[[ -d "$ROOT/tests/fuzz/corpus" ]] && EXTRA_CORPORA+=("$ROOT/tests/fuzz/corpus")
+
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:symbolize=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:symbolize=1}"
+command -v llvm-symbolizer >/dev/null && export ASAN_SYMBOLIZER_PATH="$(command -v llvm-symbolizer)"
+
+FLAGS=(-rss_limit_mb=2048 -timeout=10 -max_len=65536)
+
+# ---- replay earlier findings -------------------------------------------------------------------
+shopt -s nullglob
+OLD=("$ARTIFACTS"/crash-* "$ARTIFACTS"/leak-* "$ARTIFACTS"/timeout-* "$ARTIFACTS"/oom-* "$ARTIFACTS"/slow-unit-*)
+still=()
+for a in "${OLD[@]}"; do
+  if "$FUZZER" "${FLAGS[@]}" "$a" >"$a.replay.log" 2>&1; then
+    mkdir -p "$ARTIFACTS/fixed"
+    mv "$a" "$ARTIFACTS/fixed/"
+    rm -f "$a.replay.log"
+    echo "fuzz: earlier finding $(basename "$a") no longer reproduces (moved to artifacts/fixed/)"
+  else
+    still+=("$a")
+  fi
+done
+if (( ${#still[@]} > 0 )); then
+  for a in "${still[@]}"; do
+    echo "---- $a (log: $a.replay.log)"
+    grep -E "ERROR: |SUMMARY: |runtime error|kiln: |kiln_fuzz_import: |^    #[0-9] " "$a.replay.log" | head -20 || true
+  done
+  echo "fuzz: ${#still[@]} earlier finding(s) still reproduce: ${still[*]}"
+  exit 1
+fi
+
+# ---- fuzz ------------------------------------------------------------------------------------
+LOG="$BUILD/fuzz.log"
+echo "fuzz: running $FUZZER for ${DURATION}s (log: $LOG)"
+start=$(date +%s)
+set +e
+# shellcheck disable=SC2086
+timeout --kill-after=30 $((DURATION + 300)) "$FUZZER" "${FLAGS[@]}" \
+  -max_total_time="$DURATION" -print_final_stats=1 -artifact_prefix="$ARTIFACTS/" \
+  ${KILN_FUZZ_ARGS:-} "$CORPUS" "$SEEDS" "${EXTRA_CORPORA[@]}" >"$LOG" 2>&1
+rc=$?
+set -e
+elapsed=$(( $(date +%s) - start ))
+
+runs="$(sed -n 's/^stat::number_of_executed_units: *\([0-9]*\).*/\1/p' "$LOG" | tail -1)"
+[[ -n "$runs" ]] || runs="$(sed -n 's/^Done \([0-9]*\) runs.*/\1/p' "$LOG" | tail -1)"
+[[ -n "$runs" ]] || runs="?"
+cov="$(grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+/[0-9a-zA-Z]+' "$LOG" | tail -1 || true)"
+NEW=("$ARTIFACTS"/crash-* "$ARTIFACTS"/leak-* "$ARTIFACTS"/timeout-* "$ARTIFACTS"/oom-* "$ARTIFACTS"/slow-unit-*)
+findings=0
+for a in "${NEW[@]}"; do [[ "$a" == *.replay.log ]] || findings=$((findings + 1)); done
+
+if (( rc == 0 && findings == 0 )); then
+  echo "fuzz: $runs runs in ${elapsed} s, 0 findings (${cov:-no coverage line}; corpus $CORPUS)"
+  exit 0
+fi
+echo "---- fuzzer output (tail of $LOG)"
+grep -E "ERROR: |SUMMARY: |runtime error|kiln: |kiln_fuzz_import: |^    #[0-9]+ |Test unit written|out-of-memory|timeout" "$LOG" | head -40 || tail -40 "$LOG"
+if (( findings == 0 )); then
+  echo "fuzz: $runs runs in ${elapsed} s, fuzzer exited with status $rc and wrote no artifact (see $LOG)"
+else
+  echo "fuzz: $runs runs in ${elapsed} s, $findings finding(s): ${NEW[*]} (replay: $FUZZER FILE)"
+fi
+exit 1

@@ -1,0 +1,76 @@
+// The `kiln` command line: option structs grouped by phase (what to load, how to run, how to
+// compare), and one function per subcommand. The CLI stays thin: it parses, calls the library,
+// prints. Every subcommand returns the process exit code: 0 success, 1 error or mismatch.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "frontend/onnx/importer.h"
+#include "ir/tensor.h"
+
+namespace kiln::cli {
+
+// Phase 1: what model, with which input shapes.
+struct LoadOptions {
+  std::string model;                 // path to the .onnx file
+  std::vector<std::string> shapes;   // "NAME:1x3x224x224", repeatable
+};
+
+// Phase 2: inputs and how to run.
+struct RunOptions {
+  std::vector<std::string> inputs;   // "NAME=FILE.npy", repeatable
+  bool random_inputs = false;
+  uint64_t seed = 0;
+  std::string output_dir;
+  int warmup = 0;
+  int iterations = 1;
+  int top_k = 0;                     // print the k largest scores of each output
+  std::string labels;                // one class name per line, for --top-k
+};
+
+// Phase 3: checking outputs.
+struct CompareOptions {
+  std::string inputs_dir;
+  std::string reference_dir;
+  double rtol = 1e-3;
+  double atol = 1e-4;
+};
+
+struct InspectOptions {
+  bool ir = false;
+  std::string dot;
+};
+
+int inspect_main(const LoadOptions& load, const InspectOptions& opt);
+int run_main(const LoadOptions& load, const RunOptions& opt);
+int compare_main(const LoadOptions& load, const RunOptions& run, const CompareOptions& opt);
+
+// ---- shared helpers (common.cc) ---------------------------------------------------------------
+
+// Imports the model with the --shapes bindings applied.
+Expected<Model> load_model(const LoadOptions& load);
+// Graph inputs that need data (initializers that are also inputs have defaults).
+std::vector<const Value*> runtime_inputs(const Graph& g);
+// "x:1x3x224x224" -> {"x", {1,3,224,224}}; "x:" (a scalar) -> {"x", {}}.
+Expected<std::pair<std::string, std::vector<int64_t>>> parse_shape_flag(const std::string& flag);
+// A file name for a tensor name: characters outside [A-Za-z0-9._-] become '_'.
+std::string file_name_for(const std::string& tensor_name);
+// A random tensor for a declared input type (fails if a dim is not static).
+Expected<Tensor> random_input(const Value& v, uint64_t seed);
+// Checks a user-given tensor against the declared input type (dtype, rank, static dims).
+Status check_input_tensor(const Value& v, const Tensor& t, const std::string& source);
+// Input data in graph-input order: --input files, else DIR/<file_name_for(name)>.npy when
+// inputs_dir is given, else random data with --random-inputs; each checked against the model.
+Expected<std::vector<Data>> gather_inputs(const Graph& g, const RunOptions& opt, const std::string& inputs_dir);
+// Runs g (warmup + iterations times) on the best backend; per-iteration wall times in times_ms.
+Expected<std::vector<Data>> execute(const Graph& g, const std::vector<Data>& inputs, int warmup, int iterations,
+                                    std::vector<double>* times_ms);
+// One line: the backend that runs and, when no GPU is used, why ("cpu (no CUDA device: ...)").
+std::string backend_summary();
+// Prints "kiln: error: <message>" to stderr and returns 1.
+int fail(const Status& s);
+
+}  // namespace kiln::cli

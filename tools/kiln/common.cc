@@ -1,0 +1,116 @@
+#include <random>
+
+#include "cli.h"
+
+namespace kiln::cli {
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "kiln: error: %s\n", s.message().c_str());
+  return 1;
+}
+
+Expected<std::pair<std::string, std::vector<int64_t>>> parse_shape_flag(const std::string& flag) {
+  size_t colon = flag.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return KILN_ERROR(kInvalidArgument, "--shapes '{}': expected NAME:DIMS, e.g. input:1x3x224x224", flag);
+  }
+  std::string name = flag.substr(0, colon), spec = flag.substr(colon + 1);
+  std::vector<int64_t> dims;
+  size_t pos = 0;
+  while (pos < spec.size()) {
+    size_t x = spec.find('x', pos);
+    std::string item = spec.substr(pos, x == std::string::npos ? std::string::npos : x - pos);
+    if (item.empty() || item.size() > 18 || item.find_first_not_of("0123456789") != std::string::npos) {
+      return KILN_ERROR(kInvalidArgument, "--shapes '{}': dimension '{}' is not a non-negative integer", flag, item);
+    }
+    dims.push_back(std::stoll(item));
+    if (x == std::string::npos) break;
+    pos = x + 1;
+    if (pos == spec.size()) return KILN_ERROR(kInvalidArgument, "--shapes '{}': trailing 'x'", flag);
+  }
+  return std::make_pair(name, dims);
+}
+
+Expected<Model> load_model(const LoadOptions& load) {
+  ImportOptions opt;
+  for (const auto& f : load.shapes) {
+    KILN_ASSIGN_OR_RETURN(auto s, parse_shape_flag(f));
+    if (!opt.input_shapes.emplace(s.first, s.second).second) {
+      return KILN_ERROR(kInvalidArgument, "--shapes names input '{}' twice", s.first);
+    }
+  }
+  return import_onnx_file(load.model, opt);
+}
+
+std::vector<const Value*> runtime_inputs(const Graph& g) {
+  std::vector<const Value*> r;
+  for (const Value* v : g.inputs) r.push_back(v);
+  return r;
+}
+
+std::string file_name_for(const std::string& tensor_name) {
+  std::string s = tensor_name;
+  for (char& c : s) {
+    bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+    if (!ok) c = '_';
+  }
+  // "." and ".." would name folders, and an empty name no file at all.
+  if (s.empty() || s == "." || s == "..") s = "_" + s;
+  return s;
+}
+
+Expected<Tensor> random_input(const Value& v, uint64_t seed) {
+  if (!v.type.is_tensor() || !v.type.shape) {
+    return KILN_ERROR(kInvalidArgument, "input '{}' is {}: --random-inputs needs a tensor of known rank", v.name,
+                      v.type.to_string());
+  }
+  std::vector<int64_t> dims;
+  for (const Dim& d : v.type.shape->dims) {
+    if (!d.is_static()) {
+      return KILN_ERROR(kInvalidArgument, "input '{}' has shape {}: bind its dims with --shapes {}:{}", v.name,
+                        v.type.shape->to_string(), v.name, "1x...");
+    }
+    dims.push_back(d.value());
+  }
+  KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(v.type.dtype, dims));
+  // One stream per input, so adding an input does not change the others' values.
+  std::seed_seq seq{seed, uint64_t(std::hash<std::string>{}(v.name))};
+  std::mt19937_64 rng(seq);
+  std::uniform_real_distribution<double> real(-1.0, 1.0);
+  std::uniform_int_distribution<int> small(0, 9);
+  visit_dtype(t.dtype(), [&]<typename T>() {
+    T* p = t.data<T>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if constexpr (std::is_same_v<T, std::string>) p[i] = "s" + std::to_string(small(rng));
+      else if constexpr (std::is_same_v<T, bool>) p[i] = small(rng) & 1;
+      else if constexpr (is_float_v<T>) p[i] = T(compute_t<T>(real(rng)));
+      else p[i] = T(small(rng));  // small non-negative ints: valid as indices into most axes
+    }
+  });
+  return t;
+}
+
+Status check_input_tensor(const Value& v, const Tensor& t, const std::string& source) {
+  const Type& ty = v.type;
+  if (!ty.is_tensor()) return Status::ok();
+  if (t.dtype() != ty.dtype) {
+    return KILN_ERROR(kInvalidArgument, "input '{}' ({}): got {} but the model expects {}", v.name, source,
+                      t.summary(), ty.to_string());
+  }
+  if (ty.shape) {
+    if (ty.shape->rank() != t.rank()) {
+      return KILN_ERROR(kInvalidArgument, "input '{}' ({}): got shape {} but the model expects {}", v.name, source,
+                        dims_to_string(t.dims()), ty.shape->to_string());
+    }
+    for (size_t i = 0; i < t.rank(); ++i) {
+      const Dim& d = ty.shape->dims[i];
+      if (d.is_static() && d.value() != t.dim(i)) {
+        return KILN_ERROR(kInvalidArgument, "input '{}' ({}): got shape {} but the model expects {} (dim {})", v.name,
+                          source, dims_to_string(t.dims()), ty.shape->to_string(), i);
+      }
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,81 @@
+// `kiln inspect model.onnx [--ir] [--dot FILE]`: what a model takes and gives, and what it is made of.
+#include <fstream>
+#include <map>
+
+#include "cli.h"
+#include "ir/dot.h"
+#include "ir/text.h"
+
+namespace kiln::cli {
+
+namespace {
+
+struct Census {
+  std::map<std::string, int64_t> ops;  // op -> count, subgraphs included
+  int64_t nodes = 0, subgraph_nodes = 0;
+  int64_t params = 0, param_bytes = 0, constants = 0;
+};
+
+void count(const Graph& g, Census& c, bool nested) {
+  for (const auto& n : g.nodes) {
+    ++c.ops[std::string(op_name(n->op))];
+    ++(nested ? c.subgraph_nodes : c.nodes);
+    for (const auto& [name, a] : n->attrs) {
+      if (a.g) count(*a.g, c, true);
+      for (const auto& sg : a.graphs) count(*sg, c, true);
+    }
+  }
+  for (const auto& v : g.values) {
+    if (!v->constant) continue;
+    ++c.constants;
+    c.params += v->constant->numel();
+    c.param_bytes += int64_t(v->constant->nbytes());
+  }
+}
+
+std::string human_bytes(int64_t b) {
+  if (b >= (int64_t(1) << 30)) return fmt::format("{:.2f} GiB", double(b) / double(int64_t(1) << 30));
+  if (b >= (1 << 20)) return fmt::format("{:.2f} MiB", double(b) / (1 << 20));
+  if (b >= (1 << 10)) return fmt::format("{:.1f} KiB", double(b) / (1 << 10));
+  return fmt::format("{} B", b);
+}
+
+}  // namespace
+
+int inspect_main(const LoadOptions& load, const InspectOptions& opt) {
+  auto m = load_model(load);
+  if (!m) return fail(m.status());
+  const Graph& g = *m->graph;
+  std::string opsets;
+  for (const auto& [domain, v] : m->opsets) opsets += fmt::format("{}{} {}", opsets.empty() ? "" : ", ", domain.empty() ? "ai.onnx" : domain, v);
+  std::printf("model:     %s\n", load.model.c_str());
+  std::printf("producer:  %s %s, IR version %lld, opsets: %s\n", m->producer_name.empty() ? "(unknown)" : m->producer_name.c_str(),
+              m->producer_version.c_str(), static_cast<long long>(m->ir_version), opsets.c_str());
+  for (const auto& [k, v] : m->metadata) std::printf("metadata:  %s = %s\n", k.c_str(), v.c_str());
+  std::printf("inputs:\n");
+  for (const Value* v : g.inputs) std::printf("  %-24s %s\n", v->name.c_str(), v->type.to_string().c_str());
+  std::printf("outputs:\n");
+  for (const Value* v : g.outputs) std::printf("  %-24s %s\n", v->name.c_str(), v->type.to_string().c_str());
+  Census c;
+  count(g, c, false);
+  std::printf("nodes:     %lld", static_cast<long long>(c.nodes));
+  if (c.subgraph_nodes) std::printf(" (+%lld in subgraphs)", static_cast<long long>(c.subgraph_nodes));
+  std::printf("\nparams:    %lld in %lld constants, %s\n", static_cast<long long>(c.params),
+              static_cast<long long>(c.constants), human_bytes(c.param_bytes).c_str());
+  std::vector<std::pair<int64_t, std::string>> hist;
+  for (const auto& [op, n] : c.ops) hist.emplace_back(-n, op);
+  std::sort(hist.begin(), hist.end());
+  std::printf("ops:\n");
+  for (const auto& [n, op] : hist) std::printf("  %-24s %lld\n", op.c_str(), static_cast<long long>(-n));
+  if (opt.ir) std::printf("\n%s", print_graph(g, PrintOptions{.elide_large_tensors = true}).c_str());
+  if (!opt.dot.empty()) {
+    std::ofstream f(opt.dot);
+    if (!f) return fail(KILN_ERROR(kIo, "cannot write '{}'", opt.dot));
+    Status s = write_dot(g, f);
+    if (!s) return fail(s.with_context(opt.dot));
+    std::printf("wrote %s\n", opt.dot.c_str());
+  }
+  return 0;
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,152 @@
+// `kiln run model.onnx --input NAME=FILE.npy ... --output-dir DIR`: runs a model on the best
+// backend present and writes one .npy per output; `--iterations` times it.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "backends/backend.h"
+#include "cli.h"
+#include "support/npy.h"
+
+namespace kiln::cli {
+
+namespace fs = std::filesystem;
+
+Expected<std::vector<Data>> gather_inputs(const Graph& g, const RunOptions& opt, const std::string& inputs_dir) {
+  std::map<std::string, std::string> files;  // input name -> .npy path
+  for (const auto& f : opt.inputs) {
+    size_t eq = f.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return KILN_ERROR(kInvalidArgument, "--input '{}': expected NAME=FILE.npy", f);
+    }
+    if (!files.emplace(f.substr(0, eq), f.substr(eq + 1)).second) {
+      return KILN_ERROR(kInvalidArgument, "--input names '{}' twice", f.substr(0, eq));
+    }
+  }
+  for (const auto& [name, path] : files) {
+    if (std::none_of(g.inputs.begin(), g.inputs.end(), [&](const Value* v) { return v->name == name; })) {
+      std::string names;
+      for (const Value* v : g.inputs) names += (names.empty() ? "'" : ", '") + v->name + "'";
+      return KILN_ERROR(kInvalidArgument, "--input names '{}', but the model's inputs are {}", name, names);
+    }
+  }
+  std::vector<Data> data;
+  for (const Value* v : g.inputs) {
+    std::string path;
+    if (auto it = files.find(v->name); it != files.end()) path = it->second;
+    else if (!inputs_dir.empty()) path = (fs::path(inputs_dir) / (file_name_for(v->name) + ".npy")).string();
+    if (path.empty()) {
+      if (!opt.random_inputs) {
+        return KILN_ERROR(kInvalidArgument, "input '{}' ({}) has no value: give --input {}=FILE.npy or --random-inputs",
+                          v->name, v->type.to_string(), v->name);
+      }
+      KILN_ASSIGN_OR_RETURN(Tensor t, random_input(*v, opt.seed));
+      data.emplace_back(std::move(t));
+      continue;
+    }
+    KILN_ASSIGN_OR_RETURN(Tensor t, read_npy(path));
+    KILN_RETURN_IF_ERROR(check_input_tensor(*v, t, path));
+    data.emplace_back(std::move(t));
+  }
+  return data;
+}
+
+namespace {
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  size_t i = size_t(std::ceil(p / 100.0 * double(v.size()))) ;
+  return v[std::min(v.size() - 1, i == 0 ? 0 : i - 1)];
+}
+
+// Prints the k largest elements of a float tensor's last axis (row 0), with labels if given.
+void print_top_k(const std::string& name, const Tensor& t, int k, const std::vector<std::string>& labels) {
+  if (!dtype_is_float(t.dtype()) || t.numel() == 0) return;
+  int64_t n = t.rank() ? t.dim(t.rank() - 1) : 1;
+  std::vector<double> x(size_t(n));
+  double mx = -INFINITY, sum = 0;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[size_t(i)] = t.as_double(i));
+  for (double v : x) sum += std::exp(v - mx);
+  std::vector<int64_t> idx(size_t(n));
+  for (int64_t i = 0; i < n; ++i) idx[size_t(i)] = i;
+  k = int(std::min<int64_t>(k, n));
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int64_t a, int64_t b) { return x[size_t(a)] > x[size_t(b)]; });
+  std::printf("top %d of '%s' (softmax over the last axis):\n", k, name.c_str());
+  for (int r = 0; r < k; ++r) {
+    int64_t c = idx[size_t(r)];
+    std::string label = size_t(c) < labels.size() ? labels[size_t(c)] : "";
+    std::printf("  %d. class %-5lld p=%.4f  score=%8.4f  %s\n", r + 1, static_cast<long long>(c),
+                std::exp(x[size_t(c)] - mx) / sum, x[size_t(c)], label.c_str());
+  }
+}
+
+}  // namespace
+
+Expected<std::vector<Data>> execute(const Graph& g, const std::vector<Data>& inputs, int warmup, int iterations,
+                                    std::vector<double>* times_ms) {
+  auto backend = make_cpu_backend();
+  KILN_ASSIGN_OR_RETURN(auto exe, backend->compile(g));
+  std::vector<Data> out;
+  for (int i = 0; i < warmup + std::max(iterations, 1); ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    KILN_ASSIGN_OR_RETURN(out, exe->run(inputs));
+    auto t1 = std::chrono::steady_clock::now();
+    if (i >= warmup && times_ms) times_ms->push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  return out;
+}
+
+int run_main(const LoadOptions& load, const RunOptions& opt) {
+  if (opt.iterations < 1 || opt.warmup < 0) return fail(KILN_ERROR(kInvalidArgument, "--iterations must be >= 1 and --warmup >= 0"));
+  std::vector<std::string> labels;
+  if (!opt.labels.empty()) {
+    std::ifstream f(opt.labels);
+    if (!f) return fail(KILN_ERROR(kIo, "cannot open labels file '{}'", opt.labels));
+    for (std::string l; std::getline(f, l);) labels.push_back(l);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  auto m = load_model(load);
+  if (!m) return fail(m.status());
+  auto t1 = std::chrono::steady_clock::now();
+  const Graph& g = *m->graph;
+  auto inputs = gather_inputs(g, opt, "");
+  if (!inputs) return fail(inputs.status());
+  std::printf("backend: %s\n", backend_summary().c_str());
+  std::printf("import: %.1f ms\n", std::chrono::duration<double, std::milli>(t1 - t0).count());
+  std::vector<double> times;
+  auto outs = execute(g, *inputs, opt.warmup, opt.iterations, &times);
+  if (!outs) return fail(outs.status());
+  std::printf("latency: median %.3f ms, p99 %.3f ms, min %.3f ms over %zu run(s) after %d warm-up\n",
+              percentile(times, 50), percentile(times, 99), *std::min_element(times.begin(), times.end()), times.size(),
+              opt.warmup);
+  if (!opt.output_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(opt.output_dir, ec);
+    if (ec) return fail(KILN_ERROR(kIo, "cannot create output folder '{}': {}", opt.output_dir, ec.message()));
+  }
+  for (size_t i = 0; i < g.outputs.size(); ++i) {
+    const std::string& name = g.outputs[i]->name;
+    const Data& d = (*outs)[i];
+    std::printf("output '%s': %s\n", name.c_str(), d.summary().c_str());
+    if (d.is_tensor() && opt.top_k > 0) print_top_k(name, d.tensor, opt.top_k, labels);
+    if (opt.output_dir.empty()) continue;
+    if (!d.is_tensor()) {
+      std::fprintf(stderr, "kiln: warning: output '%s' is %s; only tensors are written as .npy\n", name.c_str(),
+                   d.summary().c_str());
+      continue;
+    }
+    std::string path = (fs::path(opt.output_dir) / (file_name_for(name) + ".npy")).string();
+    if (Status s = write_npy(path, d.tensor); !s) return fail(s);
+    if (!dtype_is_float(d.tensor.dtype()) || d.tensor.dtype() == DType::kFloat32 || d.tensor.dtype() == DType::kFloat64 ||
+        d.tensor.dtype() == DType::kFloat16) {
+      std::printf("  wrote %s\n", path.c_str());
+    } else {
+      std::printf("  wrote %s (as f32: numpy has no %s)\n", path.c_str(), std::string(dtype_name(d.tensor.dtype())).c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace kiln::cli

@@ -17,6 +17,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "backends/backend.h"
 #include "compare.h"
@@ -97,7 +98,7 @@ std::string compare_data(const Data& want, const Data& got, const Exception* ran
   if (want.kind != got.kind) return fmt::format("expected {}, got {}", want.summary(), got.summary());
   auto cmp = [&](const Tensor& a, const Tensor& b) {
     if (random) {
-      std::string r = compare_shape_only(a, b);
+      std::string r = conformance::compare_shape_only(a, b);
       return r.empty() ? check_range(b, *random) : r;
     }
     return conformance::compare_tensors(a, b, conformance::tolerance_for(a.dtype()));

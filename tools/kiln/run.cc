@@ -65,11 +65,11 @@ double percentile(std::vector<double> v, double p) {
 void print_top_k(const std::string& name, const Tensor& t, int k, const std::vector<std::string>& labels) {
   if (!dtype_is_float(t.dtype()) || t.numel() == 0) return;
   int64_t n = t.rank() ? t.dim(t.rank() - 1) : 1;
-  std::vector<double> x(size_t(n));
+  std::vector<double> x(static_cast<size_t>(n));
   double mx = -INFINITY, sum = 0;
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[size_t(i)] = t.as_double(i));
   for (double v : x) sum += std::exp(v - mx);
-  std::vector<int64_t> idx(size_t(n));
+  std::vector<int64_t> idx(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) idx[size_t(i)] = i;
   k = int(std::min<int64_t>(k, n));
   std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int64_t a, int64_t b) { return x[size_t(a)] > x[size_t(b)]; });

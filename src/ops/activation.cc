@@ -65,6 +65,27 @@ struct Swish : WithAlpha<kAlpha, 1.0f> {
   template <typename T> T operator()(T x) const { return x * sigmoid(T(alpha) * x); }
 };
 
+// SwiGLU(a, b) = Swish_alpha(a) * b; a and b have the same shape (no broadcasting).
+struct SwiGLU : WithAlpha<kAlpha, 1.0f> {
+  using WithAlpha::WithAlpha;
+  template <typename T> T operator()(T a, T b) const { return a * sigmoid(T(alpha) * a) * b; }
+};
+
+Status infer_swiglu(InferCtx& c) {
+  const Type& a = c.input_type(0);
+  const Type& b = c.input_type(1);
+  if (a.has_rank() && b.has_rank()) {
+    bool same = a.shape->rank() == b.shape->rank();
+    for (size_t k = 0; same && k < a.shape->rank(); ++k) {
+      const Dim& x = a.shape->dims[k];
+      const Dim& y = b.shape->dims[k];
+      same = !(x.is_static() && y.is_static() && x.value() != y.value());
+    }
+    if (!same) return c.error("A {} and B {} must have the same shape", a.to_string(), b.to_string());
+  }
+  return infer_binary<SwiGLU>(c);
+}
+
 struct Selu {
   static constexpr TypeClass kTypes = kFloat;
   float alpha, gamma;
@@ -209,6 +230,7 @@ void register_activation_ops(OpRegistry& r) {
   r.def(OpKind::kCelu, unary_op<Celu>(Celu::attrs()));
   r.def(OpKind::kThresholdedRelu, unary_op<ThresholdedRelu>(ThresholdedRelu::attrs()));
   r.def(OpKind::kSwish, unary_op<Swish>(Swish::attrs()));
+  r.def(OpKind::kSwiGLU, binary_op<SwiGLU>(SwiGLU::attrs(), infer_swiglu));
   r.def(OpKind::kSelu, unary_op<Selu>({{"alpha", kF}, {"gamma", kF}}));
   r.def(OpKind::kHardSigmoid, unary_op<HardSigmoid>({{"alpha", kF}, {"beta", kF}}));
   r.def(OpKind::kShrink, unary_op<Shrink>({{"lambd", kF}, {"bias", kF}}));

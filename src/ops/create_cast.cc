@@ -1,5 +1,7 @@
 // Op family create, part 2: Cast and CastLike, and the element conversion they share with the
 // other ops (create_cast.h).
+#include <cstring>
+
 #include "ops/create_cast.h"
 
 #include <cerrno>
@@ -150,6 +152,40 @@ Status cast_cpu(KernelCtx& c) {
 
 Status cast_like_cpu(KernelCtx& c) { return run_cast(c, c.tensor(1).dtype()); }
 
+// ---- BitCast: the same bytes read as another type of the same width ----------------------------
+
+Expected<DType> bitcast_target(const Node& n, DType from, const auto& c) {
+  const int64_t to = n.attr_int("to", 0);
+  std::optional<DType> dt = dtype_from_onnx(int32_t(to));
+  if (!dt) return c.unsupported("bitcast to ONNX data type {} is not supported", to);
+  if (*dt == DType::kString || from == DType::kString) return c.error("BitCast does not take strings");
+  if (dtype_size(*dt) != dtype_size(from)) {
+    return c.error("BitCast from {} to {} changes the element width ({} vs {} bytes)", dtype_name(from),
+                   dtype_name(*dt), dtype_size(from), dtype_size(*dt));
+  }
+  return *dt;
+}
+
+Status bitcast_infer(InferCtx& c) {
+  KILN_ASSIGN_OR_RETURN(DType from, c.tensor_dtype(0));
+  KILN_ASSIGN_OR_RETURN(DType to, bitcast_target(c.node(), from, c));
+  c.set_output_tensor(0, to, c.input_type(0).shape);
+  return Status::ok();
+}
+
+Status bitcast_cpu(KernelCtx& c) {
+  const Tensor& x = c.tensor(0);
+  KILN_ASSIGN_OR_RETURN(DType to, bitcast_target(c.node(), x.dtype(), c));
+  KILN_ASSIGN_OR_RETURN(Tensor * y, c.alloc_output(0, to, x.dims()));
+  if (x.nbytes()) std::memcpy(y->raw(), x.raw(), x.nbytes());
+  if (to == DType::kBool) {  // a bool holds 0 or 1; any other byte reads as true
+    bool* b = y->data<bool>();
+    const uint8_t* u = static_cast<const uint8_t*>(x.raw());
+    for (int64_t i = 0; i < x.numel(); ++i) b[i] = u[i] != 0;
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 void register_create_cast_ops(OpRegistry& r) {
@@ -160,6 +196,7 @@ void register_create_cast_ops(OpRegistry& r) {
                         .infer = cast_infer, .cpu = cast_cpu});
   r.def(OpKind::kCastLike, {.inputs = {2, 2}, .attrs = {{"saturate", K::kInt}, {"round_mode", K::kString}},
                             .infer = cast_like_infer, .cpu = cast_like_cpu});
+  r.def(OpKind::kBitCast, {.inputs = {1, 1}, .attrs = {{"to", K::kInt, true}}, .infer = bitcast_infer, .cpu = bitcast_cpu});
 }
 
 }  // namespace kiln

@@ -1,5 +1,5 @@
 // Op family: matmul. MatMul (numpy semantics), Gemm, MatMulInteger and QLinearMatMul; Einsum is in
-// nn_einsum.cc. Every product is computed by gemm_accumulate (nn_util.h) on operands converted to
+// nn_einsum.cc, Det in nn_det.cc. Every product is computed by gemm_accumulate (nn_util.h) on operands converted to
 // the accumulator type: double for floats, int64 for integers and quantized values.
 #include <cmath>
 
@@ -8,6 +8,7 @@
 namespace kiln {
 
 void register_einsum_op(OpRegistry& r);
+void register_det_op(OpRegistry& r);
 
 namespace {
 
@@ -314,6 +315,7 @@ void register_matmul_ops(OpRegistry& r) {
   r.def(OpKind::kMatMulInteger, {.inputs = {2, 4}, .infer = infer_matmul_integer, .cpu = matmul_integer_cpu});
   r.def(OpKind::kQLinearMatMul, {.inputs = {8, 8}, .infer = infer_qlinear_matmul, .cpu = qlinear_matmul_cpu});
   register_einsum_op(r);
+  register_det_op(r);
 }
 
 }  // namespace kiln

@@ -99,19 +99,31 @@ Status infer_lp_norm(InferCtx& c) {
   return infer_float_same_shape(c);
 }
 
-// ---- CumSum ---------------------------------------------------------------------------------
+// ---- CumSum / CumProd ---------------------------------------------------------------------------------
 
 Status infer_cumsum(InferCtx& c) {
   KILN_ASSIGN_OR_RETURN(DType dt, c.tensor_dtype(0));
   bool ok = visit_dtype(dt, [&]<typename T>() { return is_numeric_v<T>; });
-  if (!ok) return c.error("element type {} is not supported by CumSum", dtype_name(dt));
+  if (!ok) return c.error("element type {} is not supported by {}", dtype_name(dt), op_name(c.node().op));
   const Type& axis = c.input_type(1);
   if (axis.has_rank() && axis.shape->rank() > 1) return c.error("axis must be a scalar, got shape {}", axis.shape->to_string());
   c.set_output(0, c.input_type(0));
   return Status::ok();
 }
 
-Status cumsum_cpu(KernelCtx& c) {
+// Integers wrap around like numpy's cumsum/cumprod (through unsigned arithmetic: no signed overflow).
+template <bool kProduct, typename A>
+A combine(A acc, A v) {
+  if constexpr (std::is_integral_v<A>) {
+    const uint64_t a = uint64_t(acc), b = uint64_t(v);
+    return A(kProduct ? a * b : a + b);
+  } else {
+    return kProduct ? acc * v : acc + v;
+  }
+}
+
+template <bool kProduct>
+Status cumulative_cpu(KernelCtx& c) {
   const Tensor& x = c.tensor(0);
   const Tensor& axis_t = c.tensor(1);
   if (axis_t.numel() != 1) return c.error("axis must hold one value, got {}", axis_t.summary());
@@ -128,11 +140,11 @@ Status cumsum_cpu(KernelCtx& c) {
       T* yp = y->data<T>();
       const size_t n = plan.inner.size();
       for (int64_t start : plan.outer) {
-        acc_t<T> acc = 0;
+        acc_t<T> acc = kProduct ? 1 : 0;
         for (size_t k = 0; k < n; ++k) {
           const int64_t off = start + plan.inner[reverse ? n - 1 - k : k];
           if (exclusive) yp[off] = from_acc<T>(acc);
-          acc += to_acc(xp[off]);
+          acc = combine<kProduct>(acc, to_acc(xp[off]));
           if (!exclusive) yp[off] = from_acc<T>(acc);
         }
       }
@@ -242,10 +254,9 @@ void register_reduce_axis_ops(OpRegistry& r) {
                                    .attrs = {{"axis", Attribute::Kind::kInt}, {"p", Attribute::Kind::kInt}},
                                    .infer = infer_lp_norm,
                                    .cpu = line_cpu<LineKind::kLpNorm>});
-  r.def(OpKind::kCumSum, {.inputs = {2, 2},
-                          .attrs = {{"exclusive", Attribute::Kind::kInt}, {"reverse", Attribute::Kind::kInt}},
-                          .infer = infer_cumsum,
-                          .cpu = cumsum_cpu});
+  const std::vector<AttrSpec> cum_attrs = {{"exclusive", Attribute::Kind::kInt}, {"reverse", Attribute::Kind::kInt}};
+  r.def(OpKind::kCumSum, {.inputs = {2, 2}, .attrs = cum_attrs, .infer = infer_cumsum, .cpu = cumulative_cpu<false>});
+  r.def(OpKind::kCumProd, {.inputs = {2, 2}, .attrs = cum_attrs, .infer = infer_cumsum, .cpu = cumulative_cpu<true>});
   r.def(OpKind::kTopK, {.inputs = {2, 2},
                         .outputs = {1, 2},
                         .attrs = {{"axis", Attribute::Kind::kInt},

@@ -48,6 +48,23 @@ Status check_output(const Node& n, size_t i, const Data& d) {
   return Status::ok();
 }
 
+// Records, for every value of `g` that node `at` or any subgraph nested in it reads, that it is
+// read at `at`. Subgraph bodies read enclosing values by reference (ONNX outer-scope names), so
+// such a value must live until the node that owns the subgraph has run.
+void note_uses(const Graph& g, const Node& n, size_t at, std::unordered_map<const Value*, size_t>& last_use) {
+  for (const Value* in : n.inputs) {
+    if (in && in->owner == &g) last_use[in] = at;
+  }
+  for (const auto& [key, attr] : n.attrs) {
+    for (const auto& sg : attr.graphs) {
+      for (const auto& sn : sg->nodes) note_uses(g, *sn, at, last_use);
+      for (const Value* o : sg->outputs) {
+        if (o && o->owner == &g) last_use[o] = at;
+      }
+    }
+  }
+}
+
 Expected<std::vector<Data>> run_graph(const Graph& g, std::vector<Data> inputs, const Env* parent) {
   Env env;
   env.parent = parent;
@@ -56,9 +73,7 @@ Expected<std::vector<Data>> run_graph(const Graph& g, std::vector<Data> inputs, 
   }
   // Free each value after its last reader (within this graph) to bound memory.
   std::unordered_map<const Value*, size_t> last_use;
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    for (const Value* in : g.nodes[i]->inputs) if (in) last_use[in] = i;
-  }
+  for (size_t i = 0; i < g.nodes.size(); ++i) note_uses(g, *g.nodes[i], i, last_use);
   for (const Value* o : g.outputs) last_use[o] = g.nodes.size();
   GraphRunFn sub = [&env](const Graph& sg, std::vector<Data> in) { return run_graph(sg, std::move(in), &env); };
   for (size_t idx = 0; idx < g.nodes.size(); ++idx) {
@@ -87,8 +102,10 @@ Expected<std::vector<Data>> run_graph(const Graph& g, std::vector<Data> inputs, 
       KILN_RETURN_IF_ERROR(check_output(n, i, ctx.outputs()[i]));
       env.values[n.outputs[i]] = std::move(ctx.outputs()[i]);
     }
-    for (const Value* in : n.inputs) {
-      if (in && in->owner == &g && last_use[in] == idx && !in->constant) env.values.erase(in);
+    for (auto it = env.values.begin(); it != env.values.end();) {
+      auto lu = last_use.find(it->first);
+      bool dead = lu != last_use.end() && lu->second == idx && !it->first->constant;
+      it = dead ? env.values.erase(it) : std::next(it);
     }
   }
   std::vector<Data> outs;

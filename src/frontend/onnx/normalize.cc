@@ -145,6 +145,27 @@ Status legacy_broadcast(Graph& g, Node& n) {
   return Status::ok();
 }
 
+// PRelu before 7 had no broadcasting rule beyond "slope of size 1 or the shape of X"; exporters
+// (PyTorch at opset 6) wrote a per-channel slope of shape [C] for X of shape [N, C, D1, ...].
+// Canonical PRelu broadcasts numpy-style, so give the slope trailing unit dims: [C, 1, ...].
+Status prelu_channel_slope(Graph& g, Node& n) {
+  KILN_RETURN_IF_ERROR(legacy_broadcast(g, n));
+  if (n.inputs.size() != 2 || !n.inputs[0] || !n.inputs[1]) return Status::ok();
+  const Type& tx = n.inputs[0]->type;
+  const Type& ts = n.inputs[1]->type;
+  if (!tx.has_rank() || !ts.has_rank() || ts.shape->rank() != 1 || tx.shape->rank() < 3) return Status::ok();
+  const Dim& c = ts.shape->dims[0];
+  const Dim& xc = tx.shape->dims[1];
+  if (c.is_static() && (c.value() == 1 || (xc.is_static() && xc.value() != c.value()))) return Status::ok();
+  std::vector<int64_t> axes;
+  for (size_t k = 1; k + 1 < tx.shape->rank(); ++k) axes.push_back(int64_t(k));
+  Node* u = g.add_node(OpKind::kUnsqueeze, {n.inputs[1], int64_const(g, n, "slope_axes", axes)}, 1,
+                       g.unique_name(n.name + "_slope"));
+  u->index = n.index;
+  n.inputs[1] = u->outputs[0];
+  return Status::ok();
+}
+
 // Softmax/LogSoftmax/Hardmax before 13 flatten the input to 2-D at `axis` (default 1):
 //   y = Reshape(Softmax(Flatten(x, axis), axis=-1), Shape(x))
 Status softmax_coerce_2d(Graph& g, Node& n) {
@@ -224,7 +245,7 @@ const Rule kRules[] = {
     {"Div", 7, legacy_broadcast},  {"Pow", 7, legacy_broadcast}, {"And", 7, legacy_broadcast},
     {"Or", 7, legacy_broadcast},   {"Xor", 7, legacy_broadcast}, {"Equal", 7, legacy_broadcast},
     {"Less", 7, legacy_broadcast}, {"Greater", 7, legacy_broadcast}, {"Gemm", 7, legacy_broadcast},
-    {"PRelu", 7, legacy_broadcast},
+    {"PRelu", 7, prelu_channel_slope},
 };
 
 }  // namespace

@@ -55,13 +55,15 @@ void note_uses(const Graph& g, const Node& n, size_t at, std::unordered_map<cons
   for (const Value* in : n.inputs) {
     if (in && in->owner == &g) last_use[in] = at;
   }
-  for (const auto& [key, attr] : n.attrs) {
-    for (const auto& sg : attr.graphs) {
-      for (const auto& sn : sg->nodes) note_uses(g, *sn, at, last_use);
-      for (const Value* o : sg->outputs) {
-        if (o && o->owner == &g) last_use[o] = at;
-      }
+  auto body = [&](const Graph& sg) {
+    for (const auto& sn : sg.nodes) note_uses(g, *sn, at, last_use);
+    for (const Value* o : sg.outputs) {
+      if (o && o->owner == &g) last_use[o] = at;
     }
+  };
+  for (const auto& [key, attr] : n.attrs) {
+    if (attr.g) body(*attr.g);
+    for (const auto& sg : attr.graphs) body(*sg);
   }
 }
 

@@ -90,6 +90,12 @@ Status infer_reshape(InferCtx& c) {
     others.erase(others.begin() + std::ptrdiff_t(*minus_one));
     out[*minus_one] = infer_minus_one(in.shape->dims, others);
   }
+  int64_t static_n = 1;
+  for (const Dim& d : out) {
+    if (d.is_static() && __builtin_mul_overflow(static_n, d.value(), &static_n)) {
+      return c.error("shape {} has more elements than fit in 64 bits", Shape(out).to_string());
+    }
+  }
   Dim in_n = in.has_rank() ? in.shape->numel() : Dim(), out_n = Shape(out).numel();
   if (in_n.is_static() && out_n.is_static() && in_n.value() != out_n.value()) {
     return c.error("cannot reshape {} ({} elements) to {} ({} elements)", in.to_string(), in_n.value(),

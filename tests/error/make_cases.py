@@ -95,7 +95,7 @@ def file_cases():
     inspect_case("text_file", b"this is not a model\n" * 10, "notes.onnx;not a valid ONNX protobuf|notes.onnx;not an ONNX model",
                  "notes.onnx")
     t = numpy_helper.from_array(np.ones((2, 3), np.float32), "t")
-    inspect_case("tensorproto_as_model", t, "tensor.pb;not an ONNX model|tensor.pb;has no graph", "tensor.pb")
+    inspect_case("tensorproto_as_model", t, "tensor.pb;not an ONNX model|tensor.pb;has no graph|tensor.pb;not a valid ONNX protobuf", "tensor.pb")
     inspect_case("graphproto_as_model", add_model().graph, "graph.pb;not an ONNX model|graph.pb;has no graph", "graph.pb")
 
 
@@ -302,7 +302,7 @@ def runtime_cases():
         cdir(c)
     bad = [
         ("wrong_input_name", ["--input", "nope={T}/rt/x.npy"] + y, "'nope';'x'"),
-        ("wrong_input_dtype", ["--input", "x={T}/rt/x_i32.npy"] + y, "input 'x';x_i32.npy;int32"),
+        ("wrong_input_dtype", ["--input", "x={T}/rt/x_i32.npy"] + y, "input 'x';x_i32.npy;i32[2,3]"),
         ("wrong_input_shape", ["--input", "x={T}/rt/x_3x2.npy"] + y, "input 'x';x_3x2.npy;[3,2]"),
         ("wrong_input_rank", ["--input", "x={T}/rt/x_rank3.npy"] + y, "input 'x';x_rank3.npy;[1,2,3]"),
         ("missing_input_value", y, "input 'x';no value"),

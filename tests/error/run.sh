@@ -42,23 +42,26 @@ failed=0
 # One line, trimmed, for a FAIL message.
 squash() { tr '\n' ' ' <"$1" | sed -e 's/  */ /g' -e 's/ $//' | cut -c1-600; }
 
-# All ';'-separated groups must match; within a group any '|'-separated alternative will do.
+# expect is one or more '|'-separated alternatives; an alternative matches when every one of its
+# ';'-separated substrings occurs. Prints the first alternative's first missing part when none match.
 missing_expect() {
-  local text=$1 expect=$2 group alt ok
+  local text=$1 expect=$2 alt part ok first=""
   [[ "$expect" == "-" ]] && return 1
-  IFS=';' read -r -a groups <<<"$expect"
-  for group in "${groups[@]}"; do
-    ok=0
-    IFS='|' read -r -a alts <<<"$group"
-    for alt in "${alts[@]}"; do
-      [[ "$text" == *"$alt"* ]] && ok=1 && break
+  IFS='|' read -r -a alts <<<"$expect"
+  for alt in "${alts[@]}"; do
+    ok=1
+    IFS=';' read -r -a parts <<<"$alt"
+    for part in "${parts[@]}"; do
+      if [[ "$text" != *"$part"* ]]; then
+        ok=0
+        [[ -z "$first" ]] && first=$part
+        break
+      fi
     done
-    if [[ $ok == 0 ]]; then
-      echo "$group"
-      return 0
-    fi
+    [[ $ok == 1 ]] && return 1
   done
-  return 1
+  echo "$first"
+  return 0
 }
 
 # Prints what is wrong with the files a case leaves behind; nothing if it is right.

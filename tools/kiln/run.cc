@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "backends/backend.h"
 #include "cli.h"
@@ -82,6 +83,41 @@ void print_top_k(const std::string& name, const Tensor& t, int k, const std::vec
   }
 }
 
+// Writes every file or none: all go to temporary names first and are renamed into place only
+// when every one was written, so a failure never leaves a partial set of outputs behind.
+Status write_all_npy(const std::vector<std::pair<std::string, const Tensor*>>& files) {
+  std::set<std::string> seen;
+  for (const auto& [path, t] : files) {
+    if (!seen.insert(path).second) {
+      return KILN_ERROR(kInvalidArgument, "two outputs would both be written to '{}' (names differ only in characters "
+                        "outside [A-Za-z0-9._-])", path);
+    }
+    std::error_code ec;
+    if (fs::is_directory(path, ec)) return KILN_ERROR(kIo, "{}: is a folder; cannot write the output there", path);
+  }
+  std::vector<std::string> tmps;
+  auto cleanup = [&] {
+    std::error_code ec;
+    for (const std::string& t : tmps) fs::remove(t, ec);
+  };
+  for (const auto& [path, t] : files) {
+    tmps.push_back(path + ".partial");
+    if (Status s = write_npy(tmps.back(), *t); !s) {
+      cleanup();
+      return s.with_context(path);
+    }
+  }
+  for (size_t i = 0; i < files.size(); ++i) {
+    std::error_code ec;
+    fs::rename(tmps[i], files[i].first, ec);
+    if (ec) {
+      cleanup();
+      return KILN_ERROR(kIo, "{}: cannot move the output into place: {}", files[i].first, ec.message());
+    }
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Expected<std::vector<Data>> execute(const Graph& g, const std::vector<Data>& inputs, int warmup, int iterations,
@@ -126,6 +162,7 @@ int run_main(const LoadOptions& load, const RunOptions& opt) {
     fs::create_directories(opt.output_dir, ec);
     if (ec) return fail(KILN_ERROR(kIo, "cannot create output folder '{}': {}", opt.output_dir, ec.message()));
   }
+  std::vector<std::pair<std::string, const Tensor*>> files;  // path, tensor
   for (size_t i = 0; i < g.outputs.size(); ++i) {
     const std::string& name = g.outputs[i]->name;
     const Data& d = (*outs)[i];
@@ -137,13 +174,15 @@ int run_main(const LoadOptions& load, const RunOptions& opt) {
                    d.summary().c_str());
       continue;
     }
-    std::string path = (fs::path(opt.output_dir) / (file_name_for(name) + ".npy")).string();
-    if (Status s = write_npy(path, d.tensor); !s) return fail(s);
-    if (!dtype_is_float(d.tensor.dtype()) || d.tensor.dtype() == DType::kFloat32 || d.tensor.dtype() == DType::kFloat64 ||
-        d.tensor.dtype() == DType::kFloat16) {
+    files.emplace_back((fs::path(opt.output_dir) / (file_name_for(name) + ".npy")).string(), &d.tensor);
+  }
+  if (Status s = write_all_npy(files); !s) return fail(s);
+  for (const auto& [path, t] : files) {
+    if (!dtype_is_float(t->dtype()) || t->dtype() == DType::kFloat32 || t->dtype() == DType::kFloat64 ||
+        t->dtype() == DType::kFloat16) {
       std::printf("  wrote %s\n", path.c_str());
     } else {
-      std::printf("  wrote %s (as f32: numpy has no %s)\n", path.c_str(), std::string(dtype_name(d.tensor.dtype())).c_str());
+      std::printf("  wrote %s (as f32: numpy has no %s)\n", path.c_str(), std::string(dtype_name(t->dtype())).c_str());
     }
   }
   return 0;

@@ -120,6 +120,12 @@ Expected<Tensor> read_external(const onnx::TensorProto& p, Tensor t, const Tenso
   return Tensor::view(t.dtype(), t.dims(), std::shared_ptr<void>(m, data), data);
 }
 
+Expected<int64_t> numel_of(const std::vector<int64_t>& dims, const std::string& what) {
+  auto n = checked_numel(dims);
+  if (!n) return KILN_ERROR(kInvalidModel, "{}: {}", what, n.status().message());
+  return *n;
+}
+
 }  // namespace
 
 Expected<Tensor> tensor_from_proto(const onnx::TensorProto& p, const TensorReadOptions& opt, const std::string& what) {
@@ -137,7 +143,7 @@ Expected<Tensor> tensor_from_proto(const onnx::TensorProto& p, const TensorReadO
   }
   if (p.data_location() == onnx::TensorProto::EXTERNAL) {
     // Check sizes before anything is allocated: the view maps the file instead.
-    KILN_ASSIGN_OR_RETURN(int64_t n, checked_numel(dims));
+    KILN_ASSIGN_OR_RETURN(int64_t n, numel_of(dims, what));
     if (*dt == DType::kString) return KILN_ERROR(kUnsupported, "{}: external string data", what);
     int64_t bytes;
     if (__builtin_mul_overflow(n, int64_t(dtype_size(*dt)), &bytes)) {
@@ -146,7 +152,7 @@ Expected<Tensor> tensor_from_proto(const onnx::TensorProto& p, const TensorReadO
     return read_external(p, Tensor::view(*dt, dims, nullptr, nullptr), opt, what);
   }
   // Refuse declared sizes the data cannot back before allocating them.
-  KILN_ASSIGN_OR_RETURN(int64_t n, checked_numel(dims));
+  KILN_ASSIGN_OR_RETURN(int64_t n, numel_of(dims, what));
   if (p.has_raw_data() && *dt != DType::kString) {
     int64_t bytes;
     if (__builtin_mul_overflow(n, int64_t(dtype_size(*dt)), &bytes) || bytes != int64_t(p.raw_data().size())) {
@@ -167,7 +173,9 @@ Expected<Tensor> tensor_from_proto(const onnx::TensorProto& p, const TensorReadO
       return KILN_ERROR(kInvalidModel, "{} has {} values but its dims {} need {}", what, have, dims_to_string(dims), n);
     }
   }
-  KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(*dt, dims));
+  auto created = Tensor::create(*dt, dims);
+  if (!created) return Status(created.status().code(), what + ": " + created.status().message());
+  Tensor t = std::move(*created);
   if (p.has_raw_data() && *dt != DType::kString) {
     if (n > 0) std::memcpy(t.raw(), p.raw_data().data(), t.nbytes());  // little-endian host
     return t;

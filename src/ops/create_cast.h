@@ -74,7 +74,7 @@ To cast_value(const From& v, bool saturate = true) {
   } else if constexpr (std::is_same_v<To, std::string>) {
     if constexpr (std::is_same_v<From, bool>) return v ? "True" : "False";
     else if constexpr (is_float_v<From>) return number_to_string(double(compute_t<From>(v)), dtype_of<From>());
-    else if constexpr (std::is_signed_v<From>) return int_to_string(int64_t(v));
+    else if constexpr (std::is_signed_v<From> || is_small_int_v<From>) return int_to_string(int64_t(int(v)));
     else return uint_to_string(uint64_t(v));
   } else if constexpr (std::is_same_v<From, std::string>) {
     return cast_detail::from_string<To>(v, saturate);

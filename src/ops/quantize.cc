@@ -76,7 +76,8 @@ double round_to(double v, DType p) {
 }
 
 bool is_quantized_type(DType t) {
-  return t == DType::kUInt8 || t == DType::kInt8 || t == DType::kUInt16 || t == DType::kInt16 || dtype_is_f8(t);
+  return t == DType::kUInt8 || t == DType::kInt8 || t == DType::kUInt16 || t == DType::kInt16 || dtype_is_f8(t) ||
+         t == DType::kFloat4E2M1 || t == DType::kInt4 || t == DType::kUInt4 || t == DType::kInt2 || t == DType::kUInt2;
 }
 
 // ---- QuantizeLinear ----------------------------------------------------------------------------
@@ -124,8 +125,11 @@ Status quantize_infer(InferCtx& c) {
 
 template <typename Q>
 Q quantize_one(double q, double zp, bool saturate) {
-  if constexpr (is_f8_v<Q>) {
+  if constexpr (is_f8_v<Q> || std::is_same_v<Q, float4e2m1>) {
     return cast_value<Q>(q + zp, saturate);
+  } else if constexpr (is_small_int_v<Q>) {
+    if (std::isnan(q)) return Q(0);
+    return Q(int64_t(std::clamp(std::nearbyint(q) + zp, double(Q::kMin), double(Q::kMax))));
   } else {
     double lo = double(std::numeric_limits<Q>::min()), hi = double(std::numeric_limits<Q>::max());
     if (std::isnan(q)) return Q(0);  // ONNX leaves it undefined
@@ -145,7 +149,8 @@ Status quantize_cpu(KernelCtx& c) {
   bool saturate = c.node().attr_int("saturate", 1) != 0;
   KILN_ASSIGN_OR_RETURN(Tensor* out, c.alloc_output(0, dt, x.dims()));
   visit_dtype(dt, [&]<typename Q>() {
-    if constexpr (is_f8_v<Q> || (std::is_integral_v<Q> && !std::is_same_v<Q, bool>)) {
+    if constexpr (is_f8_v<Q> || is_small_int_v<Q> || std::is_same_v<Q, float4e2m1> ||
+                  (std::is_integral_v<Q> && !std::is_same_v<Q, bool>)) {
       Q* y = out->data<Q>();
       for (int64_t i = 0; i < x.numel(); ++i) {
         int64_t k = map.index(i);
@@ -191,8 +196,8 @@ Status dequantize_cpu(KernelCtx& c) {
   KILN_ASSIGN_OR_RETURN(DType dt, dequantize_output_dtype(c, scale.dtype()));
   KILN_ASSIGN_OR_RETURN(ScaleMap map, make_scale_map(c, x.dims(), scale));
   KILN_RETURN_IF_ERROR(check_zero_point_shape(c, scale, 2));
-  // float8 inputs carry no offset: their zero point must be 0 and is ignored.
-  bool use_zp = c.has_input(2) && !dtype_is_f8(x.dtype());
+  // float8/float4 inputs carry no offset: their zero point must be 0 and is ignored.
+  bool use_zp = c.has_input(2) && !dtype_is_f8(x.dtype()) && x.dtype() != DType::kFloat4E2M1;
   KILN_ASSIGN_OR_RETURN(Tensor* out, c.alloc_output(0, dt, x.dims()));
   for (int64_t i = 0; i < x.numel(); ++i) {
     int64_t k = map.index(i);

@@ -56,6 +56,11 @@ std::string_view dtype_onnx_name(DType t) {
     case DType::kFloat8E4M3FNUZ: return "FLOAT8E4M3FNUZ";
     case DType::kFloat8E5M2: return "FLOAT8E5M2";
     case DType::kFloat8E5M2FNUZ: return "FLOAT8E5M2FNUZ";
+    case DType::kUInt4: return "UINT4";
+    case DType::kInt4: return "INT4";
+    case DType::kFloat4E2M1: return "FLOAT4E2M1";
+    case DType::kUInt2: return "UINT2";
+    case DType::kInt2: return "INT2";
   }
   return "?";
 }
@@ -64,19 +69,30 @@ size_t dtype_size(DType t) {
   return visit_dtype(t, []<typename T>() -> size_t { return sizeof(T); });
 }
 
+int dtype_bits(DType t) {
+  switch (t) {
+    case DType::kUInt4: case DType::kInt4: case DType::kFloat4E2M1: return 4;
+    case DType::kUInt2: case DType::kInt2: return 2;
+    default: return int(dtype_size(t) * 8);
+  }
+}
+
+bool dtype_is_packed(DType t) { return t != DType::kString && dtype_bits(t) < 8; }
+
 bool dtype_is_float(DType t) {
   return visit_dtype(t, []<typename T>() { return is_float_v<T>; });
 }
 
 bool dtype_is_int(DType t) {
   return visit_dtype(t, []<typename T>() {
-    return std::is_integral_v<T> && !std::is_same_v<T, bool>;
+    return (std::is_integral_v<T> && !std::is_same_v<T, bool>) || is_small_int_v<T>;
   });
 }
 
 bool dtype_is_signed(DType t) {
   return visit_dtype(t, []<typename T>() {
     if constexpr (std::is_arithmetic_v<T>) return std::is_signed_v<T>;
+    else if constexpr (is_small_int_v<T>) return T::kMin < 0;
     else return is_reduced_float_v<T>;
   });
 }

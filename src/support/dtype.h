@@ -32,10 +32,12 @@ std::optional<DType> dtype_from_onnx(int32_t onnx_code);    // TensorProto.DataT
 int32_t dtype_to_onnx(DType t);
 std::string_view dtype_onnx_name(DType t);                  // "FLOAT", for messages
 size_t dtype_size(DType t);                                 // bytes per element in memory
+int dtype_bits(DType t);                                    // bits per element in ONNX files (4 for int4)
 bool dtype_is_float(DType t);                               // f64 f32 f16 bf16 f8*
 bool dtype_is_int(DType t);                                 // signed or unsigned integer
 bool dtype_is_signed(DType t);
 bool dtype_is_f8(DType t);
+bool dtype_is_packed(DType t);                              // sub-byte: int4 uint4 int2 uint2 f4e2m1
 
 template <DType D> struct dtype_traits;
 #define KILN_DTYPE(e, T, code, name) \
@@ -64,7 +66,11 @@ decltype(auto) visit_dtype(DType dt, F&& f) {
 template <typename T>
 inline constexpr bool is_reduced_float_v =
     std::is_same_v<T, half> || std::is_same_v<T, bfloat16> || std::is_same_v<T, f8e4m3fn> ||
-    std::is_same_v<T, f8e4m3fnuz> || std::is_same_v<T, f8e5m2> || std::is_same_v<T, f8e5m2fnuz>;
+    std::is_same_v<T, f8e4m3fnuz> || std::is_same_v<T, f8e5m2> || std::is_same_v<T, f8e5m2fnuz> ||
+    std::is_same_v<T, float4e2m1>;
+template <typename T>
+inline constexpr bool is_small_int_v =
+    std::is_same_v<T, int4> || std::is_same_v<T, uint4> || std::is_same_v<T, int2> || std::is_same_v<T, uint2>;
 template <typename T>
 inline constexpr bool is_float_v = std::is_floating_point_v<T> || is_reduced_float_v<T>;
 template <typename T>

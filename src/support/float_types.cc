@@ -137,4 +137,23 @@ uint8_t float_to_f8(float f, F8Format fmt, bool saturate) {
   return uint8_t(sign | it->second);
 }
 
+// ---- float4 e2m1 ---------------------------------------------------------------------------------
+
+float f4e2m1_to_float(uint8_t v) {
+  static constexpr float kMagnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float m = kMagnitude[v & 7];
+  return (v & 8) ? -m : m;
+}
+
+uint8_t float_to_f4e2m1(float f) {
+  if (std::isnan(f)) return 8;  // as ml_dtypes (the ONNX reference): NaN has no encoding and becomes -0
+  const uint8_t sign = std::signbit(f) ? 8 : 0;
+  const float a = std::fabs(f);
+  // Midpoints between neighbouring magnitudes; a tie goes to the code with an even mantissa bit.
+  static constexpr float kMid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  uint8_t code = 0;
+  while (code < 7 && (a > kMid[code] || (a == kMid[code] && (code & 1)))) ++code;
+  return uint8_t(sign | code);
+}
+
 }  // namespace kiln

@@ -1,10 +1,12 @@
-// Storage types for the reduced-precision floats ONNX uses: IEEE half, bfloat16 and the four
-// float8 variants. Each is a bit container that converts to and from float with round-to-nearest-even;
+// Storage types for the reduced-precision numbers ONNX uses: IEEE half, bfloat16, the four float8
+// variants, float4 e2m1 and the sub-byte integers int4/uint4/int2/uint2. Sub-byte types are held one
+// element per byte in memory; ONNX files pack them (onnx_tensor.cc). Each is a bit container that converts to and from float with round-to-nearest-even;
 // arithmetic is done in float by the kernels (the CPU backend is the oracle, not the fast path).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace kiln {
 
@@ -48,5 +50,41 @@ using f8e4m3fn = float8<F8Format::kE4M3FN>;
 using f8e4m3fnuz = float8<F8Format::kE4M3FNUZ>;
 using f8e5m2 = float8<F8Format::kE5M2>;
 using f8e5m2fnuz = float8<F8Format::kE5M2FNUZ>;
+
+// float4 e2m1 (ONNX FLOAT4E2M1): sign, 2 exponent bits, 1 mantissa bit; finite values only
+// (0, 0.5, 1, 1.5, 2, 3, 4, 6). Conversion rounds to nearest even and saturates; NaN becomes -0.
+uint8_t float_to_f4e2m1(float f);
+float f4e2m1_to_float(uint8_t v);
+
+struct float4e2m1 {
+  uint8_t bits = 0;
+  float4e2m1() = default;
+  explicit float4e2m1(float f) : bits(float_to_f4e2m1(f)) {}
+  static float4e2m1 from_bits(uint8_t b) { float4e2m1 r; r.bits = b & 0xF; return r; }
+  operator float() const { return f4e2m1_to_float(bits); }  // NOLINT
+};
+
+// A kBits-wide two's-complement (or unsigned) integer. Construction from a wider integer wraps,
+// like any narrowing integer conversion (numpy / ml_dtypes astype).
+template <int kBits, bool kSigned>
+struct small_int {
+  using storage = std::conditional_t<kSigned, int8_t, uint8_t>;
+  static constexpr int kMin = kSigned ? -(1 << (kBits - 1)) : 0;
+  static constexpr int kMax = kSigned ? (1 << (kBits - 1)) - 1 : (1 << kBits) - 1;
+  static constexpr uint8_t kMask = uint8_t((1u << kBits) - 1);
+  storage v = 0;
+  small_int() = default;
+  explicit small_int(int64_t x) {
+    const unsigned m = unsigned(uint64_t(x) & kMask);
+    v = storage(kSigned && m > unsigned(kMax) ? int(m) - (1 << kBits) : int(m));
+  }
+  static small_int from_bits(uint8_t b) { return small_int(int64_t(b & kMask)); }
+  uint8_t bits() const { return uint8_t(v) & kMask; }
+  operator int() const { return v; }  // NOLINT: implicit widening
+};
+using int4 = small_int<4, true>;
+using uint4 = small_int<4, false>;
+using int2 = small_int<2, true>;
+using uint2 = small_int<2, false>;
 
 }  // namespace kiln

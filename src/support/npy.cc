@@ -9,7 +9,8 @@ namespace kiln {
 
 namespace {
 
-// numpy's dtype descriptor for a kiln dtype; reduced floats are widened to f32 on write.
+// numpy's dtype descriptor for a kiln dtype; reduced floats are widened to f32 on write, sub-byte
+// integers written as (u)int8.
 const char* npy_descr(DType dt) {
   switch (dt) {
     case DType::kFloat32: return "<f4";
@@ -24,6 +25,11 @@ const char* npy_descr(DType dt) {
     case DType::kUInt32: return "<u4";
     case DType::kUInt64: return "<u8";
     case DType::kBool: return "|b1";
+    case DType::kInt4:  // sub-byte integers are held one per byte: numpy reads them as int8 / uint8
+    case DType::kInt2: return "|i1";
+    case DType::kUInt4:
+    case DType::kUInt2: return "|u1";
+    case DType::kFloat4E2M1:
     case DType::kString:
     case DType::kBFloat16:
     case DType::kFloat8E4M3FN:
@@ -197,7 +203,7 @@ std::string serialize_npy(const Tensor& in) {
   } else if (const char* d = npy_descr(in.dtype())) {
     descr = d;
   } else {
-    // bf16 / float8: numpy has no such dtype; widen to f32.
+    // bf16 / float8 / float4: numpy has no such dtype; widen to f32.
     t = Tensor::create(DType::kFloat32, in.dims()).value();
     for (int64_t i = 0; i < in.numel(); ++i) t.data<float>()[i] = float(in.as_double(i));
     descr = "<f4";

@@ -368,7 +368,10 @@ class Importer {
 
 Status bind_input_shapes(Graph& g, const std::map<std::string, std::vector<int64_t>>& shapes) {
   std::map<std::string, int64_t> symbols;  // dim_param -> the value a given shape binds it to
-  for (const auto& [name, dims] : shapes) {
+  for (const auto& entry : shapes) {
+    // Named copies, not structured bindings: lambdas below capture them (clang 14 cannot).
+    const std::string& name = entry.first;
+    const std::vector<int64_t>& dims = entry.second;
     auto it = std::find_if(g.inputs.begin(), g.inputs.end(), [&](const Value* v) { return v->name == name; });
     if (it == g.inputs.end()) {
       std::string names;

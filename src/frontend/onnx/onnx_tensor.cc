@@ -40,6 +40,25 @@ Status copy_field(const Field& f, Tensor& t, const std::string& what) {
   });
 }
 
+// Sub-byte types are packed in ONNX files, low bits first: two int4/uint4/float4 (four int2/uint2)
+// per byte. `bytes` holds ceil(n * bits / 8) bytes; each element becomes one byte of t.
+void unpack_into(Tensor& t, const uint8_t* bytes) {
+  const int bits = dtype_bits(t.dtype());
+  const int per_byte = 8 / bits;
+  const uint8_t mask = uint8_t((1u << bits) - 1);
+  visit_dtype(t.dtype(), [&]<typename T>() {
+    if constexpr (is_small_int_v<T> || std::is_same_v<T, float4e2m1>) {
+      T* out = t.data<T>();
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        const uint8_t v = uint8_t(bytes[i / per_byte] >> (bits * (i % per_byte))) & mask;
+        out[i] = T::from_bits(v);
+      }
+    }
+  });
+}
+
+int64_t packed_bytes(int64_t n, DType dt) { return (n * dtype_bits(dt) + 7) / 8; }
+
 // A read-only mapping of part of a file; unmapped when the last tensor viewing it goes away.
 struct Mapping {
   void* base = nullptr;
@@ -145,6 +164,7 @@ Expected<Tensor> tensor_from_proto(const onnx::TensorProto& p, const TensorReadO
     // Check sizes before anything is allocated: the view maps the file instead.
     KILN_ASSIGN_OR_RETURN(int64_t n, numel_of(dims, what));
     if (*dt == DType::kString) return KILN_ERROR(kUnsupported, "{}: external string data", what);
+    if (dtype_is_packed(*dt)) return KILN_ERROR(kUnsupported, "{}: external {} data", what, dtype_name(*dt));
     int64_t bytes;
     if (__builtin_mul_overflow(n, int64_t(dtype_size(*dt)), &bytes)) {
       return KILN_ERROR(kInvalidModel, "{}: dims {} are too large", what, dims_to_string(dims));
@@ -153,7 +173,18 @@ Expected<Tensor> tensor_from_proto(const onnx::TensorProto& p, const TensorReadO
   }
   // Refuse declared sizes the data cannot back before allocating them.
   KILN_ASSIGN_OR_RETURN(int64_t n, numel_of(dims, what));
-  if (p.has_raw_data() && *dt != DType::kString) {
+  const bool packed = dtype_is_packed(*dt);
+  if (p.has_raw_data() && packed) {
+    if (n > (int64_t(1) << 60) || packed_bytes(n, *dt) != int64_t(p.raw_data().size())) {
+      return KILN_ERROR(kInvalidModel, "{} has {} bytes of raw data but dims {} of {} need {}", what,
+                        p.raw_data().size(), dims_to_string(dims), dtype_name(*dt), packed_bytes(n, *dt));
+    }
+  } else if (packed) {
+    if (n > (int64_t(1) << 60) || p.int32_data_size() != packed_bytes(n, *dt)) {
+      return KILN_ERROR(kInvalidModel, "{} has {} packed values in int32_data but dims {} of {} need {}", what,
+                        p.int32_data_size(), dims_to_string(dims), dtype_name(*dt), packed_bytes(n, *dt));
+    }
+  } else if (p.has_raw_data() && *dt != DType::kString) {
     int64_t bytes;
     if (__builtin_mul_overflow(n, int64_t(dtype_size(*dt)), &bytes) || bytes != int64_t(p.raw_data().size())) {
       return KILN_ERROR(kInvalidModel, "{} has {} bytes of raw data but dims {} of {} need {}", what,
@@ -176,6 +207,14 @@ Expected<Tensor> tensor_from_proto(const onnx::TensorProto& p, const TensorReadO
   auto created = Tensor::create(*dt, dims);
   if (!created) return Status(created.status().code(), what + ": " + created.status().message());
   Tensor t = std::move(*created);
+  if (packed) {
+    std::vector<uint8_t> bytes(p.raw_data().begin(), p.raw_data().end());
+    if (!p.has_raw_data()) {
+      for (int32_t v : p.int32_data()) bytes.push_back(uint8_t(v));
+    }
+    unpack_into(t, bytes.data());
+    return t;
+  }
   if (p.has_raw_data() && *dt != DType::kString) {
     if (n > 0) std::memcpy(t.raw(), p.raw_data().data(), t.nbytes());  // little-endian host
     return t;
@@ -223,6 +262,15 @@ void tensor_to_proto(const Tensor& t, const std::string& name, onnx::TensorProto
   for (int64_t d : t.dims()) p->add_dims(d);
   if (t.dtype() == DType::kString) {
     for (int64_t i = 0; i < t.numel(); ++i) p->add_string_data(t.data<std::string>()[i]);
+  } else if (dtype_is_packed(t.dtype())) {
+    const int bits = dtype_bits(t.dtype());
+    std::string bytes(size_t(packed_bytes(t.numel(), t.dtype())), '\0');
+    const uint8_t* in = static_cast<const uint8_t*>(t.raw());
+    const uint8_t mask = uint8_t((1u << bits) - 1);
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      bytes[size_t(i * bits / 8)] = char(uint8_t(bytes[size_t(i * bits / 8)]) | ((in[i] & mask) << (i * bits % 8)));
+    }
+    p->set_raw_data(bytes);
   } else {
     p->set_raw_data(t.raw(), t.nbytes());
   }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "ops/elementwise_util.h"  // broadcast_input_shapes
+
 namespace kiln {
 
 namespace {
@@ -92,29 +94,17 @@ Status infer_same_as_input0(InferCtx& c) {
   return Status::ok();
 }
 
-static Expected<std::optional<Shape>> broadcast_inputs(InferCtx& c) {
-  std::vector<Shape> shapes;
-  for (size_t i = 0; i < c.num_inputs(); ++i) {
-    if (!c.has_input(i)) continue;
-    const Type& t = c.input_type(i);
-    if (!t.has_rank()) return std::optional<Shape>();
-    shapes.push_back(*t.shape);
-  }
-  KILN_ASSIGN_OR_RETURN(Shape s, broadcast_shapes(c, shapes));
-  return std::optional<Shape>(std::move(s));
-}
-
 Status infer_broadcast_same_dtype(InferCtx& c) {
   KILN_RETURN_IF_ERROR(check_same_dtype(c, 0, c.num_inputs()));
   KILN_ASSIGN_OR_RETURN(DType dt, c.tensor_dtype(0));
-  KILN_ASSIGN_OR_RETURN(std::optional<Shape> s, broadcast_inputs(c));
+  KILN_ASSIGN_OR_RETURN(std::optional<Shape> s, broadcast_input_shapes(c));
   c.set_output_tensor(0, dt, std::move(s));
   return Status::ok();
 }
 
 Status infer_broadcast_bool_output(InferCtx& c) {
   KILN_RETURN_IF_ERROR(check_same_dtype(c, 0, c.num_inputs()));
-  KILN_ASSIGN_OR_RETURN(std::optional<Shape> s, broadcast_inputs(c));
+  KILN_ASSIGN_OR_RETURN(std::optional<Shape> s, broadcast_input_shapes(c));
   c.set_output_tensor(0, DType::kBool, std::move(s));
   return Status::ok();
 }

@@ -24,11 +24,12 @@ template <typename T> T softplus(T x) {
 }
 
 // Base for activations with one float attribute `alpha`, read once per kernel call.
-template <const char* kName, float kDefault>
+// The default is given in thousandths: float template arguments need clang 18 (the fuzz build uses 14).
+template <const char* kName, int kDefaultMilli>
 struct WithAlpha {
   static constexpr TypeClass kTypes = kFloat;
   float alpha;
-  explicit WithAlpha(const Node& n) : alpha(n.attr_float(kName, kDefault)) {}
+  explicit WithAlpha(const Node& n) : alpha(n.attr_float(kName, float(kDefaultMilli) / 1000.0f)) {}
   static std::vector<AttrSpec> attrs() { return {{kName, kF}}; }
 };
 constexpr char kAlpha[] = "alpha";
@@ -38,35 +39,35 @@ struct Relu {
   template <typename T> T operator()(T x) const { return x < T(0) ? T(0) : x; }
 };
 
-struct LeakyRelu : WithAlpha<kAlpha, 0.01f> {
+struct LeakyRelu : WithAlpha<kAlpha, 10> {
   using WithAlpha::WithAlpha;
   template <typename T> T operator()(T x) const { return x < T(0) ? T(alpha) * x : x; }
 };
 
-struct Elu : WithAlpha<kAlpha, 1.0f> {
+struct Elu : WithAlpha<kAlpha, 1000> {
   using WithAlpha::WithAlpha;
   template <typename T> T operator()(T x) const { return x < T(0) ? T(alpha) * std::expm1(x) : x; }
 };
 
-struct Celu : WithAlpha<kAlpha, 1.0f> {
+struct Celu : WithAlpha<kAlpha, 1000> {
   using WithAlpha::WithAlpha;
   template <typename T> T operator()(T x) const {
     return std::max(T(0), x) + std::min(T(0), T(alpha) * std::expm1(x / T(alpha)));
   }
 };
 
-struct ThresholdedRelu : WithAlpha<kAlpha, 1.0f> {
+struct ThresholdedRelu : WithAlpha<kAlpha, 1000> {
   using WithAlpha::WithAlpha;
   template <typename T> T operator()(T x) const { return x > T(alpha) ? x : T(0); }
 };
 
-struct Swish : WithAlpha<kAlpha, 1.0f> {
+struct Swish : WithAlpha<kAlpha, 1000> {
   using WithAlpha::WithAlpha;
   template <typename T> T operator()(T x) const { return x * sigmoid(T(alpha) * x); }
 };
 
 // SwiGLU(a, b) = Swish_alpha(a) * b; a and b have the same shape (no broadcasting).
-struct SwiGLU : WithAlpha<kAlpha, 1.0f> {
+struct SwiGLU : WithAlpha<kAlpha, 1000> {
   using WithAlpha::WithAlpha;
   template <typename T> T operator()(T a, T b) const { return a * sigmoid(T(alpha) * a) * b; }
 };

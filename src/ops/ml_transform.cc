@@ -49,7 +49,8 @@ Expected<std::vector<double>> per_column(const KernelCtx& c, const char* name, s
 
 Status scaler_cpu(KernelCtx& c) {
   const Tensor& x = c.tensor(0);
-  auto [rows, cols] = rows_cols(x);
+  const auto rc = rows_cols(x);  // named, not bound: lambdas capture them (clang 14)
+  const int64_t rows = rc.first, cols = rc.second;
   KILN_ASSIGN_OR_RETURN(std::vector<double> offset, per_column(c, "offset", c.node().attr_floats("offset"), cols, 0.0));
   KILN_ASSIGN_OR_RETURN(std::vector<double> scale, per_column(c, "scale", c.node().attr_floats("scale"), cols, 1.0));
   std::vector<double> v = as_doubles(x);
@@ -63,7 +64,8 @@ Status normalizer_cpu(KernelCtx& c) {
   const Tensor& x = c.tensor(0);
   const std::string norm = c.node().attr_string("norm", "MAX");
   if (norm != "MAX" && norm != "L1" && norm != "L2") return c.error("norm must be MAX, L1 or L2, got '{}'", norm);
-  auto [rows, cols] = rows_cols(x);
+  const auto rc = rows_cols(x);  // named, not bound: lambdas capture them (clang 14)
+  const int64_t rows = rc.first, cols = rc.second;
   std::vector<double> v = as_doubles(x);
   for (int64_t r = 0; r < rows; ++r) {
     double* row = &v[size_t(r * cols)];
@@ -89,7 +91,8 @@ Status infer_imputer(InferCtx& c) {
 Status imputer_cpu(KernelCtx& c) {
   const Tensor& x = c.tensor(0);
   const Node& n = c.node();
-  auto [rows, cols] = rows_cols(x);
+  const auto rc = rows_cols(x);  // named, not bound: lambdas capture them (clang 14)
+  const int64_t rows = rc.first, cols = rc.second;
   std::vector<float> fv = n.attr_floats("imputed_value_floats");
   std::vector<int64_t> iv = n.attr_ints("imputed_value_int64s");
   const bool floats = !fv.empty();
@@ -161,7 +164,8 @@ Status linear_regressor_cpu(KernelCtx& c) {
   const Tensor& x = c.tensor(0);
   const Node& n = c.node();
   if (n.attr_string("post_transform", "NONE") != "NONE") return c.unsupported("LinearRegressor post_transform other than NONE");
-  auto [rows, cols] = rows_cols(x);
+  const auto rc = rows_cols(x);  // named, not bound: lambdas capture them (clang 14)
+  const int64_t rows = rc.first, cols = rc.second;
   const int64_t targets = n.attr_int("targets", 1);
   const std::vector<float> w = n.attr_floats("coefficients");
   const std::vector<float> b = n.attr_floats("intercepts");

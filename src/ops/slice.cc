@@ -428,7 +428,7 @@ Status reverse_sequence_cpu(KernelCtx& c) {
   const Tensor& x = c.tensor(0);
   if (x.rank() < 2) return c.error("input must have rank >= 2, got {}", x.summary());
   KILN_ASSIGN_OR_RETURN(auto axes, time_batch_axes(c));
-  const auto [time_axis, batch_axis] = axes;
+  const int64_t time_axis = axes.first, batch_axis = axes.second;  // not bindings: captured below
   const std::vector<int64_t> lens = c.tensor(1).to_int_vector();
   const int64_t steps = x.dim(size_t(time_axis)), batch = x.dim(size_t(batch_axis));
   if (int64_t(lens.size()) != batch) return c.error("sequence_lens has {} entries for batch {}", lens.size(), batch);

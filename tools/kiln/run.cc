@@ -26,7 +26,8 @@ Expected<std::vector<Data>> gather_inputs(const Graph& g, const RunOptions& opt,
       return KILN_ERROR(kInvalidArgument, "--input names '{}' twice", f.substr(0, eq));
     }
   }
-  for (const auto& [name, path] : files) {
+  for (const auto& file : files) {
+    const std::string& name = file.first;  // not a structured binding: the lambda captures it (clang 14)
     if (std::none_of(g.inputs.begin(), g.inputs.end(), [&](const Value* v) { return v->name == name; })) {
       std::string names;
       for (const Value* v : g.inputs) names += (names.empty() ? "'" : ", '") + v->name + "'";

@@ -39,14 +39,50 @@ struct CompareOptions {
   double atol = 1e-4;
 };
 
+// Phase 2b: which engine and how it is built (run, compare, build, bench).
+struct EngineOptions {
+  std::string device = "auto";       // auto: the GPU when usable, else the CPU with a warning
+  std::string precision = "fp32";    // fp32, tf32, fp16, bf16 (GPU builds)
+  bool no_cuda_graph = false;
+};
+
+struct BuildCliOptions {
+  std::string output;                // model.kiln
+  bool report = false;               // print every node's placement
+};
+
+struct BenchOptions {
+  int64_t batch = 0;                 // bind the leading symbolic dim of every input (0: leave)
+  int warmup = 20;
+  int iterations = 100;
+  std::string json;
+  uint64_t seed = 0;
+};
+
 struct InspectOptions {
   bool ir = false;
   std::string dot;
 };
 
 int inspect_main(const LoadOptions& load, const InspectOptions& opt);
-int run_main(const LoadOptions& load, const RunOptions& opt);
-int compare_main(const LoadOptions& load, const RunOptions& run, const CompareOptions& opt);
+int run_main(const LoadOptions& load, const RunOptions& opt, const EngineOptions& eng);
+int compare_main(const LoadOptions& load, const RunOptions& run, const CompareOptions& opt, const EngineOptions& eng);
+int build_main(LoadOptions load, const EngineOptions& eng, const BuildCliOptions& opt);
+int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt);
+
+// A compiled model ready to run: the CUDA engine + a session, or the CPU reference executable.
+class Runner {
+ public:
+  virtual ~Runner() = default;
+  virtual Expected<std::vector<Data>> run(const std::vector<Data>& inputs) = 0;
+  // Milliseconds per forward (CUDA events on the GPU, wall clock on the CPU).
+  virtual Expected<std::vector<double>> bench(const std::vector<Data>& inputs, int warmup, int iterations) = 0;
+  virtual std::string name() const = 0;
+  virtual std::string report() const { return ""; }
+  virtual size_t device_bytes() const { return 0; }
+  virtual double build_ms() const { return 0; }
+};
+Expected<std::unique_ptr<Runner>> make_runner(const Graph& g, const EngineOptions& opt);
 
 // ---- shared helpers (common.cc) ---------------------------------------------------------------
 
@@ -65,11 +101,10 @@ Status check_input_tensor(const Value& v, const Tensor& t, const std::string& so
 // Input data in graph-input order: --input files, else DIR/<file_name_for(name)>.npy when
 // inputs_dir is given, else random data with --random-inputs; each checked against the model.
 Expected<std::vector<Data>> gather_inputs(const Graph& g, const RunOptions& opt, const std::string& inputs_dir);
-// Runs g (warmup + iterations times) on the best backend; per-iteration wall times in times_ms.
+// Runs g (warmup + iterations times) on the best backend; per-iteration times in times_ms.
 Expected<std::vector<Data>> execute(const Graph& g, const std::vector<Data>& inputs, int warmup, int iterations,
-                                    std::vector<double>* times_ms);
-// One line: the backend that runs and, when no GPU is used, why ("cpu (no CUDA device: ...)").
-std::string backend_summary();
+                                    std::vector<double>* times_ms, const EngineOptions& eng, std::string* backend);
+double percentile(std::vector<double> v, double p);
 // Prints "kiln: error: <message>" to stderr and returns 1.
 int fail(const Status& s);
 

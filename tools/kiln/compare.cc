@@ -51,7 +51,7 @@ Stats compare_values(const Tensor& want, const Tensor& got, double rtol, double 
 
 }  // namespace
 
-int compare_main(const LoadOptions& load, const RunOptions& run, const CompareOptions& opt) {
+int compare_main(const LoadOptions& load, const RunOptions& run, const CompareOptions& opt, const EngineOptions& eng) {
   namespace fs = std::filesystem;
   if (!(opt.rtol >= 0) || !(opt.atol >= 0)) return fail(KILN_ERROR(kInvalidArgument, "--rtol and --atol must be >= 0"));
   auto m = load_model(load);
@@ -67,9 +67,10 @@ int compare_main(const LoadOptions& load, const RunOptions& run, const CompareOp
     if (!t) return fail(t.status().with_context(fmt::format("reference for output '{}'", o->name)));
     refs.push_back(std::move(*t));
   }
-  std::printf("backend: %s\n", backend_summary().c_str());
-  auto outs = execute(g, *inputs, 0, 1, nullptr);
+  std::string backend;
+  auto outs = execute(g, *inputs, 0, 1, nullptr, eng, &backend);
   if (!outs) return fail(outs.status());
+  std::printf("backend: %s\n", backend.c_str());
   bool all_ok = true;
   std::printf("%-28s %-16s %12s %12s %10s  %s\n", "output", "shape", "max_abs", "max_rel", "cosine", "result");
   for (size_t i = 0; i < g.outputs.size(); ++i) {

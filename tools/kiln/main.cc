@@ -2,6 +2,8 @@
 //   kiln inspect model.onnx [--ir] [--dot FILE]
 //   kiln run model.onnx --input NAME=FILE.npy ... [--random-inputs --seed S] [--output-dir DIR]
 //   kiln compare model.onnx --inputs DIR --reference DIR [--rtol R --atol A]
+//   kiln build model.onnx -o model.kiln [--fp16|--bf16|--tf32] [--report]
+//   kiln bench model.onnx|model.kiln --batch N --warmup W --iterations I [--json FILE]
 #include <CLI/CLI.hpp>
 #include <exception>
 
@@ -20,6 +22,16 @@ void add_input_options(CLI::App* app, kiln::cli::RunOptions& run) {
   app->add_option("--seed", run.seed, "seed for --random-inputs")->default_val(0);
 }
 
+void add_engine_options(CLI::App* app, kiln::cli::EngineOptions& eng) {
+  app->add_option("--device", eng.device, "auto (GPU when usable, else CPU), cpu or cuda")->default_val("auto");
+  auto* f16 = app->add_flag_callback("--fp16", [&eng] { eng.precision = "fp16"; }, "GPU: fp16 storage, fp32 accumulation");
+  auto* b16 = app->add_flag_callback("--bf16", [&eng] { eng.precision = "bf16"; }, "GPU: bf16 storage, fp32 accumulation");
+  auto* t32 = app->add_flag_callback("--tf32", [&eng] { eng.precision = "tf32"; }, "GPU: fp32 storage, TF32 matrix math");
+  f16->excludes(b16)->excludes(t32);
+  b16->excludes(t32);
+  app->add_flag("--no-cuda-graph", eng.no_cuda_graph, "GPU: launch step by step instead of replaying a CUDA graph");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -32,6 +44,9 @@ int main(int argc, char** argv) {
   InspectOptions inspect;
   RunOptions run;
   CompareOptions compare;
+  EngineOptions eng;
+  BuildCliOptions build;
+  BenchOptions bench;
 
   CLI::App* ins = app.add_subcommand("inspect", "print a model's inputs, outputs, opsets, op histogram and parameters");
   add_load_options(ins, load);
@@ -46,6 +61,7 @@ int main(int argc, char** argv) {
   r->add_option("--iterations", run.iterations, "timed runs (median and p99 are printed)")->default_val(1);
   r->add_option("--top-k", run.top_k, "print the K highest scores of each float output (classifiers)");
   r->add_option("--labels", run.labels, "class names, one per line, for --top-k");
+  add_engine_options(r, eng);
 
   CLI::App* cmp = app.add_subcommand("compare", "run a model and check its outputs against reference .npy files");
   add_load_options(cmp, load);
@@ -54,12 +70,31 @@ int main(int argc, char** argv) {
   cmp->add_option("--reference", compare.reference_dir, "folder with OUTPUT.npy per model output")->required();
   cmp->add_option("--rtol", compare.rtol, "relative tolerance")->default_val(1e-3);
   cmp->add_option("--atol", compare.atol, "absolute tolerance")->default_val(1e-4);
+  add_engine_options(cmp, eng);
+
+  CLI::App* b = app.add_subcommand("build", "compile a model for the GPU and report each node's placement");
+  add_load_options(b, load);
+  add_engine_options(b, eng);
+  b->add_option("-o,--output", build.output, "write the .kiln artifact here");
+  b->add_flag("--report", build.report, "print every node's placement and kernel");
+
+  CLI::App* be = app.add_subcommand("bench", "time a model's forward (CUDA events on the GPU)");
+  be->add_option("model", load.model, "ONNX model or .kiln artifact")->required();
+  be->add_option("--shapes", load.shapes, "bind an input's shape, e.g. input:1x3x224x224 (repeatable)");
+  add_engine_options(be, eng);
+  be->add_option("--batch", bench.batch, "bind the leading symbolic dim of every input to N");
+  be->add_option("--warmup", bench.warmup, "untimed forwards first")->default_val(20);
+  be->add_option("--iterations", bench.iterations, "timed forwards")->default_val(100);
+  be->add_option("--json", bench.json, "write the results as JSON");
+  be->add_option("--seed", bench.seed, "seed of the random inputs")->default_val(0);
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (ins->parsed()) return inspect_main(load, inspect);
-    if (r->parsed()) return run_main(load, run);
-    if (cmp->parsed()) return compare_main(load, run, compare);
+    if (r->parsed()) return run_main(load, run, eng);
+    if (cmp->parsed()) return compare_main(load, run, compare, eng);
+    if (b->parsed()) return build_main(load, eng, build);
+    if (be->parsed()) return bench_main(load, eng, bench);
   } catch (const std::bad_alloc&) {
     return fail(KILN_ERROR(kOutOfMemory, "out of host memory"));
   } catch (const std::exception& e) {

@@ -55,13 +55,13 @@ Expected<std::vector<Data>> gather_inputs(const Graph& g, const RunOptions& opt,
   return data;
 }
 
-namespace {
-
 double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   size_t i = size_t(std::ceil(p / 100.0 * double(v.size()))) ;
   return v[std::min(v.size() - 1, i == 0 ? 0 : i - 1)];
 }
+
+namespace {
 
 // Prints the k largest elements of a float tensor's last axis (row 0), with labels if given.
 void print_top_k(const std::string& name, const Tensor& t, int k, const std::vector<std::string>& labels) {
@@ -122,20 +122,20 @@ Status write_all_npy(const std::vector<std::pair<std::string, const Tensor*>>& f
 }  // namespace
 
 Expected<std::vector<Data>> execute(const Graph& g, const std::vector<Data>& inputs, int warmup, int iterations,
-                                    std::vector<double>* times_ms) {
-  auto backend = make_cpu_backend();
-  KILN_ASSIGN_OR_RETURN(auto exe, backend->compile(g));
+                                    std::vector<double>* times_ms, const EngineOptions& eng, std::string* backend) {
+  KILN_ASSIGN_OR_RETURN(auto runner, make_runner(g, eng));
+  if (backend) *backend = runner->name();
   std::vector<Data> out;
   for (int i = 0; i < warmup + std::max(iterations, 1); ++i) {
     auto t0 = std::chrono::steady_clock::now();
-    KILN_ASSIGN_OR_RETURN(out, exe->run(inputs));
+    KILN_ASSIGN_OR_RETURN(out, runner->run(inputs));
     auto t1 = std::chrono::steady_clock::now();
     if (i >= warmup && times_ms) times_ms->push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
   return out;
 }
 
-int run_main(const LoadOptions& load, const RunOptions& opt) {
+int run_main(const LoadOptions& load, const RunOptions& opt, const EngineOptions& eng) {
   if (opt.iterations < 1 || opt.warmup < 0) return fail(KILN_ERROR(kInvalidArgument, "--iterations must be >= 1 and --warmup >= 0"));
   std::vector<std::string> labels;
   if (!opt.labels.empty()) {
@@ -150,11 +150,12 @@ int run_main(const LoadOptions& load, const RunOptions& opt) {
   const Graph& g = *m->graph;
   auto inputs = gather_inputs(g, opt, "");
   if (!inputs) return fail(inputs.status());
-  std::printf("backend: %s\n", backend_summary().c_str());
   std::printf("import: %.1f ms\n", std::chrono::duration<double, std::milli>(t1 - t0).count());
   std::vector<double> times;
-  auto outs = execute(g, *inputs, opt.warmup, opt.iterations, &times);
+  std::string backend;
+  auto outs = execute(g, *inputs, opt.warmup, opt.iterations, &times, eng, &backend);
   if (!outs) return fail(outs.status());
+  std::printf("backend: %s%s\n", backend.c_str(), backend == "cuda" ? (" " + eng.precision).c_str() : "");
   std::printf("latency: median %.3f ms, p99 %.3f ms, min %.3f ms over %zu run(s) after %d warm-up\n",
               percentile(times, 50), percentile(times, 99), *std::min_element(times.begin(), times.end()), times.size(),
               opt.warmup);

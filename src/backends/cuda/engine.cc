@@ -1,0 +1,271 @@
+// Engine::build: constant folding, lowering with CPU fallback, memory planning, weight upload.
+// The order matters: folding first (shape arithmetic must be host constants before the lowering
+// reads Reshape targets or Slice bounds), then lowering in topological order (fusions look
+// ahead at single consumers), then planning (lifetimes come from the emitted steps).
+#include <chrono>
+
+#include "backends/cuda/device.h"
+#include "backends/cuda/engine_impl.h"
+#include "ops/op_registry.h"
+#include "runtime/memory_planner.h"
+
+namespace kiln::cuda {
+
+std::string_view precision_name(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kTf32: return "tf32";
+    case Precision::kFp16: return "fp16";
+    case Precision::kBf16: return "bf16";
+  }
+  return "?";
+}
+
+bool gpu_available(std::string* reason) {
+  static const DeviceInfo info = probe_device();
+  if (!info.available && reason) *reason = info.reason;
+  return info.available;
+}
+
+namespace {
+
+constexpr int64_t kMaxFoldElements = int64_t(1) << 24;
+
+bool has_subgraph(const Node& n) {
+  for (const auto& [k, a] : n.attrs) {
+    if (a.g || !a.graphs.empty()) return true;
+  }
+  return false;
+}
+
+bool is_random(OpKind op) {
+  return op == OpKind::kRandomNormal || op == OpKind::kRandomUniform || op == OpKind::kRandomNormalLike ||
+         op == OpKind::kRandomUniformLike || op == OpKind::kMultinomial || op == OpKind::kBernoulli;
+}
+
+bool static_shape(const Value* v) {
+  if (!v->type.is_tensor() || !v->type.shape) return false;
+  for (const Dim& d : v->type.shape->dims) {
+    if (!d.is_static()) return false;
+  }
+  return true;
+}
+
+// Evaluates n on the host when every input is known at build time (or, for Shape/Size, only the
+// input's static shape is read). Returns false when n is not foldable.
+Expected<bool> try_fold(Lowering& L, const Node& n) {
+  if (is_random(n.op) || has_subgraph(n) || !op_def(n.op).cpu) return false;
+  bool shape_only = n.op == OpKind::kShape || n.op == OpKind::kSize;
+  std::vector<Data> held;
+  held.reserve(n.inputs.size());
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    const Value* v = n.inputs[i];
+    if (!v) continue;
+    if (const Tensor* c = L.constant(v)) {
+      held.emplace_back(*c);
+    } else if (shape_only && i == 0 && static_shape(v)) {
+      std::vector<int64_t> dims;
+      for (const Dim& d : v->type.shape->dims) dims.push_back(d.value());
+      KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(v->type.dtype == DType::kString ? DType::kFloat32 : v->type.dtype, dims));
+      held.emplace_back(std::move(t));  // contents unread by Shape/Size
+    } else {
+      return false;
+    }
+  }
+  for (const Value* o : n.outputs) {
+    if (!o) continue;
+    if (!static_shape(o)) return false;
+    int64_t numel = 1;
+    for (const Dim& d : o->type.shape->dims) numel *= d.value();
+    if (numel > kMaxFoldElements) return false;
+  }
+  std::vector<const Data*> ins;
+  size_t h = 0;
+  for (const Value* v : n.inputs) ins.push_back(v ? &held[h++] : nullptr);
+  KernelCtx ctx(n, std::move(ins), nullptr);
+  KILN_RETURN_IF_ERROR(op_def(n.op).cpu(ctx).with_context(n.describe()));
+  for (size_t i = 0; i < n.outputs.size(); ++i) {
+    if (!n.outputs[i]) continue;
+    if (!ctx.outputs()[i].is_tensor()) return false;
+    L.set_constant(n.outputs[i], std::move(ctx.outputs()[i].tensor));
+  }
+  return true;
+}
+
+// Runs n with its CPU kernel inside the GPU plan: copy inputs down, run, copy outputs up.
+Status lower_on_cpu(Lowering& L, const Node& n) {
+  if (!op_def(n.op).cpu) return KILN_ERROR(kUnsupported, "{}: no backend can run op {}", n.describe(), op_name(n.op));
+  if (has_subgraph(n)) {
+    return KILN_ERROR(kUnsupported, "{}: control flow (subgraphs) is not supported by the CUDA engine yet",
+                      n.describe());
+  }
+  struct In { bool device; Ref ref; k::DT dt; std::vector<int64_t> dims; Tensor host; };
+  std::vector<std::optional<In>> ins;
+  std::vector<int> reads, writes;
+  for (const Value* v : n.inputs) {
+    if (!v) { ins.emplace_back(); continue; }
+    if (const Tensor* c = L.constant(v)) { ins.push_back(In{false, {}, k::DT::kF32, {}, *c}); continue; }
+    KILN_ASSIGN_OR_RETURN(const DevValue* d, L.rowmajor(v));
+    ins.push_back(In{true, d->ref, d->dt, d->dims, {}});
+    if (!d->ref.weight) reads.push_back(d->ref.id);
+  }
+  struct Out { Ref ref; k::DT dt; DType ir; };
+  std::vector<std::optional<Out>> outs;
+  for (const Value* o : n.outputs) {
+    if (!o) { outs.emplace_back(); continue; }
+    if (!to_kdt(o->type.dtype)) {
+      return KILN_ERROR(kUnsupported, "{}: output '{}' is {}, which the GPU cannot hold", n.describe(), o->name,
+                        dtype_name(o->type.dtype));
+    }
+    const DevValue& d = L.define(o);
+    outs.push_back(Out{d.ref, d.dt, o->type.dtype});
+    writes.push_back(d.ref.id);
+  }
+  const Node* node = &n;
+  L.emit(&n, "cpu kernel (host round trip)", reads, writes, [node, ins, outs](const RunCtx& c) -> Status {
+    KILN_CUDA_TRY(cudaStreamSynchronize(c.stream));
+    std::vector<Data> held;
+    std::vector<const Data*> ptrs;
+    held.reserve(ins.size());
+    for (size_t i = 0; i < ins.size(); ++i) {
+      const Value* v = node->inputs[i];
+      if (!ins[i]) { ptrs.push_back(nullptr); continue; }
+      if (!ins[i]->device) { held.emplace_back(ins[i]->host); ptrs.push_back(&held.back()); continue; }
+      KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(ir_dtype_of(ins[i]->dt), ins[i]->dims));
+      KILN_CUDA_TRY(cudaMemcpy(t.raw(), c.ptr(ins[i]->ref), t.nbytes(), cudaMemcpyDeviceToHost));
+      KILN_ASSIGN_OR_RETURN(Tensor ir, convert_tensor(t, v->type.dtype));
+      held.emplace_back(std::move(ir));
+      ptrs.push_back(&held.back());
+    }
+    KernelCtx ctx(*node, std::move(ptrs), nullptr);
+    KILN_RETURN_IF_ERROR(op_def(node->op).cpu(ctx).with_context(node->describe()));
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (!outs[i]) continue;
+      KILN_ASSIGN_OR_RETURN(Tensor t, convert_tensor(ctx.outputs()[i].tensor, ir_dtype_of(outs[i]->dt)));
+      KILN_CUDA_TRY(cudaMemcpy(c.ptr(outs[i]->ref), t.raw(), t.nbytes(), cudaMemcpyHostToDevice));
+    }
+    return Status::ok();
+  }, /*host=*/true);
+  return Status::ok();
+}
+
+// Graph inputs arrive in their declared dtype; half builds cast them on the device.
+Status lower_inputs(Lowering& L, EngineImpl& e) {
+  for (const Value* v : L.graph().inputs) {
+    auto kdt = to_kdt(v->type.dtype);
+    if (!kdt) return KILN_ERROR(kUnsupported, "input '{}' is {}: not supported on the GPU", v->name, v->type.to_string());
+    const DevValue& stage = L.define(v, Layout::kRowMajor, *kdt);
+    e.input_stage.push_back(stage);
+    k::DT want = L.device_dt(v->type.dtype).value();
+    if (want == *kdt) continue;
+    DevValue staged = stage;
+    const DevValue& d = L.define(v, Layout::kRowMajor, want);
+    int64_t n = d.numel();
+    Ref s = staged.ref, o = d.ref;
+    k::DT from = *kdt;
+    L.emit(nullptr, fmt::format("input '{}': kernel cast to {}", v->name, precision_name(L.options().precision)),
+           {s.id}, {o.id}, [=](const RunCtx& c) {
+             return cuda_status(k::cast(from, want, c.ptr(s), c.ptr(o), n, c.stream), "cast (input)");
+           });
+  }
+  return Status::ok();
+}
+
+Status lower_outputs(Lowering& L, EngineImpl& e) {
+  for (const Value* v : L.graph().outputs) {
+    KILN_ASSIGN_OR_RETURN(const DevValue* d, L.rowmajor(v));
+    auto want = to_kdt(v->type.dtype);
+    if (!want) return KILN_ERROR(kUnsupported, "output '{}' is {}: not supported on the GPU", v->name, v->type.to_string());
+    if (d->dt == *want && !d->ref.weight) {
+      e.output_stage.push_back(*d);
+      continue;
+    }
+    // A separate output buffer: a dtype change, or a constant output (never hand out a weight).
+    DevValue out = *d;
+    out.dt = *want;
+    out.ref = Ref{false, L.scratch(out.bytes())};
+    Ref s = d->ref, o = out.ref;
+    k::DT from = d->dt, to = *want;
+    int64_t n = out.numel();
+    L.emit(nullptr, fmt::format("output '{}': kernel cast", v->name), {s.weight ? -1 : s.id}, {o.id},
+           [=](const RunCtx& c) { return cuda_status(k::cast(from, to, c.ptr(s), c.ptr(o), n, c.stream), "cast (output)"); });
+    e.output_stage.push_back(out);
+  }
+  return Status::ok();
+}
+
+// Lifetimes from the steps: buffer b lives from the first step touching it to the last. Inputs
+// are written before step 0 (by the host copy) and outputs read after the last step.
+void plan(const Lowering& L, EngineImpl& e) {
+  size_t nb = L.buffer_bytes.size();
+  int end = int(L.steps.size()) + 1;
+  std::vector<BufferRequest> req(nb, BufferRequest{0, end, -1});
+  auto touch = [&](int b, int at) {
+    req[size_t(b)].first_step = std::min(req[size_t(b)].first_step, at);
+    req[size_t(b)].last_step = std::max(req[size_t(b)].last_step, at);
+  };
+  for (const DevValue& d : e.input_stage) touch(d.ref.id, 0);
+  for (size_t i = 0; i < L.steps.size(); ++i) {
+    for (int b : L.steps[i].reads) touch(b, int(i) + 1);
+    for (int b : L.steps[i].writes) touch(b, int(i) + 1);
+  }
+  for (const DevValue& d : e.output_stage) touch(d.ref.id, end);
+  for (size_t b = 0; b < nb; ++b) {
+    req[b].bytes = L.buffer_bytes[b];
+    if (req[b].last_step < 0) req[b] = BufferRequest{0, 0, 0};  // never used
+  }
+  MemoryPlan p = plan_memory(req);
+  e.offsets = p.offsets;
+  e.rep.arena_peak = p.peak;
+  e.rep.arena_naive = p.naive;
+  e.rep.arena_lower_bound = p.lower_bound;
+}
+
+}  // namespace
+
+Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptions& opt) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::string why;
+  if (!gpu_available(&why)) return KILN_ERROR(kUnsupported, "no usable GPU: {}", why);
+  for (const auto& v : g.values) {
+    if (v->constant || v->type.kind != Type::Kind::kTensor) continue;
+    if (!static_shape(v.get())) {
+      return KILN_ERROR(kUnsupported, "value '{}' has shape {}: the CUDA engine needs static shapes (bind them with "
+                        "--shapes NAME:DIMS or --batch)", v->name, v->type.to_string());
+    }
+  }
+  auto e = std::make_shared<EngineImpl>(g, opt);
+  KILN_RETURN_IF_ERROR(e->create_build_resources());
+  Lowering& L = *e->lowering;
+  KILN_RETURN_IF_ERROR(lower_inputs(L, *e));
+  const auto& table = lowering_table();
+  for (const auto& up : g.nodes) {
+    const Node& n = *up;
+    if (L.is_fused(&n)) continue;
+    KILN_ASSIGN_OR_RETURN(bool folded, try_fold(L, n));
+    if (folded) {
+      L.place(&n, "folded", "constant at build time");
+      continue;
+    }
+    auto it = table.find(n.op);
+    size_t placed = L.placements.size(), emitted = L.steps.size();
+    Status s = it == table.end() ? KILN_ERROR(kUnsupported, "no CUDA lowering for {}", op_name(n.op)) : it->second(L, n);
+    if (s) {
+      if (L.placements.size() == placed) {
+        L.place(&n, L.steps.size() == emitted ? "alias" : "cuda",
+                L.steps.size() == emitted ? "no work (same buffer)" : L.steps.back().label.substr(n.describe().size() + 2));
+      }
+      continue;
+    }
+    if (s.code() != ErrorCode::kUnsupported) return s.with_context(n.describe());
+    KILN_RETURN_IF_ERROR(lower_on_cpu(L, n));
+    L.place(&n, "cpu", "cpu kernel", s.message());
+  }
+  KILN_RETURN_IF_ERROR(lower_outputs(L, *e));
+  plan(L, *e);
+  KILN_RETURN_IF_ERROR(e->upload_weights());
+  e->finish_report(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  return std::shared_ptr<Engine>(e);
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,84 @@
+// The CUDA engine: a graph compiled once for one GPU (weights uploaded, every node lowered to a
+// library call or one of kiln's kernels, activations planned into one arena), and Sessions that
+// run it. No CUDA headers here, so the CLI and tests include it with any compiler.
+//
+//   BuildOptions opt;  opt.precision = Precision::kFp16;
+//   KILN_ASSIGN_OR_RETURN(auto engine, Engine::build(graph, opt));   // graph: static shapes
+//   KILN_ASSIGN_OR_RETURN(auto session, engine->new_session());       // one stream, own arena
+//   KILN_ASSIGN_OR_RETURN(std::vector<Data> out, session->run(inputs));
+//
+// An Engine is immutable after build and may be shared by several Sessions running on different
+// threads at once; a Session is used by one thread at a time.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace kiln::cuda {
+
+enum class Precision { kFp32, kTf32, kFp16, kBf16 };
+std::string_view precision_name(Precision p);
+
+struct BuildOptions {
+  Precision precision = Precision::kFp32;
+  bool cuda_graph = true;          // capture the forward in a CUDA graph when every step can be
+  size_t workspace_bytes = 64u << 20;  // shared scratch for cuBLASLt / cuDNN
+  bool autotune = true;            // time cuDNN algorithms at build time (else heuristics)
+  bool poison = false;             // tests: fill each session's arena with NaN bytes before use
+};
+
+// Where one ONNX node ended up and why.
+struct NodePlacement {
+  std::string node;    // Node::describe()
+  std::string device;  // "cuda", "cpu" (fallback), "folded" (constant at build time), "alias" (no work)
+  std::string impl;    // "cublasLt fp16 bias+gelu", "cudnn conv NHWC algo 1 +bias+relu", "kernel softmax"
+  std::string why;     // for cpu: why the CUDA backend declined it; for fused nodes: into what
+};
+
+struct BuildReport {
+  std::vector<NodePlacement> nodes;
+  std::string precision;
+  size_t weight_bytes = 0;
+  size_t arena_peak = 0, arena_naive = 0, arena_lower_bound = 0;
+  size_t workspace_bytes = 0;
+  int steps = 0;            // executed steps per forward (launch groups)
+  int cpu_steps = 0;        // steps that run on the host (break graph capture)
+  bool cuda_graph = false;  // whether sessions capture a graph
+  std::string no_graph_reason;
+  double build_ms = 0;
+  std::string device_name;
+  std::string to_text() const;  // the `kiln build --report` table
+};
+
+class Session;
+
+class Engine {
+ public:
+  // Fails with a message naming the node when the graph cannot run here (dynamic shapes,
+  // an op neither backend can run, GPU out of memory while uploading weights).
+  static Expected<std::shared_ptr<Engine>> build(const Graph& g, const BuildOptions& opt);
+  virtual ~Engine() = default;
+  virtual const BuildReport& report() const = 0;
+  virtual Expected<std::unique_ptr<Session>> new_session() = 0;
+};
+
+class Session {
+ public:
+  virtual ~Session() = default;
+  // Inputs in graph-input order (host tensors of the declared dtypes and shapes); outputs in
+  // graph-output order, host tensors of the graph's declared dtypes.
+  virtual Expected<std::vector<Data>> run(const std::vector<Data>& inputs) = 0;
+  // Stages `inputs` once, then times `iterations` forwards (after `warmup`) with CUDA events
+  // around each replay; milliseconds per forward.
+  virtual Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) = 0;
+  // Device bytes this session holds (arena, workspace, staging).
+  virtual size_t device_bytes() const = 0;
+};
+
+// True when a CUDA device usable by this build is present (reason otherwise).
+bool gpu_available(std::string* reason);
+
+}  // namespace kiln::cuda

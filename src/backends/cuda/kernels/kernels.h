@@ -1,0 +1,136 @@
+// kiln's own CUDA kernels, as plain launch functions the lowering calls (kernels/*.cu implement
+// them). This header needs no CUDA headers beyond the runtime API, so C++ files compiled by the
+// host compiler can include it. Every launcher enqueues on `s` and returns the launch's error
+// (cudaGetLastError), never synchronizes and never allocates: all of them are safe inside CUDA
+// graph capture.
+//
+//   k::NdShape sh = k::NdShape::contiguous({2, 3, 4});
+//   k::unary(k::Unary::kRelu, k::DT::kF16, x, y, sh.numel(), {}, stream);
+//
+// Layout conventions: row-major element indexing; "strides" are in elements (not bytes); a
+// stride of 0 broadcasts that dimension. Dtypes are the kernel's own small enum (DT) so that this
+// header does not depend on the IR.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace kiln::cuda::k {
+
+enum class DT : int { kF32, kF16, kBF16, kF64, kI64, kI32, kI8, kU8, kBool };
+
+inline int dt_size(DT d) {
+  switch (d) {
+    case DT::kF64: case DT::kI64: return 8;
+    case DT::kF32: case DT::kI32: return 4;
+    case DT::kF16: case DT::kBF16: return 2;
+    case DT::kI8: case DT::kU8: case DT::kBool: return 1;
+  }
+  return 0;
+}
+
+inline constexpr int kMaxRank = 8;
+
+// An N-d index space (the output's dims) plus strides into one operand, in elements.
+struct NdStrides {
+  int rank = 0;
+  int64_t dims[kMaxRank] = {};
+  int64_t strides[kMaxRank] = {};
+};
+
+// ---- elementwise -------------------------------------------------------------------------------
+
+// y[i] = f(x[i]) over n contiguous elements; dtypes kF32, kF16, kBF16 (math in f32). kNot and
+// kAbs/kNeg also take kBool / kI64 / kI32 where they make sense (kNot: kBool only).
+enum class Unary : int {
+  kIdentity, kRelu, kSigmoid, kTanh, kExp, kLog, kSqrt, kReciprocal, kNeg, kAbs, kErf, kFloor, kCeil,
+  kSin, kCos, kSoftplus, kSign, kRound,
+  kGeluErf,      // x * 0.5 * (1 + erf(x / sqrt 2))
+  kGeluTanh,     // x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
+  kClip,         // min(max(x, p.a), p.b)
+  kLeakyRelu,    // x >= 0 ? x : p.a * x
+  kElu,          // x >= 0 ? x : p.a * (exp(x) - 1)
+  kHardSigmoid,  // max(0, min(1, p.a * x + p.b))
+  kHardSwish,    // x * max(0, min(1, x / 6 + 0.5))
+  kSilu,         // x * sigmoid(x)
+  kNot,          // bool
+};
+struct UnaryParams {
+  float a = 0, b = 0;
+};
+cudaError_t unary(Unary op, DT dt, const void* x, void* y, int64_t n, UnaryParams p, cudaStream_t s);
+
+// y[idx] = a[idx . sa] op b[idx . sb] over the index space sa.dims (== sb.dims == y's dims; y is
+// contiguous). Arithmetic: kF32, kF16, kBF16 (math in f32), kI64, kI32. Comparisons write kBool
+// (one byte, 0 or 1) from any of those dtypes. kAnd/kOr/kXor: kBool.
+enum class Binary : int {
+  kAdd, kSub, kMul, kDiv, kPow, kMax, kMin, kMod,
+  kEqual, kLess, kLessOrEqual, kGreater, kGreaterOrEqual,
+  kAnd, kOr, kXor,
+};
+cudaError_t binary(Binary op, DT dt, const void* a, const NdStrides& sa, const void* b, const NdStrides& sb, void* y,
+                   cudaStream_t s);
+
+// y[idx] = cond[idx . sc] ? x[idx . sx] : z[idx . sz]; cond is kBool; x, z, y have dtype dt (any).
+cudaError_t where(DT dt, const void* cond, const NdStrides& sc, const void* x, const NdStrides& sx, const void* z,
+                  const NdStrides& sz, void* y, cudaStream_t s);
+
+// y[i] = (to)x[i] over n elements, any DT pair (float -> int truncates toward zero, like ONNX;
+// -> kBool is x != 0).
+cudaError_t cast(DT from, DT to, const void* x, void* y, int64_t n, cudaStream_t s);
+
+// Strided N-d copy of elem_bytes-sized elements (1, 2, 4 or 8):
+//   dst[idx . dst_strides] = src[idx . src_strides] for idx in the index space src.dims
+// (dst.dims must equal src.dims). Covers Transpose, Slice (offset the src pointer, scale its
+// strides by the step), Expand (zero strides), Concat and Split (offset the dst / src pointer).
+cudaError_t copy_nd(int elem_bytes, const void* src, const NdStrides& src_strides, void* dst,
+                    const NdStrides& dst_strides, cudaStream_t s);
+
+// ---- indexing ----------------------------------------------------------------------------------
+
+// Gather along one axis, data viewed as [outer, axis_dim, inner], indices (kI64 or kI32, n_idx of
+// them, negative counted from the end) -> y [outer, n_idx, inner]. Out-of-range indices are
+// clamped and counted: *bad_count (device int, may be null) is incremented once per bad index,
+// so the caller can report an error after the run.
+cudaError_t gather(int elem_bytes, const void* data, int64_t outer, int64_t axis_dim, int64_t inner, const void* idx,
+                   DT idx_dt, int64_t n_idx, void* y, int* bad_count, cudaStream_t s);
+
+// ---- normalization and reductions (accumulate in f32; dtypes kF32, kF16, kBF16) ---------------
+
+// Softmax (or LogSoftmax) along the last axis of x viewed as [rows, cols].
+cudaError_t softmax(DT dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, cudaStream_t s);
+
+// LayerNorm over the last axis of x viewed as [rows, cols]: y = (x - mean) / sqrt(var + eps) *
+// scale + bias; scale and bias ([cols], same dtype as x; bias may be null). mean/var biased, f32.
+cudaError_t layer_norm(DT dt, const void* x, const void* scale, const void* bias, void* y, int64_t rows, int64_t cols,
+                       float eps, cudaStream_t s);
+
+// RMSNorm-style variant (no mean subtraction): y = x / sqrt(mean(x^2) + eps) * scale.
+cudaError_t rms_norm(DT dt, const void* x, const void* scale, void* y, int64_t rows, int64_t cols, float eps,
+                     cudaStream_t s);
+
+// Reduce the middle axis of x viewed as [outer, n, inner] -> y [outer, inner].
+// Dtypes: kF32, kF16, kBF16 (f32 accumulation); kSum/kMax/kMin also kI64, kI32.
+enum class Reduce : int { kSum, kMean, kMax, kMin, kProd, kSumSquare, kL1, kL2, kLogSumExp };
+cudaError_t reduce(Reduce op, DT dt, const void* x, void* y, int64_t outer, int64_t n, int64_t inner, cudaStream_t s);
+
+// ArgMax/ArgMin of the middle axis of x viewed as [outer, n, inner] -> y (kI64) [outer, inner];
+// ties pick the first index (select_last_index=0).
+cudaError_t arg_reduce(bool is_max, DT dt, const void* x, int64_t* y, int64_t outer, int64_t n, int64_t inner,
+                       cudaStream_t s);
+
+// Per-channel affine on x viewed as [outer, c, inner]: y = x * scale[c] + shift[c] (scale and
+// shift f32). BatchNormalization (inference) lowers to this with folded scale/shift.
+cudaError_t channel_affine(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t outer,
+                           int64_t c, int64_t inner, cudaStream_t s);
+
+// ---- generators ----------------------------------------------------------------------------------
+
+// y[i] = value for n elements of dt (value converted from double).
+cudaError_t fill(DT dt, void* y, int64_t n, double value, cudaStream_t s);
+
+// Writes 0x7f-ish garbage (every byte = `byte`) over n bytes; the op harness poisons outputs.
+cudaError_t poison(void* y, size_t n_bytes, unsigned char byte, cudaStream_t s);
+
+}  // namespace kiln::cuda::k

@@ -1,0 +1,319 @@
+// Row-wise normalizations: Softmax/LogSoftmax, LayerNorm, RMSNorm; and the per-channel affine that
+// inference BatchNormalization folds into. All math in f32.
+//
+// A row is handled by a group of TPR threads: one warp (4 rows per 128-thread block) for rows of
+// up to 1024 elements, else a whole 512-thread block. The row is read once into registers (E
+// values per thread, in packs of V contiguous elements so half rows load 16 bytes at a time), the
+// statistics are reduced with shuffles, and the row is written from the registers. Rows too long
+// for registers (> 512 * 32, or 512 * 16 unvectorized) take a multi-pass kernel that re-reads the
+// row (mostly from L2).
+#include <initializer_list>
+#include <type_traits>
+
+#include "backends/cuda/kernels/common.cuh"
+
+namespace kiln::cuda::k {
+
+namespace {
+
+constexpr int kWarpRowsPerBlock = 4;
+constexpr int kRowBlock = 512;  // threads per row when a warp is not enough
+constexpr int kMaxItems = 32;   // f32 values cached per thread
+
+template <int N>
+using IntC = std::integral_constant<int, N>;
+
+// The group of this thread and its lane within it; rows are strided over the grid's groups.
+template <int TPR>
+struct RowGroup {
+  static constexpr int kGroups = TPR == 32 ? kWarpRowsPerBlock : 1;
+  int lane = static_cast<int>(threadIdx.x) % TPR;
+  int64_t first = static_cast<int64_t>(blockIdx.x) * kGroups + threadIdx.x / TPR;
+  int64_t step = static_cast<int64_t>(gridDim.x) * kGroups;
+};
+
+// Pack q of this thread is p * TPR + lane; element e of it is column q * V + e. With V > 1 the
+// launcher guaranteed cols % V == 0 and 16-byte-aligned rows, so a pack is all in or all out.
+template <int TPR, int V, int E, class T>
+__device__ __forceinline__ void load_row(const T* __restrict__ row, int64_t cols, int lane, float (&v)[E], float pad) {
+#pragma unroll
+  for (int p = 0; p < E / V; ++p) {
+    const int64_t q = static_cast<int64_t>(p) * TPR + lane;
+    if (q * V < cols) {
+      const Pack<T, V> pk = reinterpret_cast<const Pack<T, V>*>(row)[q];
+#pragma unroll
+      for (int e = 0; e < V; ++e) v[p * V + e] = to_f(pk.v[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; ++e) v[p * V + e] = pad;
+    }
+  }
+}
+
+// row[c] = f(v[c], c) for every valid column; f returns f32.
+template <int TPR, int V, int E, class T, class F>
+__device__ __forceinline__ void store_row(T* __restrict__ row, int64_t cols, int lane, const float (&v)[E], F f) {
+#pragma unroll
+  for (int p = 0; p < E / V; ++p) {
+    const int64_t q = static_cast<int64_t>(p) * TPR + lane;
+    if (q * V < cols) {
+      Pack<T, V> pk;
+#pragma unroll
+      for (int e = 0; e < V; ++e) pk.v[e] = from_f<T>(f(v[p * V + e], q * V + e));
+      reinterpret_cast<Pack<T, V>*>(row)[q] = pk;
+    }
+  }
+}
+
+template <int TPR, int V, int E, class T>
+__global__ void __launch_bounds__(TPR == 32 ? 32 * kWarpRowsPerBlock : TPR)
+    softmax_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t cols, bool log) {
+  __shared__ float smem[32];
+  const RowGroup<TPR> g;
+  for (int64_t r = g.first; r < rows; r += g.step) {
+    float v[E];
+    load_row<TPR, V>(x + r * cols, cols, g.lane, v, -INFINITY);
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < E; ++i) m = fmaxf(m, v[i]);
+    m = group_reduce<TPR, true>(m, smem);
+    // v keeps x: the exponentials are recomputed at the store, which is cheaper than a second
+    // register array, and LogSoftmax needs x - m exactly rather than log(exp(x - m)).
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < E; ++i) sum += expf(v[i] - m);  // padding: exp(-inf) = 0
+    sum = group_reduce<TPR, false>(sum, smem);
+    const float lse = logf(sum), inv = 1.f / sum;
+    if (log)
+      store_row<TPR, V>(y + r * cols, cols, g.lane, v, [&](float a, int64_t) { return a - m - lse; });
+    else
+      store_row<TPR, V>(y + r * cols, cols, g.lane, v, [&](float a, int64_t) { return expf(a - m) * inv; });
+  }
+}
+
+template <int TPR, int V, int E, class T>
+__global__ void __launch_bounds__(TPR == 32 ? 32 * kWarpRowsPerBlock : TPR)
+    layer_norm_kernel(const T* __restrict__ x, const T* __restrict__ scale, const T* __restrict__ bias,
+                      T* __restrict__ y, int64_t rows, int64_t cols, float eps, bool rms) {
+  __shared__ float smem[32];
+  const RowGroup<TPR> g;
+  const float inv_cols = 1.f / static_cast<float>(cols);
+  for (int64_t r = g.first; r < rows; r += g.step) {
+    float v[E];
+    load_row<TPR, V>(x + r * cols, cols, g.lane, v, 0.f);
+    float mean = 0.f;
+    if (!rms) {
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < E; ++i) sum += v[i];
+      mean = group_reduce<TPR, false>(sum, smem) * inv_cols;
+    }
+    // Second pass over the registers: sum of squared deviations, no cancellation. Padding
+    // slots hold 0 and must not contribute (0 - mean)^2.
+    float sq = 0.f;
+#pragma unroll
+    for (int p = 0; p < E / V; ++p) {
+      const bool valid = (static_cast<int64_t>(p) * TPR + g.lane) * V < cols;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float d = v[p * V + e] - mean;
+        sq += valid ? d * d : 0.f;
+      }
+    }
+    const float rstd = rsqrtf(group_reduce<TPR, false>(sq, smem) * inv_cols + eps);
+    store_row<TPR, V>(y + r * cols, cols, g.lane, v, [&](float a, int64_t c) {
+      const float n = (a - mean) * rstd * to_f(scale[c]);
+      return bias != nullptr ? n + to_f(bias[c]) : n;
+    });
+  }
+}
+
+// ---- rows longer than the register cache: one block per row, the row re-read from memory ----
+
+template <class T>
+__global__ void __launch_bounds__(kRowBlock)
+    softmax_long_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t cols, bool log) {
+  __shared__ float smem[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * cols;
+    // Online max and rescaled sum in one read (Milakov & Gimelshein 2018).
+    float m = -INFINITY, s = 0.f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float a = to_f(xr[c]);
+      const float mn = fmaxf(m, a);
+      if (mn == -INFINITY) continue;  // all -inf so far: exp(-inf - -inf) would be NaN
+      s = s * expf(m - mn) + expf(a - mn);
+      m = mn;
+    }
+    const float bm = group_reduce<kRowBlock, true>(m, smem);
+    const float sum = group_reduce<kRowBlock, false>(m == -INFINITY ? 0.f : s * expf(m - bm), smem);
+    const float lse = logf(sum), inv = 1.f / sum;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float a = to_f(xr[c]);
+      y[r * cols + c] = from_f<T>(log ? a - bm - lse : expf(a - bm) * inv);
+    }
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kRowBlock)
+    layer_norm_long_kernel(const T* __restrict__ x, const T* __restrict__ scale, const T* __restrict__ bias,
+                           T* __restrict__ y, int64_t rows, int64_t cols, float eps, bool rms) {
+  __shared__ float smem[32];
+  const float inv_cols = 1.f / static_cast<float>(cols);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * cols;
+    float mean = 0.f;
+    if (!rms) {
+      float sum = 0.f;
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += to_f(xr[c]);
+      mean = group_reduce<kRowBlock, false>(sum, smem) * inv_cols;
+    }
+    float sq = 0.f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float d = to_f(xr[c]) - mean;
+      sq += d * d;
+    }
+    const float rstd = rsqrtf(group_reduce<kRowBlock, false>(sq, smem) * inv_cols + eps);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float n = (to_f(xr[c]) - mean) * rstd * to_f(scale[c]);
+      y[r * cols + c] = from_f<T>(bias != nullptr ? n + to_f(bias[c]) : n);
+    }
+  }
+}
+
+// Picks TPR (threads per row), V (pack width) and E (values per thread, a power of two >= V) for
+// a row of `cols`, and calls f(IntC<TPR>, IntC<V>, IntC<E>); TPR == 0 means "too long, use the
+// multi-pass kernel".
+template <int TPR, int V, int E, int kMaxE, class F>
+cudaError_t pick_items(int64_t cols, F& f) {
+  if constexpr (E >= kMaxE) return f(IntC<TPR>{}, IntC<V>{}, IntC<E>{});
+  else if (cols <= int64_t{TPR} * E) return f(IntC<TPR>{}, IntC<V>{}, IntC<E>{});
+  else return pick_items<TPR, V, E * 2, kMaxE>(cols, f);
+}
+
+// Scalar (unaligned) rows cache at most 16 values per thread in the block case: at 32, 512-thread
+// LayerNorm spills (each scalar load keeps its own 64-bit address live).
+template <class T, class F>
+cudaError_t pick_row_config(int64_t cols, bool vec_ok, F&& f) {
+  constexpr int kV = 16 / sizeof(T);
+  if (cols <= 32 * kMaxItems)
+    return vec_ok ? pick_items<32, kV, kV, kMaxItems>(cols, f) : pick_items<32, 1, 1, kMaxItems>(cols, f);
+  if (vec_ok && cols <= int64_t{kRowBlock} * kMaxItems) return pick_items<kRowBlock, kV, kV, kMaxItems>(cols, f);
+  if (!vec_ok && cols <= int64_t{kRowBlock} * kMaxItems / 2)
+    return pick_items<kRowBlock, 1, 4, kMaxItems / 2>(cols, f);
+  return f(IntC<0>{}, IntC<1>{}, IntC<1>{});
+}
+
+// 16-byte packs need every row (hence cols * sizeof(T)) and every pointer 16-byte aligned.
+template <class T>
+bool rows_vectorizable(int64_t cols, std::initializer_list<const void*> ptrs) {
+  if ((cols * static_cast<int64_t>(sizeof(T))) % 16 != 0) return false;
+  for (const void* p : ptrs)
+    if (p != nullptr && !aligned_to(p, 16)) return false;
+  return true;
+}
+
+template <int TPR>
+unsigned row_grid(int64_t rows) {
+  constexpr int groups = TPR == 32 ? kWarpRowsPerBlock : 1;
+  const int64_t g = (rows + groups - 1) / groups;
+  return static_cast<unsigned>(g < kMaxGrid * 16 ? g : kMaxGrid * 16);
+}
+
+template <int TPR>
+constexpr int row_block() {
+  return TPR == 32 ? 32 * kWarpRowsPerBlock : TPR;
+}
+
+cudaError_t norm_impl(DT dt, const void* x, const void* scale, const void* bias, void* y, int64_t rows, int64_t cols,
+                      float eps, bool rms, cudaStream_t s) {
+  if (rows < 0 || cols < 0 || scale == nullptr) return cudaErrorInvalidValue;
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  return dispatch_f32ish(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const auto* xt = static_cast<const T*>(x);
+    const auto* st = static_cast<const T*>(scale);
+    const auto* bt = static_cast<const T*>(bias);
+    auto* yt = static_cast<T*>(y);
+    const bool vec = rows_vectorizable<T>(cols, {x, y, scale, bias});
+    return pick_row_config<T>(cols, vec, [&](auto tpr, auto v, auto e) {
+      constexpr int kTpr = decltype(tpr)::value, kV = decltype(v)::value, kE = decltype(e)::value;
+      if constexpr (kTpr == 0)
+        layer_norm_long_kernel<<<row_grid<1>(rows), kRowBlock, 0, s>>>(xt, st, bt, yt, rows, cols, eps, rms);
+      else
+        layer_norm_kernel<kTpr, kV, kE>
+            <<<row_grid<kTpr>(rows), row_block<kTpr>(), 0, s>>>(xt, st, bt, yt, rows, cols, eps, rms);
+      return cudaGetLastError();
+    });
+  });
+}
+
+template <int V, class T>
+__global__ void channel_affine_kernel(const T* __restrict__ x, const float* __restrict__ scale,
+                                      const float* __restrict__ shift, T* __restrict__ y, int64_t c,
+                                      int64_t inner_packs, int64_t n_packs) {
+  const auto* xv = reinterpret_cast<const Pack<T, V>*>(x);
+  auto* yv = reinterpret_cast<Pack<T, V>*>(y);
+  for (int64_t i = global_tid(); i < n_packs; i += global_threads()) {
+    // A pack never straddles two channels (the launcher checked inner % V == 0).
+    const int64_t ch = (i / inner_packs) % c;
+    const float a = scale[ch], b = shift[ch];
+    const Pack<T, V> p = xv[i];
+    Pack<T, V> r;
+#pragma unroll
+    for (int e = 0; e < V; ++e) r.v[e] = from_f<T>(fmaf(to_f(p.v[e]), a, b));
+    yv[i] = r;
+  }
+}
+
+}  // namespace
+
+cudaError_t softmax(DT dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, cudaStream_t s) {
+  if (rows < 0 || cols < 0) return cudaErrorInvalidValue;
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  return dispatch_f32ish(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const auto* xt = static_cast<const T*>(x);
+    auto* yt = static_cast<T*>(y);
+    const bool vec = rows_vectorizable<T>(cols, {x, y});
+    return pick_row_config<T>(cols, vec, [&](auto tpr, auto v, auto e) {
+      constexpr int kTpr = decltype(tpr)::value, kV = decltype(v)::value, kE = decltype(e)::value;
+      if constexpr (kTpr == 0)
+        softmax_long_kernel<<<row_grid<1>(rows), kRowBlock, 0, s>>>(xt, yt, rows, cols, log);
+      else
+        softmax_kernel<kTpr, kV, kE><<<row_grid<kTpr>(rows), row_block<kTpr>(), 0, s>>>(xt, yt, rows, cols, log);
+      return cudaGetLastError();
+    });
+  });
+}
+
+cudaError_t layer_norm(DT dt, const void* x, const void* scale, const void* bias, void* y, int64_t rows, int64_t cols,
+                       float eps, cudaStream_t s) {
+  return norm_impl(dt, x, scale, bias, y, rows, cols, eps, /*rms=*/false, s);
+}
+
+cudaError_t rms_norm(DT dt, const void* x, const void* scale, void* y, int64_t rows, int64_t cols, float eps,
+                     cudaStream_t s) {
+  return norm_impl(dt, x, scale, nullptr, y, rows, cols, eps, /*rms=*/true, s);
+}
+
+cudaError_t channel_affine(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t outer,
+                           int64_t c, int64_t inner, cudaStream_t s) {
+  if (outer < 0 || c < 0 || inner < 0) return cudaErrorInvalidValue;
+  const int64_t n = outer * c * inner;
+  if (n == 0) return cudaSuccess;
+  return dispatch_f32ish(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int kV = 16 / sizeof(T);
+    const auto* xt = static_cast<const T*>(x);
+    auto* yt = static_cast<T*>(y);
+    if (inner % kV == 0 && aligned_to(x, 16) && aligned_to(y, 16))
+      channel_affine_kernel<kV><<<grid_for(n / kV), kBlock, 0, s>>>(xt, scale, shift, yt, c, inner / kV, n / kV);
+    else
+      channel_affine_kernel<1><<<grid_for(n), kBlock, 0, s>>>(xt, scale, shift, yt, c, inner, n);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace kiln::cuda::k

@@ -1,0 +1,280 @@
+// Reductions over the middle axis of [outer, n, inner]: Reduce* ops and ArgMax/ArgMin.
+//
+// inner == 1: each output reduces a contiguous row, so a warp (short rows) or a block (long rows)
+// reads it coalesced and combines with shuffles. inner > 1: consecutive threads take consecutive
+// outputs, so each step along n reads a contiguous run of x; when there are few outputs, a block's
+// threadIdx.y also splits n and the partials are combined in shared memory.
+//
+// Every reduction is a reducer R: Acc init(), add(Acc, T x, int64 k) (x at index k along n),
+// combine(Acc, Acc) and Out finish(Acc, n). finish(init()) is the reduction of nothing: ONNX
+// gives the identity (0, 1, -inf, ...) for an empty axis.
+#include <type_traits>
+
+#include "backends/cuda/kernels/common.cuh"
+
+namespace kiln::cuda::k {
+
+namespace {
+
+template <class V>
+struct ArgAcc {
+  V v;
+  int64_t i;  // -1: empty
+};
+
+__device__ __forceinline__ float shfl_xor(float a, int o) { return __shfl_xor_sync(0xffffffffu, a, o); }
+__device__ __forceinline__ int64_t shfl_xor(int64_t a, int o) {
+  return static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, static_cast<long long>(a), o));
+}
+__device__ __forceinline__ float2 shfl_xor(float2 a, int o) { return make_float2(shfl_xor(a.x, o), shfl_xor(a.y, o)); }
+template <class V>
+__device__ __forceinline__ ArgAcc<V> shfl_xor(ArgAcc<V> a, int o) {
+  return {shfl_xor(a.v, o), shfl_xor(a.i, o)};
+}
+
+__device__ __forceinline__ float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
+__device__ __forceinline__ float nan_min(float a, float b) { return (a < b || a != a) ? a : b; }
+
+// f32 accumulation for kF32/kF16/kBF16.
+template <Reduce OP, class T>
+struct FloatReducer {
+  using Acc = std::conditional_t<OP == Reduce::kLogSumExp, float2, float>;  // lse: (max, sum exp(x - max))
+  using Out = T;
+  static __device__ __forceinline__ Acc init() {
+    if constexpr (OP == Reduce::kLogSumExp) return make_float2(-INFINITY, 0.f);
+    else if constexpr (OP == Reduce::kMax) return -INFINITY;
+    else if constexpr (OP == Reduce::kMin) return INFINITY;
+    else if constexpr (OP == Reduce::kProd) return 1.f;
+    else return 0.f;
+  }
+  static __device__ __forceinline__ Acc combine(Acc a, Acc b) {
+    if constexpr (OP == Reduce::kLogSumExp) {
+      const float m = fmaxf(a.x, b.x);
+      if (m == -INFINITY) return make_float2(m, a.y + b.y);  // both empty or all -inf so far
+      return make_float2(m, a.y * expf(a.x - m) + b.y * expf(b.x - m));
+    } else if constexpr (OP == Reduce::kMax) {
+      return nan_max(a, b);
+    } else if constexpr (OP == Reduce::kMin) {
+      return nan_min(a, b);
+    } else if constexpr (OP == Reduce::kProd) {
+      return a * b;
+    } else {
+      return a + b;
+    }
+  }
+  static __device__ __forceinline__ Acc add(Acc a, T xt, int64_t) {
+    const float x = to_f(xt);
+    if constexpr (OP == Reduce::kLogSumExp) return combine(a, make_float2(x, 1.f));
+    else if constexpr (OP == Reduce::kSumSquare || OP == Reduce::kL2) return fmaf(x, x, a);
+    else if constexpr (OP == Reduce::kL1) return a + fabsf(x);
+    else return combine(a, x);
+  }
+  static __device__ __forceinline__ Out finish(Acc a, int64_t n) {
+    if constexpr (OP == Reduce::kLogSumExp) return from_f<T>(a.x + logf(a.y));  // n == 0: log 0 = -inf
+    else if constexpr (OP == Reduce::kMean) return from_f<T>(a / static_cast<float>(n));
+    else if constexpr (OP == Reduce::kL2) return from_f<T>(sqrtf(a));
+    else return from_f<T>(a);
+  }
+};
+
+// Integer kSum (wrapping i64 accumulation), kMax, kMin with no float round trip.
+template <Reduce OP, class T>
+struct IntReducer {
+  using Acc = int64_t;
+  using Out = T;
+  static __device__ __forceinline__ Acc init() {
+    if constexpr (OP == Reduce::kMax) return std::is_same_v<T, int64_t> ? INT64_MIN : INT32_MIN;
+    else if constexpr (OP == Reduce::kMin) return std::is_same_v<T, int64_t> ? INT64_MAX : INT32_MAX;
+    else return 0;
+  }
+  static __device__ __forceinline__ Acc combine(Acc a, Acc b) {
+    if constexpr (OP == Reduce::kMax) return a > b ? a : b;
+    else if constexpr (OP == Reduce::kMin) return a < b ? a : b;
+    else return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+  }
+  static __device__ __forceinline__ Acc add(Acc a, T x, int64_t) { return combine(a, static_cast<int64_t>(x)); }
+  static __device__ __forceinline__ Out finish(Acc a, int64_t) { return static_cast<T>(a); }
+};
+
+// ArgMax/ArgMin; ties keep the lower index. NaN beats every number in both (numpy's and
+// PyTorch's choice), the first NaN among NaNs.
+template <bool kIsMax, class T>
+struct ArgReducer {
+  using V = std::conditional_t<kIsF32ish<T>, float, int64_t>;
+  using Acc = ArgAcc<V>;
+  using Out = int64_t;
+  static __device__ __forceinline__ Acc init() { return {V(0), -1}; }
+  static __device__ __forceinline__ Acc combine(Acc a, Acc b) {
+    if (b.i < 0) return a;
+    if (a.i < 0) return b;
+    if constexpr (std::is_same_v<V, float>) {
+      const bool an = a.v != a.v, bn = b.v != b.v;
+      if (an || bn) return (bn && !an) || (an && bn && b.i < a.i) ? b : a;
+    }
+    if (a.v == b.v) return b.i < a.i ? b : a;
+    return (kIsMax ? b.v > a.v : b.v < a.v) ? b : a;
+  }
+  static __device__ __forceinline__ Acc add(Acc a, T x, int64_t k) {
+    if constexpr (std::is_same_v<V, float>) return combine(a, Acc{to_f(x), k});
+    else return combine(a, Acc{static_cast<V>(x), k});
+  }
+  static __device__ __forceinline__ Out finish(Acc a, int64_t) { return a.i < 0 ? 0 : a.i; }
+};
+
+// Combine over TPR threads (a warp, or the whole block when TPR > 32); lane 0 of the group ends
+// with the result. The combining order is a tree, not index order: fine for the sums (up to
+// rounding) and for ArgReducer, whose ties are broken by index rather than by order.
+template <int TPR, class R>
+__device__ __forceinline__ typename R::Acc group_combine(typename R::Acc a, typename R::Acc* smem) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) a = R::combine(a, shfl_xor(a, o));
+  if constexpr (TPR > 32) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) smem[warp] = a;
+    __syncthreads();
+    if (warp == 0) {
+      a = lane < TPR / 32 ? smem[lane] : R::init();
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) a = R::combine(a, shfl_xor(a, o));
+    }
+    __syncthreads();  // smem is reused by the next row
+  }
+  return a;
+}
+
+constexpr int kWarpRows = 4;      // rows per 128-thread block in the warp-per-row kernel
+constexpr int kRowBlock = 512;    // threads per row for long rows
+constexpr int64_t kWarpRowMax = 2048;
+
+// inner == 1: rows of n contiguous elements, one group of TPR threads per row.
+template <int TPR, class R, class T>
+__global__ void __launch_bounds__(TPR == 32 ? 32 * kWarpRows : TPR)
+    reduce_rows_kernel(const T* __restrict__ x, typename R::Out* __restrict__ y, int64_t rows, int64_t n) {
+  using Acc = typename R::Acc;
+  __shared__ Acc smem[32];
+  constexpr int groups = TPR == 32 ? kWarpRows : 1;
+  const int lane = threadIdx.x % TPR;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * groups + threadIdx.x / TPR; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * groups) {
+    const T* xr = x + r * n;
+    Acc a = R::init();
+    for (int64_t k = lane; k < n; k += TPR) a = R::add(a, xr[k], k);
+    a = group_combine<TPR, R>(a, smem);
+    if (lane == 0) y[r] = R::finish(a, n);
+  }
+}
+
+// inner > 1: block (BX, TY) handles BX consecutive outputs; threadIdx.y splits n in TY strands.
+// Loops are uniform over the block so that the barriers are reached by every thread.
+template <class R, class T>
+__global__ void __launch_bounds__(256)
+    reduce_cols_kernel(const T* __restrict__ x, typename R::Out* __restrict__ y, int64_t outputs, int64_t n,
+                       int64_t inner) {
+  using Acc = typename R::Acc;
+  __shared__ Acc smem[256];
+  const int bx = blockDim.x, ty = blockDim.y;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * bx;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * bx; base < outputs; base += step) {
+    const int64_t out = base + threadIdx.x;
+    Acc a = R::init();
+    if (out < outputs) {
+      const int64_t o = out / inner, i = out - o * inner;
+      const T* xo = x + o * n * inner + i;
+      for (int64_t k = threadIdx.y; k < n; k += ty) a = R::add(a, xo[k * inner], k);
+    }
+    if (ty > 1) {
+      smem[threadIdx.y * bx + threadIdx.x] = a;
+      __syncthreads();
+      if (threadIdx.y == 0)
+        for (int j = 1; j < ty; ++j) a = R::combine(a, smem[j * bx + threadIdx.x]);
+      __syncthreads();
+    }
+    if (threadIdx.y == 0 && out < outputs) y[out] = R::finish(a, n);
+  }
+}
+
+template <class R, class T>
+cudaError_t launch_reduce(const void* xv, void* yv, int64_t outer, int64_t n, int64_t inner, cudaStream_t s) {
+  const auto* x = static_cast<const T*>(xv);
+  auto* y = static_cast<typename R::Out*>(yv);
+  const int64_t outputs = outer * inner;
+  if (inner == 1) {
+    if (n <= kWarpRowMax) {
+      const int64_t g = (outer + kWarpRows - 1) / kWarpRows;
+      reduce_rows_kernel<32, R><<<static_cast<unsigned>(g < kMaxGrid * 16 ? g : kMaxGrid * 16), 32 * kWarpRows, 0, s>>>(
+          x, y, outer, n);
+    } else {
+      reduce_rows_kernel<kRowBlock, R>
+          <<<static_cast<unsigned>(outer < kMaxGrid * 16 ? outer : kMaxGrid * 16), kRowBlock, 0, s>>>(x, y, outer, n);
+    }
+    return cudaGetLastError();
+  }
+  // Split n over more strands the fewer outputs there are, aiming at ~100k threads in flight.
+  int ty = outputs < 16384 ? 8 : outputs < 32768 ? 4 : outputs < 65536 ? 2 : 1;
+  while (ty > 1 && ty > n) ty /= 2;
+  const int bx = 256 / ty;
+  const int64_t g = (outputs + bx - 1) / bx;
+  reduce_cols_kernel<R><<<static_cast<unsigned>(g < kMaxGrid * 4 ? g : kMaxGrid * 4), dim3(bx, ty), 0, s>>>(
+      x, y, outputs, n, inner);
+  return cudaGetLastError();
+}
+
+bool bad_shape(int64_t outer, int64_t n, int64_t inner) { return outer < 0 || n < 0 || inner < 0; }
+
+template <Reduce OP>
+using ReduceC = std::integral_constant<Reduce, OP>;
+
+template <class F>
+cudaError_t with_reduce(Reduce op, F&& f) {
+  switch (op) {
+    case Reduce::kSum: return f(ReduceC<Reduce::kSum>{});
+    case Reduce::kMean: return f(ReduceC<Reduce::kMean>{});
+    case Reduce::kMax: return f(ReduceC<Reduce::kMax>{});
+    case Reduce::kMin: return f(ReduceC<Reduce::kMin>{});
+    case Reduce::kProd: return f(ReduceC<Reduce::kProd>{});
+    case Reduce::kSumSquare: return f(ReduceC<Reduce::kSumSquare>{});
+    case Reduce::kL1: return f(ReduceC<Reduce::kL1>{});
+    case Reduce::kL2: return f(ReduceC<Reduce::kL2>{});
+    case Reduce::kLogSumExp: return f(ReduceC<Reduce::kLogSumExp>{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+cudaError_t reduce(Reduce op, DT dt, const void* x, void* y, int64_t outer, int64_t n, int64_t inner, cudaStream_t s) {
+  if (bad_shape(outer, n, inner)) return cudaErrorInvalidValue;
+  // n == 0 with outputs: they get the reduction's identity (0, -inf, ...), as ONNX specifies.
+  if (outer == 0 || inner == 0) return cudaSuccess;
+  return with_reduce(op, [&](auto opc) {
+    constexpr Reduce kOp = decltype(opc)::value;
+    return dispatch_dt(dt, [&](auto tag) -> cudaError_t {
+      using T = typename decltype(tag)::type;
+      if constexpr (kIsF32ish<T>) {
+        return launch_reduce<FloatReducer<kOp, T>, T>(x, y, outer, n, inner, s);
+      } else if constexpr ((std::is_same_v<T, int64_t> || std::is_same_v<T, int32_t>) &&
+                           (kOp == Reduce::kSum || kOp == Reduce::kMax || kOp == Reduce::kMin)) {
+        return launch_reduce<IntReducer<kOp, T>, T>(x, y, outer, n, inner, s);
+      } else {
+        return cudaErrorInvalidValue;
+      }
+    });
+  });
+}
+
+cudaError_t arg_reduce(bool is_max, DT dt, const void* x, int64_t* y, int64_t outer, int64_t n, int64_t inner,
+                       cudaStream_t s) {
+  if (bad_shape(outer, n, inner)) return cudaErrorInvalidValue;
+  if (outer == 0 || inner == 0) return cudaSuccess;
+  return dispatch_dt(dt, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    if constexpr (kIsF32ish<T> || std::is_same_v<T, int64_t> || std::is_same_v<T, int32_t>) {
+      return is_max ? launch_reduce<ArgReducer<true, T>, T>(x, y, outer, n, inner, s)
+                    : launch_reduce<ArgReducer<false, T>, T>(x, y, outer, n, inner, s);
+    } else {
+      return cudaErrorInvalidValue;
+    }
+  });
+}
+
+}  // namespace kiln::cuda::k

@@ -1,0 +1,261 @@
+// Lowering state: device values, layout conversions, weights and step emission.
+#include "backends/cuda/lower.h"
+
+#include <cstring>
+
+#include "ops/create_cast.h"
+
+namespace kiln::cuda {
+
+int64_t DevValue::numel() const {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& dims) {
+  std::vector<int64_t> s(dims.size(), 1);
+  for (size_t i = dims.size(); i-- > 1;) s[i - 1] = s[i] * dims[i];
+  return s;
+}
+
+std::vector<int64_t> DevValue::strides() const {
+  if (layout == Layout::kRowMajor) return contiguous_strides(dims);
+  // Logical [N,C,H,W] stored as N,H,W,C.
+  int64_t c = dims[1], h = dims[2], w = dims[3];
+  return {h * w * c, 1, w * c, c};
+}
+
+k::NdStrides nd(const std::vector<int64_t>& dims, const std::vector<int64_t>& strides) {
+  k::NdStrides r;
+  r.rank = int(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) {
+    r.dims[i] = dims[i];
+    r.strides[i] = strides[i];
+  }
+  return r;
+}
+
+std::vector<int64_t> broadcast_strides(const DevValue& v, const std::vector<int64_t>& out_dims) {
+  std::vector<int64_t> vs = v.strides();
+  std::vector<int64_t> s(out_dims.size(), 0);
+  size_t off = out_dims.size() - v.dims.size();
+  for (size_t i = 0; i < v.dims.size(); ++i) s[off + i] = v.dims[i] == 1 ? 0 : vs[i];
+  return s;
+}
+
+std::optional<k::DT> to_kdt(DType d) {
+  switch (d) {
+    case DType::kFloat32: return k::DT::kF32;
+    case DType::kFloat16: return k::DT::kF16;
+    case DType::kBFloat16: return k::DT::kBF16;
+    case DType::kFloat64: return k::DT::kF64;
+    case DType::kInt64: return k::DT::kI64;
+    case DType::kInt32: return k::DT::kI32;
+    case DType::kInt8: return k::DT::kI8;
+    case DType::kUInt8: return k::DT::kU8;
+    case DType::kBool: return k::DT::kBool;
+    default: return std::nullopt;
+  }
+}
+
+DType ir_dtype_of(k::DT d) {
+  switch (d) {
+    case k::DT::kF32: return DType::kFloat32;
+    case k::DT::kF16: return DType::kFloat16;
+    case k::DT::kBF16: return DType::kBFloat16;
+    case k::DT::kF64: return DType::kFloat64;
+    case k::DT::kI64: return DType::kInt64;
+    case k::DT::kI32: return DType::kInt32;
+    case k::DT::kI8: return DType::kInt8;
+    case k::DT::kU8: return DType::kUInt8;
+    case k::DT::kBool: return DType::kBool;
+  }
+  return DType::kFloat32;
+}
+
+Expected<Tensor> convert_tensor(const Tensor& t, DType to) {
+  if (t.dtype() == to) return t;
+  KILN_ASSIGN_OR_RETURN(Tensor c, Tensor::create(to, t.dims()));
+  bool ok = true;
+  visit_dtype(to, [&]<typename To>() {
+    if constexpr (std::is_arithmetic_v<To> || std::is_same_v<To, half> || std::is_same_v<To, bfloat16>) {
+      To* o = c.data<To>();
+      if (dtype_is_int(t.dtype())) {
+        for (int64_t i = 0; i < t.numel(); ++i) o[i] = cast_value<To>(t.as_int(i));
+      } else {
+        for (int64_t i = 0; i < t.numel(); ++i) o[i] = cast_value<To>(t.as_double(i));
+      }
+    } else {
+      ok = false;
+    }
+  });
+  if (!ok) return KILN_ERROR(kUnsupported, "cannot convert {} to {} for the GPU", t.summary(), dtype_name(to));
+  return c;
+}
+
+Lowering::Lowering(const Graph& g, const BuildOptions& opt) : g_(g), opt_(opt) {
+  for (const auto& n : g.nodes) {
+    for (const Value* in : n->inputs) {
+      if (in) readers_[in].push_back(n.get());
+    }
+  }
+}
+
+std::optional<k::DT> Lowering::device_dt(DType d) const {
+  if (d == DType::kFloat32) {
+    if (opt_.precision == Precision::kFp16) return k::DT::kF16;
+    if (opt_.precision == Precision::kBf16) return k::DT::kBF16;
+  }
+  return to_kdt(d);
+}
+
+const Tensor* Lowering::constant(const Value* v) const {
+  if (!v) return nullptr;
+  if (auto it = consts_.find(v); it != consts_.end()) return &it->second;
+  return v->constant ? &*v->constant : nullptr;
+}
+
+int Lowering::consumers(const Value* v) const {
+  auto it = readers_.find(v);
+  return it == readers_.end() ? 0 : int(it->second.size());
+}
+
+bool Lowering::is_graph_output(const Value* v) const {
+  for (const Value* o : g_.outputs) {
+    if (o == v) return true;
+  }
+  return false;
+}
+
+const Node* Lowering::only_consumer(const Value* v) const {
+  auto it = readers_.find(v);
+  if (it == readers_.end() || it->second.size() != 1 || is_graph_output(v)) return nullptr;
+  const Node* n = it->second[0];
+  int uses = 0;
+  for (const Value* in : n->inputs) uses += in == v;
+  return uses == 1 ? n : nullptr;
+}
+
+Expected<const DevValue*> Lowering::value(const Value* v) {
+  if (auto it = values.find(v); it != values.end()) return &it->second;
+  const Tensor* c = constant(v);
+  if (!c) return KILN_ERROR(kInternal, "value '{}' has no device buffer", v->name);
+  auto dt = device_dt(c->dtype());
+  if (!dt) KILN_UNSUPPORTED("constant '{}' has dtype {}, which the CUDA backend does not hold", v->name,
+                            dtype_name(c->dtype()));
+  KILN_ASSIGN_OR_RETURN(Ref r, upload(*c, *dt));
+  DevValue dv;
+  dv.ref = r;
+  dv.dt = *dt;
+  dv.ir_dtype = c->dtype();
+  dv.dims = c->dims();
+  return &(values[v] = dv);
+}
+
+Expected<const DevValue*> Lowering::rowmajor(const Value* v) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* d, value(v));
+  if (d->layout == Layout::kRowMajor) return d;
+  return convert(v, Layout::kRowMajor);
+}
+
+Expected<const DevValue*> Lowering::nhwc(const Value* v) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* d, value(v));
+  if (d->layout == Layout::kNHWC) return d;
+  if (d->dims.size() != 4) return KILN_ERROR(kInternal, "NHWC needs rank 4, '{}' is {}", v->name, d->dims.size());
+  return convert(v, Layout::kNHWC);
+}
+
+Expected<const DevValue*> Lowering::convert(const Value* v, Layout to) {
+  if (auto it = converted_.find(v); it != converted_.end() && it->second.layout == to) return &it->second;
+  const DevValue src = values.at(v);
+  DevValue dst = src;
+  dst.layout = to;
+  dst.ref = Ref{false, scratch(src.bytes())};
+  // Read src through its own logical strides, write dst through its own: one strided copy.
+  k::NdStrides s = nd(src.dims, src.strides()), d = nd(dst.dims, dst.strides());
+  int eb = k::dt_size(src.dt);
+  Ref sr = src.ref, dr = dst.ref;
+  const Node* producer = v->producer;
+  emit(producer, fmt::format("kernel copy_nd ({} -> {})", to == Layout::kNHWC ? "NCHW" : "NHWC",
+                             to == Layout::kNHWC ? "NHWC" : "NCHW"),
+       {sr.weight ? -1 : sr.id}, {dr.id}, [=](const RunCtx& c) {
+         return cuda_status(k::copy_nd(eb, c.ptr(sr), s, c.ptr(dr), d, c.stream), "copy_nd (layout)");
+       });
+  converted_[v] = dst;
+  return &converted_[v];
+}
+
+const DevValue& Lowering::define(const Value* v, Layout layout, std::optional<k::DT> dt) {
+  DevValue dv;
+  dv.ir_dtype = v->type.dtype;
+  dv.dt = dt ? *dt : device_dt(v->type.dtype).value_or(k::DT::kF32);
+  for (const Dim& d : v->type.shape->dims) dv.dims.push_back(d.value());
+  // A value with H*W == 1 is the same bytes either way; keep it row-major.
+  if (layout == Layout::kNHWC && dv.dims.size() == 4 && dv.dims[2] * dv.dims[3] == 1) layout = Layout::kRowMajor;
+  dv.layout = layout;
+  dv.ref = Ref{false, scratch(dv.bytes())};
+  return values[v] = dv;
+}
+
+void Lowering::define_alias(const Value* v, const DevValue& src) {
+  DevValue dv = src;
+  dv.dims.clear();
+  for (const Dim& d : v->type.shape->dims) dv.dims.push_back(d.value());
+  dv.ir_dtype = v->type.dtype;
+  values[v] = dv;
+}
+
+int Lowering::scratch(size_t bytes) {
+  buffer_bytes.push_back(bytes);
+  return int(buffer_bytes.size() - 1);
+}
+
+Expected<Ref> Lowering::upload(const Tensor& t, k::DT dt) {
+  KILN_ASSIGN_OR_RETURN(Tensor c, convert_tensor(t, ir_dtype_of(dt)));
+  return upload_raw(c.raw(), c.nbytes());
+}
+
+Expected<Ref> Lowering::upload_raw(const void* data, size_t bytes) {
+  weight_data.emplace_back(bytes);
+  if (bytes) std::memcpy(weight_data.back().data(), data, bytes);
+  return Ref{true, int(weight_data.size() - 1)};
+}
+
+void Lowering::emit(const Node* n, std::string impl, std::vector<int> reads, std::vector<int> writes, StepFn fn,
+                    bool host) {
+  Step s;
+  s.node = n;
+  s.label = (n ? n->describe() + ": " : std::string()) + impl;
+  s.host = host;
+  for (int r : reads) {
+    if (r >= 0) s.reads.push_back(r);
+  }
+  s.writes = std::move(writes);
+  s.fn = std::move(fn);
+  steps.push_back(std::move(s));
+}
+
+void Lowering::mark_fused(const Node* n, const Node* into) {
+  fused_[n] = into;
+  place(n, "cuda", "fused", "into " + into->describe());
+}
+
+void Lowering::place(const Node* n, std::string device, std::string impl, std::string why) {
+  placements.push_back({n->describe(), std::move(device), std::move(impl), std::move(why)});
+}
+
+const std::map<OpKind, LowerFn>& lowering_table() {
+  static const std::map<OpKind, LowerFn> table = [] {
+    std::map<OpKind, LowerFn> t;
+    register_gemm_lowerings(t);
+    register_conv_lowerings(t);
+    register_elementwise_lowerings(t);
+    register_data_lowerings(t);
+    register_norm_lowerings(t);
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,161 @@
+// Lowering a graph to CUDA steps: the state shared by the per-family lowering files
+// (lower_gemm.cc, lower_conv.cc, lower_elementwise.cc, lower_data.cc, lower_norm.cc).
+//
+// Every IR value that lives on the device becomes a DevValue: a buffer (in the activation arena
+// or among the uploaded weights), a device dtype (f32 values become f16/bf16 in half builds) and
+// a layout. A lowering function first checks that it can lower the node, returning kUnsupported
+// with a reason before it emits anything (the node then runs on the CPU), and then emits Steps:
+// closures that enqueue work on the session's stream given a RunCtx. Buffers are referred to by
+// Ref and resolved at run time, because each Session has its own arena.
+#pragma once
+
+#include <cublasLt.h>
+#include <cudnn.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <unordered_map>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/engine.h"
+#include "backends/cuda/kernels/kernels.h"
+
+namespace kiln::cuda {
+
+// NHWC: a rank-4 value whose logical dims stay [N,C,H,W] but whose bytes are ordered N,H,W,C
+// (cuDNN's fast layout for half precision convolution).
+enum class Layout { kRowMajor, kNHWC };
+
+struct Ref {
+  bool weight = false;
+  int id = -1;  // arena buffer or weight index
+};
+
+struct DevValue {
+  Ref ref;
+  k::DT dt = k::DT::kF32;
+  DType ir_dtype = DType::kFloat32;
+  std::vector<int64_t> dims;  // logical (IR) dims
+  Layout layout = Layout::kRowMajor;
+  int64_t numel() const;
+  size_t bytes() const { return size_t(numel()) * size_t(k::dt_size(dt)); }
+  // Element strides of the logical dims in this value's memory (NHWC-aware).
+  std::vector<int64_t> strides() const;
+};
+
+// What a step sees when it runs: the session's stream, handles and memory.
+struct RunCtx {
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  cudnnHandle_t dnn = nullptr;
+  char* arena = nullptr;
+  const std::vector<size_t>* offsets = nullptr;   // arena offset per buffer id
+  const std::vector<void*>* weights = nullptr;     // device pointer per weight id
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  int* bad_index = nullptr;  // device counters, one per step that checks indices
+
+  void* ptr(Ref r) const { return r.weight ? (*weights)[size_t(r.id)] : arena + (*offsets)[size_t(r.id)]; }
+};
+
+using StepFn = std::function<Status(const RunCtx&)>;
+
+struct Step {
+  std::string label;            // the node it came from (describe()) and the implementation
+  const Node* node = nullptr;
+  bool host = false;            // synchronizes with the host (CPU fallback): no graph capture
+  std::vector<int> reads, writes;  // arena buffer ids, for liveness
+  int bad_index_slot = -1;      // index into RunCtx::bad_index, when the step checks indices
+  StepFn fn;
+};
+
+// Makes a k::NdStrides from dims and strides (rank <= kMaxRank, checked by the caller).
+k::NdStrides nd(const std::vector<int64_t>& dims, const std::vector<int64_t>& strides);
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& dims);
+// Strides of `v` read as broadcast into `out_dims` (numpy rules; 0 for broadcast dims).
+std::vector<int64_t> broadcast_strides(const DevValue& v, const std::vector<int64_t>& out_dims);
+std::optional<k::DT> to_kdt(DType d);
+DType ir_dtype_of(k::DT d);
+// A host copy of t in dtype `to` (ONNX Cast semantics), for weights and CPU-fallback I/O.
+Expected<Tensor> convert_tensor(const Tensor& t, DType to);
+
+class Lowering {
+ public:
+  Lowering(const Graph& g, const BuildOptions& opt);
+
+  const Graph& graph() const { return g_; }
+  const BuildOptions& options() const { return opt_; }
+  // The device dtype for an IR dtype in this build (f32 -> f16/bf16 in half builds).
+  std::optional<k::DT> device_dt(DType d) const;
+  bool half() const { return opt_.precision == Precision::kFp16 || opt_.precision == Precision::kBf16; }
+
+  // Host value of a constant (initializer, Constant, or folded at build time), else null.
+  const Tensor* constant(const Value* v) const;
+  void set_constant(const Value* v, Tensor t) { consts_[v] = std::move(t); }
+  // Values read by nodes that have not been lowered yet (for fusion: single-consumer checks).
+  int consumers(const Value* v) const;
+  bool is_graph_output(const Value* v) const;
+  const Node* only_consumer(const Value* v) const;  // the one consumer, if exactly one and not an output
+
+  // The lowered value (uploading a constant on first use); null when `v` has no device value.
+  Expected<const DevValue*> value(const Value* v);
+  // The value in row-major layout (a converted copy is made once and cached).
+  Expected<const DevValue*> rowmajor(const Value* v);
+  Expected<const DevValue*> nhwc(const Value* v);
+  // A fresh arena buffer for v (IR dims, device dtype of v's IR dtype unless `dt` is given).
+  const DevValue& define(const Value* v, Layout layout = Layout::kRowMajor, std::optional<k::DT> dt = std::nullopt);
+  // v shares src's buffer (Reshape, Squeeze, Identity...): row-major src only.
+  void define_alias(const Value* v, const DevValue& src);
+  // A new arena buffer not tied to an IR value (temporaries); returns its id.
+  int scratch(size_t bytes);
+  // Uploads a host tensor as a weight in device dtype dt (converted on the host).
+  Expected<Ref> upload(const Tensor& t, k::DT dt);
+  Expected<Ref> upload_raw(const void* data, size_t bytes);
+
+  void emit(const Node* n, std::string impl, std::vector<int> reads, std::vector<int> writes, StepFn fn,
+            bool host = false);
+  int new_bad_index_slot() { return bad_index_slots_++; }
+  void mark_fused(const Node* n, const Node* into);  // n needs no step of its own
+  bool is_fused(const Node* n) const { return fused_.count(n) != 0; }
+  void place(const Node* n, std::string device, std::string impl, std::string why = "");
+
+  // Results, read by the engine after lowering.
+  std::vector<Step> steps;
+  std::vector<size_t> buffer_bytes;        // per arena buffer id
+  std::vector<std::vector<char>> weight_data;  // per weight id, host bytes to upload
+  std::vector<NodePlacement> placements;
+  std::unordered_map<const Value*, DevValue> values;
+  int bad_index_slots() const { return bad_index_slots_; }
+
+  // Cached per-engine resources created during lowering (cuDNN descriptors, Lt layouts).
+  std::vector<std::shared_ptr<void>> keep_alive;
+  cudnnHandle_t dnn = nullptr;         // build-time handle for algorithm search
+  cublasLtHandle_t lt = nullptr;
+  void* build_workspace = nullptr;     // device scratch for autotuning, opt.workspace_bytes
+
+ private:
+  const Graph& g_;
+  BuildOptions opt_;
+  std::unordered_map<const Value*, Tensor> consts_;
+  std::unordered_map<const Value*, DevValue> converted_;  // NHWC <-> row-major copies
+  std::unordered_map<const Node*, const Node*> fused_;
+  std::unordered_map<const Value*, std::vector<const Node*>> readers_;
+  int bad_index_slots_ = 0;
+  Expected<const DevValue*> convert(const Value* v, Layout to);
+};
+
+// Lowers one node; kUnsupported means "run it on the CPU" and must be returned before anything
+// is emitted. Each family file registers its ops.
+using LowerFn = Status (*)(Lowering&, const Node&);
+void register_gemm_lowerings(std::map<OpKind, LowerFn>& t);
+void register_conv_lowerings(std::map<OpKind, LowerFn>& t);
+void register_elementwise_lowerings(std::map<OpKind, LowerFn>& t);
+void register_data_lowerings(std::map<OpKind, LowerFn>& t);
+void register_norm_lowerings(std::map<OpKind, LowerFn>& t);
+const std::map<OpKind, LowerFn>& lowering_table();
+
+// Convenience for lowering functions.
+#define KILN_UNSUPPORTED(...) return KILN_ERROR(kUnsupported, __VA_ARGS__)
+
+}  // namespace kiln::cuda

@@ -1,0 +1,264 @@
+// 2-D convolution and pooling through cuDNN. Half-precision builds run them NHWC (cuDNN's tensor
+// core layout; weights are stored KRSC), fp32 builds NCHW. A Conv whose output feeds only an Add
+// and/or a Relu becomes one cudnnConvolutionBiasActivationForward:
+//   y = relu(conv(x, w) + z + bias)      (ResNet's conv3 + residual + ReLU in one call)
+// Algorithms are chosen at build time by timing them (cudnnFindConvolutionForwardAlgorithmEx).
+#include <algorithm>
+
+#include "backends/cuda/lower.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+int read_id(const DevValue* d) { return d->ref.weight ? -1 : d->ref.id; }
+
+cudnnDataType_t dnn_type(k::DT d) {
+  switch (d) {
+    case k::DT::kF16: return CUDNN_DATA_HALF;
+    case k::DT::kBF16: return CUDNN_DATA_BFLOAT16;
+    default: return CUDNN_DATA_FLOAT;
+  }
+}
+
+Status destroy_tensor(cudnnTensorDescriptor_t d) { return cuda_status(cudnnDestroyTensorDescriptor(d), "destroy"); }
+Status destroy_filter(cudnnFilterDescriptor_t d) { return cuda_status(cudnnDestroyFilterDescriptor(d), "destroy"); }
+Status destroy_conv(cudnnConvolutionDescriptor_t d) { return cuda_status(cudnnDestroyConvolutionDescriptor(d), "destroy"); }
+Status destroy_act(cudnnActivationDescriptor_t d) { return cuda_status(cudnnDestroyActivationDescriptor(d), "destroy"); }
+Status destroy_pool(cudnnPoolingDescriptor_t d) { return cuda_status(cudnnDestroyPoolingDescriptor(d), "destroy"); }
+template <typename T, Status (*Destroy)(T)>
+void hold(Lowering& L, T p) {
+  L.keep_alive.emplace_back(p, [](void* q) { (void)Destroy(static_cast<T>(q)); });
+}
+
+Expected<cudnnTensorDescriptor_t> tensor_desc(Lowering& L, const std::vector<int64_t>& d, k::DT dt, Layout lay) {
+  cudnnTensorDescriptor_t t = nullptr;
+  KILN_CUDA_TRY(cudnnCreateTensorDescriptor(&t));
+  hold<cudnnTensorDescriptor_t, destroy_tensor>(L, t);
+  KILN_CUDA_TRY(cudnnSetTensor4dDescriptor(t, lay == Layout::kNHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, dnn_type(dt),
+                                           int(d[0]), int(d[1]), int(d[2]), int(d[3])));
+  return t;
+}
+
+// Symmetric 2-D pads from an ONNX node (auto_pad NOTSET/VALID); nullopt if asymmetric.
+std::optional<std::array<int, 2>> sym_pads(const Node& n) {
+  std::string ap = n.attr_string("auto_pad", "NOTSET");
+  if (ap == "VALID") return std::array<int, 2>{0, 0};
+  if (ap != "NOTSET") return std::nullopt;
+  std::vector<int64_t> p = n.attr_ints("pads", {0, 0, 0, 0});
+  if (p.size() != 4 || p[0] != p[2] || p[1] != p[3]) return std::nullopt;
+  return std::array<int, 2>{int(p[0]), int(p[1])};
+}
+
+// KCRS -> KRSC for NHWC filters.
+Expected<Tensor> to_krsc(const Tensor& w) {
+  KILN_ASSIGN_OR_RETURN(Tensor f, convert_tensor(w, DType::kFloat32));
+  int64_t K = w.dim(0), C = w.dim(1), R = w.dim(2), S = w.dim(3);
+  KILN_ASSIGN_OR_RETURN(Tensor o, Tensor::create(DType::kFloat32, {K, R, S, C}));
+  const float* in = f.data<float>();
+  float* out = o.data<float>();
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t s = 0; s < S; ++s) out[((k * R + r) * S + s) * C + c] = in[((k * C + c) * R + r) * S + s];
+  return o;
+}
+
+struct DevBuf {
+  void* p = nullptr;
+  ~DevBuf() { if (p) cudaFree(p); }
+};
+
+// Times the forward algorithms on scratch buffers; falls back to the heuristic on failure.
+Expected<cudnnConvolutionFwdAlgo_t> pick_algo(Lowering& L, cudnnTensorDescriptor_t xd, cudnnFilterDescriptor_t wd,
+                                              cudnnConvolutionDescriptor_t cd, cudnnTensorDescriptor_t yd, size_t xb,
+                                              size_t wb, size_t yb) {
+  constexpr int kMax = 8;
+  cudnnConvolutionFwdAlgoPerf_t perf[kMax];
+  int got = 0;
+  if (L.options().autotune) {
+    DevBuf x, w, y;
+    if (cudaMalloc(&x.p, xb) == cudaSuccess && cudaMalloc(&w.p, wb) == cudaSuccess && cudaMalloc(&y.p, yb) == cudaSuccess &&
+        cudaMemset(x.p, 0x3c, xb) == cudaSuccess && cudaMemset(w.p, 0x3c, wb) == cudaSuccess &&
+        cudnnFindConvolutionForwardAlgorithmEx(L.dnn, xd, x.p, wd, w.p, cd, yd, y.p, kMax, &got, perf, L.build_workspace,
+                                               L.options().workspace_bytes) == CUDNN_STATUS_SUCCESS) {
+      for (int i = 0; i < got; ++i) {
+        if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= L.options().workspace_bytes) return perf[i].algo;
+      }
+    }
+    cudaGetLastError();
+  }
+  KILN_CUDA_TRY(cudnnGetConvolutionForwardAlgorithm_v7(L.dnn, xd, wd, cd, yd, kMax, &got, perf));
+  for (int i = 0; i < got; ++i) {
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= L.options().workspace_bytes) return perf[i].algo;
+  }
+  KILN_UNSUPPORTED("cuDNN has no convolution algorithm for this configuration");
+}
+
+const Node* next_op(Lowering& L, const Value* v, OpKind want) {
+  const Node* c = L.only_consumer(v);
+  return c && c->op == want ? c : nullptr;
+}
+
+Status lower_conv(Lowering& L, const Node& n) {
+  const Value* xv = n.inputs[0];
+  const Tensor* w = L.constant(n.inputs[1]);
+  if (!w || w->rank() != 4) KILN_UNSUPPORTED("Conv needs a constant 4-D weight (2-D convolution)");
+  const Tensor* bias_t = n.has_input(2) ? L.constant(n.inputs[2]) : nullptr;
+  if (n.has_input(2) && !bias_t) KILN_UNSUPPORTED("Conv bias computed at run time");
+  auto pads = sym_pads(n);
+  if (!pads) KILN_UNSUPPORTED("Conv with asymmetric padding");
+  std::vector<int64_t> st = n.attr_ints("strides", {1, 1}), dil = n.attr_ints("dilations", {1, 1});
+  int64_t group = n.attr_int("group", 1);
+  auto dt = L.device_dt(xv->type.dtype);
+  if (!dt || (*dt != k::DT::kF32 && *dt != k::DT::kF16 && *dt != k::DT::kBF16)) KILN_UNSUPPORTED("Conv on {}", xv->type.to_string());
+  Layout lay = L.half() ? Layout::kNHWC : Layout::kRowMajor;
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, lay == Layout::kNHWC ? L.nhwc(xv) : L.rowmajor(xv));
+
+  // Fusion: conv -> [Add(z)] -> [Relu].
+  const Value* out = n.outputs[0];
+  const Node* add = next_op(L, out, OpKind::kAdd);
+  const DevValue* z = nullptr;
+  std::vector<const Node*> fused;
+  if (add) {
+    const Value* other = add->inputs[0] == out ? add->inputs[1] : add->inputs[0];
+    if (!L.constant(other) && other->type == out->type &&
+        add->outputs[0]->type.shape && add->outputs[0]->type == out->type && L.values.count(other)) {
+      KILN_ASSIGN_OR_RETURN(z, lay == Layout::kNHWC ? L.nhwc(other) : L.rowmajor(other));
+      fused.push_back(add);
+      out = add->outputs[0];
+    }
+  }
+  bool relu = false;
+  if (const Node* r = next_op(L, out, OpKind::kRelu)) {
+    relu = true;
+    fused.push_back(r);
+    out = r->outputs[0];
+  }
+  bool fuse = relu || z || bias_t;
+
+  std::vector<int64_t> yd_dims;
+  for (const Dim& d : n.outputs[0]->type.shape->dims) yd_dims.push_back(d.value());
+  KILN_ASSIGN_OR_RETURN(auto xd, tensor_desc(L, x->dims, *dt, lay));
+  KILN_ASSIGN_OR_RETURN(auto yd, tensor_desc(L, yd_dims, *dt, lay));
+  cudnnFilterDescriptor_t wd = nullptr;
+  KILN_CUDA_TRY(cudnnCreateFilterDescriptor(&wd));
+  hold<cudnnFilterDescriptor_t, destroy_filter>(L, wd);
+  KILN_CUDA_TRY(cudnnSetFilter4dDescriptor(wd, dnn_type(*dt), lay == Layout::kNHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                           int(w->dim(0)), int(w->dim(1)), int(w->dim(2)), int(w->dim(3))));
+  cudnnConvolutionDescriptor_t cd = nullptr;
+  KILN_CUDA_TRY(cudnnCreateConvolutionDescriptor(&cd));
+  hold<cudnnConvolutionDescriptor_t, destroy_conv>(L, cd);
+  KILN_CUDA_TRY(cudnnSetConvolution2dDescriptor(cd, (*pads)[0], (*pads)[1], int(st[0]), int(st[1]), int(dil[0]),
+                                                int(dil[1]), CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  KILN_CUDA_TRY(cudnnSetConvolutionGroupCount(cd, int(group)));
+  cudnnMathType_t math = *dt != k::DT::kF32 ? CUDNN_TENSOR_OP_MATH
+                         : L.options().precision == Precision::kTf32 ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
+                                                                      : CUDNN_FMA_MATH;
+  KILN_CUDA_TRY(cudnnSetConvolutionMathType(cd, math));
+  int eb = k::dt_size(*dt);
+  size_t xb = size_t(x->numel()) * size_t(eb), wb = size_t(w->numel()) * size_t(eb);
+  int64_t ynum = 1;
+  for (int64_t d : yd_dims) ynum *= d;
+  cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+  // cuDNN's fused call accepts IDENTITY activation only with IMPLICIT_PRECOMP_GEMM.
+  if (!fuse || relu) {
+    KILN_ASSIGN_OR_RETURN(algo, pick_algo(L, xd, wd, cd, yd, xb, wb, size_t(ynum) * size_t(eb)));
+  }
+  size_t ws = 0;
+  KILN_CUDA_TRY(cudnnGetConvolutionForwardWorkspaceSize(L.dnn, xd, wd, cd, yd, algo, &ws));
+  if (ws > L.options().workspace_bytes) KILN_UNSUPPORTED("convolution needs {} bytes of workspace", ws);
+
+  KILN_ASSIGN_OR_RETURN(Tensor wt, lay == Layout::kNHWC ? to_krsc(*w) : Expected<Tensor>(*w));
+  KILN_ASSIGN_OR_RETURN(Ref wr, L.upload(wt, *dt));
+  Ref br;
+  cudnnTensorDescriptor_t bd = nullptr;
+  cudnnActivationDescriptor_t ad = nullptr;
+  if (fuse) {
+    Tensor b;
+    if (bias_t) {
+      b = *bias_t;
+    } else {
+      KILN_ASSIGN_OR_RETURN(b, Tensor::create(DType::kFloat32, {w->dim(0)}));
+    }
+    KILN_ASSIGN_OR_RETURN(br, L.upload(b, *dt));
+    KILN_ASSIGN_OR_RETURN(bd, tensor_desc(L, {1, w->dim(0), 1, 1}, *dt, Layout::kRowMajor));
+    KILN_CUDA_TRY(cudnnCreateActivationDescriptor(&ad));
+    hold<cudnnActivationDescriptor_t, destroy_act>(L, ad);
+    KILN_CUDA_TRY(cudnnSetActivationDescriptor(ad, relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
+                                               CUDNN_NOT_PROPAGATE_NAN, 0.0));
+  }
+  const DevValue& y = L.define(out, lay);
+  Ref xr = x->ref, yr = y.ref, zr = z ? z->ref : Ref{};
+  bool has_z = z != nullptr;
+  std::string impl = fmt::format("cudnn conv {} {} algo {}{}{}{}", lay == Layout::kNHWC ? "NHWC" : "NCHW",
+                                 *dt == k::DT::kF32 ? "fp32" : *dt == k::DT::kF16 ? "fp16" : "bf16", int(algo),
+                                 bias_t ? " +bias" : "", has_z ? " +residual" : "", relu ? " +relu" : "");
+  L.emit(&n, impl, {read_id(x), z ? read_id(z) : -1}, {yr.id}, [=](const RunCtx& c) -> Status {
+    float one = 1.0f, zero = 0.0f;
+    if (!fuse) {
+      KILN_CUDA_TRY(cudnnConvolutionForward(c.dnn, &one, xd, c.ptr(xr), wd, c.ptr(wr), cd, algo, c.workspace,
+                                            c.workspace_bytes, &zero, yd, c.ptr(yr)));
+      return Status::ok();
+    }
+    void* yp = c.ptr(yr);
+    KILN_CUDA_TRY(cudnnConvolutionBiasActivationForward(c.dnn, &one, xd, c.ptr(xr), wd, c.ptr(wr), cd, algo, c.workspace,
+                                                        c.workspace_bytes, has_z ? &one : &zero, yd,
+                                                        has_z ? c.ptr(zr) : yp, bd, c.ptr(br), ad, yd, yp));
+    return Status::ok();
+  });
+  for (const Node* f : fused) L.mark_fused(f, &n);
+  return Status::ok();
+}
+
+Status lower_pool(Lowering& L, const Node& n) {
+  if (n.outputs.size() > 1 && n.has_output(1)) KILN_UNSUPPORTED("MaxPool with Indices output");
+  std::vector<int64_t> ks = n.attr_ints("kernel_shape");
+  if (ks.size() != 2) KILN_UNSUPPORTED("{} over {} spatial dims", op_name(n.op), ks.size());
+  auto pads = sym_pads(n);
+  if (!pads) KILN_UNSUPPORTED("{} with asymmetric padding", op_name(n.op));
+  std::vector<int64_t> st = n.attr_ints("strides", {1, 1}), dil = n.attr_ints("dilations", {1, 1});
+  if (dil[0] != 1 || dil[1] != 1) KILN_UNSUPPORTED("dilated pooling");
+  const Value* xv = n.inputs[0];
+  auto dt = L.device_dt(xv->type.dtype);
+  if (!dt || (*dt != k::DT::kF32 && *dt != k::DT::kF16 && *dt != k::DT::kBF16)) KILN_UNSUPPORTED("{} on {}", op_name(n.op), xv->type.to_string());
+  std::vector<int64_t> yd_dims;
+  for (const Dim& d : n.outputs[0]->type.shape->dims) yd_dims.push_back(d.value());
+  // cuDNN floors the output size; ceil_mode is fine only when it gives the same size.
+  for (int i = 0; i < 2; ++i) {
+    int64_t in = xv->type.shape->dims[size_t(2 + i)].value();
+    int64_t fl = (in + 2 * (*pads)[size_t(i)] - ks[size_t(i)]) / st[size_t(i)] + 1;
+    if (fl != yd_dims[size_t(2 + i)]) KILN_UNSUPPORTED("{} with ceil_mode changing the output size", op_name(n.op));
+  }
+  Layout lay = L.half() ? Layout::kNHWC : Layout::kRowMajor;
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, lay == Layout::kNHWC ? L.nhwc(xv) : L.rowmajor(xv));
+  KILN_ASSIGN_OR_RETURN(auto xd, tensor_desc(L, x->dims, *dt, lay));
+  KILN_ASSIGN_OR_RETURN(auto yd, tensor_desc(L, yd_dims, *dt, lay));
+  cudnnPoolingDescriptor_t pd = nullptr;
+  KILN_CUDA_TRY(cudnnCreatePoolingDescriptor(&pd));
+  hold<cudnnPoolingDescriptor_t, destroy_pool>(L, pd);
+  cudnnPoolingMode_t mode = n.op == OpKind::kMaxPool ? CUDNN_POOLING_MAX
+                            : n.attr_int("count_include_pad", 0) ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING
+                                                                 : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
+  KILN_CUDA_TRY(cudnnSetPooling2dDescriptor(pd, mode, CUDNN_NOT_PROPAGATE_NAN, int(ks[0]), int(ks[1]), (*pads)[0],
+                                            (*pads)[1], int(st[0]), int(st[1])));
+  const DevValue& y = L.define(n.outputs[0], lay);
+  Ref xr = x->ref, yr = y.ref;
+  L.emit(&n, fmt::format("cudnn pooling {}", lay == Layout::kNHWC ? "NHWC" : "NCHW"), {read_id(x)}, {yr.id},
+         [=](const RunCtx& c) -> Status {
+           float one = 1.0f, zero = 0.0f;
+           KILN_CUDA_TRY(cudnnPoolingForward(c.dnn, pd, &one, xd, c.ptr(xr), &zero, yd, c.ptr(yr)));
+           return Status::ok();
+         });
+  return Status::ok();
+}
+
+}  // namespace
+
+void register_conv_lowerings(std::map<OpKind, LowerFn>& t) {
+  t[OpKind::kConv] = lower_conv;
+  t[OpKind::kMaxPool] = lower_pool;
+  t[OpKind::kAveragePool] = lower_pool;
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,190 @@
+// Data movement: views that need no work (Reshape, Squeeze, Flatten...), strided copies
+// (Transpose, Slice, Expand, Concat, Split) and Gather. Every copy is one copy_nd launch that
+// reads its input through the input's logical strides, so NHWC inputs are read in place.
+#include <algorithm>
+
+#include "backends/cuda/lower.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+std::vector<int64_t> dims_of(const Value* v) {
+  std::vector<int64_t> d;
+  for (const Dim& x : v->type.shape->dims) d.push_back(x.value());
+  return d;
+}
+
+int read_id(const DevValue* d) { return d->ref.weight ? -1 : d->ref.id; }
+
+// Emits dst[idx . ds] = src[src_off + idx . ss] for idx in dims; offsets in elements.
+void emit_copy(Lowering& L, const Node& n, std::string what, const DevValue* src, int64_t src_off,
+               std::vector<int64_t> ss, Ref dst, int64_t dst_off, std::vector<int64_t> ds, std::vector<int64_t> dims) {
+  int eb = k::dt_size(src->dt);
+  k::NdStrides s = nd(dims, ss), d = nd(dims, ds);
+  Ref sr = src->ref;
+  L.emit(&n, "kernel copy_nd (" + what + ")", {read_id(src)}, {dst.id}, [=](const RunCtx& c) {
+    const char* sp = static_cast<const char*>(c.ptr(sr)) + src_off * eb;
+    char* dp = static_cast<char*>(c.ptr(dst)) + dst_off * eb;
+    return cuda_status(k::copy_nd(eb, sp, s, dp, d, c.stream), "copy_nd");
+  });
+}
+
+Status check_rank(const std::vector<int64_t>& dims) {
+  if (dims.size() > size_t(k::kMaxRank)) KILN_UNSUPPORTED("rank {} > {}", dims.size(), k::kMaxRank);
+  return Status::ok();
+}
+
+Status lower_view(Lowering& L, const Node& n) {
+  if (n.outputs.size() > 1 && n.has_output(1)) KILN_UNSUPPORTED("{} with a mask output", op_name(n.op));
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
+  L.define_alias(n.outputs[0], *x);
+  return Status::ok();
+}
+
+Status lower_transpose(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
+  KILN_RETURN_IF_ERROR(check_rank(x->dims));
+  std::vector<int64_t> perm = n.attr_ints("perm");
+  if (perm.empty()) {
+    for (size_t i = x->dims.size(); i-- > 0;) perm.push_back(int64_t(i));
+  }
+  std::vector<int64_t> xs = x->strides(), ss, dims;
+  for (int64_t p : perm) {
+    dims.push_back(x->dims[size_t(p)]);
+    ss.push_back(xs[size_t(p)]);
+  }
+  const DevValue& y = L.define(n.outputs[0]);
+  emit_copy(L, n, "transpose", x, 0, ss, y.ref, 0, contiguous_strides(dims), dims);
+  return Status::ok();
+}
+
+Status lower_slice(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
+  KILN_RETURN_IF_ERROR(check_rank(x->dims));
+  size_t r = x->dims.size();
+  for (size_t i = 1; i < n.inputs.size(); ++i) {
+    if (n.has_input(i) && !L.constant(n.inputs[i])) KILN_UNSUPPORTED("Slice bounds computed at run time");
+  }
+  std::vector<int64_t> starts = L.constant(n.inputs[1])->to_int_vector(), ends = L.constant(n.inputs[2])->to_int_vector();
+  std::vector<int64_t> axes, steps(starts.size(), 1);
+  if (n.has_input(3)) axes = L.constant(n.inputs[3])->to_int_vector();
+  else for (size_t i = 0; i < starts.size(); ++i) axes.push_back(int64_t(i));
+  if (n.has_input(4)) steps = L.constant(n.inputs[4])->to_int_vector();
+  std::vector<int64_t> xs = x->strides(), ss = xs, out = dims_of(n.outputs[0]);
+  int64_t off = 0;
+  for (size_t i = 0; i < axes.size(); ++i) {
+    int64_t a = axes[i] < 0 ? axes[i] + int64_t(r) : axes[i];
+    int64_t d = x->dims[size_t(a)], st = steps[i], s = starts[i];
+    if (st == 0) return KILN_ERROR(kInvalidModel, "Slice step 0");
+    if (s < 0) s += d;
+    s = st > 0 ? std::clamp<int64_t>(s, 0, d) : std::clamp<int64_t>(s, 0, d - 1);
+    off += s * xs[size_t(a)];
+    ss[size_t(a)] = xs[size_t(a)] * st;
+  }
+  const DevValue& y = L.define(n.outputs[0]);
+  if (y.numel() == 0) return Status::ok();
+  emit_copy(L, n, "slice", x, off, ss, y.ref, 0, contiguous_strides(out), out);
+  return Status::ok();
+}
+
+Status lower_expand(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
+  std::vector<int64_t> out = dims_of(n.outputs[0]);
+  KILN_RETURN_IF_ERROR(check_rank(out));
+  const DevValue& y = L.define(n.outputs[0]);
+  emit_copy(L, n, "expand", x, 0, broadcast_strides(*x, out), y.ref, 0, contiguous_strides(out), out);
+  return Status::ok();
+}
+
+Status lower_concat(Lowering& L, const Node& n) {
+  std::vector<int64_t> out = dims_of(n.outputs[0]);
+  KILN_RETURN_IF_ERROR(check_rank(out));
+  int64_t axis = n.attr_int("axis", 0);
+  if (axis < 0) axis += int64_t(out.size());
+  std::vector<const DevValue*> ins;
+  for (const Value* v : n.inputs) {
+    KILN_ASSIGN_OR_RETURN(const DevValue* d, L.value(v));
+    ins.push_back(d);
+  }
+  const DevValue& y = L.define(n.outputs[0]);
+  Ref yr = y.ref;
+  std::vector<int64_t> ys = contiguous_strides(out);
+  int64_t at = 0;
+  for (const DevValue* d : ins) {
+    if (d->numel() > 0) emit_copy(L, n, "concat", d, 0, d->strides(), yr, at * ys[size_t(axis)], ys, d->dims);
+    at += d->dims[size_t(axis)];
+  }
+  return Status::ok();
+}
+
+Status lower_split(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
+  KILN_RETURN_IF_ERROR(check_rank(x->dims));
+  int64_t axis = n.attr_int("axis", 0);
+  if (axis < 0) axis += int64_t(x->dims.size());
+  std::vector<int64_t> xs = x->strides();
+  int64_t at = 0;
+  for (const Value* o : n.outputs) {
+    std::vector<int64_t> od = dims_of(o);
+    const DevValue& y = L.define(o);
+    if (y.numel() > 0) emit_copy(L, n, "split", x, at * xs[size_t(axis)], xs, y.ref, 0, contiguous_strides(od), od);
+    at += od[size_t(axis)];
+  }
+  return Status::ok();
+}
+
+Status lower_gather(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
+  KILN_ASSIGN_OR_RETURN(const DevValue* idx, L.rowmajor(n.inputs[1]));
+  if (idx->dt != k::DT::kI64 && idx->dt != k::DT::kI32) KILN_UNSUPPORTED("Gather indices of {}", dtype_name(idx->ir_dtype));
+  int64_t axis = n.attr_int("axis", 0);
+  if (axis < 0) axis += int64_t(x->dims.size());
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < axis; ++i) outer *= x->dims[size_t(i)];
+  for (size_t i = size_t(axis) + 1; i < x->dims.size(); ++i) inner *= x->dims[i];
+  int64_t ad = x->dims[size_t(axis)], n_idx = idx->numel();
+  const DevValue& y = L.define(n.outputs[0]);
+  if (y.numel() == 0) return Status::ok();
+  Ref xr = x->ref, ir = idx->ref, yr = y.ref;
+  k::DT idt = idx->dt;
+  int eb = k::dt_size(x->dt);
+  int slot = L.new_bad_index_slot();
+  L.emit(&n, "kernel gather", {read_id(x), read_id(idx)}, {yr.id}, [=](const RunCtx& c) {
+    return cuda_status(k::gather(eb, c.ptr(xr), outer, ad, inner, c.ptr(ir), idt, n_idx, c.ptr(yr), c.bad_index + slot,
+                                 c.stream), "gather");
+  });
+  L.steps.back().bad_index_slot = slot;
+  return Status::ok();
+}
+
+Status lower_constant_of_shape(Lowering& L, const Node& n) {
+  const Tensor* v = n.attr_tensor("value");
+  const DevValue& y = L.define(n.outputs[0]);
+  double val = v && v->numel() ? v->as_double(0) : 0.0;
+  Ref yr = y.ref;
+  k::DT dt = y.dt;
+  int64_t count = y.numel();
+  L.emit(&n, "kernel fill", {}, {yr.id}, [=](const RunCtx& c) {
+    return cuda_status(k::fill(dt, c.ptr(yr), count, val, c.stream), "fill");
+  });
+  return Status::ok();
+}
+
+}  // namespace
+
+void register_data_lowerings(std::map<OpKind, LowerFn>& t) {
+  for (OpKind op : {OpKind::kReshape, OpKind::kFlatten, OpKind::kSqueeze, OpKind::kUnsqueeze, OpKind::kIdentity,
+                    OpKind::kDropout}) {
+    t[op] = lower_view;
+  }
+  t[OpKind::kTranspose] = lower_transpose;
+  t[OpKind::kSlice] = lower_slice;
+  t[OpKind::kExpand] = lower_expand;
+  t[OpKind::kConcat] = lower_concat;
+  t[OpKind::kSplit] = lower_split;
+  t[OpKind::kGather] = lower_gather;
+  t[OpKind::kConstantOfShape] = lower_constant_of_shape;
+}
+
+}  // namespace kiln::cuda

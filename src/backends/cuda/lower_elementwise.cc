@@ -1,0 +1,277 @@
+// Elementwise ops (unary, binary with broadcasting, Where, Cast) lowered to kiln's kernels.
+// They are layout-agnostic: inputs are read through their logical strides, so an NHWC input needs
+// no conversion, and the output keeps NHWC when it has an NHWC input's shape.
+#include <cmath>
+
+#include "backends/cuda/lower.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+std::vector<int64_t> out_dims(const Value* v) {
+  std::vector<int64_t> d;
+  for (const Dim& x : v->type.shape->dims) d.push_back(x.value());
+  return d;
+}
+
+bool is_float_dt(k::DT d) { return d == k::DT::kF32 || d == k::DT::kF16 || d == k::DT::kBF16; }
+
+// The output layout: NHWC when some input is NHWC with exactly the output's dims.
+Layout pick_layout(const std::vector<const DevValue*>& ins, const std::vector<int64_t>& dims) {
+  for (const DevValue* d : ins) {
+    if (d->layout == Layout::kNHWC && d->dims == dims) return Layout::kNHWC;
+  }
+  return Layout::kRowMajor;
+}
+
+// Operand strides over the output's index space in the output's physical order, so the kernel
+// writes the output contiguously whatever its layout.
+k::NdStrides operand(const DevValue& in, const std::vector<int64_t>& dims, Layout out_layout) {
+  std::vector<int64_t> s = broadcast_strides(in, dims);
+  if (out_layout == Layout::kNHWC) {
+    return nd({dims[0], dims[2], dims[3], dims[1]}, {s[0], s[2], s[3], s[1]});
+  }
+  return nd(dims, s);
+}
+
+// Operand i of n as a device value, converting a constant of another dtype to `want` (Pow's
+// exponent, scalars exported as f64...).
+Expected<const DevValue*> operand_value(Lowering& L, const Node& n, size_t i, std::optional<k::DT> want) {
+  const Value* v = n.inputs[i];
+  if (want && L.constant(v)) {
+    KILN_ASSIGN_OR_RETURN(const DevValue* d, L.value(v));
+    if (d->dt == *want) return d;
+    // A second device copy in the wanted dtype, keyed by a private value slot.
+    KILN_ASSIGN_OR_RETURN(Ref r, L.upload(*L.constant(v), *want));
+    auto* copy = new DevValue(*d);  // owned by keep_alive below
+    L.keep_alive.emplace_back(copy, [](void* p) { delete static_cast<DevValue*>(p); });
+    copy->ref = r;
+    copy->dt = *want;
+    return static_cast<const DevValue*>(copy);
+  }
+  return L.value(v);
+}
+
+int read_id(const DevValue* d) { return d->ref.weight ? -1 : d->ref.id; }
+
+struct UnaryInfo {
+  k::Unary op;
+  bool ints_ok = false;
+};
+
+std::optional<UnaryInfo> unary_of(OpKind op) {
+  switch (op) {
+    case OpKind::kRelu: return UnaryInfo{k::Unary::kRelu};
+    case OpKind::kSigmoid: return UnaryInfo{k::Unary::kSigmoid};
+    case OpKind::kTanh: return UnaryInfo{k::Unary::kTanh};
+    case OpKind::kExp: return UnaryInfo{k::Unary::kExp};
+    case OpKind::kLog: return UnaryInfo{k::Unary::kLog};
+    case OpKind::kSqrt: return UnaryInfo{k::Unary::kSqrt};
+    case OpKind::kReciprocal: return UnaryInfo{k::Unary::kReciprocal};
+    case OpKind::kNeg: return UnaryInfo{k::Unary::kNeg, true};
+    case OpKind::kAbs: return UnaryInfo{k::Unary::kAbs, true};
+    case OpKind::kErf: return UnaryInfo{k::Unary::kErf};
+    case OpKind::kFloor: return UnaryInfo{k::Unary::kFloor};
+    case OpKind::kCeil: return UnaryInfo{k::Unary::kCeil};
+    case OpKind::kSin: return UnaryInfo{k::Unary::kSin};
+    case OpKind::kCos: return UnaryInfo{k::Unary::kCos};
+    case OpKind::kSoftplus: return UnaryInfo{k::Unary::kSoftplus};
+    case OpKind::kSign: return UnaryInfo{k::Unary::kSign};
+    case OpKind::kRound: return UnaryInfo{k::Unary::kRound};
+    case OpKind::kGelu: return UnaryInfo{k::Unary::kGeluErf};
+    case OpKind::kClip: return UnaryInfo{k::Unary::kClip};
+    case OpKind::kLeakyRelu: return UnaryInfo{k::Unary::kLeakyRelu};
+    case OpKind::kElu: return UnaryInfo{k::Unary::kElu};
+    case OpKind::kHardSigmoid: return UnaryInfo{k::Unary::kHardSigmoid};
+    case OpKind::kHardSwish: return UnaryInfo{k::Unary::kHardSwish};
+    case OpKind::kNot: return UnaryInfo{k::Unary::kNot};
+    default: return std::nullopt;
+  }
+}
+
+Status lower_unary(Lowering& L, const Node& n) {
+  UnaryInfo u = *unary_of(n.op);
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
+  if (u.op == k::Unary::kNot ? x->dt != k::DT::kBool
+                             : !is_float_dt(x->dt) && !(u.ints_ok && (x->dt == k::DT::kI64 || x->dt == k::DT::kI32))) {
+    KILN_UNSUPPORTED("{} on {} has no CUDA kernel", op_name(n.op), dtype_name(ir_dtype_of(x->dt)));
+  }
+  k::UnaryParams p;
+  switch (n.op) {
+    case OpKind::kGelu:
+      if (n.attr_string("approximate", "none") == "tanh") u.op = k::Unary::kGeluTanh;
+      break;
+    case OpKind::kLeakyRelu: p.a = n.attr_float("alpha", 0.01f); break;
+    case OpKind::kElu: p.a = n.attr_float("alpha", 1.0f); break;
+    case OpKind::kHardSigmoid:
+      p.a = n.attr_float("alpha", 0.2f);
+      p.b = n.attr_float("beta", 0.5f);
+      break;
+    case OpKind::kClip: {
+      p.a = -INFINITY;
+      p.b = INFINITY;
+      for (size_t i = 1; i < 3; ++i) {
+        if (!n.has_input(i)) continue;
+        const Tensor* c = L.constant(n.inputs[i]);
+        if (!c || c->numel() != 1) KILN_UNSUPPORTED("Clip bounds computed at run time");
+        (i == 1 ? p.a : p.b) = float(c->as_double(0));
+      }
+      break;
+    }
+    default: break;
+  }
+  const DevValue& y = L.define(n.outputs[0], x->layout);
+  Ref xr = x->ref, yr = y.ref;
+  k::DT dt = x->dt;
+  int64_t count = y.numel();
+  k::Unary op = u.op;
+  L.emit(&n, fmt::format("kernel unary {}", op_name(n.op)), {read_id(x)}, {yr.id}, [=](const RunCtx& c) {
+    return cuda_status(k::unary(op, dt, c.ptr(xr), c.ptr(yr), count, p, c.stream), "unary");
+  });
+  return Status::ok();
+}
+
+std::optional<k::Binary> binary_of(OpKind op) {
+  switch (op) {
+    case OpKind::kAdd: case OpKind::kSum: return k::Binary::kAdd;
+    case OpKind::kSub: return k::Binary::kSub;
+    case OpKind::kMul: return k::Binary::kMul;
+    case OpKind::kDiv: return k::Binary::kDiv;
+    case OpKind::kPow: return k::Binary::kPow;
+    case OpKind::kMax: return k::Binary::kMax;
+    case OpKind::kMin: return k::Binary::kMin;
+    case OpKind::kMod: return k::Binary::kMod;
+    case OpKind::kEqual: return k::Binary::kEqual;
+    case OpKind::kLess: return k::Binary::kLess;
+    case OpKind::kLessOrEqual: return k::Binary::kLessOrEqual;
+    case OpKind::kGreater: return k::Binary::kGreater;
+    case OpKind::kGreaterOrEqual: return k::Binary::kGreaterOrEqual;
+    case OpKind::kAnd: return k::Binary::kAnd;
+    case OpKind::kOr: return k::Binary::kOr;
+    case OpKind::kXor: return k::Binary::kXor;
+    default: return std::nullopt;
+  }
+}
+
+// Emits y = a op b over `dims` into a fresh buffer; returns the output value.
+Expected<DevValue> emit_binary(Lowering& L, const Node& n, k::Binary op, const DevValue* a, const DevValue* b,
+                               const Value* out, bool last) {
+  std::vector<int64_t> dims = out_dims(out);
+  if (dims.size() > size_t(k::kMaxRank)) KILN_UNSUPPORTED("rank {} > {}", dims.size(), k::kMaxRank);
+  Layout lay = pick_layout({a, b}, dims);
+  k::NdStrides sa = operand(*a, dims, lay), sb = operand(*b, dims, lay);
+  DevValue y;
+  if (last) {
+    y = L.define(out, lay);
+  } else {  // an intermediate of a variadic Max/Min/Sum chain
+    y = *a;
+    y.dims = dims;
+    y.layout = lay;
+    y.ref = Ref{false, L.scratch(size_t(y.numel()) * size_t(k::dt_size(a->dt)))};
+  }
+  Ref ar = a->ref, br = b->ref, yr = y.ref;
+  k::DT dt = a->dt;
+  L.emit(&n, fmt::format("kernel binary {}", op_name(n.op)), {read_id(a), read_id(b)}, {yr.id}, [=](const RunCtx& c) {
+    return cuda_status(k::binary(op, dt, c.ptr(ar), sa, c.ptr(br), sb, c.ptr(yr), c.stream), "binary");
+  });
+  return y;
+}
+
+Status lower_binary(Lowering& L, const Node& n) {
+  k::Binary op = *binary_of(n.op);
+  if (n.inputs.size() < 2 && n.op != OpKind::kSum && n.op != OpKind::kMax && n.op != OpKind::kMin) {
+    KILN_UNSUPPORTED("{} with {} input(s)", op_name(n.op), n.inputs.size());
+  }
+  if (n.inputs.size() < 2) KILN_UNSUPPORTED("variadic {} with one input", op_name(n.op));
+  // The first non-constant input decides the compute dtype; constants are converted to it.
+  std::optional<k::DT> dt;
+  for (const Value* v : n.inputs) {
+    if (v && !L.constant(v)) {
+      KILN_ASSIGN_OR_RETURN(const DevValue* d, L.value(v));
+      dt = d->dt;
+      break;
+    }
+  }
+  if (!dt) dt = L.device_dt(n.inputs[0]->type.dtype);
+  if (!dt) KILN_UNSUPPORTED("{} on {}", op_name(n.op), n.inputs[0]->type.to_string());
+  bool logic = op == k::Binary::kAnd || op == k::Binary::kOr || op == k::Binary::kXor;
+  bool ok = logic ? *dt == k::DT::kBool
+                  : is_float_dt(*dt) || *dt == k::DT::kI64 || *dt == k::DT::kI32 ||
+                        (*dt == k::DT::kBool && op == k::Binary::kEqual);
+  if (!ok) KILN_UNSUPPORTED("{} on {} has no CUDA kernel", op_name(n.op), dtype_name(ir_dtype_of(*dt)));
+  std::vector<const DevValue*> ins;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(const DevValue* d, operand_value(L, n, i, dt));
+    if (d->dt != *dt) KILN_UNSUPPORTED("{}: mixed input dtypes", op_name(n.op));
+    if (d->dims.size() > size_t(k::kMaxRank)) KILN_UNSUPPORTED("rank > {}", k::kMaxRank);
+    ins.push_back(d);
+  }
+  // Variadic Sum/Max/Min: a chain of binary steps, the last writing the output.
+  DevValue acc = *ins[0];
+  for (size_t i = 1; i < ins.size(); ++i) {
+    bool last = i + 1 == ins.size();
+    const Value* out = n.outputs[0];
+    KILN_ASSIGN_OR_RETURN(acc, emit_binary(L, n, op, &acc, ins[i], out, last));
+  }
+  return Status::ok();
+}
+
+Status lower_where(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* cond, L.value(n.inputs[0]));
+  auto dt = L.device_dt(n.outputs[0]->type.dtype);
+  if (!dt || cond->dt != k::DT::kBool) KILN_UNSUPPORTED("Where on {}", n.outputs[0]->type.to_string());
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, operand_value(L, n, 1, dt));
+  KILN_ASSIGN_OR_RETURN(const DevValue* z, operand_value(L, n, 2, dt));
+  std::vector<int64_t> dims = out_dims(n.outputs[0]);
+  if (dims.size() > size_t(k::kMaxRank)) KILN_UNSUPPORTED("rank > {}", k::kMaxRank);
+  Layout lay = pick_layout({cond, x, z}, dims);
+  k::NdStrides sc = operand(*cond, dims, lay), sx = operand(*x, dims, lay), sz = operand(*z, dims, lay);
+  const DevValue& y = L.define(n.outputs[0], lay);
+  Ref cr = cond->ref, xr = x->ref, zr = z->ref, yr = y.ref;
+  k::DT d = *dt;
+  L.emit(&n, "kernel where", {read_id(cond), read_id(x), read_id(z)}, {yr.id}, [=](const RunCtx& c) {
+    return cuda_status(k::where(d, c.ptr(cr), sc, c.ptr(xr), sx, c.ptr(zr), sz, c.ptr(yr), c.stream), "where");
+  });
+  return Status::ok();
+}
+
+Status lower_cast(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
+  auto to = L.device_dt(n.outputs[0]->type.dtype);
+  if (!to) KILN_UNSUPPORTED("Cast to {}", dtype_name(n.outputs[0]->type.dtype));
+  if (*to == x->dt && !x->ref.weight) {
+    L.define_alias(n.outputs[0], *x);  // f32 -> f32 inside a half build: same bytes
+    return Status::ok();
+  }
+  const DevValue& y = L.define(n.outputs[0], x->layout);
+  Ref xr = x->ref, yr = y.ref;
+  k::DT from = x->dt, t = *to;
+  int64_t count = y.numel();
+  L.emit(&n, "kernel cast", {read_id(x)}, {yr.id}, [=](const RunCtx& c) {
+    return cuda_status(k::cast(from, t, c.ptr(xr), c.ptr(yr), count, c.stream), "cast");
+  });
+  return Status::ok();
+}
+
+}  // namespace
+
+void register_elementwise_lowerings(std::map<OpKind, LowerFn>& t) {
+  for (OpKind op : {OpKind::kRelu, OpKind::kSigmoid, OpKind::kTanh, OpKind::kExp, OpKind::kLog, OpKind::kSqrt,
+                    OpKind::kReciprocal, OpKind::kNeg, OpKind::kAbs, OpKind::kErf, OpKind::kFloor, OpKind::kCeil,
+                    OpKind::kSin, OpKind::kCos, OpKind::kSoftplus, OpKind::kSign, OpKind::kRound, OpKind::kGelu,
+                    OpKind::kClip, OpKind::kLeakyRelu, OpKind::kElu, OpKind::kHardSigmoid, OpKind::kHardSwish,
+                    OpKind::kNot}) {
+    t[op] = lower_unary;
+  }
+  for (OpKind op : {OpKind::kAdd, OpKind::kSum, OpKind::kSub, OpKind::kMul, OpKind::kDiv, OpKind::kPow, OpKind::kMax,
+                    OpKind::kMin, OpKind::kMod, OpKind::kEqual, OpKind::kLess, OpKind::kLessOrEqual, OpKind::kGreater,
+                    OpKind::kGreaterOrEqual, OpKind::kAnd, OpKind::kOr, OpKind::kXor}) {
+    t[op] = lower_binary;
+  }
+  t[OpKind::kWhere] = lower_where;
+  t[OpKind::kCast] = lower_cast;
+  t[OpKind::kCastLike] = lower_cast;
+}
+
+}  // namespace kiln::cuda

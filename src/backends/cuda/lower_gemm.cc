@@ -1,0 +1,267 @@
+// MatMul and Gemm through cuBLASLt, with the bias (+ReLU/GELU) epilogue fused when the product
+// feeds an Add of a per-column constant (MatMul + Add is how PyTorch exports nn.Linear).
+//
+// Row-major trick: cuBLASLt is column-major, and a row-major [M,K] matrix is a column-major
+// [K,M] one. So D = A.B (row-major) is computed as D^T = B^T . A^T (column-major): cuBLASLt's
+// "A" is our B, its "B" is our A, m = N, n = M, and the bias vector runs along m = N.
+#include <mutex>
+
+#include "backends/cuda/lower.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+int read_id(const DevValue* d) { return d->ref.weight ? -1 : d->ref.id; }
+
+cudaDataType_t lt_type(k::DT d) {
+  switch (d) {
+    case k::DT::kF16: return CUDA_R_16F;
+    case k::DT::kBF16: return CUDA_R_16BF;
+    default: return CUDA_R_32F;
+  }
+}
+
+struct GemmShape {
+  int64_t m = 0, n = 0, k = 0;  // row-major: A [m,k] (or [k,m] when trans_a), B [k,n] (or [n,k])
+  bool trans_a = false, trans_b = false;
+  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_d = 0;  // elements
+};
+
+struct Epilogue {
+  const DevValue* bias = nullptr;  // [n] in the output dtype
+  std::string act;                 // "", "relu", "gelu"
+  const DevValue* c = nullptr;     // full [m,n] addend (Gemm's C), scaled by beta
+  float alpha = 1, beta = 0;
+};
+
+template <typename T, Status (*Destroy)(T)>
+std::shared_ptr<void> hold(T p) {
+  return std::shared_ptr<void>(p, [](void* q) { (void)Destroy(static_cast<T>(q)); });
+}
+Status destroy_desc(cublasLtMatmulDesc_t d) { return cuda_status(cublasLtMatmulDescDestroy(d), "destroy"); }
+Status destroy_layout(cublasLtMatrixLayout_t d) { return cuda_status(cublasLtMatrixLayoutDestroy(d), "destroy"); }
+
+Expected<cublasLtMatrixLayout_t> make_layout(Lowering& L, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
+                                             int64_t batch, int64_t stride) {
+  cublasLtMatrixLayout_t l = nullptr;
+  KILN_CUDA_TRY(cublasLtMatrixLayoutCreate(&l, t, uint64_t(rows), uint64_t(cols), ld));
+  L.keep_alive.push_back(hold<cublasLtMatrixLayout_t, destroy_layout>(l));
+  if (batch > 1) {
+    int32_t b = int32_t(batch);
+    KILN_CUDA_TRY(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof(b)));
+    KILN_CUDA_TRY(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+  }
+  return l;
+}
+
+// Emits one cuBLASLt matmul: y = alpha * a.b (+ epilogue). a/b/y row-major device values.
+Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s, const Epilogue& ep,
+                 Ref y, k::DT dt) {
+  cudaDataType_t t = lt_type(dt);
+  cublasComputeType_t ct = L.options().precision == Precision::kTf32 && dt == k::DT::kF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                                          : CUBLAS_COMPUTE_32F;
+  cublasLtMatmulDesc_t desc = nullptr;
+  KILN_CUDA_TRY(cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F));
+  L.keep_alive.push_back(hold<cublasLtMatmulDesc_t, destroy_desc>(desc));
+  cublasOperation_t opa = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, opb = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+  KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+  if (ep.bias) {
+    epi = ep.act == "relu" ? CUBLASLT_EPILOGUE_RELU_BIAS : ep.act == "gelu" ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+  } else if (ep.act == "relu") {
+    epi = CUBLASLT_EPILOGUE_RELU;
+  } else if (ep.act == "gelu") {
+    epi = CUBLASLT_EPILOGUE_GELU;
+  }
+  KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  // Column-major views (see the header comment): "A" = our B, "B" = our A, D = [n, m] ld n.
+  KILN_ASSIGN_OR_RETURN(auto la, make_layout(L, t, s.trans_b ? s.k : s.n, s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n,
+                                             s.batch, s.stride_b));
+  KILN_ASSIGN_OR_RETURN(auto lb, make_layout(L, t, s.trans_a ? s.m : s.k, s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k,
+                                             s.batch, s.stride_a));
+  KILN_ASSIGN_OR_RETURN(auto ld, make_layout(L, t, s.n, s.m, s.n, s.batch, s.stride_d));
+  cublasLtMatmulPreference_t pref = nullptr;
+  KILN_CUDA_TRY(cublasLtMatmulPreferenceCreate(&pref));
+  size_t ws = L.options().workspace_bytes;
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulAlgoGetHeuristic(L.lt, desc, la, lb, ld, ld, pref, 1, &heur, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+    KILN_UNSUPPORTED("cuBLASLt has no algorithm for m={} n={} k={} batch={} ({})", s.m, s.n, s.k, s.batch,
+                     st == CUBLAS_STATUS_SUCCESS ? "none found" : "status " + std::to_string(int(st)));
+  }
+  cublasLtMatmulAlgo_t algo = heur.algo;
+  Ref ar = a->ref, br = b->ref, bias = ep.bias ? ep.bias->ref : Ref{}, cr = ep.c ? ep.c->ref : Ref{};
+  bool has_bias = ep.bias != nullptr, has_c = ep.c != nullptr;
+  float alpha = ep.alpha, beta = has_c ? ep.beta : 0.0f;
+  std::vector<int> reads = {read_id(a), read_id(b)};
+  if (ep.bias) reads.push_back(read_id(ep.bias));
+  if (ep.c) reads.push_back(read_id(ep.c));
+  std::string impl = fmt::format("cublasLt {} m={} n={} k={}{}{}{}", L.options().precision == Precision::kTf32 ? "tf32" :
+                                 dt == k::DT::kF32 ? "fp32" : dt == k::DT::kF16 ? "fp16" : "bf16", s.m, s.n, s.k,
+                                 s.batch > 1 ? fmt::format(" batch={}", s.batch) : "", has_bias ? " +bias" : "",
+                                 ep.act.empty() ? "" : " +" + ep.act);
+  std::mutex* mu = new std::mutex;  // the bias pointer lives in the shared descriptor
+  L.keep_alive.emplace_back(mu, [](void* p) { delete static_cast<std::mutex*>(p); });
+  L.emit(&n, impl, reads, {y.id}, [=](const RunCtx& c) -> Status {
+    if (has_bias) {
+      std::lock_guard<std::mutex> lock(*mu);
+      void* bp = c.ptr(bias);
+      KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
+    }
+    void* d = c.ptr(y);
+    const void* cin = has_c ? c.ptr(cr) : d;
+    KILN_CUDA_TRY(cublasLtMatmul(c.lt, desc, &alpha, c.ptr(br), la, c.ptr(ar), lb, &beta, cin, ld, d, ld, &algo,
+                                 c.workspace, c.workspace_bytes, c.stream));
+    return Status::ok();
+  });
+  return Status::ok();
+}
+
+// The node consuming `v` alone, if it is op `want`.
+const Node* next_op(Lowering& L, const Value* v, OpKind want) {
+  const Node* c = L.only_consumer(v);
+  return c && c->op == want ? c : nullptr;
+}
+
+// MatMul -> Add(per-column constant) [-> Relu | Gelu]: returns the value the fused chain
+// produces and fills ep. Fusion needs the intermediate values to have no other reader.
+const Value* fuse_epilogue(Lowering& L, const Node& mm, int64_t n_cols, k::DT dt, Epilogue& ep,
+                           std::vector<const Node*>& fused) {
+  const Value* out = mm.outputs[0];
+  if (const Node* add = next_op(L, out, OpKind::kAdd)) {
+    const Value* other = add->inputs[0] == out ? add->inputs[1] : add->inputs[0];
+    const Tensor* b = L.constant(other);
+    if (b && b->numel() == n_cols && b->rank() >= 1 && b->dim(b->rank() - 1) == n_cols &&
+        add->outputs[0]->type.shape && add->outputs[0]->type.shape->rank() == out->type.shape->rank()) {
+      auto r = L.value(other);
+      if (r && (*r)->dt == dt) {
+        ep.bias = *r;
+        fused.push_back(add);
+        out = add->outputs[0];
+      }
+    }
+  }
+  if (const Node* act = next_op(L, out, OpKind::kRelu)) {
+    ep.act = "relu";
+    fused.push_back(act);
+    out = act->outputs[0];
+  } else if (const Node* g = next_op(L, out, OpKind::kGelu)) {
+    // cuBLASLt's GELU epilogue is the tanh approximation; only fuse Gelu(approximate=tanh).
+    if (g->attr_string("approximate", "none") == "tanh") {
+      ep.act = "gelu";
+      fused.push_back(g);
+      out = g->outputs[0];
+    }
+  }
+  return out;
+}
+
+Status lower_matmul(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* a, L.rowmajor(n.inputs[0]));
+  KILN_ASSIGN_OR_RETURN(const DevValue* b, L.rowmajor(n.inputs[1]));
+  k::DT dt = a->dt;
+  if ((dt != k::DT::kF32 && dt != k::DT::kF16 && dt != k::DT::kBF16) || b->dt != dt) {
+    KILN_UNSUPPORTED("MatMul on {} x {}", dtype_name(a->ir_dtype), dtype_name(b->ir_dtype));
+  }
+  size_t ra = a->dims.size(), rb = b->dims.size();
+  if (ra < 2 || rb < 2) KILN_UNSUPPORTED("MatMul with a rank-1 operand");
+  GemmShape s;
+  s.m = a->dims[ra - 2];
+  s.k = a->dims[ra - 1];
+  s.n = b->dims[rb - 1];
+  int64_t batch_a = a->numel() / (s.m * s.k), batch_b = b->numel() / (s.k * s.n);
+  if (batch_b == 1) {
+    s.m *= batch_a;  // [..., M, K] x [K, N]: one GEMM over all rows
+  } else if (batch_a == 1) {
+    s.batch = batch_b;
+    s.stride_b = s.k * s.n;
+    s.stride_d = s.m * s.n;
+  } else {
+    std::vector<int64_t> ba(a->dims.begin(), a->dims.end() - 2), bb(b->dims.begin(), b->dims.end() - 2);
+    if (ba != bb) KILN_UNSUPPORTED("MatMul with broadcast batch dims {} x {}", dims_to_string(a->dims), dims_to_string(b->dims));
+    s.batch = batch_a;
+    s.stride_a = s.m * s.k;
+    s.stride_b = s.k * s.n;
+    s.stride_d = s.m * s.n;
+  }
+  Epilogue ep;
+  std::vector<const Node*> fused;
+  const Value* out = fuse_epilogue(L, n, s.n, dt, ep, fused);
+  const DevValue& y = L.define(out);
+  Status st = emit_gemm(L, n, a, b, s, ep, y.ref, dt);
+  if (!st) {
+    L.values.erase(out);
+    return st;
+  }
+  for (const Node* f : fused) L.mark_fused(f, &n);
+  return Status::ok();
+}
+
+Status lower_gemm(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* a, L.rowmajor(n.inputs[0]));
+  KILN_ASSIGN_OR_RETURN(const DevValue* b, L.rowmajor(n.inputs[1]));
+  k::DT dt = a->dt;
+  if ((dt != k::DT::kF32 && dt != k::DT::kF16 && dt != k::DT::kBF16) || b->dt != dt) {
+    KILN_UNSUPPORTED("Gemm on {} x {}", dtype_name(a->ir_dtype), dtype_name(b->ir_dtype));
+  }
+  GemmShape s;
+  s.trans_a = n.attr_int("transA", 0) != 0;
+  s.trans_b = n.attr_int("transB", 0) != 0;
+  s.m = s.trans_a ? a->dims[1] : a->dims[0];
+  s.k = s.trans_a ? a->dims[0] : a->dims[1];
+  s.n = s.trans_b ? b->dims[0] : b->dims[1];
+  Epilogue ep;
+  ep.alpha = n.attr_float("alpha", 1.0f);
+  ep.beta = n.attr_float("beta", 1.0f);
+  if (n.has_input(2) && ep.beta != 0) {
+    const Value* cv = n.inputs[2];
+    const Tensor* c = L.constant(cv);
+    if (c && c->numel() == s.n && (c->rank() == 1 || (c->rank() == 2 && c->dim(0) == 1))) {
+      // A per-column C is the bias epilogue (beta folded in on the host).
+      Tensor scaled = c->reshaped({s.n}).clone();
+      if (ep.beta != 1.0f) {
+        KILN_ASSIGN_OR_RETURN(scaled, convert_tensor(scaled, DType::kFloat64));
+        for (int64_t i = 0; i < s.n; ++i) scaled.data<double>()[i] *= ep.beta;
+      }
+      KILN_ASSIGN_OR_RETURN(Ref r, L.upload(scaled, dt));
+      auto* bias = new DevValue{r, dt, cv->type.dtype, {s.n}, Layout::kRowMajor};
+      L.keep_alive.emplace_back(bias, [](void* p) { delete static_cast<DevValue*>(p); });
+      ep.bias = bias;
+    } else {
+      KILN_ASSIGN_OR_RETURN(const DevValue* cd, L.rowmajor(cv));
+      if (cd->numel() != s.m * s.n || cd->dt != dt) KILN_UNSUPPORTED("Gemm with C broadcast as {}", dims_to_string(cd->dims));
+      ep.c = cd;
+    }
+  }
+  std::vector<const Node*> fused;
+  const Value* out = n.outputs[0];
+  if (!ep.c) {
+    if (const Node* act = next_op(L, out, OpKind::kRelu)) {
+      ep.act = "relu";
+      fused.push_back(act);
+      out = act->outputs[0];
+    }
+  }
+  const DevValue& y = L.define(out);
+  Status st = emit_gemm(L, n, a, b, s, ep, y.ref, dt);
+  if (!st) {
+    L.values.erase(out);
+    return st;
+  }
+  for (const Node* f : fused) L.mark_fused(f, &n);
+  return Status::ok();
+}
+
+}  // namespace
+
+void register_gemm_lowerings(std::map<OpKind, LowerFn>& t) {
+  t[OpKind::kMatMul] = lower_matmul;
+  t[OpKind::kGemm] = lower_gemm;
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,219 @@
+// Normalizations and reductions: Softmax, LayerNorm, RMSNorm, BatchNorm (inference), Reduce*,
+// ArgMax/ArgMin, GlobalAverage/MaxPool. The kernels keep statistics in f32 whatever the storage
+// dtype, which is what makes half-precision builds safe here.
+#include <cmath>
+
+#include "backends/cuda/lower.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+int read_id(const DevValue* d) { return d->ref.weight ? -1 : d->ref.id; }
+bool is_float_dt(k::DT d) { return d == k::DT::kF32 || d == k::DT::kF16 || d == k::DT::kBF16; }
+
+int64_t prod(const std::vector<int64_t>& d, size_t from, size_t to) {
+  int64_t p = 1;
+  for (size_t i = from; i < to; ++i) p *= d[i];
+  return p;
+}
+
+Status lower_softmax(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
+  if (!is_float_dt(x->dt)) KILN_UNSUPPORTED("Softmax on {}", dtype_name(x->ir_dtype));
+  int64_t r = int64_t(x->dims.size()), axis = n.attr_int("axis", -1);
+  if (axis < 0) axis += r;
+  if (prod(x->dims, size_t(axis) + 1, size_t(r)) != 1) KILN_UNSUPPORTED("Softmax over a non-innermost axis");
+  int64_t cols = r ? x->dims[size_t(axis)] : 1, rows = x->numel() / std::max<int64_t>(cols, 1);
+  const DevValue& y = L.define(n.outputs[0]);
+  Ref xr = x->ref, yr = y.ref;
+  k::DT dt = x->dt;
+  bool log = n.op == OpKind::kLogSoftmax;
+  L.emit(&n, log ? "kernel log_softmax" : "kernel softmax", {read_id(x)}, {yr.id}, [=](const RunCtx& c) {
+    return cuda_status(k::softmax(dt, c.ptr(xr), c.ptr(yr), rows, cols, log, c.stream), "softmax");
+  });
+  return Status::ok();
+}
+
+Status lower_layer_norm(Lowering& L, const Node& n) {
+  for (size_t i = 1; i < n.outputs.size(); ++i) {
+    if (n.has_output(i)) KILN_UNSUPPORTED("{} with Mean/InvStdDev outputs", op_name(n.op));
+  }
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
+  if (!is_float_dt(x->dt)) KILN_UNSUPPORTED("{} on {}", op_name(n.op), dtype_name(x->ir_dtype));
+  int64_t r = int64_t(x->dims.size()), axis = n.attr_int("axis", -1);
+  if (axis < 0) axis += r;
+  int64_t cols = prod(x->dims, size_t(axis), size_t(r)), rows = x->numel() / std::max<int64_t>(cols, 1);
+  KILN_ASSIGN_OR_RETURN(const DevValue* scale, L.rowmajor(n.inputs[1]));
+  if (scale->numel() != cols || scale->dt != x->dt) KILN_UNSUPPORTED("{} scale broadcast over rows", op_name(n.op));
+  const DevValue* bias = nullptr;
+  bool rms = n.op == OpKind::kRMSNormalization;
+  if (!rms && n.has_input(2)) {
+    KILN_ASSIGN_OR_RETURN(bias, L.rowmajor(n.inputs[2]));
+    if (bias->numel() != cols || bias->dt != x->dt) KILN_UNSUPPORTED("LayerNormalization bias broadcast over rows");
+  }
+  float eps = n.attr_float("epsilon", 1e-5f);
+  const DevValue& y = L.define(n.outputs[0]);
+  Ref xr = x->ref, sr = scale->ref, yr = y.ref, br = bias ? bias->ref : Ref{};
+  bool has_bias = bias != nullptr;
+  k::DT dt = x->dt;
+  L.emit(&n, rms ? "kernel rms_norm" : "kernel layer_norm", {read_id(x), read_id(scale), bias ? read_id(bias) : -1},
+         {yr.id}, [=](const RunCtx& c) {
+           if (rms) return cuda_status(k::rms_norm(dt, c.ptr(xr), c.ptr(sr), c.ptr(yr), rows, cols, eps, c.stream), "rms_norm");
+           return cuda_status(k::layer_norm(dt, c.ptr(xr), c.ptr(sr), has_bias ? c.ptr(br) : nullptr, c.ptr(yr), rows,
+                                            cols, eps, c.stream), "layer_norm");
+         });
+  return Status::ok();
+}
+
+// Inference BatchNormalization folds to y = x * s[c] + t[c], s = scale / sqrt(var + eps),
+// t = bias - mean * s (computed on the host in double).
+Status lower_batch_norm(Lowering& L, const Node& n) {
+  for (size_t i = 1; i < n.outputs.size(); ++i) {
+    if (n.has_output(i)) KILN_UNSUPPORTED("BatchNormalization in training mode");
+  }
+  for (size_t i = 1; i < 5; ++i) {
+    if (!L.constant(n.inputs[i])) KILN_UNSUPPORTED("BatchNormalization statistics computed at run time");
+  }
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
+  if (!is_float_dt(x->dt) || x->dims.size() < 2) KILN_UNSUPPORTED("BatchNormalization on {}", dtype_name(x->ir_dtype));
+  const Tensor *sc = L.constant(n.inputs[1]), *b = L.constant(n.inputs[2]), *m = L.constant(n.inputs[3]),
+               *v = L.constant(n.inputs[4]);
+  int64_t c = x->dims[1];
+  double eps = n.attr_float("epsilon", 1e-5f);
+  std::vector<float> s(static_cast<size_t>(c)), t(static_cast<size_t>(c));
+  for (int64_t i = 0; i < c; ++i) {
+    double k = sc->as_double(i) / std::sqrt(v->as_double(i) + eps);
+    s[size_t(i)] = float(k);
+    t[size_t(i)] = float(b->as_double(i) - m->as_double(i) * k);
+  }
+  KILN_ASSIGN_OR_RETURN(Ref sr, L.upload_raw(s.data(), s.size() * sizeof(float)));
+  KILN_ASSIGN_OR_RETURN(Ref tr, L.upload_raw(t.data(), t.size() * sizeof(float)));
+  int64_t spatial = prod(x->dims, 2, x->dims.size());
+  bool nhwc = x->layout == Layout::kNHWC;
+  int64_t outer = nhwc ? x->dims[0] * spatial : x->dims[0], inner = nhwc ? 1 : spatial;
+  const DevValue& y = L.define(n.outputs[0], x->layout);
+  Ref xr = x->ref, yr = y.ref;
+  k::DT dt = x->dt;
+  L.emit(&n, "kernel channel_affine", {read_id(x)}, {yr.id}, [=](const RunCtx& cx) {
+    return cuda_status(k::channel_affine(dt, cx.ptr(xr), static_cast<const float*>(cx.ptr(sr)),
+                                         static_cast<const float*>(cx.ptr(tr)), cx.ptr(yr), outer, c, inner, cx.stream),
+                       "channel_affine");
+  });
+  return Status::ok();
+}
+
+std::optional<k::Reduce> reduce_of(OpKind op) {
+  switch (op) {
+    case OpKind::kReduceSum: return k::Reduce::kSum;
+    case OpKind::kReduceMean: return k::Reduce::kMean;
+    case OpKind::kReduceMax: return k::Reduce::kMax;
+    case OpKind::kReduceMin: return k::Reduce::kMin;
+    case OpKind::kReduceProd: return k::Reduce::kProd;
+    case OpKind::kReduceSumSquare: return k::Reduce::kSumSquare;
+    case OpKind::kReduceL1: return k::Reduce::kL1;
+    case OpKind::kReduceL2: return k::Reduce::kL2;
+    case OpKind::kReduceLogSumExp: return k::Reduce::kLogSumExp;
+    default: return std::nullopt;
+  }
+}
+
+// Emits a reduction of x's axes [a0, a1) (contiguous, row-major x) into y.
+void emit_reduce(Lowering& L, const Node& n, k::Reduce op, const DevValue* x, size_t a0, size_t a1, Ref yr) {
+  int64_t outer = prod(x->dims, 0, a0), cnt = prod(x->dims, a0, a1), inner = prod(x->dims, a1, x->dims.size());
+  Ref xr = x->ref;
+  k::DT dt = x->dt;
+  L.emit(&n, "kernel reduce", {read_id(x)}, {yr.id}, [=](const RunCtx& c) {
+    return cuda_status(k::reduce(op, dt, c.ptr(xr), c.ptr(yr), outer, cnt, inner, c.stream), "reduce");
+  });
+}
+
+Status lower_reduce(Lowering& L, const Node& n) {
+  k::Reduce op = *reduce_of(n.op);
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
+  bool float_only = op != k::Reduce::kSum && op != k::Reduce::kMax && op != k::Reduce::kMin;
+  if (!is_float_dt(x->dt) && (float_only || (x->dt != k::DT::kI64 && x->dt != k::DT::kI32))) {
+    KILN_UNSUPPORTED("{} on {}", op_name(n.op), dtype_name(x->ir_dtype));
+  }
+  size_t r = x->dims.size();
+  std::vector<bool> red(r, false);
+  if (n.has_input(1)) {
+    const Tensor* a = L.constant(n.inputs[1]);
+    if (!a) KILN_UNSUPPORTED("reduction axes computed at run time");
+    for (int64_t v : a->to_int_vector()) red[size_t(v < 0 ? v + int64_t(r) : v)] = true;
+  }
+  bool none = std::none_of(red.begin(), red.end(), [](bool b) { return b; });
+  if (none) {
+    if (n.attr_int("noop_with_empty_axes", 0)) KILN_UNSUPPORTED("noop_with_empty_axes");
+    red.assign(r, true);
+  }
+  // Axes of size 1 reduce trivially; drop them so that e.g. {1,3} of [N,C,1,W] stays contiguous.
+  size_t a0 = r, a1 = 0;
+  for (size_t i = 0; i < r; ++i) {
+    if (red[i] && x->dims[i] != 1) { a0 = std::min(a0, i); a1 = i + 1; }
+  }
+  if (a0 == r) { a0 = 0; a1 = 0; }
+  for (size_t i = a0; i < a1; ++i) {
+    if (!red[i] && x->dims[i] != 1) KILN_UNSUPPORTED("{} over non-contiguous axes", op_name(n.op));
+  }
+  const DevValue& y = L.define(n.outputs[0]);
+  emit_reduce(L, n, op, x, a0, a1, y.ref);
+  return Status::ok();
+}
+
+Status lower_arg(Lowering& L, const Node& n) {
+  if (n.attr_int("select_last_index", 0)) KILN_UNSUPPORTED("select_last_index=1");
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
+  if (!is_float_dt(x->dt)) KILN_UNSUPPORTED("{} on {}", op_name(n.op), dtype_name(x->ir_dtype));
+  int64_t r = int64_t(x->dims.size()), axis = n.attr_int("axis", 0);
+  if (axis < 0) axis += r;
+  int64_t outer = prod(x->dims, 0, size_t(axis)), cnt = x->dims[size_t(axis)], inner = prod(x->dims, size_t(axis) + 1, size_t(r));
+  const DevValue& y = L.define(n.outputs[0]);
+  Ref xr = x->ref, yr = y.ref;
+  k::DT dt = x->dt;
+  bool mx = n.op == OpKind::kArgMax;
+  L.emit(&n, "kernel arg_reduce", {read_id(x)}, {yr.id}, [=](const RunCtx& c) {
+    return cuda_status(k::arg_reduce(mx, dt, c.ptr(xr), static_cast<int64_t*>(c.ptr(yr)), outer, cnt, inner, c.stream),
+                       "arg_reduce");
+  });
+  return Status::ok();
+}
+
+// GlobalAverage/MaxPool: a reduce over the spatial axes; from NHWC it is [N, HW, C] -> [N, C],
+// which is also the row-major [N, C, 1, 1] output.
+Status lower_global_pool(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
+  if (!is_float_dt(x->dt) || x->dims.size() < 3) KILN_UNSUPPORTED("{} on {}", op_name(n.op), dtype_name(x->ir_dtype));
+  k::Reduce op = n.op == OpKind::kGlobalAveragePool ? k::Reduce::kMean : k::Reduce::kMax;
+  const DevValue& y = L.define(n.outputs[0]);
+  int64_t nb = x->dims[0], c = x->dims[1], hw = prod(x->dims, 2, x->dims.size());
+  bool nhwc = x->layout == Layout::kNHWC;
+  int64_t outer = nhwc ? nb : nb * c, inner = nhwc ? c : 1;
+  Ref xr = x->ref, yr = y.ref;
+  k::DT dt = x->dt;
+  L.emit(&n, fmt::format("kernel reduce ({})", nhwc ? "NHWC" : "NCHW"), {read_id(x)}, {yr.id}, [=](const RunCtx& cx) {
+    return cuda_status(k::reduce(op, dt, cx.ptr(xr), cx.ptr(yr), outer, hw, inner, cx.stream), "reduce");
+  });
+  return Status::ok();
+}
+
+}  // namespace
+
+void register_norm_lowerings(std::map<OpKind, LowerFn>& t) {
+  t[OpKind::kSoftmax] = lower_softmax;
+  t[OpKind::kLogSoftmax] = lower_softmax;
+  t[OpKind::kLayerNormalization] = lower_layer_norm;
+  t[OpKind::kRMSNormalization] = lower_layer_norm;
+  t[OpKind::kBatchNormalization] = lower_batch_norm;
+  for (OpKind op : {OpKind::kReduceSum, OpKind::kReduceMean, OpKind::kReduceMax, OpKind::kReduceMin,
+                    OpKind::kReduceProd, OpKind::kReduceSumSquare, OpKind::kReduceL1, OpKind::kReduceL2,
+                    OpKind::kReduceLogSumExp}) {
+    t[op] = lower_reduce;
+  }
+  t[OpKind::kArgMax] = lower_arg;
+  t[OpKind::kArgMin] = lower_arg;
+  t[OpKind::kGlobalAveragePool] = lower_global_pool;
+  t[OpKind::kGlobalMaxPool] = lower_global_pool;
+}
+
+}  // namespace kiln::cuda

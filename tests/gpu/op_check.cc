@@ -1,0 +1,207 @@
+// The CUDA backend's op harness (DESIGN.md rule 10): every op the CUDA backend claims, run on the
+// GPU and on the CPU reference with the same fresh random inputs, compared with a per-op
+// tolerance. The session's arena is poisoned (NaN bytes) before the checked run, so an output
+// element a kernel forgets to write shows up as a mismatch. A case also fails when its op did
+// not actually run on the GPU (a silent CPU fallback would test nothing).
+//
+//   kiln_gpu_op_check [--seed S] [--filter SUBSTRING] [--precision fp32|fp16|bf16|all]
+// Prints one line per (case, precision) and then `N passed, M failed`; exit 1 on any failure.
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "backends/backend.h"
+#include "backends/cuda/engine.h"
+#include "ir/text.h"
+#include "ops/infer.h"
+
+using namespace kiln;
+
+namespace {
+
+struct Case {
+  const char* name;
+  const char* ir;
+  std::vector<std::string> consts;  // graph inputs turned into random constants (weights)
+  double tol32 = 1e-4, tol16 = 1e-2;  // max |gpu - cpu| / max(1, max |cpu|)
+  bool half = true;                   // also check fp16/bf16 builds
+  int64_t int_hi = 4;                 // integer inputs drawn from [0, int_hi)
+};
+
+// clang-format off
+const std::vector<Case> kCases = {
+  {"relu", "graph g(%x: f32[3,5,7]) {\n %y = Relu(%x) : f32[3,5,7]\n return %y\n}"},
+  {"sigmoid", "graph g(%x: f32[64,33]) {\n %y = Sigmoid(%x) : f32[64,33]\n return %y\n}"},
+  {"tanh", "graph g(%x: f32[1000]) {\n %y = Tanh(%x) : f32[1000]\n return %y\n}"},
+  {"exp", "graph g(%x: f32[257]) {\n %y = Exp(%x) : f32[257]\n return %y\n}"},
+  {"erf", "graph g(%x: f32[4,100]) {\n %y = Erf(%x) : f32[4,100]\n return %y\n}"},
+  {"sqrt_abs", "graph g(%x: f32[50]) {\n %a = Abs(%x) : f32[50]\n %y = Sqrt(%a) : f32[50]\n return %y\n}"},
+  {"gelu", "graph g(%x: f32[8,64]) {\n %y = Gelu(%x) : f32[8,64]\n return %y\n}"},
+  {"gelu_tanh", "graph g(%x: f32[8,64]) {\n %y = Gelu(%x) {approximate = \"tanh\"} : f32[8,64]\n return %y\n}"},
+  {"clip", "graph g(%x: f32[99]) {\n %lo = const dense<f32[]> [-0.5]\n %hi = const dense<f32[]> [0.75]\n %y = Clip(%x, %lo, %hi) : f32[99]\n return %y\n}"},
+  {"leaky_relu", "graph g(%x: f32[99]) {\n %y = LeakyRelu(%x) {alpha = 0.2} : f32[99]\n return %y\n}"},
+  {"hard_swish", "graph g(%x: f32[99]) {\n %y = HardSwish(%x) : f32[99]\n return %y\n}"},
+  {"neg_i64", "graph g(%x: i64[17]) {\n %y = Neg(%x) : i64[17]\n return %y\n}", {}, 0, 0, false},
+  {"add_same", "graph g(%a: f32[4,8,16], %b: f32[4,8,16]) {\n %y = Add(%a, %b) : f32[4,8,16]\n return %y\n}"},
+  {"add_bcast", "graph g(%a: f32[4,8,16], %b: f32[16]) {\n %y = Add(%a, %b) : f32[4,8,16]\n return %y\n}"},
+  {"mul_bcast_mid", "graph g(%a: f32[4,1,16], %b: f32[1,8,1]) {\n %y = Mul(%a, %b) : f32[4,8,16]\n return %y\n}"},
+  {"sub_scalar", "graph g(%a: f32[33,3]) {\n %s = const dense<f32[]> [1.5]\n %y = Sub(%s, %a) : f32[33,3]\n return %y\n}"},
+  {"div", "graph g(%a: f32[10,10], %b: f32[10]) {\n %c = Abs(%b) : f32[10]\n %one = const dense<f32[]> [1.0]\n %d = Add(%c, %one) : f32[10]\n %y = Div(%a, %d) : f32[10,10]\n return %y\n}"},
+  {"pow_const", "graph g(%a: f32[64]) {\n %e = const dense<f32[]> [2.0]\n %y = Pow(%a, %e) : f32[64]\n return %y\n}"},
+  {"max3", "graph g(%a: f32[6,7], %b: f32[6,7], %c: f32[7]) {\n %y = Max(%a, %b, %c) : f32[6,7]\n return %y\n}"},
+  {"add_i64", "graph g(%a: i64[5,6], %b: i64[6]) {\n %y = Add(%a, %b) : i64[5,6]\n return %y\n}", {}, 0, 0, false},
+  {"mod_i64", "graph g(%a: i64[40]) {\n %m = const dense<i64[]> [3]\n %y = Mod(%a, %m) : i64[40]\n return %y\n}", {}, 0, 0, false, 50},
+  {"less", "graph g(%a: f32[9,9], %b: f32[9]) {\n %y = Less(%a, %b) : bool[9,9]\n return %y\n}", {}, 0, 0, false},
+  {"equal_i64", "graph g(%a: i64[30], %b: i64[30]) {\n %y = Equal(%a, %b) : bool[30]\n return %y\n}", {}, 0, 0, false},
+  {"where", "graph g(%c: bool[4,5], %a: f32[4,5], %b: f32[5]) {\n %y = Where(%c, %a, %b) : f32[4,5]\n return %y\n}"},
+  {"and_not", "graph g(%a: bool[20], %b: bool[20]) {\n %n = Not(%a) : bool[20]\n %y = And(%n, %b) : bool[20]\n return %y\n}", {}, 0, 0, false},
+  {"cast_f32_i64", "graph g(%a: f32[50]) {\n %y = Cast(%a) {to = 7} : i64[50]\n return %y\n}", {}, 0, 0, false},
+  {"cast_i64_f32", "graph g(%a: i64[50]) {\n %y = Cast(%a) {to = 1} : f32[50]\n return %y\n}", {}, 0, 0, true, 100},
+  {"transpose", "graph g(%x: f32[2,3,4,5]) {\n %y = Transpose(%x) {perm = [0, 2, 3, 1]} : f32[2,4,5,3]\n return %y\n}"},
+  {"slice_step", "graph g(%x: f32[10,12]) {\n %s = const dense<i64[2]> [1, 10]\n %e = const dense<i64[2]> [9, 0]\n %a = const dense<i64[2]> [0, 1]\n %t = const dense<i64[2]> [2, -3]\n %y = Slice(%x, %s, %e, %a, %t) : f32[4,4]\n return %y\n}"},
+  {"expand", "graph g(%x: f32[3,1]) {\n %s = const dense<i64[3]> [2, 3, 4]\n %y = Expand(%x, %s) : f32[2,3,4]\n return %y\n}"},
+  {"concat", "graph g(%a: f32[2,3,4], %b: f32[2,5,4]) {\n %y = Concat(%a, %b) {axis = 1} : f32[2,8,4]\n return %y\n}"},
+  {"split", "graph g(%x: f32[6,10]) {\n %s = const dense<i64[3]> [2, 3, 5]\n %a, %b, %c = Split(%x, %s) {axis = 1} : f32[6,2], f32[6,3], f32[6,5]\n return %a, %b, %c\n}"},
+  {"reshape_relu", "graph g(%x: f32[4,6]) {\n %s = const dense<i64[3]> [2, 3, 4]\n %r = Reshape(%x, %s) : f32[2,3,4]\n %y = Relu(%r) : f32[2,3,4]\n return %y\n}"},
+  {"gather_rows", "graph g(%w: f32[50,16], %i: i64[3,7]) {\n %y = Gather(%w, %i) : f32[3,7,16]\n return %y\n}", {"w"}, 0, 0, true, 50},
+  {"gather_axis1", "graph g(%x: f32[4,9,3], %i: i64[5]) {\n %y = Gather(%x, %i) {axis = 1} : f32[4,5,3]\n return %y\n}", {}, 0, 0, true, 9},
+  {"softmax", "graph g(%x: f32[3,7,129]) {\n %y = Softmax(%x) {axis = -1} : f32[3,7,129]\n return %y\n}", {}, 1e-5, 5e-3},
+  {"softmax_wide", "graph g(%x: f32[2,3000]) {\n %y = Softmax(%x) {axis = 1} : f32[2,3000]\n return %y\n}", {}, 1e-5, 5e-3},
+  {"log_softmax", "graph g(%x: f32[5,40]) {\n %y = LogSoftmax(%x) {axis = 1} : f32[5,40]\n return %y\n}"},
+  {"layer_norm", "graph g(%x: f32[4,10,768], %s: f32[768], %b: f32[768]) {\n %y = LayerNormalization(%x, %s, %b) {axis = -1, epsilon = 1e-05} : f32[4,10,768]\n return %y\n}", {"s", "b"}, 1e-4, 2e-2},
+  {"reduce_mean_last", "graph g(%x: f32[6,50]) {\n %a = const dense<i64[1]> [-1]\n %y = ReduceMean(%x, %a) {keepdims = 1} : f32[6,1]\n return %y\n}"},
+  {"reduce_sum_mid", "graph g(%x: f32[3,40,5]) {\n %a = const dense<i64[1]> [1]\n %y = ReduceSum(%x, %a) {keepdims = 0} : f32[3,5]\n return %y\n}", {}, 1e-4, 2e-2},
+  {"reduce_max_all", "graph g(%x: f32[7,9]) {\n %y = ReduceMax(%x) {keepdims = 0} : f32[]\n return %y\n}"},
+  {"argmax", "graph g(%x: f32[5,33]) {\n %y = ArgMax(%x) {axis = 1, keepdims = 0} : i64[5]\n return %y\n}", {}, 0, 0, false},
+  {"matmul_2d", "graph g(%a: f32[33,64], %b: f32[64,17]) {\n %y = MatMul(%a, %b) : f32[33,17]\n return %y\n}", {"b"}, 1e-4, 2e-2},
+  {"matmul_batched", "graph g(%a: f32[2,3,16,32], %b: f32[2,3,32,8]) {\n %y = MatMul(%a, %b) : f32[2,3,16,8]\n return %y\n}", {}, 1e-4, 2e-2},
+  {"matmul_rows", "graph g(%a: f32[2,7,64], %b: f32[64,48]) {\n %y = MatMul(%a, %b) : f32[2,7,48]\n return %y\n}", {"b"}, 1e-4, 2e-2},
+  {"linear_bias_relu", "graph g(%a: f32[2,7,64], %w: f32[64,48], %c: f32[48]) {\n %m = MatMul(%a, %w) : f32[2,7,48]\n %s = Add(%m, %c) : f32[2,7,48]\n %y = Relu(%s) : f32[2,7,48]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2},
+  {"gemm_transb_bias", "graph g(%a: f32[5,32], %w: f32[24,32], %c: f32[24]) {\n %y = Gemm(%a, %w, %c) {transB = 1, alpha = 0.5, beta = 2.0} : f32[5,24]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2},
+  {"conv", "graph g(%x: f32[2,8,15,15], %w: f32[16,8,3,3]) {\n %y = Conv(%x, %w) {pads = [1, 1, 1, 1], strides = [2, 2]} : f32[2,16,8,8]\n return %y\n}", {"w"}, 1e-4, 2e-2},
+  {"conv_bias_relu", "graph g(%x: f32[1,16,14,14], %w: f32[32,16,1,1], %b: f32[32]) {\n %c = Conv(%x, %w, %b) : f32[1,32,14,14]\n %y = Relu(%c) : f32[1,32,14,14]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2},
+  {"conv_residual", "graph g(%x: f32[2,16,8,8], %w: f32[16,16,3,3], %b: f32[16]) {\n %c = Conv(%x, %w, %b) {pads = [1, 1, 1, 1]} : f32[2,16,8,8]\n %s = Add(%c, %x) : f32[2,16,8,8]\n %y = Relu(%s) : f32[2,16,8,8]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2},
+  {"conv_depthwise_clip", "graph g(%x: f32[1,32,16,16], %w: f32[32,1,3,3], %b: f32[32]) {\n %c = Conv(%x, %w, %b) {group = 32, pads = [1, 1, 1, 1]} : f32[1,32,16,16]\n %lo = const dense<f32[]> [0.0]\n %hi = const dense<f32[]> [6.0]\n %y = Clip(%c, %lo, %hi) : f32[1,32,16,16]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2},
+  {"maxpool", "graph g(%x: f32[2,4,17,17]) {\n %y = MaxPool(%x) {kernel_shape = [3, 3], pads = [1, 1, 1, 1], strides = [2, 2]} : f32[2,4,9,9]\n return %y\n}"},
+  {"avgpool", "graph g(%x: f32[2,4,16,16]) {\n %y = AveragePool(%x) {kernel_shape = [2, 2], strides = [2, 2]} : f32[2,4,8,8]\n return %y\n}"},
+  {"global_avgpool", "graph g(%x: f32[2,64,7,7]) {\n %y = GlobalAveragePool(%x) : f32[2,64,1,1]\n return %y\n}"},
+  {"conv_then_transpose", "graph g(%x: f32[1,4,6,6], %w: f32[8,4,3,3]) {\n %c = Conv(%x, %w) : f32[1,8,4,4]\n %y = Transpose(%c) {perm = [0, 2, 3, 1]} : f32[1,4,4,8]\n return %y\n}", {"w"}, 1e-4, 2e-2},
+  {"batchnorm", "graph g(%x: f32[2,6,5,5], %s: f32[6], %b: f32[6], %m: f32[6], %v: f32[6]) {\n %va = Abs(%v) : f32[6]\n %y = BatchNormalization(%x, %s, %b, %m, %va) : f32[2,6,5,5]\n return %y\n}", {"s", "b", "m", "v"}},
+};
+// clang-format on
+
+struct Rng {
+  std::mt19937_64 g;
+  Tensor random(DType dt, const std::vector<int64_t>& dims, int64_t int_hi) {
+    Tensor t = Tensor::create(dt, dims).value();
+    std::uniform_real_distribution<double> real(-2.0, 2.0);
+    std::uniform_int_distribution<int64_t> ints(0, std::max<int64_t>(int_hi - 1, 0));
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      switch (dt) {
+        case DType::kFloat32: t.data<float>()[i] = float(real(g)); break;
+        case DType::kInt64: t.data<int64_t>()[i] = ints(g); break;
+        case DType::kInt32: t.data<int32_t>()[i] = int32_t(ints(g)); break;
+        case DType::kBool: t.data<bool>()[i] = (ints(g) & 1) != 0; break;
+        default: break;
+      }
+    }
+    return t;
+  }
+};
+
+std::vector<int64_t> static_dims(const Value* v) {
+  std::vector<int64_t> d;
+  for (const Dim& x : v->type.shape->dims) d.push_back(x.value());
+  return d;
+}
+
+// err = max |g - c| / max(1, max |c|); NaN anywhere (unwritten, poisoned) is infinite error.
+double compare(const Tensor& gpu, const Tensor& cpu, std::string* why) {
+  if (gpu.dtype() != cpu.dtype() || gpu.dims() != cpu.dims()) {
+    *why = "got " + gpu.summary() + ", want " + cpu.summary();
+    return INFINITY;
+  }
+  double scale = 1, worst = 0;
+  for (int64_t i = 0; i < cpu.numel(); ++i) scale = std::max(scale, std::fabs(cpu.as_double(i)));
+  for (int64_t i = 0; i < cpu.numel(); ++i) {
+    double g = gpu.as_double(i), c = cpu.as_double(i);
+    if (std::isnan(g) != std::isnan(c)) {
+      *why = fmt::format("element {}: gpu {} cpu {}", i, g, c);
+      return INFINITY;
+    }
+    if (!std::isnan(c)) worst = std::max(worst, std::fabs(g - c) / scale);
+  }
+  return worst;
+}
+
+Status run_case(const Case& c, cuda::Precision prec, uint64_t seed, double* err, std::string* note) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, parse_graph(c.ir));
+  Rng rng{std::mt19937_64(seed)};
+  std::vector<Value*> keep;
+  for (Value* v : g->inputs) {
+    bool is_const = std::find(c.consts.begin(), c.consts.end(), v->name) != c.consts.end();
+    if (is_const) v->constant = rng.random(v->type.dtype, static_dims(v), c.int_hi);
+    else keep.push_back(v);
+  }
+  g->inputs = keep;
+  KILN_RETURN_IF_ERROR(infer_types(*g));
+  std::vector<Data> inputs;
+  for (Value* v : g->inputs) inputs.emplace_back(rng.random(v->type.dtype, static_dims(v), c.int_hi));
+  auto cpu = make_cpu_backend();
+  KILN_ASSIGN_OR_RETURN(auto exe, cpu->compile(*g));
+  KILN_ASSIGN_OR_RETURN(auto want, exe->run(inputs));
+  cuda::BuildOptions bo;
+  bo.precision = prec;
+  bo.poison = true;
+  KILN_ASSIGN_OR_RETURN(auto engine, cuda::Engine::build(*g, bo));
+  for (const auto& p : engine->report().nodes) {
+    if (p.device == "cpu") return KILN_ERROR(kInternal, "{} ran on the CPU: {}", p.node, p.why);
+  }
+  KILN_ASSIGN_OR_RETURN(auto session, engine->new_session());
+  KILN_ASSIGN_OR_RETURN(auto got, session->run(inputs));
+  *err = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    double e = compare(got[i].tensor, want[i].tensor, note);
+    *err = std::max(*err, e);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint64_t seed = std::random_device{}();
+  std::string filter, precision = "all";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i];
+    if (a == "--seed") seed = std::stoull(argv[i + 1]);
+    else if (a == "--filter") filter = argv[i + 1];
+    else if (a == "--precision") precision = argv[i + 1];
+  }
+  std::string why;
+  if (!cuda::gpu_available(&why)) {
+    std::printf("kiln_gpu_op_check: no usable GPU (%s)\n", why.c_str());
+    return 2;
+  }
+  std::printf("seed %llu (re-run with --seed to reproduce)\n", static_cast<unsigned long long>(seed));
+  int passed = 0, failed = 0;
+  for (const Case& c : kCases) {
+    if (!filter.empty() && std::string(c.name).find(filter) == std::string::npos) continue;
+    std::vector<std::pair<cuda::Precision, double>> runs;
+    if (precision == "all" || precision == "fp32") runs.push_back({cuda::Precision::kFp32, c.tol32});
+    if (c.half && (precision == "all" || precision == "fp16")) runs.push_back({cuda::Precision::kFp16, c.tol16});
+    if (c.half && (precision == "all" || precision == "bf16")) runs.push_back({cuda::Precision::kBf16, c.tol16 * 4});
+    for (auto [prec, tol] : runs) {
+      double err = 0;
+      std::string note;
+      Status s = run_case(c, prec, seed, &err, &note);
+      bool ok = s && err <= tol;
+      (ok ? passed : failed)++;
+      std::printf("%-4s %-22s %-5s err %.3g (tol %.3g)%s%s\n", ok ? "ok" : "FAIL", c.name,
+                  std::string(cuda::precision_name(prec)).c_str(), err, tol, s ? "" : ("  " + s.message()).c_str(),
+                  note.empty() ? "" : ("  " + note).c_str());
+    }
+  }
+  std::printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}

@@ -23,6 +23,11 @@ PEAK_BYTES = 3.0e12       # H100 HBM3, achievable
 def build_model(name):
     """Returns (fp32 eval module on CPU, input names, vocab or None). Weights are seeded random."""
     import torch
+
+    class Wrapper(torch.nn.Module):  # named inputs (the ONNX input names), one tensor out
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
     torch.manual_seed(0)
     if name in CLASSIFIERS:
         import torchvision
@@ -30,12 +35,11 @@ def build_model(name):
         if name == "vit_b_16":  # torchvision zero-initializes the ViT head: the output would be all zeros
             torch.nn.init.normal_(m.heads.head.weight, std=0.02)
             torch.nn.init.normal_(m.heads.head.bias, std=0.02)
+        if name == "mobilenet_v2":
+            calibrate_bn(m)
+        m.eval()
 
-        class Image(torch.nn.Module):
-            def __init__(self, net):
-                super().__init__()
-                self.net = net
-
+        class Image(Wrapper):
             def forward(self, pixel_values):
                 return self.net(pixel_values)
         return Image(m).eval(), ["pixel_values"], None
@@ -43,50 +47,48 @@ def build_model(name):
     import transformers
     # attn_implementation="eager": attention as plain MatMul/Softmax ops in the ONNX export (SDPA
     # would trace into a fused op or a data-dependent mask path), and the same math in every peer.
-    def config(cls):
-        try:
-            return cls(attn_implementation="eager")
-        except TypeError:
-            c = cls()
-            c._attn_implementation = "eager"
-            return c
-
-    def force_eager(m):
-        if hasattr(m, "set_attn_implementation"):
-            try:
-                m.set_attn_implementation("eager")
-            except Exception:
-                pass
-        return m
+    def make(model_cls, config_cls):
+        cfg = config_cls(attn_implementation="eager")
+        hf = model_cls(cfg)
+        if getattr(hf.config, "_attn_implementation", "eager") != "eager":
+            hf.set_attn_implementation("eager")
+        return hf, cfg.vocab_size
 
     if name == "bert":
-        cfg = config(transformers.BertConfig)  # bert-base defaults
-        hf = force_eager(transformers.BertModel(cfg))
+        hf, vocab = make(transformers.BertModel, transformers.BertConfig)  # bert-base defaults
 
-        class Bert(torch.nn.Module):
-            def __init__(self, net):
-                super().__init__()
-                self.net = net
-
+        class Bert(Wrapper):
             def forward(self, input_ids, attention_mask):
                 return self.net(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return Bert(hf).eval(), ["input_ids", "attention_mask"], cfg.vocab_size
+        return Bert(hf).eval(), ["input_ids", "attention_mask"], vocab
     if name == "gpt2":
-        cfg = config(transformers.GPT2Config)  # gpt2 (124M) defaults
-        hf = force_eager(transformers.GPT2LMHeadModel(cfg))
+        hf, vocab = make(transformers.GPT2LMHeadModel, transformers.GPT2Config)  # gpt2 (124M) defaults
 
-        class Gpt2(torch.nn.Module):  # one 128-token prefill, no KV cache, logits out
-            def __init__(self, net):
-                super().__init__()
-                self.net = net
-
+        class Gpt2(Wrapper):  # one 128-token prefill, no KV cache, logits out
             def forward(self, input_ids):
                 # An explicit all-ones mask (same math): with none, transformers 5 probes position_ids for
                 # packed sequences with aten::diff, which the TorchScript exporter cannot export.
                 mask = torch.ones_like(input_ids)
                 return self.net(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
-        return Gpt2(hf).eval(), ["input_ids"], cfg.vocab_size
+        return Gpt2(hf).eval(), ["input_ids"], vocab
     raise ValueError(f"unknown model {name}")
+
+
+def calibrate_bn(m, batch=16):
+    """A fresh BatchNorm is the identity (mean 0, var 1): random MobileNetV2's activations then shrink to
+    ~1e-9 and underflow fp16. Set running_var from seeded random images (scale only: running_mean stays 0;
+    centering too makes the random net chaotic, fp16 weight rounding alone then moves the logits ~1%)."""
+    import torch
+    bns = [x for x in m.modules() if isinstance(x, torch.nn.modules.batchnorm._BatchNorm)]
+    for bn in bns:
+        bn.reset_running_stats()
+        bn.momentum = None  # cumulative average over the calibration batch
+    m.train()
+    with torch.no_grad():
+        m(torch.randn(batch, 3, 224, 224, generator=torch.Generator().manual_seed(2)))
+    for bn in bns:
+        bn.running_mean.zero_()
+    m.eval()
 
 
 def make_inputs(names, vocab, batch):
@@ -116,7 +118,7 @@ def export_onnx(model, inputs, path):
                           do_constant_folding=True, dynamo=False)
         return "torchscript"
     except Exception as e:
-        print(f"  torchscript export failed ({type(e).__name__}: {str(e)[:300]}); trying dynamo=True")
+        print(f"  torchscript export failed ({describe(e)}); trying dynamo=True")
     import onnx
     batch = torch.export.Dim("batch", min=1, max=4096)
     for opset in (17, 18):  # the down-conversion to 17 can yield an invalid model; 18 is native
@@ -128,7 +130,8 @@ def export_onnx(model, inputs, path):
             break
         except Exception as e:
             print(f"  dynamo export at opset {opset} is invalid ({str(e)[:200]})")
-    return f"dynamo-opset{opset}"
+    opsets = onnx.load(path, load_external_data=False).opset_import  # the converter may have kept 18
+    return "dynamo-opset" + ",".join(str(o.version) for o in opsets if o.domain in ("", "ai.onnx"))
 
 
 def pin_output_dims(path, shape):
@@ -153,6 +156,10 @@ def ort_rel_l2(path, inputs, ref):
 
 # ---- phase 3: correctness -----------------------------------------------------------------------
 
+def describe(e):
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+
+
 def rel_l2(got, ref):
     import numpy as np
     got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
@@ -162,18 +169,18 @@ def rel_l2(got, ref):
 
 
 def run_cmd(cmd, timeout):
-    """Runs cmd; returns (ok, error): error is stderr's last non-empty line (or the reason)."""
+    """Runs cmd; returns (error or None, stdout): error is stderr's last line (CLI11's hint line skipped)."""
     print("  $ " + shlex.join(cmd))
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return False, f"timed out after {timeout} s"
+        return f"timed out after {timeout} s", ""
     except OSError as e:
-        return False, str(e)
+        return str(e), ""
     if p.returncode != 0:
         lines = [l for l in (p.stderr or p.stdout).splitlines() if l.strip() and not l.startswith("Run with --help")]
-        return False, (lines[-1] if lines else f"exit code {p.returncode}")
-    return True, None
+        return (lines[-1] if lines else f"exit code {p.returncode}"), p.stdout
+    return None, p.stdout
 
 
 def kiln_check(args, name, onnx_path, inputs, ref):
@@ -191,11 +198,11 @@ def kiln_check(args, name, onnx_path, inputs, ref):
         np.save(f, t.numpy())
         cmd += ["--input", f"{n}={f}"]
     cmd += ["--output-dir", out_dir, "--fp16"]
-    ok, err = run_cmd(cmd, args.kiln_timeout)
-    if not ok:
+    err, stdout = run_cmd(cmd, args.kiln_timeout)
+    if err:
         return {"batch": b, "status": "ERROR", "error": err}
     got = np.load(os.path.join(out_dir, "output.npy")).astype(np.float64)
-    r = {"batch": b}
+    r = {"batch": b, "backend": next((l[8:].strip() for l in stdout.splitlines() if l.startswith("backend:")), "?")}
     try:
         r["rel_l2"] = rel_l2(got, ref)
         r["max_abs"] = float(np.abs(got - ref).max())
@@ -234,7 +241,7 @@ def time_cuda(fn, batch, warmup, iters):
 
 
 def time_torch(model16, inputs, mode, args):
-    """mode "eager" or a torch.compile mode (None = default). Compilation is timed separately."""
+    """mode: "eager", "compile" (torch.compile default) or "max-autotune". Compilation is timed apart."""
     import torch
     b = next(iter(inputs.values())).shape[0]
     torch.cuda.empty_cache()
@@ -245,7 +252,7 @@ def time_torch(model16, inputs, mode, args):
         if mode != "eager":
             import torch._dynamo
             torch._dynamo.reset()  # fresh, static-shape compile per (model, batch)
-            fn = torch.compile(model16, mode=None if mode == "default" else mode, dynamic=False)
+            fn = torch.compile(model16, mode=None if mode == "compile" else mode, dynamic=False)
             t0 = time.perf_counter()
             fn(**inputs)
             torch.cuda.synchronize()
@@ -261,8 +268,8 @@ def kiln_bench(args, name, onnx_path, batch):
         os.remove(jf)
     cmd = [args.kiln, "bench", onnx_path, "--fp16", "--batch", str(batch), "--warmup", str(args.warmup),
            "--iterations", str(args.iters), "--json", jf]
-    ok, err = run_cmd(cmd, args.kiln_timeout)
-    if not ok:
+    err, _ = run_cmd(cmd, args.kiln_timeout)
+    if err:
         return {"error": err}
     try:
         with open(jf) as f:
@@ -317,7 +324,7 @@ def bench_model(args, name):
         print(f"  onnxruntime fp32 vs torch (export sanity): rel-L2 {rec['ort_rel_l2_b2']:.2e}")
     except Exception as e:
         rec["ort_rel_l2_b2"] = None
-        print(f"  onnxruntime check skipped: {type(e).__name__}: {str(e)[:200]}")
+        print("  onnxruntime check skipped: " + describe(e))
 
     if not args.skip_kiln:
         rec["checks"] = []
@@ -325,7 +332,7 @@ def bench_model(args, name):
             try:
                 rec["checks"].append(kiln_check(args, name, onnx_path, checks_in[b], refs[b]))
             except Exception as e:  # e.g. no output.npy written
-                rec["checks"].append({"batch": b, "status": "ERROR", "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                rec["checks"].append({"batch": b, "status": "ERROR", "error": describe(e)})
         for c in rec["checks"]:
             print(f"  check b{c['batch']}: {c['status']} " + " ".join(
                 f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in c.items() if k not in ("batch", "status")))
@@ -334,13 +341,22 @@ def bench_model(args, name):
         rels = [c["rel_l2"] for c in rec["checks"] if "rel_l2" in c]
         rec["check_rel_l2"] = float("nan") if any(r != r for r in rels) else max(rels, default=None)
         rec["errors"] += [f"check b{c['batch']}: {c['error']}" for c in rec["checks"] if "error" in c]
+        rec["errors"] += [f"check b{c['batch']}: kiln ran on '{c['backend']}', not cuda" for c in rec["checks"]
+                          if not c.get("backend", "cuda").startswith("cuda")]
 
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     model16 = model.half()
+    try:  # torch's own fp16 error at batch 2: the yardstick for kiln's
+        with torch.inference_mode():
+            x16 = {k: (v.half() if v.is_floating_point() else v).cuda() for k, v in checks_in[2].items()}
+            rec["torch_fp16_rel_l2"] = rel_l2(model16(**x16).float().cpu().numpy(), refs[2])
+        print(f"  torch eager fp16 vs fp32: rel-L2 {rec['torch_fp16_rel_l2']:.2e}")
+    except Exception as e:
+        rec["errors"].append("torch fp16 check: " + describe(e))
     batches = [b for b in (1, LARGE_BATCH[name]) if not (args.large_batch_only and b == 1)
                and not (args.batch1_only and b != 1)]
-    modes = ["eager", "default"] + (["max-autotune"] if args.max_autotune else [])
+    modes = ["eager", "compile"] + (["max-autotune"] if args.max_autotune else [])
     for b in batches:
         row = {"model": name, "batch": b,
                **floor_ms(rec["flops_b1"], rec["params"], checks_in[1], int(refs[1].size), b)}
@@ -351,7 +367,7 @@ def bench_model(args, name):
                 print(f"  b{b} {mode}: {row[mode]['median_ms']:.3f} ms"
                       + (f" (compile {row[mode]['compile_s']:.1f} s)" if "compile_s" in row[mode] else ""))
             except Exception as e:
-                row[mode] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                row[mode] = {"error": describe(e)}
                 rec["errors"].append(f"b{b} {mode}: {row[mode]['error']}")
                 print(f"  b{b} {mode} failed: {row[mode]['error']}")
             torch.cuda.empty_cache()
@@ -361,6 +377,9 @@ def bench_model(args, name):
             row["kiln"] = kiln_bench(args, name, onnx_path, b)
             if "error" in row["kiln"]:
                 rec["errors"].append(f"b{b} kiln: {row['kiln']['error']}")
+            elif row["kiln"].get("backend") != "cuda" or row["kiln"].get("precision") != "fp16":
+                rec["errors"].append(f"b{b} kiln bench ran {row['kiln'].get('backend')} "
+                                     f"{row['kiln'].get('precision')}, not cuda fp16")
             print(f"  b{b} kiln: " + (f"{row['kiln'].get('median_ms', float('nan')):.3f} ms"
                                       if "error" not in row["kiln"] else f"failed: {row['kiln']['error']}"))
         rec["rows"].append(row)
@@ -386,15 +405,19 @@ def render_table(records, max_autotune):
             continue
         for r in rec["rows"]:
             g = lambda k, f: (r.get(k) or {}).get(f)
-            e, c, k = g("eager", "median_ms"), g("default", "median_ms"), g("kiln", "median_ms")
+            e, c, k = g("eager", "median_ms"), g("compile", "median_ms"), g("kiln", "median_ms")
             check = rec.get("check", "-")
             if rec.get("check_rel_l2") is not None:
                 check += f" {fmt(rec['check_rel_l2'], '.1e')}"
+            if any(not c.get("backend", "cuda").startswith("cuda") for c in rec.get("checks", [])):
+                check += " [kiln not on cuda]"
+            if rec.get("torch_fp16_rel_l2") is not None:
+                check += f" (torch fp16 {fmt(rec['torch_fp16_rel_l2'], '.1e')})"
             kiln_ms = fmt(k) if k is not None else ("ERR" if "error" in (r.get("kiln") or {}) else "-")
             cells = [rec["model"], str(r["batch"]), fmt(e), fmt(c)]
             cells += [fmt(g("max-autotune", "median_ms"))] if max_autotune else []
             cells += [kiln_ms, fmt(g("kiln", "p99_ms")), fmt(g("eager", "throughput"), ".0f"),
-                      fmt(g("default", "throughput"), ".0f"), fmt(g("kiln", "throughput"), ".0f"),
+                      fmt(g("compile", "throughput"), ".0f"), fmt(g("kiln", "throughput"), ".0f"),
                       fmt(e / k if e and k else None, ".2f") + ("x" if e and k else ""),
                       fmt(c / k if c and k else None, ".2f") + ("x" if c and k else ""),
                       check, fmt(r["floor_ms"]), fmt(r["compute_ms"]), fmt(r["memory_ms"])]
@@ -472,7 +495,7 @@ def main(argv=None):
             rec = bench_model(args, name)
         except Exception as e:
             traceback.print_exc()
-            rec = {"model": name, "rows": [], "errors": [f"{type(e).__name__}: {str(e)[:300]}"]}
+            rec = {"model": name, "rows": [], "errors": [describe(e)]}
         records.append(rec)
         import gc
         gc.collect()

@@ -4,6 +4,7 @@
 // The .kiln artifact is, for now, a small JSON file that records how the engine was built (the
 // ONNX file beside it, its size, the bound shapes, the precision) plus the build report; loading
 // it re-imports the ONNX file and rebuilds. Serializing the compiled plan comes later.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -127,7 +128,7 @@ int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt) {
   if (Status s = bind_batch(load, opt.batch); !s) return fail(s);
   auto m = load_model(load);
   if (!m) return fail(m.status());
-  const Graph& g = *m->graph;
+  Graph& g = *m->graph;
   RunOptions ro;
   ro.random_inputs = true;
   ro.seed = opt.seed;
@@ -159,6 +160,18 @@ int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt) {
   if (backend == "cuda") {
     std::printf("gpu memory: %.1f MiB (weights + arena + workspace + staging)\nbuild: %.1f ms\n",
                 double((*runner)->device_bytes()) / (1 << 20), (*runner)->build_ms());
+  }
+  if (opt.profile) {
+    auto steps = (*runner)->profile(*inputs);
+    if (!steps) return fail(steps.status());
+    double total = 0;
+    for (const auto& st : *steps) total += st.second;
+    std::printf("profile: %zu steps, %.4f ms step by step (no graph); slowest:\n", steps->size(), total);
+    std::vector<std::pair<std::string, double>> sorted = *steps;
+    std::stable_sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+    for (size_t i = 0; i < sorted.size() && i < 25; ++i) {
+      std::printf("  %8.4f ms  %s\n", sorted[i].second, sorted[i].first.c_str());
+    }
   }
   if (!opt.json.empty()) {
     json j;

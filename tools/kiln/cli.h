@@ -57,6 +57,7 @@ struct BenchOptions {
   int iterations = 100;
   std::string json;
   uint64_t seed = 0;
+  bool profile = false;              // also time each step once (no graph) and print the top ones
 };
 
 struct InspectOptions {
@@ -81,8 +82,13 @@ class Runner {
   virtual std::string report() const { return ""; }
   virtual size_t device_bytes() const { return 0; }
   virtual double build_ms() const { return 0; }
+  // Per-step times of one step-by-step forward (GPU only; empty elsewhere).
+  virtual Expected<std::vector<std::pair<std::string, double>>> profile(const std::vector<Data>&) {
+    return std::vector<std::pair<std::string, double>>{};
+  }
 };
-Expected<std::unique_ptr<Runner>> make_runner(const Graph& g, const EngineOptions& opt);
+// The GPU path first folds constants in g (shapes that depend on folded values become static).
+Expected<std::unique_ptr<Runner>> make_runner(Graph& g, const EngineOptions& opt);
 
 // ---- shared helpers (common.cc) ---------------------------------------------------------------
 
@@ -102,7 +108,7 @@ Status check_input_tensor(const Value& v, const Tensor& t, const std::string& so
 // inputs_dir is given, else random data with --random-inputs; each checked against the model.
 Expected<std::vector<Data>> gather_inputs(const Graph& g, const RunOptions& opt, const std::string& inputs_dir);
 // Runs g (warmup + iterations times) on the best backend; per-iteration times in times_ms.
-Expected<std::vector<Data>> execute(const Graph& g, const std::vector<Data>& inputs, int warmup, int iterations,
+Expected<std::vector<Data>> execute(Graph& g, const std::vector<Data>& inputs, int warmup, int iterations,
                                     std::vector<double>* times_ms, const EngineOptions& eng, std::string* backend);
 double percentile(std::vector<double> v, double p);
 // Prints "kiln: error: <message>" to stderr and returns 1.

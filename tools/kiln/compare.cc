@@ -56,7 +56,7 @@ int compare_main(const LoadOptions& load, const RunOptions& run, const CompareOp
   if (!(opt.rtol >= 0) || !(opt.atol >= 0)) return fail(KILN_ERROR(kInvalidArgument, "--rtol and --atol must be >= 0"));
   auto m = load_model(load);
   if (!m) return fail(m.status());
-  const Graph& g = *m->graph;
+  Graph& g = *m->graph;
   auto inputs = gather_inputs(g, run, opt.inputs_dir);
   if (!inputs) return fail(inputs.status());
   // Read every reference before running, so a missing file fails fast.

@@ -4,6 +4,7 @@
 
 #include "backends/backend.h"
 #include "cli.h"
+#include "passes/fold_constants.h"
 
 #ifdef KILN_HAVE_CUDA
 #include "backends/cuda/engine.h"
@@ -45,6 +46,9 @@ class GpuRunner : public Runner {
   std::string report() const override { return e_->report().to_text(); }
   size_t device_bytes() const override { return e_->report().weight_bytes + s_->device_bytes(); }
   double build_ms() const override { return e_->report().build_ms; }
+  Expected<std::vector<std::pair<std::string, double>>> profile(const std::vector<Data>& in) override {
+    return s_->profile(in);
+  }
 
  private:
   std::shared_ptr<cuda::Engine> e_;
@@ -68,7 +72,7 @@ Expected<std::unique_ptr<Runner>> cpu_runner(const Graph& g) {
 
 }  // namespace
 
-Expected<std::unique_ptr<Runner>> make_runner(const Graph& g, const EngineOptions& opt) {
+Expected<std::unique_ptr<Runner>> make_runner(Graph& g, const EngineOptions& opt) {
   if (opt.device != "auto" && opt.device != "cpu" && opt.device != "cuda") {
     return KILN_ERROR(kInvalidArgument, "--device '{}': expected auto, cpu or cuda", opt.device);
   }
@@ -77,6 +81,7 @@ Expected<std::unique_ptr<Runner>> make_runner(const Graph& g, const EngineOption
   KILN_ASSIGN_OR_RETURN(cuda::Precision prec, parse_precision(opt.precision));
   std::string why;
   if (cuda::gpu_available(&why)) {
+    KILN_RETURN_IF_ERROR(fold_constants(g).status());
     cuda::BuildOptions bo;
     bo.precision = prec;
     bo.cuda_graph = !opt.no_cuda_graph;

@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
   be->add_option("--iterations", bench.iterations, "timed forwards")->default_val(100);
   be->add_option("--json", bench.json, "write the results as JSON");
   be->add_option("--seed", bench.seed, "seed of the random inputs")->default_val(0);
+  be->add_flag("--profile", bench.profile, "GPU: also time each step once and print the slowest");
 
   CLI11_PARSE(app, argc, argv);
   try {

@@ -121,7 +121,7 @@ Status write_all_npy(const std::vector<std::pair<std::string, const Tensor*>>& f
 
 }  // namespace
 
-Expected<std::vector<Data>> execute(const Graph& g, const std::vector<Data>& inputs, int warmup, int iterations,
+Expected<std::vector<Data>> execute(Graph& g, const std::vector<Data>& inputs, int warmup, int iterations,
                                     std::vector<double>* times_ms, const EngineOptions& eng, std::string* backend) {
   KILN_ASSIGN_OR_RETURN(auto runner, make_runner(g, eng));
   if (backend) *backend = runner->name();
@@ -147,7 +147,7 @@ int run_main(const LoadOptions& load, const RunOptions& opt, const EngineOptions
   auto m = load_model(load);
   if (!m) return fail(m.status());
   auto t1 = std::chrono::steady_clock::now();
-  const Graph& g = *m->graph;
+  Graph& g = *m->graph;
   auto inputs = gather_inputs(g, opt, "");
   if (!inputs) return fail(inputs.status());
   std::printf("import: %.1f ms\n", std::chrono::duration<double, std::milli>(t1 - t0).count());

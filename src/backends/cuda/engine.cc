@@ -7,6 +7,7 @@
 #include "backends/cuda/device.h"
 #include "backends/cuda/engine_impl.h"
 #include "ops/op_registry.h"
+#include "passes/fold_constants.h"
 #include "runtime/memory_planner.h"
 
 namespace kiln::cuda {
@@ -38,11 +39,6 @@ bool has_subgraph(const Node& n) {
   return false;
 }
 
-bool is_random(OpKind op) {
-  return op == OpKind::kRandomNormal || op == OpKind::kRandomUniform || op == OpKind::kRandomNormalLike ||
-         op == OpKind::kRandomUniformLike || op == OpKind::kMultinomial || op == OpKind::kBernoulli;
-}
-
 bool static_shape(const Value* v) {
   if (!v->type.is_tensor() || !v->type.shape) return false;
   for (const Dim& d : v->type.shape->dims) {
@@ -51,43 +47,14 @@ bool static_shape(const Value* v) {
   return true;
 }
 
-// Evaluates n on the host when every input is known at build time (or, for Shape/Size, only the
-// input's static shape is read). Returns false when n is not foldable.
+// Evaluates n on the host when every input is known at build time (see passes/fold_constants).
 Expected<bool> try_fold(Lowering& L, const Node& n) {
-  if (is_random(n.op) || has_subgraph(n) || !op_def(n.op).cpu) return false;
-  bool shape_only = n.op == OpKind::kShape || n.op == OpKind::kSize;
-  std::vector<Data> held;
-  held.reserve(n.inputs.size());
-  for (size_t i = 0; i < n.inputs.size(); ++i) {
-    const Value* v = n.inputs[i];
-    if (!v) continue;
-    if (const Tensor* c = L.constant(v)) {
-      held.emplace_back(*c);
-    } else if (shape_only && i == 0 && static_shape(v)) {
-      std::vector<int64_t> dims;
-      for (const Dim& d : v->type.shape->dims) dims.push_back(d.value());
-      KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(v->type.dtype == DType::kString ? DType::kFloat32 : v->type.dtype, dims));
-      held.emplace_back(std::move(t));  // contents unread by Shape/Size
-    } else {
-      return false;
-    }
-  }
-  for (const Value* o : n.outputs) {
-    if (!o) continue;
-    if (!static_shape(o)) return false;
-    int64_t numel = 1;
-    for (const Dim& d : o->type.shape->dims) numel *= d.value();
-    if (numel > kMaxFoldElements) return false;
-  }
-  std::vector<const Data*> ins;
-  size_t h = 0;
-  for (const Value* v : n.inputs) ins.push_back(v ? &held[h++] : nullptr);
-  KernelCtx ctx(n, std::move(ins), nullptr);
-  KILN_RETURN_IF_ERROR(op_def(n.op).cpu(ctx).with_context(n.describe()));
+  std::vector<std::optional<Tensor>> outs;
+  auto known = [&L](const Value* v) { return L.constant(v); };
+  KILN_ASSIGN_OR_RETURN(bool folded, fold_node(n, known, kMaxFoldElements, &outs));
+  if (!folded) return false;
   for (size_t i = 0; i < n.outputs.size(); ++i) {
-    if (!n.outputs[i]) continue;
-    if (!ctx.outputs()[i].is_tensor()) return false;
-    L.set_constant(n.outputs[i], std::move(ctx.outputs()[i].tensor));
+    if (n.outputs[i] && outs[i]) L.set_constant(n.outputs[i], std::move(*outs[i]));
   }
   return true;
 }

@@ -74,6 +74,8 @@ class Session {
   // Stages `inputs` once, then times `iterations` forwards (after `warmup`) with CUDA events
   // around each replay; milliseconds per forward.
   virtual Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) = 0;
+  // One forward run step by step (no graph) with CUDA events around each step: (label, ms).
+  virtual Expected<std::vector<std::pair<std::string, double>>> profile(const std::vector<Data>& inputs) = 0;
   // Device bytes this session holds (arena, workspace, staging).
   virtual size_t device_bytes() const = 0;
 };

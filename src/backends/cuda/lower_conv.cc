@@ -40,14 +40,43 @@ Expected<cudnnTensorDescriptor_t> tensor_desc(Lowering& L, const std::vector<int
   return t;
 }
 
-// Symmetric 2-D pads from an ONNX node (auto_pad NOTSET/VALID); nullopt if asymmetric.
-std::optional<std::array<int, 2>> sym_pads(const Node& n) {
+// 2-D pads [top, left, bottom, right] from an ONNX node (auto_pad NOTSET/VALID only).
+std::optional<std::array<int64_t, 4>> pads4(const Node& n) {
   std::string ap = n.attr_string("auto_pad", "NOTSET");
-  if (ap == "VALID") return std::array<int, 2>{0, 0};
+  if (ap == "VALID") return std::array<int64_t, 4>{0, 0, 0, 0};
   if (ap != "NOTSET") return std::nullopt;
   std::vector<int64_t> p = n.attr_ints("pads", {0, 0, 0, 0});
-  if (p.size() != 4 || p[0] != p[2] || p[1] != p[3]) return std::nullopt;
-  return std::array<int, 2>{int(p[0]), int(p[1])};
+  if (p.size() != 4) return std::nullopt;
+  return std::array<int64_t, 4>{p[0], p[1], p[2], p[3]};
+}
+
+// Symmetric 2-D pads; nullopt if asymmetric.
+std::optional<std::array<int, 2>> sym_pads(const Node& n) {
+  auto p = pads4(n);
+  if (!p || (*p)[0] != (*p)[2] || (*p)[1] != (*p)[3]) return std::nullopt;
+  return std::array<int, 2>{int((*p)[0]), int((*p)[1])};
+}
+
+// cuDNN pads symmetrically. TensorFlow-style SAME padding (one more row/column at the end) gets
+// the extra zeros from an explicit copy into a zero-filled, larger buffer; the convolution then
+// pads the symmetric part itself. Returns the padded value (or x itself when nothing is extra).
+Expected<const DevValue*> pad_extra(Lowering& L, const Node& n, const DevValue* x, int64_t eh, int64_t ew) {
+  if (eh == 0 && ew == 0) return x;
+  auto* p = new DevValue(*x);
+  L.keep_alive.emplace_back(p, [](void* q) { delete static_cast<DevValue*>(q); });
+  p->dims[2] += eh;
+  p->dims[3] += ew;
+  p->ref = Ref{false, L.scratch(p->bytes())};
+  std::vector<int64_t> ds = p->strides();  // logical strides of the padded buffer
+  k::NdStrides src = nd(x->dims, x->strides()), dst = nd(x->dims, ds);
+  int eb = k::dt_size(x->dt);
+  size_t bytes = p->bytes();
+  Ref xr = x->ref, pr = p->ref;
+  L.emit(&n, "kernel copy_nd (pad for asymmetric padding)", {read_id(x)}, {pr.id}, [=](const RunCtx& c) -> Status {
+    KILN_CUDA_TRY(cudaMemsetAsync(c.ptr(pr), 0, bytes, c.stream));
+    return cuda_status(k::copy_nd(eb, c.ptr(xr), src, c.ptr(pr), dst, c.stream), "copy_nd (pad)");
+  });
+  return static_cast<const DevValue*>(p);
 }
 
 // KCRS -> KRSC for NHWC filters.
@@ -69,13 +98,21 @@ struct DevBuf {
   ~DevBuf() { if (p) cudaFree(p); }
 };
 
+struct AlgoChoice {
+  cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+  float ms = -1;          // timed, or -1 when chosen by heuristic
+  float precomp_ms = -1;  // IMPLICIT_PRECOMP_GEMM's time (the fused identity path needs it)
+};
+
 // Times the forward algorithms on scratch buffers; falls back to the heuristic on failure.
-Expected<cudnnConvolutionFwdAlgo_t> pick_algo(Lowering& L, cudnnTensorDescriptor_t xd, cudnnFilterDescriptor_t wd,
-                                              cudnnConvolutionDescriptor_t cd, cudnnTensorDescriptor_t yd, size_t xb,
-                                              size_t wb, size_t yb) {
-  constexpr int kMax = 8;
+Expected<AlgoChoice> pick_algo(Lowering& L, cudnnTensorDescriptor_t xd, cudnnFilterDescriptor_t wd,
+                               cudnnConvolutionDescriptor_t cd, cudnnTensorDescriptor_t yd, size_t xb, size_t wb,
+                               size_t yb) {
+  constexpr int kMax = 10;
   cudnnConvolutionFwdAlgoPerf_t perf[kMax];
   int got = 0;
+  AlgoChoice r;
+  bool chosen = false;
   if (L.options().autotune) {
     DevBuf x, w, y;
     if (cudaMalloc(&x.p, xb) == cudaSuccess && cudaMalloc(&w.p, wb) == cudaSuccess && cudaMalloc(&y.p, yb) == cudaSuccess &&
@@ -83,14 +120,24 @@ Expected<cudnnConvolutionFwdAlgo_t> pick_algo(Lowering& L, cudnnTensorDescriptor
         cudnnFindConvolutionForwardAlgorithmEx(L.dnn, xd, x.p, wd, w.p, cd, yd, y.p, kMax, &got, perf, L.build_workspace,
                                                L.options().workspace_bytes) == CUDNN_STATUS_SUCCESS) {
       for (int i = 0; i < got; ++i) {
-        if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= L.options().workspace_bytes) return perf[i].algo;
+        if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > L.options().workspace_bytes) continue;
+        if (!chosen) {
+          r.algo = perf[i].algo;
+          r.ms = perf[i].time;
+          chosen = true;
+        }
+        if (perf[i].algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) r.precomp_ms = perf[i].time;
       }
+      if (chosen) return r;
     }
     cudaGetLastError();
   }
   KILN_CUDA_TRY(cudnnGetConvolutionForwardAlgorithm_v7(L.dnn, xd, wd, cd, yd, kMax, &got, perf));
   for (int i = 0; i < got; ++i) {
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= L.options().workspace_bytes) return perf[i].algo;
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= L.options().workspace_bytes) {
+      r.algo = perf[i].algo;
+      return r;
+    }
   }
   KILN_UNSUPPORTED("cuDNN has no convolution algorithm for this configuration");
 }
@@ -106,14 +153,17 @@ Status lower_conv(Lowering& L, const Node& n) {
   if (!w || w->rank() != 4) KILN_UNSUPPORTED("Conv needs a constant 4-D weight (2-D convolution)");
   const Tensor* bias_t = n.has_input(2) ? L.constant(n.inputs[2]) : nullptr;
   if (n.has_input(2) && !bias_t) KILN_UNSUPPORTED("Conv bias computed at run time");
-  auto pads = sym_pads(n);
-  if (!pads) KILN_UNSUPPORTED("Conv with asymmetric padding");
+  auto p4 = pads4(n);
+  if (!p4) KILN_UNSUPPORTED("Conv with auto_pad {}", n.attr_string("auto_pad", ""));
+  if ((*p4)[2] < (*p4)[0] || (*p4)[3] < (*p4)[1]) KILN_UNSUPPORTED("Conv with more padding at the start than the end");
+  auto pads = std::optional<std::array<int, 2>>(std::array<int, 2>{int((*p4)[0]), int((*p4)[1])});
   std::vector<int64_t> st = n.attr_ints("strides", {1, 1}), dil = n.attr_ints("dilations", {1, 1});
   int64_t group = n.attr_int("group", 1);
   auto dt = L.device_dt(xv->type.dtype);
   if (!dt || (*dt != k::DT::kF32 && *dt != k::DT::kF16 && *dt != k::DT::kBF16)) KILN_UNSUPPORTED("Conv on {}", xv->type.to_string());
   Layout lay = L.half() ? Layout::kNHWC : Layout::kRowMajor;
-  KILN_ASSIGN_OR_RETURN(const DevValue* x, lay == Layout::kNHWC ? L.nhwc(xv) : L.rowmajor(xv));
+  KILN_ASSIGN_OR_RETURN(const DevValue* x0, lay == Layout::kNHWC ? L.nhwc(xv) : L.rowmajor(xv));
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, pad_extra(L, n, x0, (*p4)[2] - (*p4)[0], (*p4)[3] - (*p4)[1]));
 
   // Fusion: conv -> [Add(z)] -> [Relu].
   const Value* out = n.outputs[0];
@@ -160,10 +210,17 @@ Status lower_conv(Lowering& L, const Node& n) {
   size_t xb = size_t(x->numel()) * size_t(eb), wb = size_t(w->numel()) * size_t(eb);
   int64_t ynum = 1;
   for (int64_t d : yd_dims) ynum *= d;
-  cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
-  // cuDNN's fused call accepts IDENTITY activation only with IMPLICIT_PRECOMP_GEMM.
-  if (!fuse || relu) {
-    KILN_ASSIGN_OR_RETURN(algo, pick_algo(L, xd, wd, cd, yd, xb, wb, size_t(ynum) * size_t(eb)));
+  KILN_ASSIGN_OR_RETURN(AlgoChoice choice, pick_algo(L, xd, wd, cd, yd, xb, wb, size_t(ynum) * size_t(eb)));
+  cudnnConvolutionFwdAlgo_t algo = choice.algo;
+  // cuDNN's fused call accepts IDENTITY activation only with IMPLICIT_PRECOMP_GEMM. With a bias
+  // alone, the best algorithm plus a separate bias add (one pass over y, ~3 us) can beat it
+  // (depthwise convolutions at large batch do, by far); with a residual, fused is the only way.
+  bool separate_bias = false;
+  if (fuse && !relu) {
+    double add_ms = 2.0 * double(ynum) * eb / 2.5e9 + 0.003;
+    separate_bias = !z && choice.ms >= 0 && algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM &&
+                    (choice.precomp_ms < 0 || choice.ms + add_ms < choice.precomp_ms);
+    if (!separate_bias) algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
   }
   size_t ws = 0;
   KILN_CUDA_TRY(cudnnGetConvolutionForwardWorkspaceSize(L.dnn, xd, wd, cd, yd, algo, &ws));
@@ -182,7 +239,7 @@ Status lower_conv(Lowering& L, const Node& n) {
       KILN_ASSIGN_OR_RETURN(b, Tensor::create(DType::kFloat32, {w->dim(0)}));
     }
     KILN_ASSIGN_OR_RETURN(br, L.upload(b, *dt));
-    KILN_ASSIGN_OR_RETURN(bd, tensor_desc(L, {1, w->dim(0), 1, 1}, *dt, Layout::kRowMajor));
+    KILN_ASSIGN_OR_RETURN(bd, tensor_desc(L, {1, w->dim(0), 1, 1}, *dt, separate_bias ? lay : Layout::kRowMajor));
     KILN_CUDA_TRY(cudnnCreateActivationDescriptor(&ad));
     hold<cudnnActivationDescriptor_t, destroy_act>(L, ad);
     KILN_CUDA_TRY(cudnnSetActivationDescriptor(ad, relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
@@ -193,12 +250,13 @@ Status lower_conv(Lowering& L, const Node& n) {
   bool has_z = z != nullptr;
   std::string impl = fmt::format("cudnn conv {} {} algo {}{}{}{}", lay == Layout::kNHWC ? "NHWC" : "NCHW",
                                  *dt == k::DT::kF32 ? "fp32" : *dt == k::DT::kF16 ? "fp16" : "bf16", int(algo),
-                                 bias_t ? " +bias" : "", has_z ? " +residual" : "", relu ? " +relu" : "");
+                                 bias_t ? (separate_bias ? " +bias (cudnnAddTensor)" : " +bias") : "", has_z ? " +residual" : "", relu ? " +relu" : "");
   L.emit(&n, impl, {read_id(x), z ? read_id(z) : -1}, {yr.id}, [=](const RunCtx& c) -> Status {
     float one = 1.0f, zero = 0.0f;
-    if (!fuse) {
+    if (!fuse || separate_bias) {
       KILN_CUDA_TRY(cudnnConvolutionForward(c.dnn, &one, xd, c.ptr(xr), wd, c.ptr(wr), cd, algo, c.workspace,
                                             c.workspace_bytes, &zero, yd, c.ptr(yr)));
+      if (separate_bias) KILN_CUDA_TRY(cudnnAddTensor(c.dnn, &one, bd, c.ptr(br), &one, yd, c.ptr(yr)));
       return Status::ok();
     }
     void* yp = c.ptr(yr);

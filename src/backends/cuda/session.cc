@@ -117,6 +117,35 @@ class CudaSession : public Session {
     return times;
   }
 
+  Expected<std::vector<std::pair<std::string, double>>> profile(const std::vector<Data>& inputs) override {
+    KILN_RETURN_IF_ERROR(stage_inputs(inputs));
+    KILN_RETURN_IF_ERROR(enqueue(true));
+    KILN_CUDA_TRY(cudaStreamSynchronize(stream_));
+    const auto& steps = e_->lowering->steps;
+    std::vector<cudaEvent_t> ev(steps.size() + 1, nullptr);
+    Status st;
+    for (auto& e : ev) {
+      if (st) st = cuda_status(cudaEventCreate(&e), "cudaEventCreate");
+    }
+    for (size_t i = 0; st && i < steps.size(); ++i) {
+      st = cuda_status(cudaEventRecord(ev[i], stream_), "cudaEventRecord");
+      if (st) st = steps[i].fn(ctx_).with_context(steps[i].label);
+    }
+    if (st) st = cuda_status(cudaEventRecord(ev.back(), stream_), "cudaEventRecord");
+    if (st) st = cuda_status(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    std::vector<std::pair<std::string, double>> out;
+    for (size_t i = 0; st && i < steps.size(); ++i) {
+      float ms = 0;
+      st = cuda_status(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]), "cudaEventElapsedTime");
+      out.emplace_back(steps[i].label, ms);
+    }
+    for (auto& e : ev) {
+      if (e) cudaEventDestroy(e);
+    }
+    KILN_RETURN_IF_ERROR(st);
+    return out;
+  }
+
   size_t device_bytes() const override { return bytes_; }
 
  private:

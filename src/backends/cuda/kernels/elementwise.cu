@@ -76,14 +76,47 @@ cudaError_t launch_map2(const void* a, const void* b, void* y, int64_t n, F f, c
   return cudaGetLastError();
 }
 
-template <class U, class In, class Out, class F>
+// Broadcasting binary with V outputs per thread along the innermost dim (V divides its extent),
+// so a bias add costs one index decomposition per 16 bytes. With V > 1 each operand's innermost
+// stride is 1 (vector load) or 0 (one value for all V), as nd_vectorizable checked.
+template <int V, class U, class In, class Out, class F>
 __global__ void binary_nd_kernel(const In* __restrict__ a, const In* __restrict__ b, Out* __restrict__ y, Indexer<2> ix,
-                                 int64_t n, F f) {
-  for (int64_t i = global_tid(); i < n; i += global_threads()) {
+                                 int64_t n_packs, F f) {
+  const bool a_vec = ix.strides[0][ix.rank - 1] != 0, b_vec = ix.strides[1][ix.rank - 1] != 0;
+  for (int64_t i = global_tid(); i < n_packs; i += global_threads()) {
     int64_t off[2];
-    ix.offsets<U>(i, off);
-    y[i] = f(a[off[0]], b[off[1]]);
+    ix.offsets<U>(i * V, off);
+    Pack<In, V> p, q;
+    if constexpr (V == 1) {
+      p.v[0] = a[off[0]];
+      q.v[0] = b[off[1]];
+    } else {
+      if (a_vec) p = *reinterpret_cast<const Pack<In, V>*>(a + off[0]);
+      else for (int j = 0; j < V; ++j) p.v[j] = a[off[0]];
+      if (b_vec) q = *reinterpret_cast<const Pack<In, V>*>(b + off[1]);
+      else for (int j = 0; j < V; ++j) q.v[j] = b[off[1]];
+    }
+    Pack<Out, V> r;
+#pragma unroll
+    for (int j = 0; j < V; ++j) r.v[j] = f(p.v[j], q.v[j]);
+    reinterpret_cast<Pack<Out, V>*>(y)[i] = r;
   }
+}
+
+// Whether binary_nd_kernel<V> applies: see there; operands read as vectors must be aligned and
+// keep every pack inside one aligned run (all their strides multiples of V).
+template <int V>
+bool nd_vectorizable(const Indexer<2>& ix, const void* a, const void* b, int in_bytes, const void* y, int out_bytes) {
+  const int last = ix.rank - 1;
+  if (ix.dims[last] % V != 0 || !aligned_to(y, int64_t{V} * out_bytes)) return false;
+  const void* ptr[2] = {a, b};
+  for (int k = 0; k < 2; ++k) {
+    if (ix.strides[k][last] == 0) continue;
+    if (ix.strides[k][last] != 1 || !aligned_to(ptr[k], int64_t{V} * in_bytes)) return false;
+    for (int d = 0; d < last; ++d)
+      if (ix.strides[k][d] % V != 0) return false;
+  }
+  return true;
 }
 
 template <class U, class T>
@@ -383,10 +416,17 @@ cudaError_t binary(Binary op, DT dt, const void* a, const NdStrides& sa, const v
         const auto* at = static_cast<const T*>(a);
         const auto* bt = static_cast<const T*>(b);
         auto* yo = static_cast<Out*>(y);
-        if (fits_u32(n))
-          binary_nd_kernel<uint32_t><<<grid_for(n), kBlock, 0, s>>>(at, bt, yo, ix, n, f);
-        else
-          binary_nd_kernel<uint64_t><<<grid_for(n), kBlock, 0, s>>>(at, bt, yo, ix, n, f);
+        constexpr int V = kVec<T, Out>;
+        if (nd_vectorizable<V>(ix, a, b, sizeof(T), y, sizeof(Out))) {
+          if (fits_u32(n))
+            binary_nd_kernel<V, uint32_t><<<grid_for(n / V), kBlock, 0, s>>>(at, bt, yo, ix, n / V, f);
+          else
+            binary_nd_kernel<V, uint64_t><<<grid_for(n / V), kBlock, 0, s>>>(at, bt, yo, ix, n / V, f);
+        } else if (fits_u32(n)) {
+          binary_nd_kernel<1, uint32_t><<<grid_for(n), kBlock, 0, s>>>(at, bt, yo, ix, n, f);
+        } else {
+          binary_nd_kernel<1, uint64_t><<<grid_for(n), kBlock, 0, s>>>(at, bt, yo, ix, n, f);
+        }
         return cudaGetLastError();
       }
     });

@@ -2,7 +2,7 @@
 // inference BatchNormalization folds into. All math in f32.
 //
 // A row is handled by a group of TPR threads: one warp (4 rows per 128-thread block) for rows of
-// up to 1024 elements, else a whole 512-thread block. The row is read once into registers (E
+// up to 1024 elements, else a whole block of 128 to 512 threads. The row is read once into registers (E
 // values per thread, in packs of V contiguous elements so half rows load 16 bytes at a time), the
 // statistics are reduced with shuffles, and the row is written from the registers. Rows too long
 // for registers (> 512 * 32, or 512 * 16 unvectorized) take a multi-pass kernel that re-reads the
@@ -129,55 +129,86 @@ __global__ void __launch_bounds__(TPR == 32 ? 32 * kWarpRowsPerBlock : TPR)
 }
 
 // ---- rows longer than the register cache: one block per row, the row re-read from memory ----
+// Packs of V elements as above (V == 1 when the rows are not 16-byte aligned).
 
-template <class T>
+template <int V, class T>
 __global__ void __launch_bounds__(kRowBlock)
     softmax_long_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t cols, bool log) {
   __shared__ float smem[32];
+  const int64_t packs = cols / V;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = x + r * cols;
-    // Online max and rescaled sum in one read (Milakov & Gimelshein 2018).
+    const auto* xr = reinterpret_cast<const Pack<T, V>*>(x + r * cols);
+    auto* yr = reinterpret_cast<Pack<T, V>*>(y + r * cols);
+    // Online max and rescaled sum in one read (Milakov & Gimelshein 2018), rescaling once a pack.
     float m = -INFINITY, s = 0.f;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const float a = to_f(xr[c]);
-      const float mn = fmaxf(m, a);
+    for (int64_t q = threadIdx.x; q < packs; q += blockDim.x) {
+      const Pack<T, V> p = xr[q];
+      float pm = -INFINITY;
+#pragma unroll
+      for (int e = 0; e < V; ++e) pm = fmaxf(pm, to_f(p.v[e]));
+      const float mn = fmaxf(m, pm);
       if (mn == -INFINITY) continue;  // all -inf so far: exp(-inf - -inf) would be NaN
-      s = s * expf(m - mn) + expf(a - mn);
+      s *= expf(m - mn);
+#pragma unroll
+      for (int e = 0; e < V; ++e) s += expf(to_f(p.v[e]) - mn);  // a NaN element makes s NaN
       m = mn;
     }
     const float bm = group_reduce<kRowBlock, true>(m, smem);
     const float sum = group_reduce<kRowBlock, false>(m == -INFINITY ? 0.f : s * expf(m - bm), smem);
     const float lse = logf(sum), inv = 1.f / sum;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const float a = to_f(xr[c]);
-      y[r * cols + c] = from_f<T>(log ? a - bm - lse : expf(a - bm) * inv);
+    for (int64_t q = threadIdx.x; q < packs; q += blockDim.x) {
+      const Pack<T, V> p = xr[q];
+      Pack<T, V> o;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float a = to_f(p.v[e]);
+        o.v[e] = from_f<T>(log ? a - bm - lse : expf(a - bm) * inv);
+      }
+      yr[q] = o;
     }
   }
 }
 
-template <class T>
+template <int V, class T>
 __global__ void __launch_bounds__(kRowBlock)
     layer_norm_long_kernel(const T* __restrict__ x, const T* __restrict__ scale, const T* __restrict__ bias,
                            T* __restrict__ y, int64_t rows, int64_t cols, float eps, bool rms) {
   __shared__ float smem[32];
   const float inv_cols = 1.f / static_cast<float>(cols);
+  const int64_t packs = cols / V;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = x + r * cols;
+    const auto* xr = reinterpret_cast<const Pack<T, V>*>(x + r * cols);
+    auto* yr = reinterpret_cast<Pack<T, V>*>(y + r * cols);
     float mean = 0.f;
     if (!rms) {
       float sum = 0.f;
-      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += to_f(xr[c]);
+      for (int64_t q = threadIdx.x; q < packs; q += blockDim.x) {
+        const Pack<T, V> p = xr[q];
+#pragma unroll
+        for (int e = 0; e < V; ++e) sum += to_f(p.v[e]);
+      }
       mean = group_reduce<kRowBlock, false>(sum, smem) * inv_cols;
     }
     float sq = 0.f;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const float d = to_f(xr[c]) - mean;
-      sq += d * d;
+    for (int64_t q = threadIdx.x; q < packs; q += blockDim.x) {
+      const Pack<T, V> p = xr[q];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float d = to_f(p.v[e]) - mean;
+        sq += d * d;
+      }
     }
     const float rstd = rsqrtf(group_reduce<kRowBlock, false>(sq, smem) * inv_cols + eps);
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const float n = (to_f(xr[c]) - mean) * rstd * to_f(scale[c]);
-      y[r * cols + c] = from_f<T>(bias != nullptr ? n + to_f(bias[c]) : n);
+    for (int64_t q = threadIdx.x; q < packs; q += blockDim.x) {
+      const Pack<T, V> p = xr[q];
+      Pack<T, V> o;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const int64_t c = q * V + e;
+        const float n = (to_f(p.v[e]) - mean) * rstd * to_f(scale[c]);
+        o.v[e] = from_f<T>(bias != nullptr ? n + to_f(bias[c]) : n);
+      }
+      yr[q] = o;
     }
   }
 }
@@ -192,16 +223,23 @@ cudaError_t pick_items(int64_t cols, F& f) {
   else return pick_items<TPR, V, E * 2, kMaxE>(cols, f);
 }
 
-// Scalar (unaligned) rows cache at most 16 values per thread in the block case: at 32, 512-thread
-// LayerNorm spills (each scalar load keeps its own 64-bit address live).
+// Longer rows get more threads, the fewest that keep E <= 32 (E <= 16 unvectorized: at 32, scalar
+// loads each keep a 64-bit address live and the 512-thread LayerNorm spills). Few threads per
+// row mean short barriers and more rows in flight per SM.
 template <class T, class F>
 cudaError_t pick_row_config(int64_t cols, bool vec_ok, F&& f) {
   constexpr int kV = 16 / sizeof(T);
   if (cols <= 32 * kMaxItems)
     return vec_ok ? pick_items<32, kV, kV, kMaxItems>(cols, f) : pick_items<32, 1, 1, kMaxItems>(cols, f);
-  if (vec_ok && cols <= int64_t{kRowBlock} * kMaxItems) return pick_items<kRowBlock, kV, kV, kMaxItems>(cols, f);
-  if (!vec_ok && cols <= int64_t{kRowBlock} * kMaxItems / 2)
-    return pick_items<kRowBlock, 1, 4, kMaxItems / 2>(cols, f);
+  if (vec_ok) {
+    if (cols <= 128 * kMaxItems) return pick_items<128, kV, kMaxItems / 2, kMaxItems>(cols, f);
+    if (cols <= 256 * kMaxItems) return f(IntC<256>{}, IntC<kV>{}, IntC<kMaxItems>{});
+    if (cols <= kRowBlock * kMaxItems) return f(IntC<kRowBlock>{}, IntC<kV>{}, IntC<kMaxItems>{});
+  } else {
+    if (cols <= 128 * kMaxItems / 2) return f(IntC<128>{}, IntC<1>{}, IntC<kMaxItems / 2>{});
+    if (cols <= 256 * kMaxItems / 2) return f(IntC<256>{}, IntC<1>{}, IntC<kMaxItems / 2>{});
+    if (cols <= kRowBlock * kMaxItems / 2) return f(IntC<kRowBlock>{}, IntC<1>{}, IntC<kMaxItems / 2>{});
+  }
   return f(IntC<0>{}, IntC<1>{}, IntC<1>{});
 }
 
@@ -239,11 +277,16 @@ cudaError_t norm_impl(DT dt, const void* x, const void* scale, const void* bias,
     const bool vec = rows_vectorizable<T>(cols, {x, y, scale, bias});
     return pick_row_config<T>(cols, vec, [&](auto tpr, auto v, auto e) {
       constexpr int kTpr = decltype(tpr)::value, kV = decltype(v)::value, kE = decltype(e)::value;
-      if constexpr (kTpr == 0)
-        layer_norm_long_kernel<<<row_grid<1>(rows), kRowBlock, 0, s>>>(xt, st, bt, yt, rows, cols, eps, rms);
-      else
+      if constexpr (kTpr == 0) {
+        if (vec)
+          layer_norm_long_kernel<16 / sizeof(T)>
+              <<<row_grid<1>(rows), kRowBlock, 0, s>>>(xt, st, bt, yt, rows, cols, eps, rms);
+        else
+          layer_norm_long_kernel<1><<<row_grid<1>(rows), kRowBlock, 0, s>>>(xt, st, bt, yt, rows, cols, eps, rms);
+      } else {
         layer_norm_kernel<kTpr, kV, kE>
             <<<row_grid<kTpr>(rows), row_block<kTpr>(), 0, s>>>(xt, st, bt, yt, rows, cols, eps, rms);
+      }
       return cudaGetLastError();
     });
   });
@@ -279,10 +322,14 @@ cudaError_t softmax(DT dt, const void* x, void* y, int64_t rows, int64_t cols, b
     const bool vec = rows_vectorizable<T>(cols, {x, y});
     return pick_row_config<T>(cols, vec, [&](auto tpr, auto v, auto e) {
       constexpr int kTpr = decltype(tpr)::value, kV = decltype(v)::value, kE = decltype(e)::value;
-      if constexpr (kTpr == 0)
-        softmax_long_kernel<<<row_grid<1>(rows), kRowBlock, 0, s>>>(xt, yt, rows, cols, log);
-      else
+      if constexpr (kTpr == 0) {
+        if (vec)
+          softmax_long_kernel<16 / sizeof(T)><<<row_grid<1>(rows), kRowBlock, 0, s>>>(xt, yt, rows, cols, log);
+        else
+          softmax_long_kernel<1><<<row_grid<1>(rows), kRowBlock, 0, s>>>(xt, yt, rows, cols, log);
+      } else {
         softmax_kernel<kTpr, kV, kE><<<row_grid<kTpr>(rows), row_block<kTpr>(), 0, s>>>(xt, yt, rows, cols, log);
+      }
       return cudaGetLastError();
     });
   });

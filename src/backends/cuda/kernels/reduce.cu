@@ -5,8 +5,8 @@
 // outputs, so each step along n reads a contiguous run of x; when there are few outputs, a block's
 // threadIdx.y also splits n and the partials are combined in shared memory.
 //
-// Every reduction is a reducer R: Acc init(), add(Acc, T x, int64 k) (x at index k along n),
-// combine(Acc, Acc) and Out finish(Acc, n). finish(init()) is the reduction of nothing: ONNX
+// Every reduction is a reducer R: Acc init(), add(Acc, T x, int64 k) (x at index k along n; one
+// accumulator sees increasing k), combine(Acc, Acc) and Out finish(Acc, n). finish(init()) is the reduction of nothing: ONNX
 // gives the identity (0, 1, -inf, ...) for an empty axis.
 #include <type_traits>
 
@@ -49,8 +49,10 @@ struct FloatReducer {
   }
   static __device__ __forceinline__ Acc combine(Acc a, Acc b) {
     if constexpr (OP == Reduce::kLogSumExp) {
-      const float m = fmaxf(a.x, b.x);
-      if (m == -INFINITY) return make_float2(m, a.y + b.y);  // both empty or all -inf so far
+      const float m = nan_max(a.x, b.x);
+      // exp(inf - inf) would be NaN: an infinite max decides the result by itself (the sum is 0
+      // for -inf, which also covers the empty accumulator, and 1 for +inf).
+      if (isinf(m)) return make_float2(m, m > 0.f ? 1.f : 0.f);
       return make_float2(m, a.y * expf(a.x - m) + b.y * expf(b.x - m));
     } else if constexpr (OP == Reduce::kMax) {
       return nan_max(a, b);
@@ -114,9 +116,15 @@ struct ArgReducer {
     if (a.v == b.v) return b.i < a.i ? b : a;
     return (kIsMax ? b.v > a.v : b.v < a.v) ? b : a;
   }
-  static __device__ __forceinline__ Acc add(Acc a, T x, int64_t k) {
-    if constexpr (std::is_same_v<V, float>) return combine(a, Acc{to_f(x), k});
-    else return combine(a, Acc{static_cast<V>(x), k});
+  // Indices reach one accumulator in increasing order, so the incumbent keeps ties: a cheaper
+  // test than combine's, and this is the per-element hot path.
+  static __device__ __forceinline__ Acc add(Acc a, T xt, int64_t k) {
+    V x;
+    if constexpr (std::is_same_v<V, float>) x = to_f(xt);
+    else x = static_cast<V>(xt);
+    bool take = kIsMax ? x > a.v : x < a.v;
+    if constexpr (std::is_same_v<V, float>) take = take || (x != x && a.v == a.v);
+    return a.i < 0 || take ? Acc{x, k} : a;
   }
   static __device__ __forceinline__ Out finish(Acc a, int64_t) { return a.i < 0 ? 0 : a.i; }
 };
@@ -146,8 +154,10 @@ constexpr int kWarpRows = 4;      // rows per 128-thread block in the warp-per-r
 constexpr int kRowBlock = 512;    // threads per row for long rows
 constexpr int64_t kWarpRowMax = 2048;
 
-// inner == 1: rows of n contiguous elements, one group of TPR threads per row.
-template <int TPR, class R, class T>
+// inner == 1: rows of n contiguous elements, one group of TPR threads per row, reading packs of V
+// elements (the launcher checked n % V == 0 and alignment). Index order within a thread does not
+// matter: see group_combine.
+template <int TPR, int V, class R, class T>
 __global__ void __launch_bounds__(TPR == 32 ? 32 * kWarpRows : TPR)
     reduce_rows_kernel(const T* __restrict__ x, typename R::Out* __restrict__ y, int64_t rows, int64_t n) {
   using Acc = typename R::Acc;
@@ -156,9 +166,13 @@ __global__ void __launch_bounds__(TPR == 32 ? 32 * kWarpRows : TPR)
   const int lane = threadIdx.x % TPR;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * groups + threadIdx.x / TPR; r < rows;
        r += static_cast<int64_t>(gridDim.x) * groups) {
-    const T* xr = x + r * n;
+    const auto* xr = reinterpret_cast<const Pack<T, V>*>(x + r * n);
     Acc a = R::init();
-    for (int64_t k = lane; k < n; k += TPR) a = R::add(a, xr[k], k);
+    for (int64_t k = lane; k < n / V; k += TPR) {
+      const Pack<T, V> p = xr[k];
+#pragma unroll
+      for (int e = 0; e < V; ++e) a = R::add(a, p.v[e], k * V + e);
+    }
     a = group_combine<TPR, R>(a, smem);
     if (lane == 0) y[r] = R::finish(a, n);
   }
@@ -199,19 +213,24 @@ cudaError_t launch_reduce(const void* xv, void* yv, int64_t outer, int64_t n, in
   auto* y = static_cast<typename R::Out*>(yv);
   const int64_t outputs = outer * inner;
   if (inner == 1) {
-    if (n <= kWarpRowMax) {
-      const int64_t g = (outer + kWarpRows - 1) / kWarpRows;
-      reduce_rows_kernel<32, R><<<static_cast<unsigned>(g < kMaxGrid * 16 ? g : kMaxGrid * 16), 32 * kWarpRows, 0, s>>>(
-          x, y, outer, n);
-    } else {
-      reduce_rows_kernel<kRowBlock, R>
-          <<<static_cast<unsigned>(outer < kMaxGrid * 16 ? outer : kMaxGrid * 16), kRowBlock, 0, s>>>(x, y, outer, n);
-    }
+    constexpr int kV = 16 / sizeof(T);
+    const bool vec = n % kV == 0 && aligned_to(x, 16);
+    const int64_t g = n <= kWarpRowMax ? (outer + kWarpRows - 1) / kWarpRows : outer;
+    const unsigned grid = static_cast<unsigned>(g < kMaxGrid * 16 ? g : kMaxGrid * 16);
+    if (n <= kWarpRowMax && vec)
+      reduce_rows_kernel<32, kV, R><<<grid, 32 * kWarpRows, 0, s>>>(x, y, outer, n);
+    else if (n <= kWarpRowMax)
+      reduce_rows_kernel<32, 1, R><<<grid, 32 * kWarpRows, 0, s>>>(x, y, outer, n);
+    else if (vec)
+      reduce_rows_kernel<kRowBlock, kV, R><<<grid, kRowBlock, 0, s>>>(x, y, outer, n);
+    else
+      reduce_rows_kernel<kRowBlock, 1, R><<<grid, kRowBlock, 0, s>>>(x, y, outer, n);
     return cudaGetLastError();
   }
-  // Split n over more strands the fewer outputs there are, aiming at ~100k threads in flight.
-  int ty = outputs < 16384 ? 8 : outputs < 32768 ? 4 : outputs < 65536 ? 2 : 1;
-  while (ty > 1 && ty > n) ty /= 2;
+  // Split n over more strands the fewer outputs there are, aiming at ~512k threads in flight (one
+  // load each per step). At least 16 consecutive outputs per block keep reads in whole sectors.
+  int ty = 1;
+  while (ty < 16 && outputs * ty < (int64_t{1} << 19) && ty * 2 <= n) ty *= 2;
   const int bx = 256 / ty;
   const int64_t g = (outputs + bx - 1) / bx;
   reduce_cols_kernel<R><<<static_cast<unsigned>(g < kMaxGrid * 4 ? g : kMaxGrid * 4), dim3(bx, ty), 0, s>>>(

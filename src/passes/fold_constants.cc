@@ -1,0 +1,106 @@
+#include "passes/fold_constants.h"
+
+#include "ops/infer.h"
+#include "ops/op_registry.h"
+
+namespace kiln {
+
+namespace {
+
+bool has_subgraph(const Node& n) {
+  for (const auto& [k, a] : n.attrs) {
+    if (a.g || !a.graphs.empty()) return true;
+  }
+  return false;
+}
+
+bool is_random(OpKind op) {
+  return op == OpKind::kRandomNormal || op == OpKind::kRandomUniform || op == OpKind::kRandomNormalLike ||
+         op == OpKind::kRandomUniformLike || op == OpKind::kMultinomial || op == OpKind::kBernoulli;
+}
+
+std::optional<std::vector<int64_t>> static_dims(const Value* v) {
+  if (!v->type.is_tensor() || !v->type.shape) return std::nullopt;
+  std::vector<int64_t> d;
+  for (const Dim& x : v->type.shape->dims) {
+    if (!x.is_static()) return std::nullopt;
+    d.push_back(x.value());
+  }
+  return d;
+}
+
+}  // namespace
+
+Expected<bool> fold_node(const Node& n, const std::function<const Tensor*(const Value*)>& constant_of,
+                         int64_t max_elements, std::vector<std::optional<Tensor>>* outs) {
+  if (is_random(n.op) || has_subgraph(n) || !op_def(n.op).cpu) return false;
+  bool shape_only = n.op == OpKind::kShape || n.op == OpKind::kSize;
+  std::vector<Data> held;
+  held.reserve(n.inputs.size());
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    const Value* v = n.inputs[i];
+    if (!v) continue;
+    if (const Tensor* c = constant_of(v)) {
+      held.emplace_back(*c);
+      continue;
+    }
+    auto dims = shape_only && i == 0 ? static_dims(v) : std::nullopt;
+    if (!dims || v->type.dtype == DType::kString) return false;
+    // Shape and Size read only the dims: a zero-element view of them is enough.
+    held.emplace_back(Tensor::view(v->type.dtype, *dims, nullptr, nullptr));
+  }
+  for (const Value* o : n.outputs) {
+    if (!o) continue;
+    auto dims = static_dims(o);
+    if (!dims) continue;  // the kernel computes it; checked below
+    int64_t numel = 1;
+    for (int64_t d : *dims) numel *= d;
+    if (numel > max_elements) return false;
+  }
+  std::vector<const Data*> ins;
+  size_t h = 0;
+  for (const Value* v : n.inputs) ins.push_back(v ? &held[h++] : nullptr);
+  KernelCtx ctx(n, std::move(ins), nullptr);
+  KILN_RETURN_IF_ERROR(op_def(n.op).cpu(ctx).with_context(n.describe()));
+  std::vector<std::optional<Tensor>> r(n.outputs.size());
+  for (size_t i = 0; i < n.outputs.size(); ++i) {
+    if (!n.outputs[i]) continue;
+    if (!ctx.outputs()[i].is_tensor() || ctx.outputs()[i].tensor.numel() > max_elements) return false;
+    r[i] = std::move(ctx.outputs()[i].tensor);
+  }
+  *outs = std::move(r);
+  return true;
+}
+
+Expected<bool> fold_constants(Graph& g, int64_t max_elements) {
+  auto constant_of = [](const Value* v) -> const Tensor* { return v->constant ? &*v->constant : nullptr; };
+  bool changed_any = false;
+  for (int round = 0; round < 16; ++round) {
+    bool changed = false;
+    std::vector<std::unique_ptr<Node>> kept;
+    for (auto& up : g.nodes) {
+      std::vector<std::optional<Tensor>> outs;
+      KILN_ASSIGN_OR_RETURN(bool folded, fold_node(*up, constant_of, max_elements, &outs));
+      if (!folded) {
+        kept.push_back(std::move(up));
+        continue;
+      }
+      for (size_t i = 0; i < up->outputs.size(); ++i) {
+        Value* o = up->outputs[i];
+        if (!o) continue;
+        o->constant = std::move(*outs[i]);
+        o->producer = nullptr;
+        o->producer_output = 0;
+        o->type = Type::tensor(o->constant->dtype(), Shape::of(o->constant->dims()));
+      }
+      changed = true;
+    }
+    g.nodes = std::move(kept);
+    if (!changed) break;
+    changed_any = true;
+    KILN_RETURN_IF_ERROR(infer_types(g));
+  }
+  return changed_any;
+}
+
+}  // namespace kiln

@@ -155,6 +155,24 @@ void register_data_lowerings(std::map<OpKind, LowerFn>& t);
 void register_norm_lowerings(std::map<OpKind, LowerFn>& t);
 const std::map<OpKind, LowerFn>& lowering_table();
 
+// A cuBLASLt matmul, row-major: y = act(alpha * a.b + beta * c + bias). Used by MatMul/Gemm and
+// by 1x1 convolutions in NHWC (which are exactly a GEMM over N*H*W rows).
+struct GemmShape {
+  int64_t m = 0, n = 0, k = 0;  // row-major: A [m,k] (or [k,m] when trans_a), B [k,n] (or [n,k])
+  bool trans_a = false, trans_b = false;
+  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_d = 0;  // elements
+};
+
+struct Epilogue {
+  const DevValue* bias = nullptr;  // [n] in the output dtype
+  std::string act;                 // "", "relu", "gelu"
+  const DevValue* c = nullptr;     // full [m,n] addend (Gemm's C), scaled by beta
+  float alpha = 1, beta = 0;
+};
+
+Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s,
+                 const Epilogue& ep, Ref y, k::DT dt);
+
 // Convenience for lowering functions.
 #define KILN_UNSUPPORTED(...) return KILN_ERROR(kUnsupported, __VA_ARGS__)
 

@@ -22,19 +22,6 @@ cudaDataType_t lt_type(k::DT d) {
   }
 }
 
-struct GemmShape {
-  int64_t m = 0, n = 0, k = 0;  // row-major: A [m,k] (or [k,m] when trans_a), B [k,n] (or [n,k])
-  bool trans_a = false, trans_b = false;
-  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_d = 0;  // elements
-};
-
-struct Epilogue {
-  const DevValue* bias = nullptr;  // [n] in the output dtype
-  std::string act;                 // "", "relu", "gelu"
-  const DevValue* c = nullptr;     // full [m,n] addend (Gemm's C), scaled by beta
-  float alpha = 1, beta = 0;
-};
-
 template <typename T, Status (*Destroy)(T)>
 std::shared_ptr<void> hold(T p) {
   return std::shared_ptr<void>(p, [](void* q) { (void)Destroy(static_cast<T>(q)); });
@@ -55,7 +42,8 @@ Expected<cublasLtMatrixLayout_t> make_layout(Lowering& L, cudaDataType_t t, int6
   return l;
 }
 
-// Emits one cuBLASLt matmul: y = alpha * a.b (+ epilogue). a/b/y row-major device values.
+}  // namespace
+
 Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s, const Epilogue& ep,
                  Ref y, k::DT dt) {
   cudaDataType_t t = lt_type(dt);
@@ -121,6 +109,8 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
   });
   return Status::ok();
 }
+
+namespace {
 
 // The node consuming `v` alone, if it is op `want`.
 const Node* next_op(Lowering& L, const Value* v, OpKind want) {

@@ -17,19 +17,15 @@ __global__ void copy_nd_kernel(const T* __restrict__ src, T* __restrict__ dst, I
 }
 
 // A transpose whose stride-1 dims differ between src (dim j) and dst (the last dim, c): a plain
-// element loop would read or write with a large stride, so each block moves TILE x TILE tiles
-// through shared memory, reading along j and writing along c. `batch` indexes every other dim.
-// 1- and 2-byte elements take 64-wide tiles so that each warp access still moves 64+ bytes.
-constexpr int kWarp = 32;
+// element loop would read or write with a large stride, so each block moves 32x32 tiles through
+// shared memory, reading along j and writing along c. `batch` indexes every other dim. (64-wide
+// tiles for 2-byte elements measured slower on H100.)
+constexpr int kTile = 32;
 constexpr int kTileRows = 8;
-
-template <class T>
-inline constexpr int kTileFor = sizeof(T) <= 2 ? 64 : 32;
 
 template <class T>
 __global__ void transpose_kernel(const T* __restrict__ src, T* __restrict__ dst, Indexer<2> batch, int64_t n_batch,
                                  int64_t nj, int64_t nc, int64_t src_c, int64_t dst_j) {
-  constexpr int kTile = kTileFor<T>;
   // Padding each row to an odd number of 4-byte words makes the column reads hit 32 banks.
   constexpr int kPad = sizeof(T) >= 4 ? 1 : 4 / static_cast<int>(sizeof(T));
   __shared__ T tile[kTile][kTile + kPad];
@@ -42,22 +38,14 @@ __global__ void transpose_kernel(const T* __restrict__ src, T* __restrict__ dst,
     int64_t off[2];
     batch.offsets<uint64_t>(b, off);
     const int64_t j0 = tj * kTile, c0 = tc * kTile;
-#pragma unroll
     for (int r = ty; r < kTile; r += kTileRows) {
-#pragma unroll
-      for (int x = tx; x < kTile; x += kWarp) {
-        const int64_t j = j0 + x, c = c0 + r;
-        if (j < nj && c < nc) tile[r][x] = src[off[0] + j + c * src_c];
-      }
+      const int64_t j = j0 + tx, c = c0 + r;
+      if (j < nj && c < nc) tile[r][tx] = src[off[0] + j + c * src_c];
     }
     __syncthreads();
-#pragma unroll
     for (int r = ty; r < kTile; r += kTileRows) {
-#pragma unroll
-      for (int x = tx; x < kTile; x += kWarp) {
-        const int64_t j = j0 + r, c = c0 + x;
-        if (j < nj && c < nc) dst[off[1] + j * dst_j + c] = tile[x][r];
-      }
+      const int64_t j = j0 + r, c = c0 + tx;
+      if (j < nj && c < nc) dst[off[1] + j * dst_j + c] = tile[tx][r];
     }
     __syncthreads();  // the next tile overwrites `tile`
   }
@@ -70,7 +58,7 @@ bool as_transpose(const Indexer<2>& ix, int* j_out, Indexer<2>* batch, int64_t* 
   int j = -1;
   for (int d = 0; d < c; ++d)
     if (ix.strides[0][d] == 1) j = d;
-  if (j < 0 || ix.dims[j] < 16 || ix.dims[c] < 16) return false;  // mostly-empty tiles: not worth it
+  if (j < 0 || ix.dims[j] < kTile / 2 || ix.dims[c] < kTile / 2) return false;  // mostly-empty tiles
   int64_t dims[kMaxRank], s0[kMaxRank], s1[kMaxRank];
   int r = 0;
   for (int d = 0; d < c; ++d) {
@@ -149,12 +137,11 @@ cudaError_t copy_nd(int elem_bytes, const void* src, const NdStrides& src_stride
   int64_t n_batch = 0;
   if (as_transpose(ix, &j, &batch, &n_batch)) {
     const int c = ix.rank - 1;
+    const int64_t tiles = n_batch * ((ix.dims[j] + kTile - 1) / kTile) * ((ix.dims[c] + kTile - 1) / kTile);
+    const unsigned grid = static_cast<unsigned>(tiles < kMaxGrid * 4 ? tiles : kMaxGrid * 4);
     return dispatch_bytes(elem_bytes, [&](auto tag) {
       using T = typename decltype(tag)::type;
-      constexpr int kTile = kTileFor<T>;
-      const int64_t tiles = n_batch * ((ix.dims[j] + kTile - 1) / kTile) * ((ix.dims[c] + kTile - 1) / kTile);
-      const unsigned grid = static_cast<unsigned>(tiles < kMaxGrid * 4 ? tiles : kMaxGrid * 4);
-      transpose_kernel<<<grid, dim3(kWarp, kTileRows), 0, s>>>(static_cast<const T*>(src), static_cast<T*>(dst), batch,
+      transpose_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(static_cast<const T*>(src), static_cast<T*>(dst), batch,
                                                                 n_batch, ix.dims[j], ix.dims[c], ix.strides[0][c],
                                                                 ix.strides[1][j]);
       return cudaGetLastError();

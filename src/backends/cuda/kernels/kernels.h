@@ -125,6 +125,19 @@ cudaError_t arg_reduce(bool is_max, DT dt, const void* x, int64_t* y, int64_t ou
 cudaError_t channel_affine(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t outer,
                            int64_t c, int64_t inner, cudaStream_t s);
 
+// ---- convolution ---------------------------------------------------------------------------------
+
+// Depthwise 2-D convolution in NHWC (one filter per channel): x [n,h,w,c], filter [r,s,c],
+// bias [c] (may be null), y [n,p,q,c]; y = act(sum + bias) with act 0 none, 1 relu,
+// 2 clip(lo, hi). pad_h/pad_w are the leading pads (trailing pads only bound the output size).
+// kF32, kF16, kBF16; f32 accumulation.
+struct DepthwiseShape {
+  int n, h, w, c, r, s, p, q;
+  int stride_h, stride_w, pad_h, pad_w, dil_h, dil_w;
+};
+cudaError_t depthwise_conv2d_nhwc(DT dt, const void* x, const void* filter, const void* bias, void* y,
+                                  const DepthwiseShape& sh, int act, float lo, float hi, cudaStream_t s);
+
 // ---- generators ----------------------------------------------------------------------------------
 
 // y[i] = value for n elements of dt (value converted from double).

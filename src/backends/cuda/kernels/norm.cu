@@ -2,11 +2,11 @@
 // inference BatchNormalization folds into. All math in f32.
 //
 // A row is handled by a group of TPR threads: one warp (4 rows per 128-thread block) for rows of
-// up to 1024 elements, else a whole block of 128 to 512 threads. The row is read once into registers (E
-// values per thread, in packs of V contiguous elements so half rows load 16 bytes at a time), the
-// statistics are reduced with shuffles, and the row is written from the registers. Rows too long
-// for registers (> 512 * 32, or 512 * 16 unvectorized) take a multi-pass kernel that re-reads the
-// row (mostly from L2).
+// up to 1024 elements, else a whole block of 128 to 512 threads. The row is read once into
+// registers (E values per thread, in packs of V contiguous elements so half rows load 16 bytes at
+// a time), the statistics are reduced with shuffles, and the row is written from the registers.
+// Rows too long for registers (> 512 * 32, or 512 * 16 unvectorized) take a multi-pass kernel
+// that re-reads the row (mostly from L2).
 #include <initializer_list>
 #include <type_traits>
 
@@ -17,7 +17,7 @@ namespace kiln::cuda::k {
 namespace {
 
 constexpr int kWarpRowsPerBlock = 4;
-constexpr int kRowBlock = 512;  // threads per row when a warp is not enough
+constexpr int kRowBlock = 512;  // threads per row for the longest rows and the multi-pass kernels
 constexpr int kMaxItems = 32;   // f32 values cached per thread
 
 template <int N>

@@ -6,8 +6,8 @@
 // threadIdx.y also splits n and the partials are combined in shared memory.
 //
 // Every reduction is a reducer R: Acc init(), add(Acc, T x, int64 k) (x at index k along n; one
-// accumulator sees increasing k), combine(Acc, Acc) and Out finish(Acc, n). finish(init()) is the reduction of nothing: ONNX
-// gives the identity (0, 1, -inf, ...) for an empty axis.
+// accumulator sees increasing k), combine(Acc, Acc) and Out finish(Acc, n). finish(init()) is
+// the reduction of nothing: ONNX gives the identity (0, 1, -inf, ...) for an empty axis.
 #include <type_traits>
 
 #include "backends/cuda/kernels/common.cuh"
@@ -155,8 +155,7 @@ constexpr int kRowBlock = 512;    // threads per row for long rows
 constexpr int64_t kWarpRowMax = 2048;
 
 // inner == 1: rows of n contiguous elements, one group of TPR threads per row, reading packs of V
-// elements (the launcher checked n % V == 0 and alignment). Index order within a thread does not
-// matter: see group_combine.
+// elements (the launcher checked n % V == 0 and alignment). Each thread's k increases.
 template <int TPR, int V, class R, class T>
 __global__ void __launch_bounds__(TPR == 32 ? 32 * kWarpRows : TPR)
     reduce_rows_kernel(const T* __restrict__ x, typename R::Out* __restrict__ y, int64_t rows, int64_t n) {

@@ -4,8 +4,9 @@
 // (cudaGetLastError), never synchronizes and never allocates: all of them are safe inside CUDA
 // graph capture.
 //
-//   k::NdShape sh = k::NdShape::contiguous({2, 3, 4});
-//   k::unary(k::Unary::kRelu, k::DT::kF16, x, y, sh.numel(), {}, stream);
+//   k::unary(k::Unary::kRelu, k::DT::kF16, x, y, /*n=*/2 * 3 * 4, {}, stream);
+//   k::NdStrides s = ...;  // dims + element strides (lower.h: nd(dims, strides))
+//   k::copy_nd(2, x, s_transposed, y, s_contiguous, stream);
 //
 // Layout conventions: row-major element indexing; "strides" are in elements (not bytes); a
 // stride of 0 broadcasts that dimension. Dtypes are the kernel's own small enum (DT) so that this

@@ -151,6 +151,20 @@ const Value* fuse_epilogue(Lowering& L, const Node& mm, int64_t n_cols, k::DT dt
   return out;
 }
 
+// Defines the chain's final value and emits the matmul; the fused nodes are marked only once
+// the matmul is certain (a kUnsupported leaves them to be lowered on their own).
+Status define_and_emit(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s,
+                       const Epilogue& ep, const Value* out, const std::vector<const Node*>& fused, k::DT dt) {
+  const DevValue& y = L.define(out);
+  Status st = emit_gemm(L, n, a, b, s, ep, y.ref, dt);
+  if (!st) {
+    L.values.erase(out);
+    return st;
+  }
+  for (const Node* f : fused) L.mark_fused(f, &n);
+  return Status::ok();
+}
+
 Status lower_matmul(Lowering& L, const Node& n) {
   KILN_ASSIGN_OR_RETURN(const DevValue* a, L.rowmajor(n.inputs[0]));
   KILN_ASSIGN_OR_RETURN(const DevValue* b, L.rowmajor(n.inputs[1]));
@@ -182,14 +196,7 @@ Status lower_matmul(Lowering& L, const Node& n) {
   Epilogue ep;
   std::vector<const Node*> fused;
   const Value* out = fuse_epilogue(L, n, s.n, dt, ep, fused);
-  const DevValue& y = L.define(out);
-  Status st = emit_gemm(L, n, a, b, s, ep, y.ref, dt);
-  if (!st) {
-    L.values.erase(out);
-    return st;
-  }
-  for (const Node* f : fused) L.mark_fused(f, &n);
-  return Status::ok();
+  return define_and_emit(L, n, a, b, s, ep, out, fused, dt);
 }
 
 Status lower_gemm(Lowering& L, const Node& n) {
@@ -237,14 +244,7 @@ Status lower_gemm(Lowering& L, const Node& n) {
       out = act->outputs[0];
     }
   }
-  const DevValue& y = L.define(out);
-  Status st = emit_gemm(L, n, a, b, s, ep, y.ref, dt);
-  if (!st) {
-    L.values.erase(out);
-    return st;
-  }
-  for (const Node* f : fused) L.mark_fused(f, &n);
-  return Status::ok();
+  return define_and_emit(L, n, a, b, s, ep, out, fused, dt);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "backends/backend.h"
 #include "backends/cuda/engine.h"
@@ -38,6 +39,8 @@ const std::vector<Case> kCases = {
   {"sqrt_abs", "graph g(%x: f32[50]) {\n %a = Abs(%x) : f32[50]\n %y = Sqrt(%a) : f32[50]\n return %y\n}"},
   {"gelu", "graph g(%x: f32[8,64]) {\n %y = Gelu(%x) : f32[8,64]\n return %y\n}"},
   {"gelu_tanh", "graph g(%x: f32[8,64]) {\n %y = Gelu(%x) {approximate = \"tanh\"} : f32[8,64]\n return %y\n}"},
+  {"gelu_erf_pattern", "graph g(%x: f32[16,96]) {\n %r2 = const dense<f32[]> [1.4142135]\n %one = const dense<f32[]> [1.0]\n %half = const dense<f32[]> [0.5]\n %d = Div(%x, %r2) : f32[16,96]\n %e = Erf(%d) : f32[16,96]\n %a = Add(%e, %one) : f32[16,96]\n %m = Mul(%x, %a) : f32[16,96]\n %y = Mul(%m, %half) : f32[16,96]\n return %y\n}"},
+  {"gelu_tanh_pattern", "graph g(%x: f32[16,96]) {\n %half = const dense<f32[]> [0.5]\n %three = const dense<f32[]> [3.0]\n %c = const dense<f32[]> [0.044715]\n %s = const dense<f32[]> [0.7978846]\n %one = const dense<f32[]> [1.0]\n %h = Mul(%x, %half) : f32[16,96]\n %p = Pow(%x, %three) : f32[16,96]\n %q = Mul(%p, %c) : f32[16,96]\n %r = Add(%x, %q) : f32[16,96]\n %u = Mul(%r, %s) : f32[16,96]\n %t = Tanh(%u) : f32[16,96]\n %a = Add(%t, %one) : f32[16,96]\n %y = Mul(%h, %a) : f32[16,96]\n return %y\n}"},
   {"clip", "graph g(%x: f32[99]) {\n %lo = const dense<f32[]> [-0.5]\n %hi = const dense<f32[]> [0.75]\n %y = Clip(%x, %lo, %hi) : f32[99]\n return %y\n}"},
   {"leaky_relu", "graph g(%x: f32[99]) {\n %y = LeakyRelu(%x) {alpha = 0.2} : f32[99]\n return %y\n}"},
   {"hard_swish", "graph g(%x: f32[99]) {\n %y = HardSwish(%x) : f32[99]\n return %y\n}"},
@@ -171,6 +174,88 @@ Status run_case(const Case& c, cuda::Precision prec, uint64_t seed, double* err,
   return Status::ok();
 }
 
+// Runtime checks beyond single ops (issue 3 item 4 and 8): several sessions of one engine running
+// concurrently on their own threads, each checked against the CPU; and an engine build that
+// cannot get its memory failing cleanly, after which the process still builds and runs.
+const char* kMlp =
+    "graph g(%x: f32[16,64], %w1: f32[64,128], %b1: f32[128], %w2: f32[128,32]) {\n %h = MatMul(%x, %w1) : f32[16,128]\n"
+    " %hb = Add(%h, %b1) : f32[16,128]\n %r = Relu(%hb) : f32[16,128]\n %y = MatMul(%r, %w2) : f32[16,32]\n"
+    " %s = Softmax(%y) {axis = -1} : f32[16,32]\n return %s\n}";
+
+Expected<std::unique_ptr<Graph>> mlp_graph(Rng& rng) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, parse_graph(kMlp));
+  std::vector<Value*> keep;
+  for (Value* v : g->inputs) {
+    if (v->name == "x") keep.push_back(v);
+    else v->constant = rng.random(v->type.dtype, static_dims(v), 0);
+  }
+  g->inputs = keep;
+  KILN_RETURN_IF_ERROR(infer_types(*g));
+  return g;
+}
+
+Status check_concurrent_sessions(uint64_t seed) {
+  Rng rng{std::mt19937_64(seed)};
+  KILN_ASSIGN_OR_RETURN(auto g, mlp_graph(rng));
+  KILN_ASSIGN_OR_RETURN(auto engine, cuda::Engine::build(*g, cuda::BuildOptions{}));
+  auto cpu = make_cpu_backend();
+  KILN_ASSIGN_OR_RETURN(auto exe, cpu->compile(*g));
+  constexpr int kThreads = 4, kRuns = 20;
+  std::vector<std::vector<Data>> inputs(kThreads), want(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    inputs[size_t(t)].emplace_back(rng.random(DType::kFloat32, {16, 64}, 0));
+    KILN_ASSIGN_OR_RETURN(want[size_t(t)], exe->run(inputs[size_t(t)]));
+  }
+  std::vector<std::unique_ptr<cuda::Session>> sessions;
+  for (int t = 0; t < kThreads; ++t) {
+    KILN_ASSIGN_OR_RETURN(auto s, engine->new_session());
+    sessions.push_back(std::move(s));
+  }
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < kRuns; ++r) {
+        auto got = sessions[size_t(t)]->run(inputs[size_t(t)]);
+        if (!got) { errors[size_t(t)] = got.status().message(); return; }
+        std::string why;
+        double e = compare((*got)[0].tensor, want[size_t(t)][0].tensor, &why);
+        if (e > 1e-4) { errors[size_t(t)] = fmt::format("thread {} run {}: err {} {}", t, r, e, why); return; }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (const auto& e : errors) {
+    if (!e.empty()) return KILN_ERROR(kInternal, "{}", e);
+  }
+  return Status::ok();
+}
+
+Status check_out_of_memory(uint64_t seed) {
+  Rng rng{std::mt19937_64(seed)};
+  KILN_ASSIGN_OR_RETURN(auto g, mlp_graph(rng));
+  cuda::BuildOptions huge;
+  huge.workspace_bytes = size_t(1) << 42;  // 4 TiB of scratch: no GPU has it
+  auto bad = cuda::Engine::build(*g, huge);
+  if (bad) return KILN_ERROR(kInternal, "a 4 TiB workspace was granted?");
+  if (bad.status().code() != ErrorCode::kOutOfMemory) {
+    return KILN_ERROR(kInternal, "expected an out-of-memory error, got: {}", bad.status().message());
+  }
+  std::printf("     (out-of-memory build said: %s)\n", bad.status().message().c_str());
+  // The process and the device keep working.
+  KILN_ASSIGN_OR_RETURN(auto engine, cuda::Engine::build(*g, cuda::BuildOptions{}));
+  KILN_ASSIGN_OR_RETURN(auto session, engine->new_session());
+  std::vector<Data> in;
+  in.emplace_back(rng.random(DType::kFloat32, {16, 64}, 0));
+  KILN_ASSIGN_OR_RETURN(auto got, session->run(in));
+  auto cpu = make_cpu_backend();
+  KILN_ASSIGN_OR_RETURN(auto exe, cpu->compile(*g));
+  KILN_ASSIGN_OR_RETURN(auto want, exe->run(in));
+  std::string why;
+  if (compare(got[0].tensor, want[0].tensor, &why) > 1e-4) return KILN_ERROR(kInternal, "wrong result after OOM: {}", why);
+  return Status::ok();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -204,6 +289,14 @@ int main(int argc, char** argv) {
       std::printf("%-4s %-22s %-5s err %.3g (tol %.3g)%s%s\n", ok ? "ok" : "FAIL", c.name,
                   std::string(cuda::precision_name(prec)).c_str(), err, tol, s ? "" : ("  " + s.message()).c_str(),
                   note.empty() ? "" : ("  " + note).c_str());
+    }
+  }
+  if (filter.empty()) {
+    for (auto [name, fn] : {std::pair<const char*, Status (*)(uint64_t)>{"concurrent_sessions", check_concurrent_sessions},
+                            {"out_of_memory", check_out_of_memory}}) {
+      Status s = fn(seed);
+      (s ? passed : failed)++;
+      std::printf("%-4s %-22s %s\n", s ? "ok" : "FAIL", name, s ? "" : s.message().c_str());
     }
   }
   std::printf("%d passed, %d failed\n", passed, failed);

@@ -206,12 +206,18 @@ Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptio
   Lowering& L = *e->lowering;
   KILN_RETURN_IF_ERROR(lower_inputs(L, *e));
   const auto& table = lowering_table();
+  find_patterns(L);
   for (const auto& up : g.nodes) {
     const Node& n = *up;
     if (L.is_fused(&n)) continue;
     KILN_ASSIGN_OR_RETURN(bool folded, try_fold(L, n));
     if (folded) {
       L.place(&n, "folded", "constant at build time");
+      continue;
+    }
+    if (auto rp = L.replacements.find(&n); rp != L.replacements.end()) {
+      KILN_RETURN_IF_ERROR(lower_replacement(L, n, rp->second));
+      L.place(&n, "cuda", L.steps.back().label.substr(n.describe().size() + 2));
       continue;
     }
     auto it = table.find(n.op);

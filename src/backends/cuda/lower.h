@@ -80,6 +80,14 @@ DType ir_dtype_of(k::DT d);
 // A host copy of t in dtype `to` (ONNX Cast semantics), for weights and CPU-fallback I/O.
 Expected<Tensor> convert_tensor(const Tensor& t, DType to);
 
+// A multi-node pattern replaced by one unary kernel (lower_patterns.cc): the root node's output
+// becomes op(x); `fused` are the inner nodes it swallows.
+struct Replacement {
+  k::Unary op = k::Unary::kIdentity;
+  const Value* x = nullptr;
+  std::vector<const Node*> fused;
+};
+
 class Lowering {
  public:
   Lowering(const Graph& g, const BuildOptions& opt);
@@ -126,6 +134,7 @@ class Lowering {
   std::vector<std::vector<char>> weight_data;  // per weight id, host bytes to upload
   std::vector<NodePlacement> placements;
   std::unordered_map<const Value*, DevValue> values;
+  std::unordered_map<const Node*, Replacement> replacements;  // root node -> pattern
   int bad_index_slots() const { return bad_index_slots_; }
 
   // Cached per-engine resources created during lowering (cuDNN descriptors, Lt layouts).
@@ -154,6 +163,9 @@ void register_elementwise_lowerings(std::map<OpKind, LowerFn>& t);
 void register_data_lowerings(std::map<OpKind, LowerFn>& t);
 void register_norm_lowerings(std::map<OpKind, LowerFn>& t);
 const std::map<OpKind, LowerFn>& lowering_table();
+// Finds the multi-node patterns (GELU forms) before lowering; lower_replacement lowers a root.
+void find_patterns(Lowering& L);
+Status lower_replacement(Lowering& L, const Node& n, const Replacement& r);
 
 // A cuBLASLt matmul, row-major: y = act(alpha * a.b + beta * c + bias). Used by MatMul/Gemm and
 // by 1x1 convolutions in NHWC (which are exactly a GEMM over N*H*W rows).

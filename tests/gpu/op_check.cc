@@ -89,6 +89,7 @@ const std::vector<Case> kCases = {
   {"conv1x1_residual", "graph g(%x: f32[2,16,7,7], %w: f32[16,16,1,1], %b: f32[16]) {\n %c = Conv(%x, %w, %b) : f32[2,16,7,7]\n %s = Add(%c, %x) : f32[2,16,7,7]\n %y = Relu(%s) : f32[2,16,7,7]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2},
   {"conv1x1_plain", "graph g(%x: f32[3,24,5,5], %w: f32[40,24,1,1]) {\n %y = Conv(%x, %w) : f32[3,40,5,5]\n return %y\n}", {"w"}, 1e-4, 2e-2},
   {"depthwise_s2_relu", "graph g(%x: f32[2,24,15,15], %w: f32[24,1,3,3]) {\n %c = Conv(%x, %w) {group = 24, pads = [1, 1, 1, 1], strides = [2, 2]} : f32[2,24,8,8]\n %y = Relu(%c) : f32[2,24,8,8]\n return %y\n}", {"w"}, 1e-4, 2e-2},
+  {"depthwise_odd_channels", "graph g(%x: f32[2,6,9,9], %w: f32[6,1,3,3], %b: f32[6]) {\n %y = Conv(%x, %w, %b) {group = 6, pads = [1, 1, 1, 1]} : f32[2,6,9,9]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2},
   {"maxpool", "graph g(%x: f32[2,4,17,17]) {\n %y = MaxPool(%x) {kernel_shape = [3, 3], pads = [1, 1, 1, 1], strides = [2, 2]} : f32[2,4,9,9]\n return %y\n}"},
   {"avgpool", "graph g(%x: f32[2,4,16,16]) {\n %y = AveragePool(%x) {kernel_shape = [2, 2], strides = [2, 2]} : f32[2,4,8,8]\n return %y\n}"},
   {"global_avgpool", "graph g(%x: f32[2,64,7,7]) {\n %y = GlobalAveragePool(%x) : f32[2,64,1,1]\n return %y\n}"},

@@ -10,19 +10,6 @@
 
 namespace kiln {
 
-// Data-movement kernels (Gather, Compress, Scatter without reduction...) only copy elements, so
-// they dispatch on the storage width rather than on every dtype: one instantiation per width.
-// Calls f.template operator()<S>() with S one of uint8_t, uint16_t, uint32_t, uint64_t, std::string.
-template <typename F>
-decltype(auto) visit_storage(DType dt, F&& f) {
-  if (dt == DType::kString) return f.template operator()<std::string>();
-  switch (dtype_size(dt)) {
-    case 1: return f.template operator()<uint8_t>();
-    case 2: return f.template operator()<uint16_t>();
-    case 4: return f.template operator()<uint32_t>();
-    default: return f.template operator()<uint64_t>();
-  }
-}
 template <typename S>
 const S* storage(const Tensor& t) { return static_cast<const S*>(t.raw()); }
 template <typename S>

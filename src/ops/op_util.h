@@ -2,11 +2,26 @@
 // inference rules, and strided index iteration for the CPU kernels.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "ops/op_registry.h"
 
 namespace kiln {
+
+// Data-movement kernels (Gather, Slice, Concat, Scatter without reduction...) only copy elements,
+// so they dispatch on the storage width rather than on every dtype: one instantiation per width.
+// Calls f.template operator()<S>() with S one of uint8_t, uint16_t, uint32_t, uint64_t, std::string.
+template <typename F>
+decltype(auto) visit_storage(DType dt, F&& f) {
+  if (dt == DType::kString) return f.template operator()<std::string>();
+  switch (dtype_size(dt)) {
+    case 1: return f.template operator()<uint8_t>();
+    case 2: return f.template operator()<uint16_t>();
+    case 4: return f.template operator()<uint32_t>();
+    default: return f.template operator()<uint64_t>();
+  }
+}
 
 // Maps axis in [-rank, rank) to [0, rank); errors (naming the node) outside that range.
 Expected<int64_t> normalize_axis(const InferCtx& c, int64_t axis, int64_t rank);

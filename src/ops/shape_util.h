@@ -10,19 +10,6 @@
 
 namespace kiln {
 
-// Calls f.template operator()<U>() with U a type that copies dt's elements: std::string for
-// strings, else the unsigned integer of the same width.
-template <typename F>
-decltype(auto) visit_storage(DType dt, F&& f) {
-  if (dt == DType::kString) return f.template operator()<std::string>();
-  switch (dtype_size(dt)) {
-    case 1: return f.template operator()<uint8_t>();
-    case 2: return f.template operator()<uint16_t>();
-    case 4: return f.template operator()<uint32_t>();
-    default: return f.template operator()<uint64_t>();
-  }
-}
-
 // Affine copy: for every multi-index i over `dims` (row-major),
 //   dst[dst_base + sum_k i_k*dst_strides[k]] = src[src_base + sum_k i_k*src_strides[k]].
 // Transpose, Expand, Concat, Split, DepthToSpace... are all this with different strides.

@@ -27,6 +27,7 @@ struct Case {
   double tol32 = 1e-4, tol16 = 1e-2;  // max |gpu - cpu| / max(1, max |cpu|)
   bool half = true;                   // also check fp16/bf16 builds
   int64_t int_hi = 4;                 // integer inputs drawn from [0, int_hi)
+  const char* half_impl = nullptr;    // half builds must place some node on an impl containing this
 };
 
 // clang-format off
@@ -79,6 +80,28 @@ const std::vector<Case> kCases = {
   {"matmul_2d", "graph g(%a: f32[33,64], %b: f32[64,17]) {\n %y = MatMul(%a, %b) : f32[33,17]\n return %y\n}", {"b"}, 1e-4, 2e-2},
   {"matmul_batched", "graph g(%a: f32[2,3,16,32], %b: f32[2,3,32,8]) {\n %y = MatMul(%a, %b) : f32[2,3,16,8]\n return %y\n}", {}, 1e-4, 2e-2},
   {"matmul_rows", "graph g(%a: f32[2,7,64], %b: f32[64,48]) {\n %y = MatMul(%a, %b) : f32[2,7,48]\n return %y\n}", {"b"}, 1e-4, 2e-2},
+  // BERT's export: [B,S,H,D] projections, transposes, scale, additive [B,1,1,S] mask, out [B,S,H,D].
+  {"attention_bert", "graph g(%q: f32[2,70,3,64], %k: f32[2,70,3,64], %v: f32[2,70,3,64], %m: f32[2,1,1,70]) {\n"
+   " %qt = Transpose(%q) {perm = [0, 2, 1, 3]} : f32[2,3,70,64]\n %kt = Transpose(%k) {perm = [0, 2, 3, 1]} : f32[2,3,64,70]\n"
+   " %vt = Transpose(%v) {perm = [0, 2, 1, 3]} : f32[2,3,70,64]\n %s = MatMul(%qt, %kt) : f32[2,3,70,70]\n"
+   " %c = const dense<f32[]> [0.125]\n %ss = Mul(%s, %c) : f32[2,3,70,70]\n %sm = Add(%ss, %m) : f32[2,3,70,70]\n"
+   " %p = Softmax(%sm) {axis = -1} : f32[2,3,70,70]\n %o = MatMul(%p, %vt) : f32[2,3,70,64]\n"
+   " %y = Transpose(%o) {perm = [0, 2, 1, 3]} : f32[2,70,3,64]\n return %y\n}", {}, 1e-4, 2e-2, true, 4, "kernel attention"},
+  // Cross attention (sq != sk, several key steps), Div scale, a Cast, no mask, out [B,H,Sq,D].
+  {"attention_cross", "graph g(%q: f32[1,33,2,64], %k: f32[1,150,2,64], %v: f32[1,150,2,64]) {\n"
+   " %qt = Transpose(%q) {perm = [0, 2, 1, 3]} : f32[1,2,33,64]\n %kt = Transpose(%k) {perm = [0, 2, 3, 1]} : f32[1,2,64,150]\n"
+   " %vt = Transpose(%v) {perm = [0, 2, 1, 3]} : f32[1,2,150,64]\n %s = MatMul(%qt, %kt) : f32[1,2,33,150]\n"
+   " %c = const dense<f32[]> [8.0]\n %ss = Div(%s, %c) : f32[1,2,33,150]\n"
+   " %p = Softmax(%ss) {axis = -1} : f32[1,2,33,150]\n %pc = Cast(%p) {to = 1} : f32[1,2,33,150]\n"
+   " %y = MatMul(%pc, %vt) : f32[1,2,33,64]\n return %y\n}", {}, 1e-4, 2e-2, true, 4, "kernel attention"},
+  // GPT-2's causal mask as an additive constant [1,1,S,S] (0 / -1e4), scale split over Q and K.
+  {"attention_causal", "graph g(%q: f32[3,40,2,64], %k: f32[3,40,2,64], %v: f32[3,40,2,64], %m: f32[1,1,40,40]) {\n"
+   " %c = const dense<f32[]> [0.35355339]\n %qs = Mul(%q, %c) : f32[3,40,2,64]\n %ks = Mul(%k, %c) : f32[3,40,2,64]\n"
+   " %qt = Transpose(%qs) {perm = [0, 2, 1, 3]} : f32[3,2,40,64]\n %kt = Transpose(%ks) {perm = [0, 2, 3, 1]} : f32[3,2,64,40]\n"
+   " %vt = Transpose(%v) {perm = [0, 2, 1, 3]} : f32[3,2,40,64]\n %s = MatMul(%qt, %kt) : f32[3,2,40,40]\n"
+   " %sm = Add(%s, %m) : f32[3,2,40,40]\n %p = Softmax(%sm) {axis = 3} : f32[3,2,40,40]\n %o = MatMul(%p, %vt) : f32[3,2,40,64]\n"
+   " %y = Transpose(%o) {perm = [0, 2, 1, 3]} : f32[3,40,2,64]\n return %y\n}", {"m"}, 1e-4, 2e-2, true, 4, "kernel attention"},
+  {"linear_unaligned_bias", "graph g(%a: f32[3,5,64], %w: f32[64,33], %c: f32[33]) {\n %m = MatMul(%a, %w) : f32[3,5,33]\n %y = Add(%m, %c) : f32[3,5,33]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2},
   {"linear_bias_relu", "graph g(%a: f32[2,7,64], %w: f32[64,48], %c: f32[48]) {\n %m = MatMul(%a, %w) : f32[2,7,48]\n %s = Add(%m, %c) : f32[2,7,48]\n %y = Relu(%s) : f32[2,7,48]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2},
   {"gemm_transb_bias", "graph g(%a: f32[5,32], %w: f32[24,32], %c: f32[24]) {\n %y = Gemm(%a, %w, %c) {transB = 1, alpha = 0.5, beta = 2.0} : f32[5,24]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2},
   {"conv", "graph g(%x: f32[2,8,15,15], %w: f32[16,8,3,3]) {\n %y = Conv(%x, %w) {pads = [1, 1, 1, 1], strides = [2, 2]} : f32[2,16,8,8]\n return %y\n}", {"w"}, 1e-4, 2e-2},
@@ -88,6 +111,8 @@ const std::vector<Case> kCases = {
   {"conv_same_upper", "graph g(%x: f32[1,8,16,16], %w: f32[8,1,3,3], %b: f32[8]) {\n %y = Conv(%x, %w, %b) {group = 8, pads = [0, 0, 1, 1], strides = [2, 2]} : f32[1,8,8,8]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2},
   {"conv1x1_residual", "graph g(%x: f32[2,16,7,7], %w: f32[16,16,1,1], %b: f32[16]) {\n %c = Conv(%x, %w, %b) : f32[2,16,7,7]\n %s = Add(%c, %x) : f32[2,16,7,7]\n %y = Relu(%s) : f32[2,16,7,7]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2},
   {"conv1x1_plain", "graph g(%x: f32[3,24,5,5], %w: f32[40,24,1,1]) {\n %y = Conv(%x, %w) : f32[3,40,5,5]\n return %y\n}", {"w"}, 1e-4, 2e-2},
+  {"conv_patchify", "graph g(%x: f32[2,3,32,32], %w: f32[16,3,8,8], %b: f32[16]) {\n %y = Conv(%x, %w, %b) {kernel_shape = [8, 8], strides = [8, 8]} : f32[2,16,4,4]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2, true, 4, "patches"},
+  {"clip_into_depthwise", "graph g(%x: f32[2,32,9,9], %w: f32[32,1,3,3], %b: f32[32]) {\n %lo = const dense<f32[]> [-0.3]\n %hi = const dense<f32[]> [0.4]\n %xc = Clip(%x, %lo, %hi) : f32[2,32,9,9]\n %c = Conv(%xc, %w, %b) {group = 32, pads = [1, 1, 1, 1]} : f32[2,32,9,9]\n %y = Relu(%c) : f32[2,32,9,9]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2, true, 4, "(input clip)"},
   {"depthwise_s2_relu", "graph g(%x: f32[2,24,15,15], %w: f32[24,1,3,3]) {\n %c = Conv(%x, %w) {group = 24, pads = [1, 1, 1, 1], strides = [2, 2]} : f32[2,24,8,8]\n %y = Relu(%c) : f32[2,24,8,8]\n return %y\n}", {"w"}, 1e-4, 2e-2},
   {"depthwise_odd_channels", "graph g(%x: f32[2,6,9,9], %w: f32[6,1,3,3], %b: f32[6]) {\n %y = Conv(%x, %w, %b) {group = 6, pads = [1, 1, 1, 1]} : f32[2,6,9,9]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2},
   {"maxpool", "graph g(%x: f32[2,4,17,17]) {\n %y = MaxPool(%x) {kernel_shape = [3, 3], pads = [1, 1, 1, 1], strides = [2, 2]} : f32[2,4,9,9]\n return %y\n}"},
@@ -162,8 +187,13 @@ Status run_case(const Case& c, cuda::Precision prec, uint64_t seed, double* err,
   bo.precision = prec;
   bo.poison = true;
   KILN_ASSIGN_OR_RETURN(auto engine, cuda::Engine::build(*g, bo));
+  bool impl_seen = false;
   for (const auto& p : engine->report().nodes) {
     if (p.device == "cpu") return KILN_ERROR(kInternal, "{} ran on the CPU: {}", p.node, p.why);
+    if (c.half_impl && p.impl.find(c.half_impl) != std::string::npos) impl_seen = true;
+  }
+  if (c.half_impl && prec != cuda::Precision::kFp32 && !impl_seen) {
+    return KILN_ERROR(kInternal, "no node was lowered to '{}'", c.half_impl);
   }
   KILN_ASSIGN_OR_RETURN(auto session, engine->new_session());
   KILN_ASSIGN_OR_RETURN(auto got, session->run(inputs));

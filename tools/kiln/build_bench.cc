@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cli.h"
@@ -161,6 +162,7 @@ int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt) {
     std::printf("gpu memory: %.1f MiB (weights + arena + workspace + staging)\nbuild: %.1f ms\n",
                 double((*runner)->device_bytes()) / (1 << 20), (*runner)->build_ms());
   }
+  std::vector<std::pair<std::string, double>> profile_steps;
   if (opt.profile) {
     auto steps = (*runner)->profile(*inputs);
     if (!steps) return fail(steps.status());
@@ -172,6 +174,30 @@ int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt) {
     for (size_t i = 0; i < sorted.size() && i < 25; ++i) {
       std::printf("  %8.4f ms  %s\n", sorted[i].second, sorted[i].first.c_str());
     }
+    // By kind: the op type and the implementation's name, shapes dropped.
+    std::map<std::string, std::pair<double, int>> kinds;
+    for (const auto& st : *steps) {
+      std::string op = "-", impl = st.first;
+      if (size_t c = st.first.find("): "); c != std::string::npos) {
+        size_t o = st.first.rfind(" (", c);
+        if (o != std::string::npos) op = st.first.substr(o + 2, st.first.find(',', o) - o - 2);
+        impl = st.first.substr(c + 3);
+      } else if (size_t c2 = st.first.find(": "); c2 != std::string::npos) {
+        impl = st.first.substr(c2 + 2);
+      }
+      impl = impl.substr(0, std::min(impl.find(" m="), impl.find(" [")));
+      auto& k = kinds[op + "  " + impl];
+      k.first += st.second;
+      k.second += 1;
+    }
+    std::vector<std::pair<std::string, std::pair<double, int>>> by(kinds.begin(), kinds.end());
+    std::stable_sort(by.begin(), by.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+    std::printf("profile by kind (ms, steps, share):\n");
+    for (const auto& [name, v] : by) {
+      std::printf("  %8.4f ms %4d  %5.1f%%  %s\n", v.first, v.second, total > 0 ? 100.0 * v.first / total : 0.0,
+                  name.c_str());
+    }
+    profile_steps = *steps;
   }
   if (!opt.json.empty()) {
     json j;
@@ -183,6 +209,10 @@ int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt) {
     j["p90_ms"] = p90;
     j["p99_ms"] = p99;
     j["mean_ms"] = mean;
+    if (!profile_steps.empty()) {
+      j["profile"] = json::array();
+      for (const auto& [label, ms] : profile_steps) j["profile"].push_back({{"step", label}, {"ms", ms}});
+    }
     j["iterations"] = opt.iterations;
     j["warmup"] = opt.warmup;
     j["throughput"] = thr;

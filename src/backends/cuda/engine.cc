@@ -224,9 +224,17 @@ Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptio
     size_t placed = L.placements.size(), emitted = L.steps.size();
     Status s = it == table.end() ? KILN_ERROR(kUnsupported, "no CUDA lowering for {}", op_name(n.op)) : it->second(L, n);
     if (s) {
-      if (L.placements.size() == placed) {
-        L.place(&n, L.steps.size() == emitted ? "alias" : "cuda",
-                L.steps.size() == emitted ? "no work (same buffer)" : L.steps.back().label.substr(n.describe().size() + 2));
+      // Placed unless lowering placed it itself (mark_fused adds the placements of fused nodes).
+      bool self_placed = false;
+      for (size_t i = placed; i < L.placements.size(); ++i) self_placed = self_placed || L.placements[i].node == n.describe();
+      if (!self_placed) {
+        std::string impl;  // every step the node became, in order
+        for (size_t i = emitted; i < L.steps.size(); ++i) {
+          const std::string& lb = L.steps[i].label;
+          std::string prefix = n.describe() + ": ";
+          impl += (impl.empty() ? "" : " + ") + (lb.rfind(prefix, 0) == 0 ? lb.substr(prefix.size()) : lb);
+        }
+        L.place(&n, L.steps.size() == emitted ? "alias" : "cuda", L.steps.size() == emitted ? "no work (same buffer)" : impl);
       }
       continue;
     }

@@ -82,10 +82,18 @@ Expected<Tensor> convert_tensor(const Tensor& t, DType to);
 
 // A multi-node pattern replaced by one unary kernel (lower_patterns.cc): the root node's output
 // becomes op(x); `fused` are the inner nodes it swallows.
+// A Clip(x, lo, hi) whose only reader, a depthwise Conv, applies it while reading x.
+struct InputClip {
+  const Value* x = nullptr;
+  float lo = 0, hi = 0;
+};
+
+struct AttentionMatch;  // lower_attention.cc
 struct Replacement {
   k::Unary op = k::Unary::kIdentity;
   const Value* x = nullptr;
   std::vector<const Node*> fused;
+  std::shared_ptr<const AttentionMatch> attention;  // set: the root is a fused attention instead
 };
 
 class Lowering {
@@ -135,6 +143,7 @@ class Lowering {
   std::vector<NodePlacement> placements;
   std::unordered_map<const Value*, DevValue> values;
   std::unordered_map<const Node*, Replacement> replacements;  // root node -> pattern
+  std::unordered_map<const Node*, InputClip> input_clips;     // depthwise Conv -> its fused input Clip
   int bad_index_slots() const { return bad_index_slots_; }
 
   // Cached per-engine resources created during lowering (cuDNN descriptors, Lt layouts).
@@ -142,6 +151,7 @@ class Lowering {
   cudnnHandle_t dnn = nullptr;         // build-time handle for algorithm search
   cublasLtHandle_t lt = nullptr;
   void* build_workspace = nullptr;     // device scratch for autotuning, opt.workspace_bytes
+  std::map<std::string, cublasLtMatmulAlgo_t> gemm_algos;  // chosen per GEMM shape + epilogue
 
  private:
   const Graph& g_;
@@ -166,6 +176,10 @@ const std::map<OpKind, LowerFn>& lowering_table();
 // Finds the multi-node patterns (GELU forms) before lowering; lower_replacement lowers a root.
 void find_patterns(Lowering& L);
 Status lower_replacement(Lowering& L, const Node& n, const Replacement& r);
+// Scaled-dot-product attention chains -> one fused kernel (lower_attention.cc).
+void find_attention(Lowering& L);
+void find_conv_input_clips(Lowering& L);  // lower_conv.cc
+Status lower_attention(Lowering& L, const Node& root, const AttentionMatch& m);
 
 // A cuBLASLt matmul, row-major: y = act(alpha * a.b + beta * c + bias). Used by MatMul/Gemm and
 // by 1x1 convolutions in NHWC (which are exactly a GEMM over N*H*W rows).

@@ -147,8 +147,49 @@ const Node* next_op(Lowering& L, const Value* v, OpKind want) {
   return c && c->op == want ? c : nullptr;
 }
 
+// Whether lower_conv takes its depthwise path for n (it then cannot decline the node).
+bool depthwise_candidate(Lowering& L, const Node& n) {
+  if (n.op != OpKind::kConv || !L.half()) return false;
+  const Tensor* w = L.constant(n.inputs[1]);
+  auto p4 = pads4(n);
+  const auto& xs = n.inputs[0]->type.shape;
+  auto dt = L.device_dt(n.inputs[0]->type.dtype);
+  int64_t group = n.attr_int("group", 1);
+  return w && w->rank() == 4 && (!n.has_input(2) || L.constant(n.inputs[2])) && p4 && (*p4)[2] >= (*p4)[0] &&
+         (*p4)[3] >= (*p4)[1] && dt && (*dt == k::DT::kF16 || *dt == k::DT::kBF16) && xs && xs->rank() == 4 &&
+         xs->dims[1].is_static() && group > 1 && group == xs->dims[1].value() && w->dim(0) == group && w->dim(1) == 1;
+}
+
+}  // namespace
+
+// MobileNet's Clip (ReLU6) after each expansion convolution feeds a depthwise convolution: the
+// depthwise kernel clamps its input as it reads it, and the Clip pass over the widest
+// activations of the network disappears.
+void find_conv_input_clips(Lowering& L) {
+  for (const auto& up : L.graph().nodes) {
+    const Node& clip = *up;
+    if (clip.op != OpKind::kClip || L.is_fused(&clip)) continue;
+    const Tensor* a = clip.has_input(1) ? L.constant(clip.inputs[1]) : nullptr;
+    const Tensor* b = clip.has_input(2) ? L.constant(clip.inputs[2]) : nullptr;
+    if (!a || !b || a->numel() != 1 || b->numel() != 1) continue;
+    float lo = float(a->as_double(0)), hi = float(b->as_double(0));
+    const Node* conv = L.only_consumer(clip.outputs[0]);
+    if (!(lo <= 0 && 0 <= hi) || !conv || conv->inputs[0] != clip.outputs[0] || !depthwise_candidate(L, *conv)) continue;
+    if (!(clip.inputs[0]->type == clip.outputs[0]->type)) continue;
+    L.input_clips[conv] = InputClip{clip.inputs[0], lo, hi};
+    L.mark_fused(&clip, conv);
+  }
+}
+
+namespace {
+
 Status lower_conv(Lowering& L, const Node& n) {
   const Value* xv = n.inputs[0];
+  const InputClip* in_clip = nullptr;
+  if (auto it = L.input_clips.find(&n); it != L.input_clips.end()) {
+    in_clip = &it->second;
+    xv = in_clip->x;
+  }
   const Tensor* w = L.constant(n.inputs[1]);
   if (!w || w->rank() != 4) KILN_UNSUPPORTED("Conv needs a constant 4-D weight (2-D convolution)");
   const Tensor* bias_t = n.has_input(2) ? L.constant(n.inputs[2]) : nullptr;
@@ -163,11 +204,11 @@ Status lower_conv(Lowering& L, const Node& n) {
   if (!dt || (*dt != k::DT::kF32 && *dt != k::DT::kF16 && *dt != k::DT::kBF16)) KILN_UNSUPPORTED("Conv on {}", xv->type.to_string());
   Layout lay = L.half() ? Layout::kNHWC : Layout::kRowMajor;
   KILN_ASSIGN_OR_RETURN(const DevValue* x0, lay == Layout::kNHWC ? L.nhwc(xv) : L.rowmajor(xv));
-  KILN_ASSIGN_OR_RETURN(const DevValue* x, pad_extra(L, n, x0, (*p4)[2] - (*p4)[0], (*p4)[3] - (*p4)[1]));
 
   // Depthwise (MobileNet's 3x3 per-channel filters): kiln's own NHWC kernel, with the bias and
   // a following Relu or constant Clip (ReLU6) applied in the same pass; it reads the leading
   // pads itself, so asymmetric padding needs no padded copy.
+  if (in_clip && !depthwise_candidate(L, n)) return KILN_ERROR(kInternal, "input Clip fused into a non-depthwise Conv");
   if (lay == Layout::kNHWC && group > 1 && group == x0->dims[1] && w->dim(0) == group && w->dim(1) == 1) {
     const Value* dout = n.outputs[0];
     int act = 0;
@@ -212,11 +253,16 @@ Status lower_conv(Lowering& L, const Node& n) {
     sh.pad_w = int((*p4)[1]);
     sh.dil_h = int(dil[0]);
     sh.dil_w = int(dil[1]);
+    if (in_clip) {
+      sh.in_clip = 1;
+      sh.in_lo = in_clip->lo;
+      sh.in_hi = in_clip->hi;
+    }
     const DevValue& y = L.define(dout, lay);
     Ref xr = x0->ref, yr = y.ref;
     bool has_bias = bias_t != nullptr;
     k::DT d = *dt;
-    L.emit(&n, fmt::format("kernel depthwise_conv2d_nhwc{}{}", has_bias ? " +bias" : "",
+    L.emit(&n, fmt::format("kernel depthwise_conv2d_nhwc{}{}{}", in_clip ? " (input clip)" : "", has_bias ? " +bias" : "",
                            act == 1 ? " +relu" : act == 2 ? " +clip" : ""),
            {read_id(x0)}, {yr.id}, [=](const RunCtx& c) {
              return cuda_status(k::depthwise_conv2d_nhwc(d, c.ptr(xr), c.ptr(wr), has_bias ? c.ptr(br) : nullptr,
@@ -225,6 +271,8 @@ Status lower_conv(Lowering& L, const Node& n) {
     if (fused_act) L.mark_fused(fused_act, &n);
     return Status::ok();
   }
+
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, pad_extra(L, n, x0, (*p4)[2] - (*p4)[0], (*p4)[3] - (*p4)[1]));
 
   // Fusion: conv -> [Add(z)] -> [Relu].
   const Value* out = n.outputs[0];
@@ -250,15 +298,35 @@ Status lower_conv(Lowering& L, const Node& n) {
 
   // A 1x1, stride-1, unpadded convolution in NHWC is a GEMM over N*H*W rows:
   //   y[NHW, K] = x[NHW, C] . w[K, C]^T (+ bias, + residual as cuBLASLt's C, relu epilogue)
-  // and cuBLASLt beats cuDNN's legacy fused call on it (ResNet-50 has 36 of them).
-  bool pointwise = lay == Layout::kNHWC && w->dim(2) == 1 && w->dim(3) == 1 && group == 1 && st[0] == 1 &&
-                   st[1] == 1 && dil[0] == 1 && dil[1] == 1 && (*p4) == std::array<int64_t, 4>{0, 0, 0, 0};
-  if (pointwise) {
+  // and cuBLASLt beats cuDNN's legacy fused call on it (ResNet-50 has 36 of them). A "patchify"
+  // convolution (kernel == stride, no padding: ViT's 16x16/16 embedding) is the same GEMM after
+  // one strided copy gathers each patch into a row [C*R*S] (im2col without overlap).
+  bool patch = lay == Layout::kNHWC && group == 1 && st[0] == w->dim(2) && st[1] == w->dim(3) && dil[0] == 1 &&
+               dil[1] == 1 && (*p4) == std::array<int64_t, 4>{0, 0, 0, 0};
+  if (patch) {
+    int64_t N = x->dims[0], C = x->dims[1], R = w->dim(2), S = w->dim(3);
+    int64_t P = n.outputs[0]->type.shape->dims[2].value(), Q = n.outputs[0]->type.shape->dims[3].value();
     GemmShape gs;
-    gs.m = x->dims[0] * x->dims[2] * x->dims[3];
-    gs.k = x->dims[1];
+    gs.m = N * P * Q;
+    gs.k = C * R * S;
     gs.n = w->dim(0);
     gs.trans_b = true;
+    DevValue rows;  // [N*P*Q, C*R*S]: x itself for 1x1, else the gathered patches
+    const DevValue* a = x;
+    if (R != 1 || S != 1) {
+      std::vector<int64_t> xs = x->strides();  // logical [n, c, h, w] order
+      k::NdStrides from = nd({N, P, Q, C, R, S}, {xs[0], R * xs[2], S * xs[3], xs[1], xs[2], xs[3]});
+      k::NdStrides to = nd({N, P, Q, C, R, S}, contiguous_strides({N, P, Q, C, R, S}));
+      rows.dt = *dt;
+      rows.dims = {gs.m, gs.k};
+      rows.ref = Ref{false, L.scratch(size_t(gs.m * gs.k) * size_t(k::dt_size(*dt)))};
+      Ref xr = x->ref, rr = rows.ref;
+      int eb = k::dt_size(*dt);
+      L.emit(&n, fmt::format("kernel copy_nd (patches {}x{})", R, S), {read_id(x)}, {rr.id}, [=](const RunCtx& c) {
+        return cuda_status(k::copy_nd(eb, c.ptr(xr), from, c.ptr(rr), to, c.stream), "copy_nd (patches)");
+      });
+      a = &rows;
+    }
     DevValue wv, bv;
     KILN_ASSIGN_OR_RETURN(wv.ref, L.upload(*w, *dt));
     wv.dt = *dt;
@@ -275,7 +343,7 @@ Status lower_conv(Lowering& L, const Node& n) {
     }
     const DevValue& y = L.define(out, lay);
     Ref yr = y.ref;
-    KILN_RETURN_IF_ERROR(emit_gemm(L, n, x, &wv, gs, ep, yr, *dt));
+    KILN_RETURN_IF_ERROR(emit_gemm(L, n, a, &wv, gs, ep, yr, *dt));
     for (const Node* f : fused) L.mark_fused(f, &n);
     return Status::ok();
   }
@@ -317,7 +385,17 @@ Status lower_conv(Lowering& L, const Node& n) {
   }
   size_t ws = 0;
   KILN_CUDA_TRY(cudnnGetConvolutionForwardWorkspaceSize(L.dnn, xd, wd, cd, yd, algo, &ws));
-  if (ws > L.options().workspace_bytes) KILN_UNSUPPORTED("convolution needs {} bytes of workspace", ws);
+  if (ws > L.options().workspace_bytes && fuse && !relu && !z && algo != choice.algo) {
+    // The fused call's algorithm needs more scratch than we have (ViT's 16x16/16 patch convolution
+    // at batch 256 wants ~200 MB): the picked algorithm plus a separate bias add fits.
+    separate_bias = true;
+    algo = choice.algo;
+    KILN_CUDA_TRY(cudnnGetConvolutionForwardWorkspaceSize(L.dnn, xd, wd, cd, yd, algo, &ws));
+  }
+  if (ws > L.options().workspace_bytes) {
+    KILN_UNSUPPORTED("convolution needs {} bytes of workspace, more than the {} allowed (BuildOptions::workspace_bytes)",
+                     ws, L.options().workspace_bytes);
+  }
 
   KILN_ASSIGN_OR_RETURN(Tensor wt, lay == Layout::kNHWC ? to_krsc(*w) : Expected<Tensor>(*w));
   KILN_ASSIGN_OR_RETURN(Ref wr, L.upload(wt, *dt));

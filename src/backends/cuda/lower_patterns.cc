@@ -85,6 +85,8 @@ std::optional<Replacement> gelu_tanh(Lowering& L, const Node& root) {
 }  // namespace
 
 void find_patterns(Lowering& L) {
+  find_attention(L);
+  find_conv_input_clips(L);
   for (const auto& up : L.graph().nodes) {
     const Node& n = *up;
     if (n.op != OpKind::kMul || L.is_fused(&n)) continue;
@@ -99,6 +101,7 @@ void find_patterns(Lowering& L) {
 }
 
 Status lower_replacement(Lowering& L, const Node& n, const Replacement& r) {
+  if (r.attention) return lower_attention(L, n, *r.attention);
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(r.x));
   if (x->dt != k::DT::kF32 && x->dt != k::DT::kF16 && x->dt != k::DT::kBF16) {
     return KILN_ERROR(kInternal, "{}: GELU pattern on {}", n.describe(), dtype_name(x->ir_dtype));

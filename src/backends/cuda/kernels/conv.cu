@@ -25,7 +25,9 @@ __global__ void depthwise_kernel(const T* __restrict__ x, const T* __restrict__ 
       for (int s = 0; s < sh.s; ++s) {
         int wi = q * sh.stride_w - sh.pad_w + s * sh.dil_w;
         if (wi < 0 || wi >= sh.w) continue;
-        acc += to_f(x[((int64_t(n) * sh.h + hi_) * sh.w + wi) * sh.c + c]) * to_f(f[(r * sh.s + s) * sh.c + c]);
+        float xv = to_f(x[((int64_t(n) * sh.h + hi_) * sh.w + wi) * sh.c + c]);
+        if (sh.in_clip) xv = fminf(fmaxf(xv, sh.in_lo), sh.in_hi);
+        acc += xv * to_f(f[(r * sh.s + s) * sh.c + c]);
       }
     }
     if (act == 1) acc = fmaxf(acc, 0.0f);
@@ -70,7 +72,11 @@ __global__ void depthwise_vec_kernel(const T* __restrict__ x, const T* __restric
         W xv = *reinterpret_cast<const W*>(x + ((int64_t(n) * sh.h + hi_) * sh.w + wi) * sh.c + c);
         W fv = *reinterpret_cast<const W*>(f + (r * sh.s + s) * sh.c + c);
 #pragma unroll
-        for (int j = 0; j < V; ++j) acc[j] += to_f(xv.v[j]) * to_f(fv.v[j]);
+        for (int j = 0; j < V; ++j) {
+          float xj = to_f(xv.v[j]);
+          if (sh.in_clip) xj = fminf(fmaxf(xj, sh.in_lo), sh.in_hi);
+          acc[j] += xj * to_f(fv.v[j]);
+        }
       }
     }
     W out;

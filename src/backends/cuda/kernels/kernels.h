@@ -135,9 +135,29 @@ cudaError_t channel_affine(DT dt, const void* x, const float* scale, const float
 struct DepthwiseShape {
   int n, h, w, c, r, s, p, q;
   int stride_h, stride_w, pad_h, pad_w, dil_h, dil_w;
+  int in_clip;         // nonzero: x is first clamped to [in_lo, in_hi] (a fused Clip before the conv)
+  float in_lo, in_hi;  // (padding stays zero: Clip(0) == 0 whenever in_lo <= 0 <= in_hi)
 };
 cudaError_t depthwise_conv2d_nhwc(DT dt, const void* x, const void* filter, const void* bias, void* y,
                                   const DepthwiseShape& sh, int act, float lo, float hi, cudaStream_t s);
+
+// ---- attention -----------------------------------------------------------------------------------
+
+// Fused scaled-dot-product attention, one pass (flash-attention style online softmax):
+//   O[b,h,i,:] = sum_j softmax_j(scale * Q[b,h,i,:].K[b,h,j,:] + mask[b,h,i,j]) V[b,h,j,:]
+// Q, K, V, O are addressed through per-tensor strides {b, h, s} in elements (the head-dim stride
+// is 1), so [B,S,H,D] projections are read in place, without transposes. mask (may be null) is
+// additive, dtype mask_dt (kF32/kF16/kBF16), broadcast through its strides {b, h, i, j} (0 where
+// broadcast). dt kF16 or kBF16, head_dim 64; accumulation and softmax statistics in f32. All
+// strides and base pointers must allow 16-byte vector access (strides multiples of 8).
+struct AttentionShape {
+  int b, h, sq, sk, d;
+  int64_t q[3], k[3], v[3], o[3];  // {batch, head, sequence} strides
+  int64_t m[4];                    // mask strides {b, h, i, j}
+};
+bool attention_supported(DT dt, int head_dim);
+cudaError_t attention(DT dt, const void* q, const void* k, const void* v, const void* mask, DT mask_dt, void* o,
+                      const AttentionShape& sh, float scale, cudaStream_t s);
 
 // ---- generators ----------------------------------------------------------------------------------
 

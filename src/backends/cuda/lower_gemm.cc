@@ -261,24 +261,30 @@ Status emit_padded_matmul(Lowering& L, const Node& n, const DevValue* a, const D
   Epilogue ep;
   std::vector<const Node*> fused;
   const Value* out = fuse_epilogue(L, n, cols, dt, ep, fused);
-  int eb = k::dt_size(dt);
+  size_t eb = size_t(k::dt_size(dt));
   if (ep.bias) {  // its host bytes (device dtype) extended with zeros
     const std::vector<char>& host = L.weight_data.at(size_t(ep.bias->ref.id));
-    std::vector<char> padded(size_t(s.n * eb), 0);
+    std::vector<char> padded(size_t(s.n) * eb, 0);
     std::copy(host.begin(), host.end(), padded.begin());
     KILN_ASSIGN_OR_RETURN(Ref r, L.upload_raw(padded.data(), padded.size()));
     auto* pb = new DevValue{r, dt, ep.bias->ir_dtype, {s.n}, Layout::kRowMajor};
     L.keep_alive.emplace_back(pb, [](void* q) { delete static_cast<DevValue*>(q); });
     ep.bias = pb;
   }
-  Ref tmp{false, L.scratch(size_t(s.m * s.n * eb))};
+  Ref tmp{false, L.scratch(size_t(s.m * s.n) * eb)};
   KILN_RETURN_IF_ERROR(emit_gemm(L, n, a, pw, s, ep, tmp, dt));
-  const DevValue& y = L.define(out);
-  k::NdStrides from = nd({rows, cols}, {s.n, 1}), to = nd({rows, cols}, {cols, 1});
+  // A graph output nobody else reads is compacted straight into its declared dtype (GPT-2's fp32
+  // logits): one pass instead of a compacting copy plus the output cast.
+  std::optional<k::DT> ydt;
+  if (L.is_graph_output(out) && L.consumers(out) == 0) ydt = to_kdt(out->type.dtype);
+  const DevValue& y = L.define(out, Layout::kRowMajor, ydt);
   Ref yr = y.ref;
-  L.emit(&n, fmt::format("kernel copy_nd (compact {} -> {} columns)", s.n, cols), {tmp.id}, {yr.id}, [=](const RunCtx& c) {
-    return cuda_status(k::copy_nd(eb, c.ptr(tmp), from, c.ptr(yr), to, c.stream), "copy_nd (compact)");
-  });
+  k::DT to = y.dt;
+  int64_t ld = s.n;
+  L.emit(&n, fmt::format("kernel cast_rows (compact {} -> {} columns{})", s.n, cols, to != dt ? ", to the output dtype" : ""),
+         {tmp.id}, {yr.id}, [=](const RunCtx& c) {
+           return cuda_status(k::cast_rows(dt, to, c.ptr(tmp), ld, c.ptr(yr), cols, rows, cols, c.stream), "cast_rows");
+         });
   for (const Node* f : fused) L.mark_fused(f, &n);
   return Status::ok();
 }

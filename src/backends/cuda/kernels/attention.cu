@@ -1,11 +1,17 @@
-// Fused attention (kernels.h): one CTA per (64 queries, head, batch), four warps of 16 query rows.
-// Per 64-key step: S = Q.K^T on tensor cores (WMMA, f32 accumulate) into shared memory; each
-// warp's rows get scale + mask and an online-softmax update (running max m, running sum l, the
-// f32 output accumulator rescaled by exp(m_old - m_new)); then O += P.V on tensor cores. Nothing
-// of size S x S ever reaches global memory. Q, K, V and O are read and written through strides,
-// so the [B,S,H,D] projection outputs are consumed in place.
-#include <mma.h>
-
+// Fused attention (kernels.h), flash-attention-2 style: one CTA per (64 queries, head, batch),
+// four warps of 16 query rows. Per 64-key step, S = Q.K^T runs on tensor cores (mma.sync
+// m16n8k16, f32 accumulate) straight into registers; the online softmax (running max m, running
+// sum l, rescale of the f32 output accumulator by exp(m_old - m_new)) works on those registers,
+// a row's values spread over one quad of lanes; the probabilities are repacked in registers as
+// the A operand of O += P.V. K is staged in shared memory as [key][d], V transposed as [d][key],
+// so every fragment load is one 32-bit shared load, conflict-free with a 72-element pitch.
+// Nothing of size S x S reaches global memory; Q, K, V, O are addressed through strides, so
+// [B,S,H,D] projection outputs are consumed in place.
+//
+// Fragment layouts of mma.m16n8k16 (g = lane / 4, t = lane % 4; pairs are consecutive columns):
+//   A 16x16: a0 (g, 2t..), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
+//   B 16x8:  b0 (k 2t.., n g), b1 (k 2t+8.., n g)
+//   C 16x8:  c0 c1 (g, 2t, 2t+1), c2 c3 (g+8, 2t, 2t+1)
 #include <cmath>
 
 #include "backends/cuda/kernels/common.cuh"
@@ -14,18 +20,11 @@ namespace kiln::cuda::k {
 
 namespace {
 
-using namespace nvcuda;
-
 constexpr int kD = 64;              // head dim
 constexpr int kTile = 64;           // queries per CTA, keys per step
 constexpr int kWarps = kTile / 16;  // 16 query rows per warp
 constexpr int kThreads = kWarps * 32;
-constexpr int kLdH = kD + 8;        // pitch (elements) of the half-precision tiles Q, K, V and P
-constexpr int kLdF = kD + 4;        // pitch of the f32 tiles S and O (kTile == kD)
-
-constexpr size_t kTileBytes = size_t(kTile) * kLdH * 2;
-constexpr size_t kWarpBytes = 16 * kLdF * 4 * 2 + 16 * kLdH * 2 + 16 * 4 * 2;  // S, O, P, m, l
-constexpr size_t kSmemBytes = 3 * kTileBytes + kWarps * kWarpBytes;
+constexpr int kLd = kD + 8;         // shared pitch in elements (144 bytes: 36 words, conflict-free)
 
 __device__ __forceinline__ float load_mask(const void* m, DT dt, int64_t i) {
   switch (dt) {
@@ -35,16 +34,56 @@ __device__ __forceinline__ float load_mask(const void* m, DT dt, int64_t i) {
   }
 }
 
-// rows x kD elements from src (row stride `stride` elements) into a kLdH-pitched tile; rows past
-// `count` are zero.
+__device__ __forceinline__ uint32_t pack(float lo, float hi, __half) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t pack(float lo, float hi, __nv_bfloat16) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, __half) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, __nv_bfloat16) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t ld32(const void* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// 64 rows x kD from src (row stride `stride` elements) into tile[row][d]; rows past count are 0.
 template <class T>
-__device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t stride, int count) {
+__device__ __forceinline__ void load_rows(T* tile, const T* src, int64_t stride, int count) {
   constexpr int kChunks = kD / 8;  // 16-byte chunks per row
   for (int idx = int(threadIdx.x); idx < kTile * kChunks; idx += kThreads) {
     int row = idx / kChunks, ch = idx % kChunks;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (row < count) v = *reinterpret_cast<const uint4*>(src + row * stride + ch * 8);
-    *reinterpret_cast<uint4*>(tile + row * kLdH + ch * 8) = v;
+    *reinterpret_cast<uint4*>(tile + row * kLd + ch * 8) = v;
+  }
+}
+
+// The same, stored transposed: tile[d][row].
+template <class T>
+__device__ __forceinline__ void load_rows_transposed(T* tile, const T* src, int64_t stride, int count) {
+  constexpr int kChunks = kD / 8;
+  for (int idx = int(threadIdx.x); idx < kTile * kChunks; idx += kThreads) {
+    int row = idx % kTile, ch = idx / kTile;  // consecutive threads: consecutive rows (fewer conflicts)
+    alignas(16) T v[8];
+    if (row < count) {
+      *reinterpret_cast<uint4*>(v) = *reinterpret_cast<const uint4*>(src + row * stride + ch * 8);
+    } else {
+      *reinterpret_cast<uint4*>(v) = make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) tile[(ch * 8 + e) * kLd + row] = v[e];
   }
 }
 
@@ -53,125 +92,124 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const T* __restrict
                                                              const T* __restrict__ v, const void* __restrict__ mask,
                                                              DT mask_dt, T* __restrict__ o, AttentionShape sh,
                                                              float scale) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  T* qs = reinterpret_cast<T*>(smem);
-  T* ks = reinterpret_cast<T*>(smem + kTileBytes);
-  T* vs = reinterpret_cast<T*>(smem + 2 * kTileBytes);
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  unsigned char* wbase = smem + 3 * kTileBytes + size_t(warp) * kWarpBytes;
-  float* s_w = reinterpret_cast<float*>(wbase);
-  float* o_w = s_w + 16 * kLdF;
-  T* p_w = reinterpret_cast<T*>(o_w + 16 * kLdF);
-  float* m_w = reinterpret_cast<float*>(p_w + 16 * kLdH);
-  float* l_w = m_w + 16;
-
+  __shared__ __align__(16) T qs[kTile * kLd];
+  __shared__ __align__(16) T ks[kTile * kLd];
+  __shared__ __align__(16) T vt[kD * kLd];
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane >> 2, t = lane & 3;
   const int b = int(blockIdx.z), h = int(blockIdx.y), q0 = int(blockIdx.x) * kTile;
-  const T* qb = q + b * sh.q[0] + h * sh.q[1];
   const T* kb = k + b * sh.k[0] + h * sh.k[1];
   const T* vb = v + b * sh.v[0] + h * sh.v[1];
-  load_tile(qs, qb + q0 * sh.q[2], sh.q[2], min(kTile, sh.sq - q0));
-  for (int i = lane; i < 16 * kLdF; i += 32) o_w[i] = 0.0f;
-  if (lane < 16) {
-    m_w[lane] = -INFINITY;
-    l_w[lane] = 0.0f;
-  }
+  load_rows(qs, q + b * sh.q[0] + h * sh.q[1] + q0 * sh.q[2], sh.q[2], min(kTile, sh.sq - q0));
   __syncthreads();
-  wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> qa[kD / 16];
-  for (int kk = 0; kk < kD / 16; ++kk) wmma::load_matrix_sync(qa[kk], qs + warp * 16 * kLdH + kk * 16, kLdH);
-
-  const int r = lane >> 1, half = lane & 1;  // softmax: two lanes per row, 32 columns each
-  const int qi = q0 + warp * 16 + r;
-  const bool row_ok = qi < sh.sq;
-  const int64_t mrow = int64_t(b) * sh.m[0] + int64_t(h) * sh.m[1] + int64_t(qi) * sh.m[2];
+  uint32_t qa[kD / 16][4];  // this warp's 16 query rows as A fragments, for the whole loop
+  const T* qw = qs + warp * 16 * kLd;
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    qa[kk][0] = ld32(qw + g * kLd + kk * 16 + 2 * t);
+    qa[kk][1] = ld32(qw + (g + 8) * kLd + kk * 16 + 2 * t);
+    qa[kk][2] = ld32(qw + g * kLd + kk * 16 + 8 + 2 * t);
+    qa[kk][3] = ld32(qw + (g + 8) * kLd + kk * 16 + 8 + 2 * t);
+  }
+  const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  int64_t mrow[2];
+  for (int r = 0; r < 2; ++r) mrow[r] = int64_t(b) * sh.m[0] + int64_t(h) * sh.m[1] + int64_t(row[r]) * sh.m[2];
+  float acc[kD / 8][4] = {};  // O: 8 column tiles of 8
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // l: this lane's partial sums
 
   for (int j0 = 0; j0 < sh.sk; j0 += kTile) {
-    __syncthreads();  // the previous step is done with ks / vs
+    __syncthreads();  // everyone is done with the previous ks / vt
     int count = min(kTile, sh.sk - j0);
-    load_tile(ks, kb + j0 * sh.k[2], sh.k[2], count);
-    load_tile(vs, vb + j0 * sh.v[2], sh.v[2], count);
+    load_rows(ks, kb + j0 * sh.k[2], sh.k[2], count);
+    load_rows_transposed(vt, vb + j0 * sh.v[2], sh.v[2], count);
     __syncthreads();
 
-    for (int nb = 0; nb < kTile / 16; ++nb) {  // S = Q . K^T
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::fill_fragment(acc, 0.0f);
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> kf;
-        wmma::load_matrix_sync(kf, ks + nb * 16 * kLdH + kk * 16, kLdH);
-        wmma::mma_sync(acc, qa[kk], kf, acc);
+    float s[kTile / 8][4];  // S: 8 key tiles of 8
+#pragma unroll
+    for (int nt = 0; nt < kTile / 8; ++nt) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+      const T* kr = ks + (nt * 8 + g) * kLd + 2 * t;
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) mma(s[nt], qa[kk], ld32(kr + kk * 16), ld32(kr + kk * 16 + 8), T());
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < kTile / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        int r = e >> 1, key = j0 + nt * 8 + 2 * t + (e & 1);
+        float x = -INFINITY;
+        if (key < sh.sk) {
+          x = s[nt][e] * scale;
+          if (mask && row[r] < sh.sq) x += load_mask(mask, mask_dt, mrow[r] + int64_t(key) * sh.m[3]);
+        }
+        s[nt][e] = x;
+        mx[r] = fmaxf(mx[r], x);
       }
-      wmma::store_matrix_sync(s_w + nb * 16, acc, kLdF, wmma::mem_row_major);
     }
-    __syncwarp();
-
-    float* srow = s_w + r * kLdF + half * 32;
-    float mx = -INFINITY;
-    for (int c = 0; c < 32; ++c) {
-      int key = j0 + half * 32 + c;
-      float x = -INFINITY;
-      if (key < sh.sk) {
-        x = srow[c] * scale;
-        if (mask && row_ok) x += load_mask(mask, mask_dt, mrow + int64_t(key) * sh.m[3]);
+    float alpha[2], base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      float m_new = fmaxf(m_run[r], mx[r]);
+      base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row masked so far stays all-zero
+      alpha[r] = __expf(m_run[r] - base[r]);
+      m_run[r] = m_new;
+      l_run[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int nt = 0; nt < kTile / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float p = __expf(s[nt][e] - base[e >> 1]);
+        s[nt][e] = p;
+        l_run[e >> 1] += p;
       }
-      srow[c] = x;
-      mx = fmaxf(mx, x);
     }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    const float m_old = m_w[r], m_new = fmaxf(m_old, mx);
-    const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row masked so far stays all-zero
-    const float alpha = __expf(m_old - base);
-    float sum = 0.0f;
-    T* prow = p_w + r * kLdH + half * 32;
-    for (int c = 0; c < 32; ++c) {
-      float p = __expf(srow[c] - base);
-      sum += p;
-      prow[c] = from_f<T>(p);
+#pragma unroll
+    for (int dt = 0; dt < kD / 8; ++dt) {
+      acc[dt][0] *= alpha[0];
+      acc[dt][1] *= alpha[0];
+      acc[dt][2] *= alpha[1];
+      acc[dt][3] *= alpha[1];
     }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    float* orow = o_w + r * kLdF + half * 32;
-    for (int c = 0; c < 32; ++c) orow[c] *= alpha;
-    __syncwarp();
-    if (half == 0) {
-      m_w[r] = m_new;
-      l_w[r] = l_w[r] * alpha + sum;
-    }
-    __syncwarp();
-
-    for (int db = 0; db < kD / 16; ++db) {  // O += P . V
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::load_matrix_sync(acc, o_w + db * 16, kLdF, wmma::mem_row_major);
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> pf;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> vf;
-        wmma::load_matrix_sync(pf, p_w + kk * 16, kLdH);
-        wmma::load_matrix_sync(vf, vs + kk * 16 * kLdH + db * 16, kLdH);
-        wmma::mma_sync(acc, pf, vf, acc);
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {  // O += P . V, P straight from the S registers
+      uint32_t pa[4] = {pack(s[2 * kk][0], s[2 * kk][1], T()), pack(s[2 * kk][2], s[2 * kk][3], T()),
+                        pack(s[2 * kk + 1][0], s[2 * kk + 1][1], T()), pack(s[2 * kk + 1][2], s[2 * kk + 1][3], T())};
+#pragma unroll
+      for (int dt = 0; dt < kD / 8; ++dt) {
+        const T* vr = vt + (dt * 8 + g) * kLd + kk * 16 + 2 * t;
+        mma(acc[dt], pa, ld32(vr), ld32(vr + 8), T());
       }
-      wmma::store_matrix_sync(o_w + db * 16, acc, kLdF, wmma::mem_row_major);
     }
-    __syncwarp();
   }
 
-  if (!row_ok) return;
-  const float inv = 1.0f / l_w[r];  // 0 / 0 = NaN for a fully masked row, as the unfused softmax
-  T* dst = o + b * sh.o[0] + h * sh.o[1] + int64_t(qi) * sh.o[2] + half * 32;
-  const float* orow = o_w + r * kLdF + half * 32;
-  for (int c = 0; c < 32; c += 8) {
-    alignas(16) T vals[8];
-    for (int e = 0; e < 8; ++e) vals[e] = from_f<T>(orow[c + e] * inv);
-    *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(vals);
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = l_run[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    inv[r] = 1.0f / l;  // 0 / 0 = NaN for a fully masked row, as the unfused softmax gives
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (row[r] >= sh.sq) continue;
+    T* dst = o + b * sh.o[0] + h * sh.o[1] + int64_t(row[r]) * sh.o[2] + 2 * t;
+#pragma unroll
+    for (int dt = 0; dt < kD / 8; ++dt) {
+      *reinterpret_cast<uint32_t*>(dst + dt * 8) = pack(acc[dt][2 * r] * inv[r], acc[dt][2 * r + 1] * inv[r], T());
+    }
   }
 }
 
 template <class T>
 cudaError_t launch(const void* q, const void* k, const void* v, const void* mask, DT mask_dt, void* o,
                    const AttentionShape& sh, float scale, cudaStream_t s) {
-  static const cudaError_t attr = cudaFuncSetAttribute(attention_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       int(kSmemBytes));
-  if (attr != cudaSuccess) return attr;
   dim3 grid(unsigned((sh.sq + kTile - 1) / kTile), unsigned(sh.h), unsigned(sh.b));
-  attention_kernel<T><<<grid, kThreads, kSmemBytes, s>>>(static_cast<const T*>(q), static_cast<const T*>(k),
-                                                         static_cast<const T*>(v), mask, mask_dt, static_cast<T*>(o), sh,
-                                                         scale);
+  attention_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(q), static_cast<const T*>(k),
+                                                static_cast<const T*>(v), mask, mask_dt, static_cast<T*>(o), sh, scale);
   return cudaGetLastError();
 }
 

@@ -472,6 +472,34 @@ cudaError_t cast(DT from, DT to, const void* x, void* y, int64_t n, cudaStream_t
   });
 }
 
+namespace {
+template <class From, class To>
+__global__ void cast_rows_kernel(const From* __restrict__ x, int64_t ldx, To* __restrict__ y, int64_t ldy, int64_t rows,
+                                 int64_t cols) {
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < cols; c += int64_t(gridDim.x) * blockDim.x) {
+      y[r * ldy + c] = convert<To>(x[r * ldx + c]);
+    }
+  }
+}
+}  // namespace
+
+cudaError_t cast_rows(DT from, DT to, const void* x, int64_t ldx, void* y, int64_t ldy, int64_t rows, int64_t cols,
+                      cudaStream_t s) {
+  if (rows < 0 || cols < 0 || ldx < cols || ldy < cols) return cudaErrorInvalidValue;
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  return dispatch_dt(from, [&](auto from_tag) {
+    return dispatch_dt(to, [&](auto to_tag) {
+      using From = typename decltype(from_tag)::type;
+      using To = typename decltype(to_tag)::type;
+      dim3 grid(unsigned(std::min<int64_t>((cols + kBlock - 1) / kBlock, 64)), unsigned(std::min<int64_t>(rows, 65535)));
+      cast_rows_kernel<From, To><<<grid, kBlock, 0, s>>>(static_cast<const From*>(x), ldx, static_cast<To*>(y), ldy, rows,
+                                                         cols);
+      return cudaGetLastError();
+    });
+  });
+}
+
 cudaError_t fill(DT dt, void* y, int64_t n, double value, cudaStream_t s) {
   if (n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;

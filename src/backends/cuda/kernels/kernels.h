@@ -80,6 +80,10 @@ cudaError_t where(DT dt, const void* cond, const NdStrides& sc, const void* x, c
 // y[i] = (to)x[i] over n elements, any DT pair (float -> int truncates toward zero, like ONNX;
 // -> kBool is x != 0).
 cudaError_t cast(DT from, DT to, const void* x, void* y, int64_t n, cudaStream_t s);
+// The same over rows of a matrix with leading dims: y[r*ldy + c] = (to)x[r*ldx + c], c < cols
+// (drops padding columns, e.g. after a GEMM on a padded width; from == to is a plain copy).
+cudaError_t cast_rows(DT from, DT to, const void* x, int64_t ldx, void* y, int64_t ldy, int64_t rows, int64_t cols,
+                      cudaStream_t s);
 
 // Strided N-d copy of elem_bytes-sized elements (1, 2, 4 or 8):
 //   dst[idx . dst_strides] = src[idx . src_strides] for idx in the index space src.dims

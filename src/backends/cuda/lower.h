@@ -134,6 +134,10 @@ class Lowering {
   int new_bad_index_slot() { return bad_index_slots_++; }
   void mark_fused(const Node* n, const Node* into);  // n needs no step of its own
   bool is_fused(const Node* n) const { return fused_.count(n) != 0; }
+  const Node* fused_into(const Node* n) const {
+    auto it = fused_.find(n);
+    return it == fused_.end() ? nullptr : it->second;
+  }
   void place(const Node* n, std::string device, std::string impl, std::string why = "");
 
   // Results, read by the engine after lowering.

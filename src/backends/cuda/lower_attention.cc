@@ -13,20 +13,21 @@
 #include <array>
 
 #include "backends/cuda/lower.h"
+#include "runtime/strided_view.h"
 
 namespace kiln::cuda {
 
-// v indexed [i0..i3] reads base at base dim perm[i]; base is materialized row-major.
+// v read straight out of base (materialized, row-major) through a strided view.
 struct AttnView {
   const Value* base = nullptr;
-  std::array<int, 4> perm = {0, 1, 2, 3};
+  StridedView view = StridedView::contiguous({});
 };
 
 struct AttentionMatch {
   AttnView q, k, v;           // q, v: [B,H,S,D]; k: [B,H,D,S]
   const Value* mask = nullptr;  // additive, broadcast to [B,H,Sq,Sk]
   double scale = 1.0;
-  bool out_bshd = false;      // root is the Transpose(0,2,1,3): O written as [B,S,H,D]
+  std::vector<int64_t> out_perm;  // root is Transpose(O, out_perm) (d innermost); empty: root is P.V
   int64_t b = 0, h = 0, sq = 0, sk = 0, d = 0;
 };
 
@@ -71,22 +72,68 @@ const Value* through_scale(Lowering& L, const Node* n, double& scale) {
   return nullptr;
 }
 
-// Walks back from v through single-reader Transposes (and scalar Muls when `scale` is given).
+bool is_view_op(Lowering& L, const Node* n) {
+  switch (n->op) {
+    case OpKind::kTranspose: case OpKind::kReshape: case OpKind::kSqueeze: case OpKind::kUnsqueeze:
+    case OpKind::kFlatten: case OpKind::kIdentity:
+      return true;
+    case OpKind::kGather: {
+      const Tensor* idx = L.constant(n->inputs[1]);
+      return idx && idx->numel() == 1 && idx->rank() <= 1;
+    }
+    case OpKind::kSplit: return n->inputs[0]->type.shape && !n->outputs.empty();
+    case OpKind::kSlice: {  // constant starts/ends/axes, steps of 1
+      for (size_t i = 1; i < n->inputs.size(); ++i) {
+        if (n->has_input(int(i)) && !L.constant(n->inputs[i])) return false;
+      }
+      const Tensor* steps = n->has_input(4) ? L.constant(n->inputs[4]) : nullptr;
+      if (steps) {
+        for (int64_t i = 0; i < steps->numel(); ++i) {
+          if (steps->as_double(i) != 1) return false;
+        }
+      }
+      return n->inputs.size() >= 3;
+    }
+    default: return false;
+  }
+}
+
+// Slice with constant starts/axes and unit steps: the output's dims give the lengths.
+bool narrow_slice(Lowering& L, const Node& p, StridedView& v, const std::vector<int64_t>& out) {
+  const Tensor* starts = L.constant(p.inputs[1]);
+  const Tensor* axes = p.has_input(3) ? L.constant(p.inputs[3]) : nullptr;
+  std::vector<int64_t> in = v.dims();
+  int64_t rank = int64_t(in.size());
+  for (int64_t i = 0; starts && i < starts->numel(); ++i) {
+    int64_t axis = axes ? int64_t(axes->as_double(i)) : i;
+    if (axis < 0) axis += rank;
+    if (axis < 0 || axis >= rank) return false;
+    int64_t st = int64_t(starts->as_double(i)), n = in[size_t(axis)];
+    if (st < 0) st += n;
+    st = std::clamp<int64_t>(st, 0, n);
+    if (!v.narrow(int(axis), st, out[size_t(axis)])) return false;
+  }
+  return starts != nullptr;
+}
+
+// Walks back from v through data-movement ops (any number of readers: they only re-address
+// bytes) and single-reader scalar Muls (when `scale` is given), then replays the chain forward
+// as a strided view of where it started.
 std::optional<AttnView> view(Lowering& L, const Value* v, double* scale, std::vector<const Node*>& fused) {
-  AttnView r;
+  std::vector<std::pair<const Node*, const Value*>> chain;  // node and the output taken
   const Value* cur = v;
-  for (int guard = 0; guard < 8; ++guard) {
-    if (const Node* t = sole(L, cur, OpKind::kTranspose)) {
-      std::vector<int64_t> p = t->attr_ints("perm", {3, 2, 1, 0});
-      if (p.size() != 4) return std::nullopt;
-      for (int& x : r.perm) x = int(p[size_t(x)]);
-      fused.push_back(t);
-      cur = t->inputs[0];
+  while (cur->producer && chain.size() < 32) {
+    const Node* p = cur->producer;
+    if (is_view_op(L, p)) {
+      chain.emplace_back(p, cur);
+      cur = p->inputs[0];
       continue;
     }
     if (const Node* m = scale ? sole(L, cur, OpKind::kMul) : nullptr) {
-      const Value* x = through_scale(L, m, *scale);
+      double sc = *scale;
+      const Value* x = through_scale(L, m, sc);
       if (!x) break;
+      *scale = sc;
       fused.push_back(m);
       cur = x;
       continue;
@@ -94,30 +141,60 @@ std::optional<AttnView> view(Lowering& L, const Value* v, double* scale, std::ve
     break;
   }
   auto d = static_dims(cur);
-  if (!d || d->size() != 4) return std::nullopt;
-  r.base = cur;
+  if (!d) return std::nullopt;
+  AttnView r{cur, StridedView::contiguous(*d)};
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    const Node* p = it->first;
+    auto out = static_dims(it->second);
+    if (!out) return std::nullopt;
+    bool ok = true;
+    int64_t rank = int64_t(r.view.dims().size());
+    if (p->op == OpKind::kTranspose) {
+      std::vector<int64_t> perm = p->attr_ints("perm");
+      if (perm.empty()) {
+        for (size_t i = r.view.dims().size(); i-- > 0;) perm.push_back(int64_t(i));
+      }
+      ok = r.view.transpose(perm);
+    } else if (p->op == OpKind::kGather) {
+      const Tensor* idx = L.constant(p->inputs[1]);
+      int64_t axis = p->attr_int("axis", 0);
+      if (axis < 0) axis += rank;
+      ok = r.view.select(int(axis), int64_t(idx->as_double(0)), idx->rank() == 1);
+    } else if (p->op == OpKind::kSplit) {  // the output's start: the sizes of the outputs before it
+      int64_t axis = p->attr_int("axis", 0), start = 0;
+      if (axis < 0) axis += rank;
+      size_t which = 0;
+      while (which < p->outputs.size() && p->outputs[which] != it->second) ++which;
+      for (size_t i = 0; i < which; ++i) {
+        auto od = static_dims(p->outputs[i]);
+        if (!od || od->size() != size_t(rank)) return std::nullopt;
+        start += (*od)[size_t(axis)];
+      }
+      ok = axis >= 0 && axis < rank && r.view.narrow(int(axis), start, (*out)[size_t(axis)]);
+    } else if (p->op == OpKind::kSlice) {
+      ok = narrow_slice(L, *p, r.view, *out);
+    } else if (p->op != OpKind::kIdentity) {
+      ok = r.view.reshape(*out);
+    }
+    if (!ok || r.view.dims() != *out) return std::nullopt;
+  }
+  if (r.view.dims().size() != 4 || !r.view.strides()) return std::nullopt;
   return r;
 }
 
-std::vector<int64_t> view_dims(const AttnView& v) {
-  std::vector<int64_t> base = *static_dims(v.base), out(4);
-  for (int i = 0; i < 4; ++i) out[size_t(i)] = base[size_t(v.perm[size_t(i)])];
-  return out;
-}
+std::vector<int64_t> view_dims(const AttnView& v) { return v.view.dims(); }
 
-// Strides of the view's axes in elements of its (contiguous) base.
 std::array<int64_t, 4> view_strides(const AttnView& v) {
-  std::vector<int64_t> s = contiguous_strides(*static_dims(v.base));
-  std::array<int64_t, 4> r{};
-  for (int i = 0; i < 4; ++i) r[size_t(i)] = s[size_t(v.perm[size_t(i)])];
-  return r;
+  std::vector<int64_t> s = *v.view.strides();
+  return {s[0], s[1], s[2], s[3]};
 }
 
-bool aligned(const std::array<int64_t, 4>& s, int d_axis) {
+bool aligned(const AttnView& v, int d_axis) {
+  auto s = view_strides(v);
   for (int i = 0; i < 4; ++i) {
     if (i == d_axis ? s[size_t(i)] != 1 : s[size_t(i)] % 8 != 0) return false;
   }
-  return true;
+  return v.view.offset() % 8 == 0;
 }
 
 std::optional<std::pair<AttentionMatch, std::vector<const Node*>>> match(Lowering& L, const Node& sm) {
@@ -171,11 +248,13 @@ std::optional<std::pair<AttentionMatch, std::vector<const Node*>>> match(Lowerin
   }
   if (!pv || pv->op != OpKind::kMatMul || pv->inputs[0] != p) return std::nullopt;
   const Node* root = pv;
-  if (const Node* t = L.only_consumer(pv->outputs[0]);
-      t && t->op == OpKind::kTranspose && t->attr_ints("perm") == std::vector<int64_t>{0, 2, 1, 3}) {
-    fused.push_back(pv);
-    root = t;
-    m.out_bshd = true;
+  if (const Node* t = L.only_consumer(pv->outputs[0]); t && t->op == OpKind::kTranspose) {
+    std::vector<int64_t> perm = t->attr_ints("perm");
+    if (perm.size() == 4 && perm[3] == 3 && static_dims(t->outputs[0])) {
+      fused.push_back(pv);
+      root = t;
+      m.out_perm = perm;
+    }
   }
   auto q = view(L, mm->inputs[0], &m.scale, fused);
   auto k = view(L, mm->inputs[1], &m.scale, fused);
@@ -188,7 +267,7 @@ std::optional<std::pair<AttentionMatch, std::vector<const Node*>>> match(Lowerin
   m.b = qd[0], m.h = qd[1], m.sq = qd[2], m.d = qd[3], m.sk = kd[3];
   if (kd != std::vector<int64_t>{m.b, m.h, m.d, m.sk} || vd != std::vector<int64_t>{m.b, m.h, m.sk, m.d}) return std::nullopt;
   if (*xd != std::vector<int64_t>{m.b, m.h, m.sq, m.sk}) return std::nullopt;
-  if (!aligned(view_strides(m.q), 3) || !aligned(view_strides(m.k), 2) || !aligned(view_strides(m.v), 3)) {
+  if (!aligned(m.q, 3) || !aligned(m.k, 2) || !aligned(m.v, 3)) {
     return std::nullopt;
   }
   if (m.mask) {
@@ -222,11 +301,34 @@ void find_attention(Lowering& L) {
     // The root: the last node of the chain (the output transpose, or the P.V MatMul).
     const Node* pv = L.only_consumer(n.outputs[0]);
     if (pv->op == OpKind::kCast) pv = L.only_consumer(pv->outputs[0]);
-    const Node* root = r->first.out_bshd ? L.only_consumer(pv->outputs[0]) : pv;
+    const Node* root = r->first.out_perm.empty() ? pv : L.only_consumer(pv->outputs[0]);
     for (const Node* f : r->second) L.mark_fused(f, root);
     Replacement rep;
     rep.attention = std::make_shared<AttentionMatch>(r->first);
     L.replacements[root] = rep;
+  }
+  // The data-movement chains the fused kernels read through (ViT's QKV unbind: a 5-D transpose
+  // copy and three gathers per layer) are dead once every reader is fused: skip them too.
+  const auto& nodes = L.graph().nodes;
+  for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+    const Node& n = **it;
+    if (L.is_fused(&n) || L.replacements.count(&n) || !is_view_op(L, &n)) continue;
+    const Node* into = nullptr;
+    bool dead = true;
+    for (const Value* o : n.outputs) {
+      if (!o || L.is_graph_output(o)) {
+        dead = dead && !o;
+        continue;
+      }
+      for (const auto& up2 : nodes) {
+        for (const Value* in : up2->inputs) {
+          if (in != o) continue;
+          if (!L.is_fused(up2.get())) dead = false;
+          else if (!into) into = L.fused_into(up2.get());
+        }
+      }
+    }
+    if (dead && into) L.mark_fused(&n, into);
   }
 }
 
@@ -246,8 +348,9 @@ Status lower_attention(Lowering& L, const Node& root, const AttentionMatch& m) {
   std::copy(kk, kk + 3, sh.k);
   std::copy(vv, vv + 3, sh.v);
   const DevValue& y = L.define(root.outputs[0]);
-  if (m.out_bshd) {  // y [B,Sq,H,D]
-    sh.o[0] = m.sq * m.h * m.d, sh.o[1] = m.d, sh.o[2] = m.h * m.d;
+  if (!m.out_perm.empty()) {  // y = Transpose(O, perm), contiguous: O's dim perm[j] has y's stride j
+    std::vector<int64_t> ys = contiguous_strides(y.dims);
+    for (int j = 0; j < 3; ++j) sh.o[m.out_perm[size_t(j)]] = ys[size_t(j)];
   } else {  // y [B,H,Sq,D]
     sh.o[0] = m.h * m.sq * m.d, sh.o[1] = m.sq * m.d, sh.o[2] = m.d;
   }
@@ -263,13 +366,16 @@ Status lower_attention(Lowering& L, const Node& root, const AttentionMatch& m) {
   Ref qr = q->ref, kr = kv->ref, vr = v->ref, yr = y.ref;
   k::DT dt = y.dt;
   float scale = float(m.scale);
+  size_t eb = size_t(k::dt_size(dt));
+  size_t qo = size_t(m.q.view.offset()) * eb, ko = size_t(m.k.view.offset()) * eb, vo = size_t(m.v.view.offset()) * eb;
   std::vector<int> reads = {qr.weight ? -1 : qr.id, kr.weight ? -1 : kr.id, vr.weight ? -1 : vr.id};
   if (has_mask) reads.push_back(mr.weight ? -1 : mr.id);
   L.emit(&root,
          fmt::format("kernel attention (fused, b={} h={} sq={} sk={} d={}{}{})", m.b, m.h, m.sq, m.sk, m.d,
-                     has_mask ? " +mask" : "", m.out_bshd ? ", out BSHD" : ""),
+                     has_mask ? " +mask" : "", m.out_perm.empty() ? "" : ", output transposed"),
          reads, {yr.id}, [=](const RunCtx& c) {
-           return cuda_status(k::attention(dt, c.ptr(qr), c.ptr(kr), c.ptr(vr), has_mask ? c.ptr(mr) : nullptr, mdt,
+           auto at = [&](Ref r, size_t off) { return static_cast<const char*>(c.ptr(r)) + off; };
+           return cuda_status(k::attention(dt, at(qr, qo), at(kr, ko), at(vr, vo), has_mask ? c.ptr(mr) : nullptr, mdt,
                                            c.ptr(yr), sh, scale, c.stream),
                               "attention");
          });

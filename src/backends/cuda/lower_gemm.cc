@@ -154,9 +154,10 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
   std::vector<int> reads = {read_id(a), read_id(b)};
   if (ep.bias) reads.push_back(read_id(ep.bias));
   if (ep.c) reads.push_back(read_id(ep.c));
-  std::string impl = fmt::format("cublasLt {} m={} n={} k={}{}{}{}", L.options().precision == Precision::kTf32 ? "tf32" :
+  std::string impl = fmt::format("cublasLt {} m={} n={} k={}{}{}{}{}", L.options().precision == Precision::kTf32 ? "tf32" :
                                  dt == k::DT::kF32 ? "fp32" : dt == k::DT::kF16 ? "fp16" : "bf16", s.m, s.n, s.k,
                                  s.batch > 1 ? fmt::format(" batch={}", s.batch) : "", has_bias ? " +bias" : "",
+                                 ep.c ? (ep.beta == 1.0f && ep.alpha == 1.0f ? " +residual" : " +C") : "",
                                  ep.act.empty() ? "" : " +" + ep.act);
   std::mutex* mu = new std::mutex;  // the bias pointer lives in the shared descriptor
   L.keep_alive.emplace_back(mu, [](void* p) { delete static_cast<std::mutex*>(p); });
@@ -183,10 +184,32 @@ const Node* next_op(Lowering& L, const Value* v, OpKind want) {
   return c && c->op == want ? c : nullptr;
 }
 
-// MatMul -> Add(per-column constant) [-> Relu | Gelu]: returns the value the fused chain
+// A residual Add of a full-size tensor already computed becomes cuBLASLt's C input (beta = 1),
+// so the transformer's "x + Linear(y)" is one GEMM instead of a GEMM and an elementwise pass. A
+// Reshape between them (GPT-2's Gemm on [B*S, E] rows, added back as [B, S, E]) is the same bytes.
+const Value* fuse_residual(Lowering& L, const Value* out, k::DT dt, Epilogue& ep, std::vector<const Node*>& fused) {
+  const Node* reshape = next_op(L, out, OpKind::kReshape);
+  const Value* at = reshape ? reshape->outputs[0] : out;
+  const Node* add = next_op(L, at, OpKind::kAdd);
+  if (!add || ep.c) return out;
+  const Value* other = add->inputs[0] == at ? add->inputs[1] : add->inputs[0];
+  if (other == at || L.constant(other) || !L.values.count(other) || !(other->type == at->type) ||
+      !(add->outputs[0]->type == at->type)) {
+    return out;
+  }
+  auto r = L.rowmajor(other);
+  if (!r || (*r)->dt != dt) return out;
+  ep.c = *r;
+  ep.beta = 1.0f;
+  if (reshape) fused.push_back(reshape);
+  fused.push_back(add);
+  return add->outputs[0];
+}
+
+// MatMul -> Add(per-column constant) [-> Add(residual)] [-> Relu | Gelu]: returns the value the fused chain
 // produces and fills ep. Fusion needs the intermediate values to have no other reader.
 const Value* fuse_epilogue(Lowering& L, const Node& mm, int64_t n_cols, k::DT dt, Epilogue& ep,
-                           std::vector<const Node*>& fused) {
+                           std::vector<const Node*>& fused, bool allow_residual = true) {
   const Value* out = mm.outputs[0];
   if (const Node* add = next_op(L, out, OpKind::kAdd)) {
     const Value* other = add->inputs[0] == out ? add->inputs[1] : add->inputs[0];
@@ -201,6 +224,7 @@ const Value* fuse_epilogue(Lowering& L, const Node& mm, int64_t n_cols, k::DT dt
       }
     }
   }
+  if (allow_residual) out = fuse_residual(L, out, dt, ep, fused);
   if (const Node* act = next_op(L, out, OpKind::kRelu)) {
     ep.act = "relu";
     fused.push_back(act);
@@ -260,7 +284,7 @@ Status emit_padded_matmul(Lowering& L, const Node& n, const DevValue* a, const D
   s.n = pw->dims[1];
   Epilogue ep;
   std::vector<const Node*> fused;
-  const Value* out = fuse_epilogue(L, n, cols, dt, ep, fused);
+  const Value* out = fuse_epilogue(L, n, cols, dt, ep, fused, /*allow_residual=*/false);  // C would need ld Npad
   size_t eb = size_t(k::dt_size(dt));
   if (ep.bias) {  // its host bytes (device dtype) extended with zeros
     const std::vector<char>& host = L.weight_data.at(size_t(ep.bias->ref.id));
@@ -366,7 +390,8 @@ Status lower_gemm(Lowering& L, const Node& n) {
   }
   std::vector<const Node*> fused;
   const Value* out = n.outputs[0];
-  if (!ep.c) {
+  if (!ep.c) out = fuse_residual(L, out, dt, ep, fused);
+  if (!ep.c || out != n.outputs[0]) {
     if (const Node* act = next_op(L, out, OpKind::kRelu)) {
       ep.act = "relu";
       fused.push_back(act);

@@ -44,6 +44,7 @@ struct EngineOptions {
   std::string device = "auto";       // auto: the GPU when usable, else the CPU with a warning
   std::string precision = "fp32";    // fp32, tf32, fp16, bf16 (GPU builds)
   bool no_cuda_graph = false;
+  bool no_autotune = false;
 };
 
 struct BuildCliOptions {

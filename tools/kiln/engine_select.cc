@@ -85,6 +85,7 @@ Expected<std::unique_ptr<Runner>> make_runner(Graph& g, const EngineOptions& opt
     cuda::BuildOptions bo;
     bo.precision = prec;
     bo.cuda_graph = !opt.no_cuda_graph;
+    bo.autotune = !opt.no_autotune;
     auto e = cuda::Engine::build(g, bo);
     if (e) {
       KILN_ASSIGN_OR_RETURN(auto s, (*e)->new_session());

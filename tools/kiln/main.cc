@@ -30,6 +30,8 @@ void add_engine_options(CLI::App* app, kiln::cli::EngineOptions& eng) {
   f16->excludes(b16)->excludes(t32);
   b16->excludes(t32);
   app->add_flag("--no-cuda-graph", eng.no_cuda_graph, "GPU: launch step by step instead of replaying a CUDA graph");
+  app->add_flag("--no-autotune", eng.no_autotune,
+                "GPU: take the libraries' heuristic choices instead of timing candidates at build");
 }
 
 }  // namespace

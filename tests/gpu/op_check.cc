@@ -107,6 +107,14 @@ const std::vector<Case> kCases = {
   {"linear_unaligned_bias", "graph g(%a: f32[3,5,64], %w: f32[64,33], %c: f32[33]) {\n %m = MatMul(%a, %w) : f32[3,5,33]\n %y = Add(%m, %c) : f32[3,5,33]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2},
   {"linear_bias_residual", "graph g(%a: f32[2,7,64], %w: f32[64,48], %c: f32[48], %r: f32[2,7,48]) {\n %m = MatMul(%a, %w) : f32[2,7,48]\n %s = Add(%m, %c) : f32[2,7,48]\n %y = Add(%r, %s) : f32[2,7,48]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2, true, 4, "+residual"},
   {"gemm_reshape_residual", "graph g(%a: f32[14,64], %w: f32[64,48], %c: f32[48], %r: f32[2,7,48]) {\n %m = Gemm(%a, %w, %c) : f32[14,48]\n %sh = const dense<i64[3]> [2, 7, 48]\n %m3 = Reshape(%m, %sh) : f32[2,7,48]\n %y = Add(%m3, %r) : f32[2,7,48]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2, true, 4, "+residual"},
+  // GPT-2's MLP: Gemm (+bias) -> Reshape -> tanh GELU as decomposed ops: cuBLASLt's GELU epilogue.
+  {"gemm_tanh_gelu", "graph g(%a: f32[14,64], %w: f32[64,48], %c: f32[48]) {\n %m = Gemm(%a, %w, %c) : f32[14,48]\n"
+   " %sh = const dense<i64[3]> [2, 7, 48]\n %x = Reshape(%m, %sh) : f32[2,7,48]\n %h = const dense<f32[]> [0.5]\n"
+   " %one = const dense<f32[]> [1.0]\n %k3 = const dense<f32[]> [3.0]\n %k0 = const dense<f32[]> [0.044715]\n"
+   " %k1 = const dense<f32[]> [0.7978845608]\n %xh = Mul(%x, %h) : f32[2,7,48]\n %p = Pow(%x, %k3) : f32[2,7,48]\n"
+   " %pc = Mul(%p, %k0) : f32[2,7,48]\n %in = Add(%x, %pc) : f32[2,7,48]\n %sc = Mul(%in, %k1) : f32[2,7,48]\n"
+   " %th = Tanh(%sc) : f32[2,7,48]\n %t1 = Add(%th, %one) : f32[2,7,48]\n %y = Mul(%xh, %t1) : f32[2,7,48]\n return %y\n}",
+   {"w", "c"}, 1e-4, 2e-2, true, 4, "+gelu"},
   {"linear_bias_relu", "graph g(%a: f32[2,7,64], %w: f32[64,48], %c: f32[48]) {\n %m = MatMul(%a, %w) : f32[2,7,48]\n %s = Add(%m, %c) : f32[2,7,48]\n %y = Relu(%s) : f32[2,7,48]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2},
   {"gemm_transb_bias", "graph g(%a: f32[5,32], %w: f32[24,32], %c: f32[24]) {\n %y = Gemm(%a, %w, %c) {transB = 1, alpha = 0.5, beta = 2.0} : f32[5,24]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2},
   {"conv", "graph g(%x: f32[2,8,15,15], %w: f32[16,8,3,3]) {\n %y = Conv(%x, %w) {pads = [1, 1, 1, 1], strides = [2, 2]} : f32[2,16,8,8]\n return %y\n}", {"w"}, 1e-4, 2e-2},

@@ -206,6 +206,28 @@ const Value* fuse_residual(Lowering& L, const Value* out, k::DT dt, Epilogue& ep
   return add->outputs[0];
 }
 
+// The decomposed tanh GELU (GPT-2's NewGELUActivation, found by find_patterns) on the product,
+// through a Reshape too: it is exactly cuBLASLt's GELU epilogue, so the pattern's kernel goes.
+const Value* fuse_tanh_gelu_pattern(Lowering& L, const Value* out, Epilogue& ep, std::vector<const Node*>& fused) {
+  if (!ep.act.empty()) return out;
+  const Node* reshape = next_op(L, out, OpKind::kReshape);
+  const Value* x = reshape ? reshape->outputs[0] : out;
+  if (L.is_graph_output(x)) return out;
+  for (const auto& [root, r] : L.replacements) {
+    if (r.attention || r.op != k::Unary::kGeluTanh || r.x != x || L.is_fused(root)) continue;
+    int readers = 0;  // every reader of x must be inside the pattern
+    for (const Node* f : r.fused) {
+      for (const Value* in : f->inputs) readers += in == x;
+    }
+    if (readers != L.consumers(x)) return out;
+    ep.act = "gelu";
+    if (reshape) fused.push_back(reshape);
+    fused.push_back(root);
+    return root->outputs[0];
+  }
+  return out;
+}
+
 // MatMul -> Add(per-column constant) [-> Add(residual)] [-> Relu | Gelu]: returns the value the fused chain
 // produces and fills ep. Fusion needs the intermediate values to have no other reader.
 const Value* fuse_epilogue(Lowering& L, const Node& mm, int64_t n_cols, k::DT dt, Epilogue& ep,
@@ -236,6 +258,8 @@ const Value* fuse_epilogue(Lowering& L, const Node& mm, int64_t n_cols, k::DT dt
       fused.push_back(g);
       out = g->outputs[0];
     }
+  } else {
+    out = fuse_tanh_gelu_pattern(L, out, ep, fused);
   }
   return out;
 }
@@ -396,6 +420,8 @@ Status lower_gemm(Lowering& L, const Node& n) {
       ep.act = "relu";
       fused.push_back(act);
       out = act->outputs[0];
+    } else {
+      out = fuse_tanh_gelu_pattern(L, out, ep, fused);
     }
   }
   return define_and_emit(L, n, a, b, s, ep, out, fused, dt);

@@ -482,24 +482,6 @@ __global__ void cast_rows_kernel(const From* __restrict__ x, int64_t ldx, To* __
     }
   }
 }
-// V consecutive columns per thread, read as one 16-byte vector (x rows 16-byte aligned); the
-// writes stay scalar (y's rows need not be aligned) but coalesced.
-template <class From, class To, int V>
-__global__ void cast_rows_vec_kernel(const From* __restrict__ x, int64_t ldx, To* __restrict__ y, int64_t ldy,
-                                     int64_t rows, int64_t cols) {
-  struct alignas(16) Chunk {
-    From v[V];
-  };
-  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    for (int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * V; c < cols; c += int64_t(gridDim.x) * blockDim.x * V) {
-      Chunk ch = *reinterpret_cast<const Chunk*>(x + r * ldx + c);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        if (c + j < cols) y[r * ldy + c + j] = convert<To>(ch.v[j]);
-      }
-    }
-  }
-}
 }  // namespace
 
 cudaError_t cast_rows(DT from, DT to, const void* x, int64_t ldx, void* y, int64_t ldy, int64_t rows, int64_t cols,
@@ -510,15 +492,6 @@ cudaError_t cast_rows(DT from, DT to, const void* x, int64_t ldx, void* y, int64
     return dispatch_dt(to, [&](auto to_tag) {
       using From = typename decltype(from_tag)::type;
       using To = typename decltype(to_tag)::type;
-      constexpr int V = 16 / int(sizeof(From));
-      // whole chunks stay inside each row of x: the last one may cover padding columns only
-      if (16 % sizeof(From) == 0 && ldx % V == 0 && (cols + V - 1) / V * V <= ldx && aligned_to(x, 16)) {
-        dim3 grid(unsigned(std::min<int64_t>((cols + V * kBlock - 1) / (V * kBlock), 64)),
-                  unsigned(std::min<int64_t>(rows, 65535)));
-        cast_rows_vec_kernel<From, To, V><<<grid, kBlock, 0, s>>>(static_cast<const From*>(x), ldx, static_cast<To*>(y),
-                                                                  ldy, rows, cols);
-        return cudaGetLastError();
-      }
       dim3 grid(unsigned(std::min<int64_t>((cols + kBlock - 1) / kBlock, 64)), unsigned(std::min<int64_t>(rows, 65535)));
       cast_rows_kernel<From, To><<<grid, kBlock, 0, s>>>(static_cast<const From*>(x), ldx, static_cast<To*>(y), ldy, rows,
                                                          cols);

@@ -239,6 +239,10 @@ Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptio
       continue;
     }
     if (s.code() != ErrorCode::kUnsupported) return s.with_context(n.describe());
+    // A lowering may decline after emitting a step of its own (a patch copy before the GEMM that
+    // then finds no algorithm): drop it, so the CPU kernel is the node's only work.
+    L.steps.resize(emitted);
+    L.placements.resize(placed);
     KILN_RETURN_IF_ERROR(lower_on_cpu(L, n));
     L.place(&n, "cpu", "cpu kernel", s.message());
   }

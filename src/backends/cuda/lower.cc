@@ -121,6 +121,12 @@ int Lowering::consumers(const Value* v) const {
   return it == readers_.end() ? 0 : int(it->second.size());
 }
 
+const std::vector<const Node*>& Lowering::readers(const Value* v) const {
+  static const std::vector<const Node*> kNone;
+  auto it = readers_.find(v);
+  return it == readers_.end() ? kNone : it->second;
+}
+
 bool Lowering::is_graph_output(const Value* v) const {
   for (const Value* o : g_.outputs) {
     if (o == v) return true;

@@ -111,6 +111,7 @@ class Lowering {
   void set_constant(const Value* v, Tensor t) { consts_[v] = std::move(t); }
   // Values read by nodes that have not been lowered yet (for fusion: single-consumer checks).
   int consumers(const Value* v) const;
+  const std::vector<const Node*>& readers(const Value* v) const;  // one entry per input use
   bool is_graph_output(const Value* v) const;
   const Node* only_consumer(const Value* v) const;  // the one consumer, if exactly one and not an output
 
@@ -168,8 +169,9 @@ class Lowering {
   Expected<const DevValue*> convert(const Value* v, Layout to);
 };
 
-// Lowers one node; kUnsupported means "run it on the CPU" and must be returned before anything
-// is emitted. Each family file registers its ops.
+// Lowers one node; kUnsupported means "run it on the CPU": steps it emitted before declining are
+// dropped by the engine, but fused nodes must be marked only once the lowering is certain. Each
+// family file registers its ops.
 using LowerFn = Status (*)(Lowering&, const Node&);
 void register_gemm_lowerings(std::map<OpKind, LowerFn>& t);
 void register_conv_lowerings(std::map<OpKind, LowerFn>& t);

@@ -1,14 +1,17 @@
 // Scaled-dot-product attention as exported by PyTorch (BERT, GPT-2, ViT), found before lowering
 // and replaced by one fused kernel (kernels/attention.cu):
 //
-//   Qt = Transpose*(q) [* c]      Kt = Transpose*(k) [* c]      Vt = Transpose*(v)
-//   P  = Softmax(MatMul(Qt, Kt) [* c | / c] [+ mask], axis=-1) [-> Cast to the same type]
-//   O  = MatMul(P, Vt) [-> Transpose(0,2,1,3)]
+//   Qt = view(q) [* c]      Kt = view(k) [* c]      Vt = view(v)
+//   P  = Softmax(MatMul(Qt, Kt) [* c | / c]* [+ mask], axis=-1) [-> Cast to the same type]
+//   O  = MatMul(P, Vt) [-> Transpose(perm) with the head dim staying innermost]
 //
-// The transposes are never run: q, k and v (the [B,S,H,D] projection outputs) are read in place
-// through composed strides, and O is written straight into [B,S,H,D] when the final transpose is
-// there. Scalar multiplies anywhere on the score path fold into one scale. Each inner value must
-// have exactly one reader. Half-precision builds only (the kernel is fp16/bf16, head_dim 64).
+// view() is any chain of data-movement ops (Transpose, Reshape, Squeeze, Unsqueeze, Flatten,
+// Gather of one index, Split, Slice) that is a strided view of its source (StridedView): BERT's
+// head transposes, GPT-2's Split of the packed QKV, ViT's unbind of it. The kernel reads q, k and
+// v in place through those strides and writes O straight into the transposed layout; the chains
+// are skipped once nothing else reads them. Scalar multiplies on the score path fold into one
+// scale. The nodes between MatMul(Qt, Kt) and the root must each have exactly one reader.
+// Half-precision builds only (the kernel is fp16/bf16, head_dim 64).
 #include <algorithm>
 #include <array>
 
@@ -34,13 +37,7 @@ struct AttentionMatch {
 namespace {
 
 std::optional<std::vector<int64_t>> static_dims(const Value* v) {
-  if (!v->type.shape) return std::nullopt;
-  std::vector<int64_t> d;
-  for (const Dim& x : v->type.shape->dims) {
-    if (!x.is_static()) return std::nullopt;
-    d.push_back(x.value());
-  }
-  return d;
+  return v->type.shape ? v->type.shape->static_dims() : std::nullopt;
 }
 
 std::optional<double> scalar(Lowering& L, const Value* v) {
@@ -182,8 +179,6 @@ std::optional<AttnView> view(Lowering& L, const Value* v, double* scale, std::ve
   return r;
 }
 
-std::vector<int64_t> view_dims(const AttnView& v) { return v.view.dims(); }
-
 std::array<int64_t, 4> view_strides(const AttnView& v) {
   std::vector<int64_t> s = *v.view.strides();
   return {s[0], s[1], s[2], s[3]};
@@ -197,7 +192,13 @@ bool aligned(const AttnView& v, int d_axis) {
   return v.view.offset() % 8 == 0;
 }
 
-std::optional<std::pair<AttentionMatch, std::vector<const Node*>>> match(Lowering& L, const Node& sm) {
+struct Found {
+  AttentionMatch m;
+  std::vector<const Node*> fused;
+  const Node* root = nullptr;  // the chain's last node (the output transpose, or the P.V MatMul)
+};
+
+std::optional<Found> match(Lowering& L, const Node& sm) {
   std::vector<const Node*> fused = {&sm};
   AttentionMatch m;
   const Value* x = sm.inputs[0];
@@ -263,7 +264,7 @@ std::optional<std::pair<AttentionMatch, std::vector<const Node*>>> match(Lowerin
   m.q = *q;
   m.k = *k;
   m.v = *v;
-  std::vector<int64_t> qd = view_dims(m.q), kd = view_dims(m.k), vd = view_dims(m.v);
+  std::vector<int64_t> qd = m.q.view.dims(), kd = m.k.view.dims(), vd = m.v.view.dims();
   m.b = qd[0], m.h = qd[1], m.sq = qd[2], m.d = qd[3], m.sk = kd[3];
   if (kd != std::vector<int64_t>{m.b, m.h, m.d, m.sk} || vd != std::vector<int64_t>{m.b, m.h, m.sk, m.d}) return std::nullopt;
   if (*xd != std::vector<int64_t>{m.b, m.h, m.sq, m.sk}) return std::nullopt;
@@ -284,7 +285,7 @@ std::optional<std::pair<AttentionMatch, std::vector<const Node*>>> match(Lowerin
   auto dt = L.device_dt(sm.outputs[0]->type.dtype);
   if (!dt || !k::attention_supported(*dt, int(m.d))) return std::nullopt;
   fused.erase(std::remove(fused.begin(), fused.end(), root), fused.end());
-  return std::make_pair(m, fused);
+  return Found{m, fused, root};
 }
 
 }  // namespace
@@ -296,19 +297,22 @@ void find_attention(Lowering& L) {
     auto r = match(L, n);
     if (!r) continue;
     bool clash = false;  // a node already claimed by another pattern
-    for (const Node* f : r->second) clash = clash || L.is_fused(f) || L.replacements.count(f);
+    for (const Node* f : r->fused) clash = clash || L.is_fused(f) || L.replacements.count(f);
     if (clash) continue;
-    // The root: the last node of the chain (the output transpose, or the P.V MatMul).
-    const Node* pv = L.only_consumer(n.outputs[0]);
-    if (pv->op == OpKind::kCast) pv = L.only_consumer(pv->outputs[0]);
-    const Node* root = r->first.out_perm.empty() ? pv : L.only_consumer(pv->outputs[0]);
-    for (const Node* f : r->second) L.mark_fused(f, root);
+    for (const Node* f : r->fused) L.mark_fused(f, r->root);
     Replacement rep;
-    rep.attention = std::make_shared<AttentionMatch>(r->first);
-    L.replacements[root] = rep;
+    rep.attention = std::make_shared<AttentionMatch>(r->m);
+    L.replacements[r->root] = rep;
   }
   // The data-movement chains the fused kernels read through (ViT's QKV unbind: a 5-D transpose
-  // copy and three gathers per layer) are dead once every reader is fused: skip them too.
+  // copy and three gathers per layer) are dead once every reader is fused into an attention
+  // (which reads the chain's source, never its values): skip them too. Readers come later in
+  // topological order, so one reverse sweep settles whole chains.
+  auto into_attention = [&](const Node* r) -> const Node* {
+    const Node* root = L.fused_into(r);
+    auto it = root ? L.replacements.find(root) : L.replacements.end();
+    return it != L.replacements.end() && it->second.attention ? root : nullptr;
+  };
   const auto& nodes = L.graph().nodes;
   for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
     const Node& n = **it;
@@ -316,16 +320,12 @@ void find_attention(Lowering& L) {
     const Node* into = nullptr;
     bool dead = true;
     for (const Value* o : n.outputs) {
-      if (!o || L.is_graph_output(o)) {
-        dead = dead && !o;
-        continue;
-      }
-      for (const auto& up2 : nodes) {
-        for (const Value* in : up2->inputs) {
-          if (in != o) continue;
-          if (!L.is_fused(up2.get())) dead = false;
-          else if (!into) into = L.fused_into(up2.get());
-        }
+      if (!o) continue;
+      dead = dead && !L.is_graph_output(o);
+      for (const Node* r : L.readers(o)) {
+        const Node* root = into_attention(r);
+        dead = dead && root;
+        if (!into) into = root;
       }
     }
     if (dead && into) L.mark_fused(&n, into);

@@ -208,8 +208,9 @@ Status lower_conv(Lowering& L, const Node& n) {
   // Depthwise (MobileNet's 3x3 per-channel filters): kiln's own NHWC kernel, with the bias and
   // a following Relu or constant Clip (ReLU6) applied in the same pass; it reads the leading
   // pads itself, so asymmetric padding needs no padded copy.
-  if (in_clip && !depthwise_candidate(L, n)) return KILN_ERROR(kInternal, "input Clip fused into a non-depthwise Conv");
-  if (lay == Layout::kNHWC && group > 1 && group == x0->dims[1] && w->dim(0) == group && w->dim(1) == 1) {
+  bool depthwise = depthwise_candidate(L, n);
+  if (in_clip && !depthwise) return KILN_ERROR(kInternal, "input Clip fused into a non-depthwise Conv");
+  if (depthwise) {
     const Value* dout = n.outputs[0];
     int act = 0;
     float lo = 0, hi = 0;

@@ -64,6 +64,22 @@ Expected<cuda::Precision> parse_precision(const std::string& p) {
 }
 #endif
 
+#ifdef KILN_HAVE_CUDA
+// Nodes the CUDA backend declined run on the host, which at large batch can be orders of magnitude
+// slower and always stops graph capture: say so once, naming the first few and why.
+void warn_cpu_nodes(const cuda::BuildReport& r) {
+  std::vector<const cuda::NodePlacement*> cpu;
+  for (const auto& n : r.nodes) {
+    if (n.device == "cpu") cpu.push_back(&n);
+  }
+  if (cpu.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < cpu.size() && i < 3; ++i) list += fmt::format("{}{} [{}]", i ? "; " : "", cpu[i]->node, cpu[i]->why);
+  std::fprintf(stderr, "kiln: warning: %zu node(s) fall back to the CPU (%s%s); `kiln build --report` lists them\n",
+               cpu.size(), list.c_str(), cpu.size() > 3 ? "; ..." : "");
+}
+#endif
+
 Expected<std::unique_ptr<Runner>> cpu_runner(const Graph& g) {
   auto backend = make_cpu_backend();
   KILN_ASSIGN_OR_RETURN(auto exe, backend->compile(g));
@@ -88,6 +104,7 @@ Expected<std::unique_ptr<Runner>> make_runner(Graph& g, const EngineOptions& opt
     bo.autotune = !opt.no_autotune;
     auto e = cuda::Engine::build(g, bo);
     if (e) {
+      warn_cpu_nodes((*e)->report());
       KILN_ASSIGN_OR_RETURN(auto s, (*e)->new_session());
       return std::unique_ptr<Runner>(new GpuRunner(std::move(*e), std::move(s)));
     }

@@ -102,6 +102,7 @@ struct AlgoChoice {
   cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
   float ms = -1;          // timed, or -1 when chosen by heuristic
   float precomp_ms = -1;  // IMPLICIT_PRECOMP_GEMM's time (the fused identity path needs it)
+  std::vector<cudnnConvolutionFwdAlgo_t> ranked;  // every usable algorithm, best first
 };
 
 // Times the forward algorithms on scratch buffers; falls back to the heuristic on failure.
@@ -121,6 +122,7 @@ Expected<AlgoChoice> pick_algo(Lowering& L, cudnnTensorDescriptor_t xd, cudnnFil
                                                L.options().workspace_bytes) == CUDNN_STATUS_SUCCESS) {
       for (int i = 0; i < got; ++i) {
         if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > L.options().workspace_bytes) continue;
+        r.ranked.push_back(perf[i].algo);
         if (!chosen) {
           r.algo = perf[i].algo;
           r.ms = perf[i].time;
@@ -135,11 +137,12 @@ Expected<AlgoChoice> pick_algo(Lowering& L, cudnnTensorDescriptor_t xd, cudnnFil
   KILN_CUDA_TRY(cudnnGetConvolutionForwardAlgorithm_v7(L.dnn, xd, wd, cd, yd, kMax, &got, perf));
   for (int i = 0; i < got; ++i) {
     if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= L.options().workspace_bytes) {
-      r.algo = perf[i].algo;
-      return r;
+      r.ranked.push_back(perf[i].algo);
     }
   }
-  KILN_UNSUPPORTED("cuDNN has no convolution algorithm for this configuration");
+  if (r.ranked.empty()) KILN_UNSUPPORTED("cuDNN has no convolution algorithm for this configuration");
+  r.algo = r.ranked[0];
+  return r;
 }
 
 const Node* next_op(Lowering& L, const Value* v, OpKind want) {
@@ -392,6 +395,22 @@ Status lower_conv(Lowering& L, const Node& n) {
     separate_bias = true;
     algo = choice.algo;
     KILN_CUDA_TRY(cudnnGetConvolutionForwardWorkspaceSize(L.dnn, xd, wd, cd, yd, algo, &ws));
+  }
+  if (ws > L.options().workspace_bytes && (!fuse || relu || separate_bias)) {
+    // The size cuDNN reports for an algorithm can exceed what Find reported for it (seen at ResNet-50
+    // batch 256, where a declined conv then ran on the CPU): take the next that fits. IMPLICIT_GEMM
+    // needs no workspace, so one always does.
+    std::vector<cudnnConvolutionFwdAlgo_t> next = choice.ranked;
+    next.push_back(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM);
+    for (cudnnConvolutionFwdAlgo_t a : next) {
+      size_t need = 0;
+      if (cudnnGetConvolutionForwardWorkspaceSize(L.dnn, xd, wd, cd, yd, a, &need) != CUDNN_STATUS_SUCCESS) continue;
+      if (need <= L.options().workspace_bytes) {
+        algo = a;
+        ws = need;
+        break;
+      }
+    }
   }
   if (ws > L.options().workspace_bytes) {
     KILN_UNSUPPORTED("convolution needs {} bytes of workspace, more than the {} allowed (BuildOptions::workspace_bytes)",

@@ -3,8 +3,9 @@
 // m16n8k16, f32 accumulate) straight into registers; the online softmax (running max m, running
 // sum l, rescale of the f32 output accumulator by exp(m_old - m_new)) works on those registers,
 // a row's values spread over one quad of lanes; the probabilities are repacked in registers as
-// the A operand of O += P.V. K is staged in shared memory as [key][d], V transposed as [d][key],
-// so every fragment load is one 32-bit shared load, conflict-free with a 72-element pitch.
+// the A operand of O += P.V. K and V are staged in shared memory as [key][d] by cp.async, double
+// buffered so the next 64 keys stream in while this tile computes; K fragments are 32-bit shared
+// loads, V's (transposed) come from ldmatrix.trans; a 72-element pitch keeps both conflict-free.
 // Nothing of size S x S reaches global memory; Q, K, V, O are addressed through strides, so
 // [B,S,H,D] projection outputs are consumed in place.
 //
@@ -58,76 +59,90 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
 
 __device__ __forceinline__ uint32_t ld32(const void* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-// 64 rows x kD from src (row stride `stride` elements) into tile[row][d]; rows past count are 0.
+// 16-byte asynchronous copy global -> shared; src_bytes 0 writes zeros (rows past the end).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  uint32_t a = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Starts copying 64 rows x kD from src (row stride `stride` elements) into tile[row][d]; rows past
+// count are zero-filled. Consecutive threads take consecutive 16-byte chunks of a row (coalesced).
 template <class T>
-__device__ __forceinline__ void load_rows(T* tile, const T* src, int64_t stride, int count) {
+__device__ __forceinline__ void load_rows_async(T* tile, const T* src, int64_t stride, int count) {
   constexpr int kChunks = kD / 8;  // 16-byte chunks per row
   for (int idx = int(threadIdx.x); idx < kTile * kChunks; idx += kThreads) {
     int row = idx / kChunks, ch = idx % kChunks;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row < count) v = *reinterpret_cast<const uint4*>(src + row * stride + ch * 8);
-    *reinterpret_cast<uint4*>(tile + row * kLd + ch * 8) = v;
+    bool in = row < count;
+    cp_async16(tile + row * kLd + ch * 8, in ? src + row * stride + ch * 8 : src, in ? 16 : 0);
   }
 }
 
-// The same, stored transposed: tile[d][row].
-template <class T>
-__device__ __forceinline__ void load_rows_transposed(T* tile, const T* src, int64_t stride, int count) {
-  constexpr int kChunks = kD / 8;
-  for (int idx = int(threadIdx.x); idx < kTile * kChunks; idx += kThreads) {
-    int row = idx % kTile, ch = idx / kTile;  // consecutive threads: consecutive rows (fewer conflicts)
-    alignas(16) T v[8];
-    if (row < count) {
-      *reinterpret_cast<uint4*>(v) = *reinterpret_cast<const uint4*>(src + row * stride + ch * 8);
-    } else {
-      *reinterpret_cast<uint4*>(v) = make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) tile[(ch * 8 + e) * kLd + row] = v[e];
-  }
+// Four 8x8 b16 matrices from shared memory, transposed: lane l addresses row l % 8 of matrix l / 8.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row_addr) {
+  uint32_t a = uint32_t(__cvta_generic_to_shared(row_addr));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
 }
 
 template <class T>
-__global__ void __launch_bounds__(kThreads) attention_kernel(const T* __restrict__ q, const T* __restrict__ k,
-                                                             const T* __restrict__ v, const void* __restrict__ mask,
-                                                             DT mask_dt, T* __restrict__ o, AttentionShape sh,
-                                                             float scale) {
+__global__ void __launch_bounds__(kThreads, 4) attention_kernel(const T* __restrict__ q, const T* __restrict__ k,
+                                                                const T* __restrict__ v, const void* __restrict__ mask,
+                                                                DT mask_dt, T* __restrict__ o, AttentionShape sh,
+                                                                float scale) {
+  // K and V double-buffered: the next key tile streams in (cp.async) while this one is used.
   __shared__ __align__(16) T qs[kTile * kLd];
-  __shared__ __align__(16) T ks[kTile * kLd];
-  __shared__ __align__(16) T vt[kD * kLd];
+  __shared__ __align__(16) T ks[2][kTile * kLd];
+  __shared__ __align__(16) T vs[2][kTile * kLd];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane >> 2, t = lane & 3;
   const int b = int(blockIdx.z), h = int(blockIdx.y), q0 = int(blockIdx.x) * kTile;
   const T* kb = k + b * sh.k[0] + h * sh.k[1];
   const T* vb = v + b * sh.v[0] + h * sh.v[1];
-  load_rows(qs, q + b * sh.q[0] + h * sh.q[1] + q0 * sh.q[2], sh.q[2], min(kTile, sh.sq - q0));
-  __syncthreads();
-  uint32_t qa[kD / 16][4];  // this warp's 16 query rows as A fragments, for the whole loop
-  const T* qw = qs + warp * 16 * kLd;
-#pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) {
-    qa[kk][0] = ld32(qw + g * kLd + kk * 16 + 2 * t);
-    qa[kk][1] = ld32(qw + (g + 8) * kLd + kk * 16 + 2 * t);
-    qa[kk][2] = ld32(qw + g * kLd + kk * 16 + 8 + 2 * t);
-    qa[kk][3] = ld32(qw + (g + 8) * kLd + kk * 16 + 8 + 2 * t);
-  }
+  load_rows_async(qs, q + b * sh.q[0] + h * sh.q[1] + q0 * sh.q[2], sh.q[2], min(kTile, sh.sq - q0));
+  load_rows_async(ks[0], kb, sh.k[2], min(kTile, sh.sk));
+  load_rows_async(vs[0], vb, sh.v[2], min(kTile, sh.sk));
+  cp_async_commit();
   const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   int64_t mrow[2];
   for (int r = 0; r < 2; ++r) mrow[r] = int64_t(b) * sh.m[0] + int64_t(h) * sh.m[1] + int64_t(row[r]) * sh.m[2];
   float acc[kD / 8][4] = {};  // O: 8 column tiles of 8
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // l: this lane's partial sums
+  uint32_t qa[kD / 16][4];  // this warp's 16 query rows as A fragments, for the whole loop
+  const int tiles = (sh.sk + kTile - 1) / kTile;
 
-  for (int j0 = 0; j0 < sh.sk; j0 += kTile) {
-    __syncthreads();  // everyone is done with the previous ks / vt
-    int count = min(kTile, sh.sk - j0);
-    load_rows(ks, kb + j0 * sh.k[2], sh.k[2], count);
-    load_rows_transposed(vt, vb + j0 * sh.v[2], sh.v[2], count);
+  for (int j = 0; j < tiles; ++j) {
+    const int j0 = j * kTile, buf = j & 1;
+    if (j + 1 < tiles) {  // the next tile into the other buffer, freed by the last iteration's barrier
+      int next = min(kTile, sh.sk - j0 - kTile);
+      load_rows_async(ks[buf ^ 1], kb + (j0 + kTile) * sh.k[2], sh.k[2], next);
+      load_rows_async(vs[buf ^ 1], vb + (j0 + kTile) * sh.v[2], sh.v[2], next);
+      cp_async_commit();
+      cp_async_wait<1>();  // everything but that newest group has landed
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
+    if (j == 0) {
+      const T* qw = qs + warp * 16 * kLd;
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        qa[kk][0] = ld32(qw + g * kLd + kk * 16 + 2 * t);
+        qa[kk][1] = ld32(qw + (g + 8) * kLd + kk * 16 + 2 * t);
+        qa[kk][2] = ld32(qw + g * kLd + kk * 16 + 8 + 2 * t);
+        qa[kk][3] = ld32(qw + (g + 8) * kLd + kk * 16 + 8 + 2 * t);
+      }
+    }
+    const T* kt = ks[buf];
+    const T* vt = vs[buf];
 
     float s[kTile / 8][4];  // S: 8 key tiles of 8
 #pragma unroll
     for (int nt = 0; nt < kTile / 8; ++nt) {
       s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-      const T* kr = ks + (nt * 8 + g) * kLd + 2 * t;
+      const T* kr = kt + (nt * 8 + g) * kLd + 2 * t;
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) mma(s[nt], qa[kk], ld32(kr + kk * 16), ld32(kr + kk * 16 + 8), T());
     }
@@ -177,12 +192,19 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const T* __restrict
     for (int kk = 0; kk < kTile / 16; ++kk) {  // O += P . V, P straight from the S registers
       uint32_t pa[4] = {pack(s[2 * kk][0], s[2 * kk][1], T()), pack(s[2 * kk][2], s[2 * kk][3], T()),
                         pack(s[2 * kk + 1][0], s[2 * kk + 1][1], T()), pack(s[2 * kk + 1][2], s[2 * kk + 1][3], T())};
+      // V's B fragments (key-major in shared memory) through ldmatrix.trans, two 8-wide d tiles at a time:
+      // matrices {keys 0-7, keys 8-15} x {d tile 2dp, 2dp+1}.
+      const int mi = lane >> 3;
+      const T* vrow = vt + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * kLd + (mi >> 1) * 8;
 #pragma unroll
-      for (int dt = 0; dt < kD / 8; ++dt) {
-        const T* vr = vt + (dt * 8 + g) * kLd + kk * 16 + 2 * t;
-        mma(acc[dt], pa, ld32(vr), ld32(vr + 8), T());
+      for (int dp = 0; dp < kD / 16; ++dp) {
+        uint32_t bv[4];
+        ldmatrix_x4_trans(bv, vrow + dp * 16);
+        mma(acc[2 * dp], pa, bv[0], bv[1], T());
+        mma(acc[2 * dp + 1], pa, bv[2], bv[3], T());
       }
     }
+    __syncthreads();  // this buffer is refilled by the next iteration's prefetch
   }
 
   float inv[2];

@@ -473,13 +473,31 @@ cudaError_t cast(DT from, DT to, const void* x, void* y, int64_t n, cudaStream_t
 }
 
 namespace {
+// One row per blockIdx.y step. Each thread writes 16 aligned bytes of the destination row (GPT-2's
+// fp32 logits have odd rows, so a row's first few elements go before the first aligned chunk)
+// and reads its source elements one by one: consecutive threads still read consecutive bytes.
+// The stores are what matter (fp32 out is twice the fp16 in).
 template <class From, class To>
 __global__ void cast_rows_kernel(const From* __restrict__ x, int64_t ldx, To* __restrict__ y, int64_t ldy, int64_t rows,
                                  int64_t cols) {
+  constexpr int kV = 16 / int(sizeof(To));
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < cols; c += int64_t(gridDim.x) * blockDim.x) {
-      y[r * ldy + c] = convert<To>(x[r * ldx + c]);
+    const From* xr = x + r * ldx;
+    To* yr = y + r * ldy;
+    int64_t head = int64_t((16 - (reinterpret_cast<uintptr_t>(yr) & 15)) & 15) / int64_t(sizeof(To));
+    if (head > cols) head = cols;
+    if (t < head) yr[t] = convert<To>(xr[t]);
+    const int64_t vecs = (cols - head) / kV;
+    for (int64_t i = t; i < vecs; i += stride) {
+      const int64_t c = head + i * kV;
+      alignas(16) To pack[kV];
+#pragma unroll
+      for (int e = 0; e < kV; ++e) pack[e] = convert<To>(xr[c + e]);
+      *reinterpret_cast<uint4*>(yr + c) = *reinterpret_cast<const uint4*>(pack);
     }
+    const int64_t tail = head + vecs * kV;
+    if (tail + t < cols) yr[tail + t] = convert<To>(xr[tail + t]);
   }
 }
 }  // namespace
@@ -492,7 +510,9 @@ cudaError_t cast_rows(DT from, DT to, const void* x, int64_t ldx, void* y, int64
     return dispatch_dt(to, [&](auto to_tag) {
       using From = typename decltype(from_tag)::type;
       using To = typename decltype(to_tag)::type;
-      dim3 grid(unsigned(std::min<int64_t>((cols + kBlock - 1) / kBlock, 64)), unsigned(std::min<int64_t>(rows, 65535)));
+      // Head and tail need up to 16 / sizeof(To) - 1 threads each: any block size covers them.
+      int64_t per_row = (cols + 16 / int64_t(sizeof(To)) - 1) / (16 / int64_t(sizeof(To)));
+      dim3 grid(unsigned(std::min<int64_t>((per_row + kBlock - 1) / kBlock, 64)), unsigned(std::min<int64_t>(rows, 65535)));
       cast_rows_kernel<From, To><<<grid, kBlock, 0, s>>>(static_cast<const From*>(x), ldx, static_cast<To*>(y), ldy, rows,
                                                          cols);
       return cudaGetLastError();

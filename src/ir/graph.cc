@@ -155,6 +155,22 @@ Value* Graph::lookup(const std::string& n) const {
   return nullptr;
 }
 
+void Graph::rename_value(Value* v, std::string name) {
+  KILN_CHECK(v->owner == this, "rename_value: '{}' is not a value of graph '{}'", v->name, this->name);
+  auto it = by_name_.find(v->name);
+  if (it != by_name_.end() && it->second == v) by_name_.erase(it);
+  v->name = std::move(name);
+  if (!v->name.empty()) by_name_[v->name] = v;
+}
+
+void Graph::erase_values(const std::set<const Value*>& dead) {
+  if (dead.empty()) return;
+  for (auto it = by_name_.begin(); it != by_name_.end();) {
+    it = dead.count(it->second) ? by_name_.erase(it) : std::next(it);
+  }
+  std::erase_if(values, [&](const std::unique_ptr<Value>& v) { return dead.count(v.get()) > 0; });
+}
+
 Status Graph::topo_sort() {
   // Kahn's algorithm over this graph's nodes; edges from values produced by nodes of this graph.
   // Reads inside subgraphs count too: an If reading x in its branch must come after x's producer.

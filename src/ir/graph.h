@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -140,6 +141,11 @@ class Graph {
   Node* add_node(OpKind op, std::vector<Value*> inputs, int num_outputs, std::string name = "");
   // Finds a value by name in this graph or, failing that, enclosing ones.
   Value* lookup(const std::string& name) const;
+  // Renames v (a value of this graph), keeping lookup() in step; `name` must be free.
+  void rename_value(Value* v, std::string name);
+  // Drops values of this graph that nothing reads any more (a pass removed their producers) from
+  // `values` and from the name index; graph inputs and outputs must not be among them.
+  void erase_values(const std::set<const Value*>& dead);
   // Re-sorts nodes topologically; fails (naming a node on the cycle) if there is a cycle.
   Status topo_sort();
   std::string unique_name(const std::string& base);

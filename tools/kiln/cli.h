@@ -39,8 +39,16 @@ struct CompareOptions {
   double atol = 1e-4;
 };
 
+// Phase 2a: the graph passes run before any backend sees the graph (src/passes/pipeline.cc).
+struct OptimizeOptions {
+  std::vector<std::string> disabled;  // --disable-pass NAME, repeatable
+  std::string dump_ir_after;          // --dump-ir-after PASS|all: the IR to stderr after it
+  bool report = false;                // --pass-report: per-pass time and node counts to stderr
+};
+
 // Phase 2b: which engine and how it is built (run, compare, build, bench).
 struct EngineOptions {
+  OptimizeOptions optimize;
   std::string device = "auto";       // auto: the GPU when usable, else the CPU with a warning
   std::string precision = "fp32";    // fp32, tf32, fp16, bf16 (GPU builds)
   bool no_cuda_graph = false;
@@ -88,7 +96,7 @@ class Runner {
     return std::vector<std::pair<std::string, double>>{};
   }
 };
-// The GPU path first folds constants in g (shapes that depend on folded values become static).
+// Runs the default pass pipeline on g first (both engines), then builds the engine.
 Expected<std::unique_ptr<Runner>> make_runner(Graph& g, const EngineOptions& opt);
 
 // ---- shared helpers (common.cc) ---------------------------------------------------------------

@@ -4,6 +4,8 @@
 //   kiln compare model.onnx --inputs DIR --reference DIR [--rtol R --atol A]
 //   kiln build model.onnx -o model.kiln [--fp16|--bf16|--tf32] [--report]
 //   kiln bench model.onnx|model.kiln --batch N --warmup W --iterations I [--json FILE]
+// run, compare, build and bench optimize the graph first: [--disable-pass NAME]... [--dump-ir-after
+// PASS|all] [--pass-report]
 #include <CLI/CLI.hpp>
 #include <exception>
 
@@ -32,6 +34,9 @@ void add_engine_options(CLI::App* app, kiln::cli::EngineOptions& eng) {
   app->add_flag("--no-cuda-graph", eng.no_cuda_graph, "GPU: launch step by step instead of replaying a CUDA graph");
   app->add_flag("--no-autotune", eng.no_autotune,
                 "GPU: take the libraries' heuristic choices instead of timing candidates at build");
+  app->add_option("--disable-pass", eng.optimize.disabled, "skip a graph pass by name, e.g. cse (repeatable)");
+  app->add_option("--dump-ir-after", eng.optimize.dump_ir_after, "print the IR to stderr after PASS, or after all");
+  app->add_flag("--pass-report", eng.optimize.report, "print each graph pass's time and node counts to stderr");
 }
 
 }  // namespace

@@ -1,0 +1,274 @@
+// canonicalize: local rewrites that remove no-op and self-cancelling nodes, so that later passes
+// see producers and consumers directly connected (Conv -> BatchNormalization without an Identity
+// between) and backends run fewer nodes. A table of rules (DESIGN.md rule 4), applied in sweeps
+// over the graph until none fires.
+//
+//   Before:  %t = Transpose(%x) {perm = [0, 2, 1]} : f32[2,4,3]
+//            %u = Transpose(%t) {perm = [0, 2, 1]} : f32[2,3,4]
+//            %c = Cast(%u) {to = 1} : f32[2,3,4]
+//            %y = Relu(%c) : f32[2,3,4]
+//   After:   %y = Relu(%x) : f32[2,3,4]
+//
+// A rule that replaces a node's output by another value goes through UseMap::forward: when the
+// output is a graph output, the replacement takes over its name, or, when it cannot (it is a
+// graph input, already another output, or of another type), the node stays. Graph outputs keep
+// their names and types. Surviving nodes keep their names. Rules needing shapes (Reshape and
+// Expand to the same shape) rely on inferred types, and the Reshape pair rule on a constant
+// target: run after fold-constants to catch the shapes exporters compute at run time.
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+#include "passes/passes.h"
+#include "passes/rewrite.h"
+
+namespace kiln {
+
+namespace {
+
+// ---- predicates and helpers used by the rules ------------------------------------------------
+
+Node* producer_if(const Value* v, OpKind op) {
+  return v && v->producer && v->producer->op == op ? v->producer : nullptr;
+}
+
+bool forwardable(const UseMap& u, const Node& n, const Value* to) {
+  return n.has_output(0) && u.can_forward(n.outputs[0], to);
+}
+
+void bypass(UseMap& u, Node& n, Value* to) { u.forward(n.outputs[0], to); }
+
+std::optional<std::vector<int64_t>> constant_ints(const UseMap& u, const Value* v) {
+  const Tensor* t = constant_of(u.graph(), v);
+  if (!t || !dtype_is_int(t->dtype()) || t->rank() > 1) return std::nullopt;
+  return t->to_int_vector();
+}
+
+std::optional<size_t> rank_of(const Value* v) {
+  if (!v || !v->type.has_rank()) return std::nullopt;
+  return v->type.shape->dims.size();
+}
+
+// Transpose's perm attribute, or reversed axes by default (needs the input rank).
+std::optional<std::vector<int64_t>> perm_of(const Node& n) {
+  if (const Attribute* a = n.attr("perm")) return a->ints;
+  auto r = rank_of(n.inputs[0]);
+  if (!r) return std::nullopt;
+  std::vector<int64_t> p(*r);
+  std::iota(p.rbegin(), p.rend(), 0);
+  return p;
+}
+
+bool is_identity_perm(const std::vector<int64_t>& p) {
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] != int64_t(i)) return false;
+  }
+  return true;
+}
+
+// Axes normalized to [0, rank) and sorted, or nullopt when one is out of range.
+std::optional<std::vector<int64_t>> normalized_axes(std::vector<int64_t> axes, size_t rank) {
+  for (int64_t& a : axes) {
+    if (a < 0) a += int64_t(rank);
+    if (a < 0 || a >= int64_t(rank)) return std::nullopt;
+  }
+  std::sort(axes.begin(), axes.end());
+  return axes;
+}
+
+// How a dtype's values are represented, for deciding whether a round trip through another dtype
+// is exact. kind 'b' bool, 'i' signed int, 'u' unsigned int, 'f' float (bits: significand bits
+// including the implicit one; exp: exponent bits). Others (strings, float8, packed) are 0.
+struct NumRepr {
+  char kind = 0;
+  int bits = 0;
+  int exp = 0;
+};
+
+NumRepr repr_of(DType t) {
+  if (t == DType::kBool) return {'b', 1, 0};
+  if (t == DType::kUInt8) return {'u', 8, 0};
+  if (t == DType::kUInt16) return {'u', 16, 0};
+  if (t == DType::kUInt32) return {'u', 32, 0};
+  if (t == DType::kUInt64) return {'u', 64, 0};
+  if (t == DType::kInt8) return {'i', 8, 0};
+  if (t == DType::kInt16) return {'i', 16, 0};
+  if (t == DType::kInt32) return {'i', 32, 0};
+  if (t == DType::kInt64) return {'i', 64, 0};
+  if (t == DType::kFloat16) return {'f', 11, 5};
+  if (t == DType::kBFloat16) return {'f', 8, 8};
+  if (t == DType::kFloat32) return {'f', 24, 8};
+  if (t == DType::kFloat64) return {'f', 53, 11};
+  return {};
+}
+
+// True when every value of `from` converts to `via` and back unchanged: f16 -> f32 -> f16,
+// f32 -> f64 -> f32, i32 -> i64 -> i32, u8 -> f16 -> u8, bool -> anything numeric -> bool;
+// not f32 -> f16 -> f32 (rounds) nor i64 -> f64 -> i64 (loses bits above 2^53).
+bool holds_exactly(DType from, DType via) {
+  NumRepr a = repr_of(from), b = repr_of(via);
+  if (!a.kind || !b.kind) return false;
+  if (a.kind == 'b') return true;
+  if (a.kind == 'f') return b.kind == 'f' && b.bits >= a.bits && b.exp >= a.exp;
+  const int magnitude = a.kind == 'i' ? a.bits - 1 : a.bits;  // value bits of the integer
+  if (b.kind == 'f') return b.bits >= magnitude;
+  if (b.kind == 'i') return b.bits - 1 >= magnitude;
+  if (b.kind == 'u') return a.kind == 'u' && b.bits >= a.bits;
+  return false;
+}
+
+std::optional<DType> cast_to(const Node& n) {
+  const Attribute* a = n.attr("to");
+  if (!a || a->kind != Attribute::Kind::kInt) return std::nullopt;
+  return dtype_from_onnx(int32_t(a->i));
+}
+
+std::optional<DType> tensor_dtype(const Value* v) {
+  if (!v || !v->type.is_tensor()) return std::nullopt;
+  return v->type.dtype;
+}
+
+// ---- the rules -------------------------------------------------------------------------------
+
+struct Rule {
+  OpKind op;            // the root's op: the most selective check, done by the driver
+  const char* what;     // the rewrite, for readers
+  bool (*match)(const UseMap&, const Node&);
+  void (*apply)(UseMap&, Node&);
+};
+
+bool match_input0(const UseMap& u, const Node& n) { return forwardable(u, n, n.inputs[0]); }
+void apply_input0(UseMap& u, Node& n) { bypass(u, n, n.inputs[0]); }
+
+bool match_dropout(const UseMap& u, const Node& n) {
+  // Inference: training_mode absent or a constant false; the mask (all true) must be unread.
+  if (n.has_input(2)) {
+    auto mode = constant_ints(u, n.inputs[2]);
+    if (!mode || mode->size() != 1 || (*mode)[0] != 0) return false;
+  }
+  if (n.has_output(1) && !u.unused(n.outputs[1])) return false;
+  return match_input0(u, n);
+}
+
+bool match_cast_same(const UseMap& u, const Node& n) {
+  auto to = cast_to(n);
+  return to && tensor_dtype(n.inputs[0]) == to && match_input0(u, n);
+}
+
+bool match_cast_pair(const UseMap& u, const Node& n) {
+  const Node* inner = producer_if(n.inputs[0], OpKind::kCast);
+  if (!inner) return false;
+  auto from = tensor_dtype(inner->inputs[0]), via = cast_to(*inner), to = cast_to(n);
+  return from && via && to == from && holds_exactly(*from, *via) && forwardable(u, n, inner->inputs[0]);
+}
+void apply_cast_pair(UseMap& u, Node& n) { bypass(u, n, n.inputs[0]->producer->inputs[0]); }
+
+bool match_reshape_pair(const UseMap& u, const Node& n) {
+  const Node* inner = producer_if(n.inputs[0], OpKind::kReshape);
+  if (!inner) return false;
+  // A 0 in the outer target copies a dim of the inner result, which x may not have.
+  auto target = constant_ints(u, n.inputs[1]);
+  bool allowzero = n.attr_int("allowzero", 0) != 0;
+  return target && (allowzero || std::find(target->begin(), target->end(), 0) == target->end());
+}
+void apply_reshape_pair(UseMap& u, Node& n) { u.set_input(&n, 0, n.inputs[0]->producer->inputs[0]); }
+
+bool match_same_shape(const UseMap& u, const Node& n) {
+  auto in = static_dims(n.inputs[0]);
+  return in && n.has_output(0) && in == static_dims(n.outputs[0]) && match_input0(u, n);
+}
+
+bool match_transpose_identity(const UseMap& u, const Node& n) {
+  auto p = perm_of(n);
+  return p && is_identity_perm(*p) && match_input0(u, n);
+}
+
+bool match_transpose_pair(const UseMap&, const Node& n) {
+  const Node* inner = producer_if(n.inputs[0], OpKind::kTranspose);
+  if (!inner) return false;
+  auto p1 = perm_of(*inner), p2 = perm_of(n);
+  return p1 && p2 && p1->size() == p2->size();
+}
+void apply_transpose_pair(UseMap& u, Node& n) {
+  // out[i] = t[p2[i]] = x[p1[p2[i]]]
+  const Node& inner = *n.inputs[0]->producer;
+  std::vector<int64_t> p1 = *perm_of(inner), p2 = *perm_of(n), p(p2.size());
+  for (size_t i = 0; i < p.size(); ++i) p[i] = p1[size_t(p2[i])];
+  n.attrs["perm"] = Attribute::of_ints(p);
+  u.set_input(&n, 0, inner.inputs[0]);
+}
+
+// Squeeze(Unsqueeze(x, a), a) -> x: both index the unsqueezed rank.
+bool match_squeeze_unsqueeze(const UseMap& u, const Node& n) {
+  const Node* inner = producer_if(n.inputs[0], OpKind::kUnsqueeze);
+  if (!inner || !n.has_input(1)) return false;
+  auto r = rank_of(n.inputs[0]);
+  auto a = constant_ints(u, n.inputs[1]), b = constant_ints(u, inner->inputs[1]);
+  if (!r || !a || !b) return false;
+  auto na = normalized_axes(*a, *r), nb = normalized_axes(*b, *r);
+  return na && na == nb && forwardable(u, n, inner->inputs[0]);
+}
+
+// Unsqueeze(Squeeze(x, a), a) -> x: both index x's rank.
+bool match_unsqueeze_squeeze(const UseMap& u, const Node& n) {
+  const Node* inner = producer_if(n.inputs[0], OpKind::kSqueeze);
+  if (!inner || !inner->has_input(1)) return false;
+  auto r = rank_of(inner->inputs[0]);
+  auto a = constant_ints(u, n.inputs[1]), b = constant_ints(u, inner->inputs[1]);
+  if (!r || !a || !b) return false;
+  auto na = normalized_axes(*a, *r), nb = normalized_axes(*b, *r);
+  return na && na == nb && forwardable(u, n, inner->inputs[0]);
+}
+void apply_inner_input0(UseMap& u, Node& n) { bypass(u, n, n.inputs[0]->producer->inputs[0]); }
+
+const Rule kRules[] = {
+    {OpKind::kIdentity, "Identity(x) -> x", match_input0, apply_input0},
+    {OpKind::kDropout, "Dropout(x) -> x in inference, mask unread", match_dropout, apply_input0},
+    {OpKind::kCast, "Cast(x: T, to=T) -> x", match_cast_same, apply_input0},
+    {OpKind::kCast, "Cast(Cast(x: T1, to=T2), to=T1) -> x when T2 holds every T1 exactly", match_cast_pair,
+     apply_cast_pair},
+    {OpKind::kReshape, "Reshape(x: S, S) -> x (static)", match_same_shape, apply_input0},
+    {OpKind::kReshape, "Reshape(Reshape(x, s1), s2) -> Reshape(x, s2), s2 constant without 0", match_reshape_pair,
+     apply_reshape_pair},
+    {OpKind::kExpand, "Expand(x: S, ...) -> x when the result is S (static)", match_same_shape, apply_input0},
+    {OpKind::kTranspose, "Transpose(x, [0, 1, ..]) -> x", match_transpose_identity, apply_input0},
+    {OpKind::kTranspose, "Transpose(Transpose(x, p1), p2) -> Transpose(x, p1[p2])", match_transpose_pair,
+     apply_transpose_pair},
+    {OpKind::kSqueeze, "Squeeze(Unsqueeze(x, a), a) -> x", match_squeeze_unsqueeze, apply_inner_input0},
+    {OpKind::kUnsqueeze, "Unsqueeze(Squeeze(x, a), a) -> x", match_unsqueeze_squeeze, apply_inner_input0},
+};
+
+}  // namespace
+
+Expected<bool> canonicalize(Graph& g) {
+  bool changed_any = false;
+  // A rewrite can expose another (a Transpose pair composing to the identity): sweep again.
+  for (int sweep = 0; sweep < 16; ++sweep) {
+    UseMap uses(g);
+    std::vector<Node*> touched;  // rewritten nodes and their former producers: maybe unread now
+    for (const auto& np : g.nodes) {
+      Node& n = *np;
+      for (const Rule& r : kRules) {
+        if (r.op != n.op || !r.match(uses, n)) continue;
+        for (const Value* v : n.inputs) {
+          if (v && v->producer) touched.push_back(v->producer);
+        }
+        r.apply(uses, n);
+        touched.push_back(&n);
+        break;
+      }
+    }
+    if (touched.empty()) break;
+    changed_any = true;
+    // erase_unused wants later nodes last; producers were pushed before their readers.
+    std::vector<Node*> order;
+    std::set<const Node*> want(touched.begin(), touched.end());
+    for (const auto& np : g.nodes) {
+      if (want.count(np.get())) order.push_back(np.get());
+    }
+    erase_unused(uses, order);
+  }
+  return changed_any;
+}
+
+}  // namespace kiln

@@ -1,0 +1,100 @@
+#include "passes/pass_manager.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+
+#include "ir/text.h"
+#include "ir/verifier.h"
+
+namespace kiln {
+
+namespace {
+
+std::string pass_names(const std::vector<Pass>& passes) {
+  std::string s;
+  for (const Pass& p : passes) s += (s.empty() ? "" : ", ") + p.name;
+  return s;
+}
+
+bool default_verify() {
+#ifdef NDEBUG
+  return false;
+#else
+  return true;
+#endif
+}
+
+}  // namespace
+
+Status check_pass_options(const std::vector<Pass>& passes, const PassOptions& opt) {
+  auto known = [&](const std::string& n) {
+    return std::any_of(passes.begin(), passes.end(), [&](const Pass& p) { return p.name == n; });
+  };
+  for (const std::string& d : opt.disabled) {
+    if (!known(d)) return KILN_ERROR(kInvalidArgument, "unknown pass '{}' to disable (passes: {})", d, pass_names(passes));
+  }
+  if (!opt.dump_ir_after.empty() && opt.dump_ir_after != "all" && !known(opt.dump_ir_after)) {
+    return KILN_ERROR(kInvalidArgument, "unknown pass '{}' to dump IR after (passes: {}, or all)", opt.dump_ir_after,
+                      pass_names(passes));
+  }
+  return Status::ok();
+}
+
+Expected<PassReport> run_passes(Graph& g, const std::vector<Pass>& passes, const PassOptions& opt) {
+  KILN_RETURN_IF_ERROR(check_pass_options(passes, opt));
+  const bool verify = opt.verify.value_or(default_verify());
+  std::ostream& dump = opt.dump_to ? *opt.dump_to : std::cerr;
+  if (verify) KILN_RETURN_IF_ERROR(verify_graph(g).with_context("the graph given to the pass pipeline is invalid"));
+  PassReport report;
+  for (const Pass& p : passes) {
+    PassRecord r;
+    r.name = p.name;
+    r.nodes_before = r.nodes_after = g.nodes.size();
+    if (std::find(opt.disabled.begin(), opt.disabled.end(), p.name) != opt.disabled.end()) {
+      r.skipped = true;
+      report.passes.push_back(r);
+      continue;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    Expected<bool> changed = p.run(g);
+    r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (!changed) return changed.status().with_context(fmt::format("pass '{}'", p.name));
+    r.changed = *changed;
+    r.nodes_after = g.nodes.size();
+    report.total_ms += r.ms;
+    report.passes.push_back(r);
+    if (verify) {
+      if (Status s = verify_graph(g); !s) {
+        return KILN_ERROR(kInternal, "pass '{}' left an invalid graph: {}", p.name, s.message());
+      }
+    }
+    if (opt.dump_ir_after == "all" || opt.dump_ir_after == p.name) {
+      // Weights elided: a dump is for reading the graph's structure.
+      PrintOptions po;
+      po.elide_large_tensors = true;
+      dump << "// IR after " << p.name << (r.changed ? "" : " (unchanged)") << "\n" << print_graph(g, po) << std::flush;
+    }
+  }
+  return report;
+}
+
+std::string PassReport::to_text() const {
+  size_t w = 4;
+  for (const PassRecord& r : passes) w = std::max(w, r.name.size());
+  std::string s = fmt::format("{:<{}}  {:>9}  {:>7}  {:>7}  {}\n", "pass", w, "ms", "nodes", "after", "changed");
+  for (const PassRecord& r : passes) {
+    if (r.skipped) {
+      s += fmt::format("{:<{}}  {:>9}  {:>7}  {:>7}  {}\n", r.name, w, "-", r.nodes_before, "-", "disabled");
+      continue;
+    }
+    s += fmt::format("{:<{}}  {:>9.3f}  {:>7}  {:>7}  {}\n", r.name, w, r.ms, r.nodes_before, r.nodes_after,
+                     r.changed ? "yes" : "no");
+  }
+  s += fmt::format("{:<{}}  {:>9.3f}\n", "total", w, total_ms);
+  return s;
+}
+
+}  // namespace kiln

@@ -1,0 +1,17 @@
+// The graph passes, one per file (DESIGN.md rule 1): each file opens with what the pass does, a
+// Before/After IR example and its preconditions. Each returns whether it changed the graph.
+// pipeline.cc orders them; pass_manager.h runs them.
+#pragma once
+
+#include "ir/graph.h"
+
+namespace kiln {
+
+Expected<bool> eliminate_dead_code(Graph& g);            // dce.cc             "dce"
+Expected<bool> eliminate_common_subexpressions(Graph& g);  // cse.cc           "cse"
+Expected<bool> canonicalize(Graph& g);                   // canonicalize.cc    "canonicalize"
+Expected<bool> fold_batchnorm(Graph& g);                 // fold_batchnorm.cc  "fold-batchnorm"
+Expected<bool> fuse_matmul_add(Graph& g);                // fuse_matmul_add.cc "fuse-matmul-add"
+// fold_constants.h: "fold-constants"
+
+}  // namespace kiln

@@ -1,0 +1,33 @@
+#include "passes/pipeline.h"
+
+#include "passes/fold_constants.h"
+#include "passes/passes.h"
+
+namespace kiln {
+
+std::vector<Pass> default_pipeline() {
+  return {
+      // Exporters repeat Shape -> Gather -> Unsqueeze chains and small constants once per use;
+      // merging them first means fold-constants evaluates each once and later patterns see one
+      // producer instead of several look-alikes.
+      {"cse", "merge duplicated nodes and small constants", eliminate_common_subexpressions},
+      // Shapes computed at run time (Shape, Gather, Concat on static dims) become constants,
+      // Reshape targets and Expand shapes become static, and inference re-runs: canonicalize
+      // needs those static shapes and constant targets.
+      {"fold-constants", "evaluate what is known at build time",
+       [](Graph& g) { return fold_constants(g); }},
+      // Drops Identity, inference Dropout, no-op Cast/Reshape/Expand/Transpose and cancelling
+      // pairs, so the fusions below find their producer and consumer directly connected.
+      {"canonicalize", "remove no-op and self-cancelling nodes", canonicalize},
+      // Needs Conv -> BatchNormalization adjacent (canonicalize) and constant weights (folded).
+      // Before fuse-matmul-add, which would hide a MatMul that a BatchNormalization follows.
+      {"fold-batchnorm", "fold inference BatchNormalization into the Conv/Gemm/MatMul before it",
+       fold_batchnorm},
+      // 2-D MatMul + bias Add -> Gemm: one library call with the bias as its C input.
+      {"fuse-matmul-add", "2-D MatMul with a constant weight + bias Add -> Gemm", fuse_matmul_add},
+      // Last: sweeps what the passes above left unread (bypassed chains, old weights).
+      {"dce", "remove nodes and constants that no graph output needs", eliminate_dead_code},
+  };
+}
+
+}  // namespace kiln

@@ -1,0 +1,206 @@
+#include "passes/rewrite.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+namespace kiln {
+
+namespace {
+
+const std::vector<Use> kNoUses;
+
+void erase_use(std::vector<Use>& list, const Node* n, size_t i) {
+  std::erase_if(list, [&](const Use& u) { return u.node == n && u.input == i; });
+}
+
+bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+bool same_attr(const Attribute& a, const Attribute& b) {
+  if (a.kind != b.kind) return false;
+  switch (a.kind) {
+    case Attribute::Kind::kFloat: return std::memcmp(&a.f, &b.f, sizeof(float)) == 0;
+    case Attribute::Kind::kInt: return a.i == b.i;
+    case Attribute::Kind::kString: return a.s == b.s;
+    case Attribute::Kind::kTensor: return same_tensor(a.t, b.t);
+    case Attribute::Kind::kFloats: return same_floats(a.floats, b.floats);
+    case Attribute::Kind::kInts: return a.ints == b.ints;
+    case Attribute::Kind::kStrings: return a.strings == b.strings;
+    case Attribute::Kind::kTensors:
+      if (a.tensors.size() != b.tensors.size()) return false;
+      for (size_t i = 0; i < a.tensors.size(); ++i) {
+        if (!same_tensor(a.tensors[i], b.tensors[i])) return false;
+      }
+      return true;
+    case Attribute::Kind::kType:
+    case Attribute::Kind::kTypes: return a.types == b.types;
+    case Attribute::Kind::kGraph:
+    case Attribute::Kind::kGraphs: return false;  // bodies are not compared
+  }
+  return false;
+}
+
+}  // namespace
+
+bool is_graph_input(const Graph& g, const Value* v) {
+  return std::find(g.inputs.begin(), g.inputs.end(), v) != g.inputs.end();
+}
+
+bool is_graph_output(const Graph& g, const Value* v) {
+  return std::find(g.outputs.begin(), g.outputs.end(), v) != g.outputs.end();
+}
+
+const Tensor* constant_of(const Graph& g, const Value* v) {
+  if (!v || !v->constant || v->producer || is_graph_input(g, v)) return nullptr;
+  return &*v->constant;
+}
+
+bool is_random_op(OpKind op) {
+  return op == OpKind::kRandomNormal || op == OpKind::kRandomUniform || op == OpKind::kRandomNormalLike ||
+         op == OpKind::kRandomUniformLike || op == OpKind::kMultinomial || op == OpKind::kBernoulli;
+}
+
+bool has_subgraph(const Node& n) {
+  for (const auto& [k, a] : n.attrs) {
+    if (a.g || !a.graphs.empty()) return true;
+  }
+  return false;
+}
+
+bool has_side_effects(const Node&) { return false; }
+
+std::optional<std::vector<int64_t>> static_dims(const Value* v) {
+  if (!v || !v->type.is_tensor() || !v->type.shape) return std::nullopt;
+  std::vector<int64_t> d;
+  for (const Dim& x : v->type.shape->dims) {
+    if (!x.is_static()) return std::nullopt;
+    d.push_back(x.value());
+  }
+  return d;
+}
+
+bool same_tensor(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.dims() != b.dims()) return false;
+  if (a.numel() == 0) return true;
+  if (!a.raw() || !b.raw()) return false;
+  if (a.dtype() == DType::kString) {
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      if (a.data<std::string>()[i] != b.data<std::string>()[i]) return false;
+    }
+    return true;
+  }
+  return std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+bool same_attrs(const Node& a, const Node& b) {
+  if (a.attrs.size() != b.attrs.size()) return false;
+  for (auto i = a.attrs.begin(), j = b.attrs.begin(); i != a.attrs.end(); ++i, ++j) {
+    if (i->first != j->first || !same_attr(i->second, j->second)) return false;
+  }
+  return true;
+}
+
+// ---- UseMap ---------------------------------------------------------------------------------
+
+UseMap::UseMap(Graph& g) : g_(g) {
+  for (const auto& n : g.nodes) add_reads(n.get());
+}
+
+void UseMap::add_reads(Node* n) {
+  for (size_t i = 0; i < n->inputs.size(); ++i) {
+    if (n->inputs[i]) uses_[n->inputs[i]].push_back({n, i});
+  }
+  for (auto& [k, a] : n->attrs) {
+    if (a.g) for (auto& sn : a.g->nodes) add_reads(sn.get());
+    for (auto& sg : a.graphs) for (auto& sn : sg->nodes) add_reads(sn.get());
+  }
+}
+
+const std::vector<Use>& UseMap::uses(const Value* v) const {
+  auto it = uses_.find(v);
+  return it == uses_.end() ? kNoUses : it->second;
+}
+
+bool UseMap::can_forward(const Value* from, const Value* to) const {
+  if (!from || !to || from == to) return false;
+  if (!is_output(from)) return true;
+  return to->owner == &g_ && !is_graph_input(g_, to) && !is_output(to) && to->type == from->type;
+}
+
+void UseMap::forward(Value* from, Value* to) {
+  std::vector<Use> moved = std::move(uses_[from]);
+  uses_.erase(from);
+  for (const Use& u : moved) u.node->inputs[u.input] = to;
+  auto& dst = uses_[to];
+  dst.insert(dst.end(), moved.begin(), moved.end());
+  if (is_output(from)) {
+    std::string name = from->name;
+    g_.rename_value(from, g_.unique_name(name));
+    g_.rename_value(to, name);
+    std::replace(g_.outputs.begin(), g_.outputs.end(), from, to);
+  }
+}
+
+void UseMap::set_input(Node* n, size_t i, Value* v) {
+  if (Value* old = n->inputs[i]) erase_use(uses_[old], n, i);
+  n->inputs[i] = v;
+  if (v) uses_[v].push_back({n, i});
+}
+
+void UseMap::add_node(Node* n) { add_reads(n); }
+
+void UseMap::remove_node(const Node* n) {
+  for (size_t i = 0; i < n->inputs.size(); ++i) {
+    if (n->inputs[i]) erase_use(uses_[n->inputs[i]], n, i);
+  }
+  for (const auto& [k, a] : n->attrs) {
+    if (a.g) for (const auto& sn : a.g->nodes) remove_node(sn.get());
+    for (const auto& sg : a.graphs) for (const auto& sn : sg->nodes) remove_node(sn.get());
+  }
+}
+
+// ---- removal --------------------------------------------------------------------------------
+
+size_t erase_unused(UseMap& uses, const std::vector<Node*>& candidates) {
+  Graph& g = uses.graph();
+  std::set<const Node*> dead;
+  std::set<const Value*> dead_values;
+  auto unread = [&](const Node* n) {
+    return std::all_of(n->outputs.begin(), n->outputs.end(), [&](const Value* o) { return !o || uses.unused(o); });
+  };
+  // Later candidates first: removing a reader can leave its producer, an earlier one, unread.
+  for (bool again = true; again;) {
+    again = false;
+    for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
+      Node* n = *it;
+      if (dead.count(n) || has_side_effects(*n) || !unread(n)) continue;
+      uses.remove_node(n);
+      dead.insert(n);
+      again = true;
+      for (const Value* o : n->outputs) {
+        if (o) dead_values.insert(o);
+      }
+      for (const Value* v : n->inputs) {
+        if (v && v->owner == &g && constant_of(g, v) && uses.unused(v)) dead_values.insert(v);
+      }
+    }
+  }
+  if (dead.empty()) return 0;
+  std::erase_if(g.nodes, [&](const std::unique_ptr<Node>& n) { return dead.count(n.get()) > 0; });
+  g.erase_values(dead_values);
+  return dead.size();
+}
+
+size_t erase_unused_constants(UseMap& uses) {
+  Graph& g = uses.graph();
+  std::set<const Value*> dead;
+  for (const auto& v : g.values) {
+    if (constant_of(g, v.get()) && uses.unused(v.get())) dead.insert(v.get());
+  }
+  g.erase_values(dead);
+  return dead.size();
+}
+
+}  // namespace kiln

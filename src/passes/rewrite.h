@@ -1,0 +1,86 @@
+// Shared helpers for graph rewrites: who reads each value (UseMap), forwarding every read of one
+// value to another without changing the graph's output names or types, and removing nodes that a
+// rewrite left without readers.
+//
+//   UseMap uses(g);
+//   // Identity(x) -> x
+//   if (uses.can_forward(n->outputs[0], n->inputs[0])) {
+//     uses.forward(n->outputs[0], n->inputs[0]);
+//     erase_unused(g, uses, {n});
+//   }
+//
+// The helpers work on one graph level: reads from nodes inside subgraphs (If/Loop/Scan bodies)
+// count as uses and are rewritten, but nodes inside subgraphs are never removed.
+#pragma once
+
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace kiln {
+
+struct Use {
+  Node* node;    // a node of the graph or of one of its subgraphs
+  size_t input;  // node->inputs[input] is the value
+};
+
+bool is_graph_input(const Graph& g, const Value* v);
+bool is_graph_output(const Graph& g, const Value* v);
+// The tensor of a value fixed at build time: an initializer, Constant or folded value that is
+// not also a graph input (an input with a default may be overridden at run time).
+const Tensor* constant_of(const Graph& g, const Value* v);
+// Ops whose outputs differ from run to run: never merged or folded.
+bool is_random_op(OpKind op);
+bool has_subgraph(const Node& n);
+// Ops with effects beyond their outputs, which DCE must keep. Standard ONNX ops are pure, so
+// none today; this is the one place to list such an op when one arrives.
+bool has_side_effects(const Node& n);
+// The dims of a tensor value when all are static, else nullopt.
+std::optional<std::vector<int64_t>> static_dims(const Value* v);
+// Same dtype, dims and bytes (strings by value).
+bool same_tensor(const Tensor& a, const Tensor& b);
+// Same attribute names and values; floats compare bitwise; graph attributes never compare equal.
+bool same_attrs(const Node& a, const Node& b);
+
+class UseMap {
+ public:
+  explicit UseMap(Graph& g);
+
+  Graph& graph() const { return g_; }
+  const std::vector<Use>& uses(const Value* v) const;
+  size_t num_uses(const Value* v) const { return uses(v).size(); }
+  bool is_output(const Value* v) const { return is_graph_output(g_, v); }
+  // Nothing reads v: no node (subgraph nodes included) and no graph output.
+  bool unused(const Value* v) const { return num_uses(v) == 0 && !is_output(v); }
+
+  // True when every read of `from` can be made to read `to`. Node inputs always can; a graph
+  // output only when `to` can take over its name: `to` is a non-input value of this graph, not
+  // itself a graph output, and of exactly the same type.
+  bool can_forward(const Value* from, const Value* to) const;
+  // Makes every reader of `from` read `to` (check can_forward first). When `from` is a graph
+  // output, `to` takes over its name and `from` gets a fresh one, so the outputs keep theirs.
+  void forward(Value* from, Value* to);
+  // n->inputs[i] = v, keeping the map in step.
+  void set_input(Node* n, size_t i, Value* v);
+  // Registers the reads of a node added after the map was built.
+  void add_node(Node* n);
+  // Forgets the reads of n and of nodes in its subgraphs (n is being removed).
+  void remove_node(const Node* n);
+
+ private:
+  void add_reads(Node* n);
+  Graph& g_;
+  std::unordered_map<const Value*, std::vector<Use>> uses_;
+};
+
+// Removes those of `candidates` (nodes of uses.graph()) whose outputs nothing reads, repeating
+// while removals leave more of them unread, together with their output values and with the
+// constants only they read. Returns how many nodes it removed.
+size_t erase_unused(UseMap& uses, const std::vector<Node*>& candidates);
+
+// Removes constants (not graph inputs or outputs) that nothing reads. Returns how many.
+size_t erase_unused_constants(UseMap& uses);
+
+}  // namespace kiln

@@ -1,0 +1,207 @@
+// Pass goldens (DESIGN.md rule 10): every tests/passes/<pass-name>.kir file holds cases for the
+// pass of that name in the default pipeline. The format, line-based:
+//
+//   # a comment (lines starting with '#' outside a case's IR; inside, '#' is an IR comment)
+//   === a title for the case
+//   graph main(...) { ... }          <- the input, in the text IR (docs/ir.md)
+//   --- expect
+//   graph main(...) { ... }          <- exactly what print_graph gives after the pass
+//
+// or, for a case the pass must leave alone, `--- unchanged` and nothing after it. Each case
+// checks: the pass's changed flag (true for `expect` cases, false for `unchanged`); the printed IR,
+// exactly; the verifier on the result; and the numerics: the input and output graphs run on the
+// CPU backend on the same random inputs (symbolic dims bound to 3) give the same outputs, within
+// 1e-4 relative for floats and exactly for other dtypes.
+//
+// The pass manager is tested below the goldens.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "backends/backend.h"
+#include "ir/text.h"
+#include "ir/verifier.h"
+#include "passes/pipeline.h"
+
+#ifndef KILN_PASS_TESTS_DIR
+#error "KILN_PASS_TESTS_DIR must name tests/passes (set in tests/CMakeLists.txt)"
+#endif
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Case {
+  std::string pass, file, title, input, expect;
+  bool unchanged = false;
+  int line = 0;
+};
+
+// gtest prints a failing parameter with this instead of its bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.file << ":" << c.line; }
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\n"), e = s.find_last_not_of(" \t\n");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+std::vector<Case> read_cases(const fs::path& path) {
+  std::vector<Case> cases;
+  std::ifstream f(path);
+  std::string line;
+  std::string* into = nullptr;
+  for (int n = 1; std::getline(f, line); ++n) {
+    if (line.rfind("===", 0) == 0) {
+      cases.push_back({path.stem().string(), path.filename().string(), trim(line.substr(3)), "", "", false, n});
+      into = &cases.back().input;
+    } else if (line.rfind("--- expect", 0) == 0 && !cases.empty()) {
+      into = &cases.back().expect;
+    } else if (line.rfind("--- unchanged", 0) == 0 && !cases.empty()) {
+      cases.back().unchanged = true;
+      into = nullptr;
+    } else if (into) {
+      *into += line + "\n";
+    }
+  }
+  return cases;
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> all;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(KILN_PASS_TESTS_DIR)) {
+    if (e.path().extension() == ".kir") files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  for (const fs::path& p : files) {
+    for (Case& c : read_cases(p)) all.push_back(std::move(c));
+  }
+  return all;
+}
+
+const Pass* find_pass(const std::vector<Pass>& passes, const std::string& name) {
+  for (const Pass& p : passes) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+// ---- numerics -------------------------------------------------------------------------------
+
+Expected<std::vector<Data>> random_inputs(const Graph& g, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  std::vector<Data> out;
+  for (const Value* v : g.inputs) {
+    if (v->constant) { out.emplace_back(*v->constant); continue; }
+    if (!v->type.has_rank()) return KILN_ERROR(kInvalidArgument, "input '{}' has no rank", v->name);
+    std::vector<int64_t> dims;
+    for (const Dim& d : v->type.shape->dims) dims.push_back(d.is_static() ? d.value() : 3);
+    KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(v->type.dtype, dims));
+    visit_dtype(t.dtype(), [&]<typename T>() {
+      T* p = t.data<T>();
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        if constexpr (std::is_same_v<T, bool>) p[i] = rng() % 2;
+        else if constexpr (std::is_integral_v<T>) p[i] = T(rng() % 3);
+        else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) p[i] = T(uni(rng));
+        else if constexpr (std::is_constructible_v<T, float>) p[i] = T(uni(rng));
+      }
+    });
+    out.emplace_back(std::move(t));
+  }
+  return out;
+}
+
+Expected<std::vector<Data>> run_cpu(const Graph& g, const std::vector<Data>& inputs) {
+  auto backend = make_cpu_backend();
+  KILN_ASSIGN_OR_RETURN(auto exe, backend->compile(g));
+  return exe->run(inputs);
+}
+
+void expect_close(const Tensor& want, const Tensor& got, const std::string& where) {
+  ASSERT_EQ(want.dtype(), got.dtype()) << where;
+  ASSERT_EQ(want.dims(), got.dims()) << where;
+  const bool is_float = !dtype_is_int(want.dtype()) && want.dtype() != DType::kBool;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    double a = want.as_double(i), b = got.as_double(i);
+    if (is_float && std::isnan(a)) {
+      EXPECT_TRUE(std::isnan(b)) << where << " element " << i;
+    } else if (is_float) {
+      EXPECT_LE(std::abs(a - b), 1e-4 * std::max(std::abs(a), std::abs(b)) + 1e-5) << where << " element " << i;
+    } else {
+      EXPECT_EQ(a, b) << where << " element " << i;
+    }
+  }
+}
+
+void expect_same_outputs(const Graph& before, const Graph& after) {
+  for (uint64_t seed : {1, 2}) {
+    auto inputs = random_inputs(before, seed);
+    ASSERT_TRUE(inputs) << inputs.status().message();
+    auto want = run_cpu(before, *inputs);
+    ASSERT_TRUE(want) << "input graph: " << want.status().message();
+    auto got = run_cpu(after, *inputs);
+    ASSERT_TRUE(got) << "output graph: " << got.status().message();
+    ASSERT_EQ(want->size(), got->size());
+    for (size_t i = 0; i < want->size(); ++i) {
+      ASSERT_TRUE((*want)[i].is_tensor() && (*got)[i].is_tensor());
+      expect_close((*want)[i].tensor, (*got)[i].tensor, "output '" + before.outputs[i]->name + "'");
+    }
+  }
+}
+
+// ---- the goldens ----------------------------------------------------------------------------
+
+class PassGolden : public testing::TestWithParam<Case> {};
+
+TEST_P(PassGolden, MatchesAndComputesTheSame) {
+  const Case& c = GetParam();
+  SCOPED_TRACE(c.file + ":" + std::to_string(c.line) + ": " + c.title);
+  std::vector<Pass> passes = default_pipeline();
+  const Pass* pass = find_pass(passes, c.pass);
+  ASSERT_NE(pass, nullptr) << "no pass named '" << c.pass << "' (the file's name) in default_pipeline()";
+  auto g = parse_graph(c.input);
+  ASSERT_TRUE(g) << g.status().message();
+  auto before = parse_graph(c.input);
+  ASSERT_TRUE(before);
+  ASSERT_TRUE(verify_graph(**g)) << "the input does not verify: " << verify_graph(**g).message();
+  const std::string printed_input = print_graph(**g);
+
+  Expected<bool> changed = pass->run(**g);
+  ASSERT_TRUE(changed) << changed.status().message();
+  Status v = verify_graph(**g);
+  ASSERT_TRUE(v) << "the result does not verify: " << v.message() << "\n" << print_graph(**g);
+  if (c.unchanged) {
+    EXPECT_FALSE(*changed) << "the pass says it changed the graph";
+    EXPECT_EQ(print_graph(**g), printed_input);
+  } else {
+    EXPECT_TRUE(*changed) << "the pass says it left the graph alone";
+    EXPECT_EQ(trim(print_graph(**g)), trim(c.expect));
+  }
+  expect_same_outputs(**before, **g);
+}
+
+std::string case_name(const testing::TestParamInfo<Case>& info) {
+  std::string n = info.param.pass + "_line" + std::to_string(info.param.line);
+  for (char& ch : n) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Goldens, PassGolden, testing::ValuesIn(all_cases()), case_name);
+
+TEST(PassGoldenFiles, EveryPipelinePassHasAGoldenFile) {
+  for (const Pass& p : default_pipeline()) {
+    EXPECT_TRUE(fs::exists(fs::path(KILN_PASS_TESTS_DIR) / (p.name + ".kir"))) << p.name;
+  }
+}
+
+}  // namespace
+}  // namespace kiln

@@ -50,6 +50,7 @@ Expected<bool> fuse_matmul_add(Graph& g) {
       continue;
     }
     if (uses.num_uses(m) != 1 || uses.is_output(m)) continue;
+    if (!uses.uses(m)[0].node) continue;  // returned by a subgraph
     Node& add = *uses.uses(m)[0].node;
     if (add.op != OpKind::kAdd || add.owner != &g || !add.has_output(0)) continue;
     Value* bias = column_bias(g, add, m, w->dim(1));

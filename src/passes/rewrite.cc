@@ -11,7 +11,17 @@ namespace {
 const std::vector<Use> kNoUses;
 
 void erase_use(std::vector<Use>& list, const Node* n, size_t i) {
-  std::erase_if(list, [&](const Use& u) { return u.node == n && u.input == i; });
+  std::erase_if(list, [&](const Use& u) { return !u.body && u.node == n && u.input == i; });
+}
+
+// Every subgraph held by n's attributes.
+std::vector<Graph*> bodies_of(const Node& n) {
+  std::vector<Graph*> b;
+  for (const auto& [k, a] : n.attrs) {
+    if (a.g) b.push_back(a.g.get());
+    for (const auto& sg : a.graphs) b.push_back(sg.get());
+  }
+  return b;
 }
 
 bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
@@ -112,9 +122,11 @@ void UseMap::add_reads(Node* n) {
   for (size_t i = 0; i < n->inputs.size(); ++i) {
     if (n->inputs[i]) uses_[n->inputs[i]].push_back({n, i});
   }
-  for (auto& [k, a] : n->attrs) {
-    if (a.g) for (auto& sn : a.g->nodes) add_reads(sn.get());
-    for (auto& sg : a.graphs) for (auto& sn : sg->nodes) add_reads(sn.get());
+  for (Graph* body : bodies_of(*n)) {
+    for (auto& sn : body->nodes) add_reads(sn.get());
+    for (size_t i = 0; i < body->outputs.size(); ++i) {
+      if (body->outputs[i]) uses_[body->outputs[i]].push_back({nullptr, i, body});
+    }
   }
 }
 
@@ -132,7 +144,7 @@ bool UseMap::can_forward(const Value* from, const Value* to) const {
 void UseMap::forward(Value* from, Value* to) {
   std::vector<Use> moved = std::move(uses_[from]);
   uses_.erase(from);
-  for (const Use& u : moved) u.node->inputs[u.input] = to;
+  for (const Use& u : moved) (u.body ? u.body->outputs : u.node->inputs)[u.input] = to;
   auto& dst = uses_[to];
   dst.insert(dst.end(), moved.begin(), moved.end());
   if (is_output(from)) {
@@ -155,9 +167,12 @@ void UseMap::remove_node(const Node* n) {
   for (size_t i = 0; i < n->inputs.size(); ++i) {
     if (n->inputs[i]) erase_use(uses_[n->inputs[i]], n, i);
   }
-  for (const auto& [k, a] : n->attrs) {
-    if (a.g) for (const auto& sn : a.g->nodes) remove_node(sn.get());
-    for (const auto& sg : a.graphs) for (const auto& sn : sg->nodes) remove_node(sn.get());
+  for (Graph* body : bodies_of(*n)) {
+    for (const auto& sn : body->nodes) remove_node(sn.get());
+    for (size_t i = 0; i < body->outputs.size(); ++i) {
+      if (!body->outputs[i]) continue;
+      std::erase_if(uses_[body->outputs[i]], [&](const Use& u) { return u.body == body && u.input == i; });
+    }
   }
 }
 

@@ -9,8 +9,9 @@
 //     erase_unused(g, uses, {n});
 //   }
 //
-// The helpers work on one graph level: reads from nodes inside subgraphs (If/Loop/Scan bodies)
-// count as uses and are rewritten, but nodes inside subgraphs are never removed.
+// The helpers work on one graph level: reads from inside subgraphs (If/Loop/Scan bodies: their
+// nodes' inputs and their outputs) count as uses and are rewritten, but nodes inside subgraphs
+// are never removed.
 #pragma once
 
 #include <optional>
@@ -21,9 +22,12 @@
 
 namespace kiln {
 
+// One read of a value: node->inputs[input], or, when body is set, body->outputs[input] (a
+// subgraph may return a value of an enclosing graph directly: `else_branch = ... { return %x }`).
 struct Use {
-  Node* node;    // a node of the graph or of one of its subgraphs
-  size_t input;  // node->inputs[input] is the value
+  Node* node;    // a node of the graph or of one of its subgraphs; null for a body output
+  size_t input;
+  Graph* body = nullptr;
 };
 
 bool is_graph_input(const Graph& g, const Value* v);

@@ -3,7 +3,9 @@
 //
 // Each test runs in a forked child with a time limit, so a crash or hang in one test is reported
 // as that test's failure instead of ending the run. Exceptions (training ops, random outputs) are
-// listed with their reasons in tests/conformance/exceptions.txt.
+// listed with their reasons in tests/conformance/exceptions.txt. With --pipeline, each model goes
+// through the default pass pipeline (verifier on between passes) before the CPU backend, so the
+// suite checks the passes keep every model's results.
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,6 +26,7 @@
 #include "compare.h"
 #include "frontend/onnx/importer.h"
 #include "frontend/onnx/onnx_tensor.h"
+#include "passes/pipeline.h"
 
 namespace fs = std::filesystem;
 using namespace kiln;
@@ -132,9 +135,15 @@ std::string compare_data(const Data& want, const Data& got, const Exception* ran
 }
 
 // Runs one test folder in this process; returns "" on success or the failure reason.
-std::string run_test(const fs::path& dir, const Exception* random) {
+std::string run_test(const fs::path& dir, const Exception* random, bool pipeline) {
   auto model = import_onnx_file((dir / "model.onnx").string());
   if (!model) return model.status().message();
+  if (pipeline) {
+    PassOptions po;
+    po.verify = true;
+    auto r = run_passes(*model->graph, default_pipeline(), po);
+    if (!r) return r.status().message();
+  }
   auto backend = make_cpu_backend();
   auto exe = backend->compile(*model->graph);
   if (!exe) return exe.status().message();
@@ -192,7 +201,7 @@ int main(int argc, char** argv) {
   std::vector<std::pair<std::string, std::string>> suites;  // name, folder
   std::string filter, json_path, exceptions_path = "tests/conformance/exceptions.txt";
   std::string root12 = "/usr/share/libonnx-testdata/data", root123, targets_path;
-  bool verbose = false;
+  bool verbose = false, pipeline = false;
   int jobs = std::max(1u, std::thread::hardware_concurrency());
   int timeout_s = 120;
   std::vector<std::string> want_suites;
@@ -212,11 +221,13 @@ int main(int argc, char** argv) {
     else if (a == "--timeout") timeout_s = std::stoi(next());
     else if (a == "--check-targets") targets_path = next();
     else if (a == "--verbose" || a == "-v") verbose = true;
+    else if (a == "--pipeline") pipeline = true;
     else {
       std::cout << "usage: kiln_conformance [--suite NAME]... [--filter SUBSTRING] [--verbose] [--json FILE]\n"
                    "  [--onnx-1.12 DIR (default /usr/share/libonnx-testdata/data)] [--onnx-1.23-node DIR]\n"
                    "  [--exceptions FILE (default tests/conformance/exceptions.txt)] [--jobs N] [--timeout S]\n"
                    "  [--check-targets FILE: exit 0 iff every suite meets its minimum pass count there]\n"
+                   "  [--pipeline: run the default pass pipeline on each model first]\n"
                    "suites: onnx-1.12/node onnx-1.12/pytorch-converted onnx-1.12/pytorch-operator onnx-1.12/simple onnx-1.23/node\n";
       return a == "--help" || a == "-h" ? 0 : 2;
     }
@@ -298,7 +309,7 @@ int main(int argc, char** argv) {
         pid_t pid = fork();
         if (pid == 0) {
           close(fds[0]);
-          std::string r = run_test(t, random);
+          std::string r = run_test(t, random, pipeline);
           if (!r.empty()) { ssize_t w = write(fds[1], r.data(), r.size()); (void)w; }
           _exit(r.empty() ? 0 : 1);
         }

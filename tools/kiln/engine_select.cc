@@ -1,5 +1,6 @@
-// Which engine runs a model: the CUDA engine when a usable GPU is present (and the model's
-// shapes are static), otherwise the CPU reference backend, announced with one warning line.
+// Which engine runs a model: the CUDA engine when a usable GPU is present (and the model's shapes
+// are static), otherwise the CPU reference backend, announced with one warning line. Either way
+// the graph first goes through the default pass pipeline (src/passes/pipeline.cc).
 #include <chrono>
 
 #include "backends/backend.h"

@@ -12,6 +12,7 @@ Expected<bool> eliminate_common_subexpressions(Graph& g);  // cse.cc           "
 Expected<bool> canonicalize(Graph& g);                   // canonicalize.cc    "canonicalize"
 Expected<bool> fold_batchnorm(Graph& g);                 // fold_batchnorm.cc  "fold-batchnorm"
 Expected<bool> fuse_matmul_add(Graph& g);                // fuse_matmul_add.cc "fuse-matmul-add"
+Expected<bool> merge_sibling_matmuls(Graph& g);  // merge_sibling_matmuls.cc "merge-sibling-matmuls"
 // fold_constants.h: "fold-constants"
 
 }  // namespace kiln

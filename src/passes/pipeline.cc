@@ -23,6 +23,10 @@ std::vector<Pass> default_pipeline() {
       // Before fuse-matmul-add, which would hide a MatMul that a BatchNormalization follows.
       {"fold-batchnorm", "fold inference BatchNormalization into the Conv/Gemm/MatMul before it",
        fold_batchnorm},
+      // Q/K/V projections reading one input -> one wide MatMul + Split: fewer, fuller GEMMs.
+      // Before fuse-matmul-add, which would turn 2-D members into Gemms first.
+      {"merge-sibling-matmuls", "MatMuls sharing their input and K -> one MatMul over concatenated weights + Split",
+       merge_sibling_matmuls},
       // 2-D MatMul + bias Add -> Gemm: one library call with the bias as its C input.
       {"fuse-matmul-add", "2-D MatMul with a constant weight + bias Add -> Gemm", fuse_matmul_add},
       // Last: sweeps what the passes above left unread (bypassed chains, old weights).

@@ -28,6 +28,7 @@ struct Case {
   bool half = true;                   // also check fp16/bf16 builds
   int64_t int_hi = 4;                 // integer inputs drawn from [0, int_hi)
   const char* half_impl = nullptr;    // half builds must place some node on an impl containing this
+  bool autotune = true;               // false: heuristics, so that a timing-guarded lowering is taken
 };
 
 // clang-format off
@@ -132,6 +133,15 @@ const std::vector<Case> kCases = {
   {"conv_same_upper", "graph g(%x: f32[1,8,16,16], %w: f32[8,1,3,3], %b: f32[8]) {\n %y = Conv(%x, %w, %b) {group = 8, pads = [0, 0, 1, 1], strides = [2, 2]} : f32[1,8,8,8]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2},
   {"conv1x1_residual", "graph g(%x: f32[2,16,7,7], %w: f32[16,16,1,1], %b: f32[16]) {\n %c = Conv(%x, %w, %b) : f32[2,16,7,7]\n %s = Add(%c, %x) : f32[2,16,7,7]\n %y = Relu(%s) : f32[2,16,7,7]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2},
   {"conv1x1_plain", "graph g(%x: f32[3,24,5,5], %w: f32[40,24,1,1]) {\n %y = Conv(%x, %w) : f32[3,40,5,5]\n return %y\n}", {"w"}, 1e-4, 2e-2},
+  // Few input channels in half builds: the input is transformed to 8 or 16 channels (space-to-depth
+  // for stride 2), built without autotuning so that the timing guard cannot skip the transform.
+  // ResNet's stem: 7x7/2, pads 3 -> 4x4/1 over 12 (16) channels.
+  {"conv_rgb_stem", "graph g(%x: f32[2,3,20,20], %w: f32[16,3,7,7], %b: f32[16]) {\n %c = Conv(%x, %w, %b) {pads = [3, 3, 3, 3], strides = [2, 2]} : f32[2,16,10,10]\n %y = Relu(%c) : f32[2,16,10,10]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2, true, 4, "space_to_depth_nhwc (3 -> 16 channels, block 2)", false},
+  // One channel, TensorFlow-style SAME padding (one more at the end), odd sizes: 3x3/2 -> 2x2/1 over 4 (8) channels.
+  {"conv_one_channel_same", "graph g(%x: f32[3,1,9,9], %w: f32[8,1,3,3]) {\n %y = Conv(%x, %w) {pads = [0, 0, 1, 1], strides = [2, 2]} : f32[3,8,4,4]\n return %y\n}", {"w"}, 1e-4, 2e-2, true, 4, "space_to_depth_nhwc (1 -> 8 channels, block 2)", false},
+  // Stride 1 (and an odd pad at stride 2 elsewhere): channels padded to 8, padding moved into the transform.
+  {"conv_rgb_stride1", "graph g(%x: f32[2,3,11,13], %w: f32[8,3,3,3], %b: f32[8]) {\n %y = Conv(%x, %w, %b) {pads = [1, 1, 1, 2]} : f32[2,8,11,14]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2, true, 4, "space_to_depth_nhwc (3 -> 8 channels, block 1)", false},
+  {"conv_rgb_odd_pad", "graph g(%x: f32[1,4,15,15], %w: f32[8,4,5,5]) {\n %y = Conv(%x, %w) {pads = [1, 1, 1, 1], strides = [2, 2]} : f32[1,8,7,7]\n return %y\n}", {"w"}, 1e-4, 2e-2, true, 4, "space_to_depth_nhwc (4 -> 16 channels, block 2)", false},
   {"conv_patchify", "graph g(%x: f32[2,3,32,32], %w: f32[16,3,8,8], %b: f32[16]) {\n %y = Conv(%x, %w, %b) {kernel_shape = [8, 8], strides = [8, 8]} : f32[2,16,4,4]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2, true, 4, "patches"},
   {"clip_into_depthwise", "graph g(%x: f32[2,32,9,9], %w: f32[32,1,3,3], %b: f32[32]) {\n %lo = const dense<f32[]> [-0.3]\n %hi = const dense<f32[]> [0.4]\n %xc = Clip(%x, %lo, %hi) : f32[2,32,9,9]\n %c = Conv(%xc, %w, %b) {group = 32, pads = [1, 1, 1, 1]} : f32[2,32,9,9]\n %y = Relu(%c) : f32[2,32,9,9]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2, true, 4, "(input clip)"},
   {"depthwise_s2_relu", "graph g(%x: f32[2,24,15,15], %w: f32[24,1,3,3]) {\n %c = Conv(%x, %w) {group = 24, pads = [1, 1, 1, 1], strides = [2, 2]} : f32[2,24,8,8]\n %y = Relu(%c) : f32[2,24,8,8]\n return %y\n}", {"w"}, 1e-4, 2e-2},
@@ -207,6 +217,7 @@ Status run_case(const Case& c, cuda::Precision prec, uint64_t seed, double* err,
   cuda::BuildOptions bo;
   bo.precision = prec;
   bo.poison = true;
+  bo.autotune = c.autotune;
   KILN_ASSIGN_OR_RETURN(auto engine, cuda::Engine::build(*g, bo));
   bool impl_seen = false;
   for (const auto& p : engine->report().nodes) {

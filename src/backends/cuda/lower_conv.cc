@@ -93,6 +93,93 @@ Expected<Tensor> to_krsc(const Tensor& w) {
   return o;
 }
 
+// Convolutions over few channels (an RGB image). cuDNN's NHWC tensor-core kernels want C % 8 == 0;
+// at C = 3 it falls back to slow ones (ResNet-50's 7x7/2 stem took 3.1 ms of 9.4 at batch 256 on
+// the H100). The input is transformed once into NHWC with 8 or 16 channels
+// (k::space_to_depth_nhwc) and the filter to match, so the sums are the same:
+//  - stride 2 and 4*C <= 16: each 2x2 block of pixels folds into channels (space-to-depth) and the
+//    convolution becomes stride 1 over 4*C channels with a filter of about half the size; tap
+//    (ry, dy) of the new filter is tap r = 2*ry + dy - off of the old, where the transform shifts
+//    the image by top = pad + off (off = pad % 2, so that blocks start on even rows);
+//  - otherwise the channels are padded to 8.
+// The padding moves into the transform (zeros outside the image): the convolution runs unpadded.
+// Kept only where cuDNN's timings say the transformed convolution wins (see lower_conv).
+struct SmallC {
+  int64_t block = 1, top = 0, left = 0, cp = 8;
+  int64_t r = 0, s = 0;          // filter size over the transformed input
+  int64_t ho = 0, wo = 0;        // transformed image size
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t off_h = 0, off_w = 0;  // old tap r = block * ry + dy - off_h
+};
+
+std::optional<SmallC> small_channel_plan(const Tensor& w, const std::array<int64_t, 4>& p4, const std::vector<int64_t>& st,
+                                         const std::vector<int64_t>& dil, int64_t H, int64_t W, int64_t P, int64_t Q) {
+  int64_t C = w.dim(1), R = w.dim(2), S = w.dim(3);
+  if (C >= 8 || dil[0] != 1 || dil[1] != 1) return std::nullopt;
+  SmallC p;
+  if (st[0] == 2 && st[1] == 2 && 4 * C <= 16 && R >= 2 && S >= 2) {
+    p.block = 2;
+    p.off_h = p4[0] % 2;
+    p.off_w = p4[1] % 2;
+    p.top = p4[0] + p.off_h;
+    p.left = p4[1] + p.off_w;
+    p.r = (R - 1 + p.off_h) / 2 + 1;
+    p.s = (S - 1 + p.off_w) / 2 + 1;
+    p.cp = 4 * C <= 8 ? 8 : 16;
+    p.ho = P + p.r - 1;
+    p.wo = Q + p.s - 1;
+  } else {
+    p.top = p4[0];
+    p.left = p4[1];
+    p.r = R;
+    p.s = S;
+    p.stride_h = st[0];
+    p.stride_w = st[1];
+    p.ho = H + p4[0] + p4[2];
+    p.wo = W + p4[1] + p4[3];
+  }
+  return p;
+}
+
+// The filter over the transformed input, KRSC: [K, p.r, p.s, p.cp].
+Expected<Tensor> small_channel_filter(const Tensor& w, const SmallC& p) {
+  KILN_ASSIGN_OR_RETURN(Tensor f, convert_tensor(w, DType::kFloat32));
+  int64_t K = w.dim(0), C = w.dim(1), R = w.dim(2), S = w.dim(3), b = p.block;
+  KILN_ASSIGN_OR_RETURN(Tensor o, Tensor::create(DType::kFloat32, {K, p.r, p.s, p.cp}));  // zero-filled
+  const float* in = f.data<float>();
+  float* out = o.data<float>();
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t ry = 0; ry < p.r; ++ry)
+      for (int64_t rx = 0; rx < p.s; ++rx)
+        for (int64_t dy = 0; dy < b; ++dy)
+          for (int64_t dx = 0; dx < b; ++dx) {
+            int64_t r = b * ry + dy - p.off_h, s = b * rx + dx - p.off_w;
+            if (r < 0 || r >= R || s < 0 || s >= S) continue;
+            for (int64_t c = 0; c < C; ++c)
+              out[((k * p.r + ry) * p.s + rx) * p.cp + (dy * b + dx) * C + c] = in[((k * C + c) * R + r) * S + s];
+          }
+  return o;
+}
+
+Expected<const DevValue*> space_to_depth(Lowering& L, const Node& n, const Value* xv, const SmallC& pl) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(xv));
+  if (x->dims.size() != 4 || k::dt_size(x->dt) != 2) return KILN_ERROR(kInternal, "{}: space-to-depth of {}", n.describe(), xv->name);
+  auto* p = new DevValue(*x);
+  L.keep_alive.emplace_back(p, [](void* q) { delete static_cast<DevValue*>(q); });
+  p->layout = Layout::kNHWC;
+  p->dims = {x->dims[0], pl.cp, pl.ho, pl.wo};
+  p->ref = Ref{false, L.scratch(p->bytes())};
+  std::vector<int64_t> xs = x->strides();  // logical [n, c, h, w] order
+  k::SpaceToDepthShape sh{x->dims[0], x->dims[1], x->dims[2], x->dims[3], xs[0], xs[1], xs[2], xs[3],
+                          pl.block, pl.top, pl.left, pl.ho, pl.wo, pl.cp};
+  Ref xr = x->ref, pr = p->ref;
+  L.emit(&n, fmt::format("kernel space_to_depth_nhwc ({} -> {} channels, block {})", sh.c, sh.cp, sh.block), {read_id(x)},
+         {pr.id}, [=](const RunCtx& c) {
+           return cuda_status(k::space_to_depth_nhwc(c.ptr(xr), sh, c.ptr(pr), c.stream), "space_to_depth_nhwc");
+         });
+  return static_cast<const DevValue*>(p);
+}
+
 struct DevBuf {
   void* p = nullptr;
   ~DevBuf() { if (p) cudaFree(p); }
@@ -143,6 +230,75 @@ Expected<AlgoChoice> pick_algo(Lowering& L, cudnnTensorDescriptor_t xd, cudnnFil
   if (r.ranked.empty()) KILN_UNSUPPORTED("cuDNN has no convolution algorithm for this configuration");
   r.algo = r.ranked[0];
   return r;
+}
+
+// The cuDNN descriptors of one 2-D convolution: x [n, c, h, w] and y in layout lay, filter
+// [k, c, r, s] (KRSC in memory when NHWC), symmetric pads.
+struct ConvDescs {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t c = nullptr;
+  size_t xb = 0, wb = 0, yb = 0;  // bytes
+};
+
+Expected<ConvDescs> conv_descs(Lowering& L, k::DT dt, Layout lay, const std::vector<int64_t>& xdims,
+                               const std::array<int64_t, 4>& wdims, std::array<int, 2> pads, std::array<int, 2> stride,
+                               std::array<int, 2> dil, int64_t group, const std::vector<int64_t>& ydims) {
+  ConvDescs d;
+  KILN_ASSIGN_OR_RETURN(d.x, tensor_desc(L, xdims, dt, lay));
+  KILN_ASSIGN_OR_RETURN(d.y, tensor_desc(L, ydims, dt, lay));
+  KILN_CUDA_TRY(cudnnCreateFilterDescriptor(&d.w));
+  hold<cudnnFilterDescriptor_t, destroy_filter>(L, d.w);
+  KILN_CUDA_TRY(cudnnSetFilter4dDescriptor(d.w, dnn_type(dt), lay == Layout::kNHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                           int(wdims[0]), int(wdims[1]), int(wdims[2]), int(wdims[3])));
+  KILN_CUDA_TRY(cudnnCreateConvolutionDescriptor(&d.c));
+  hold<cudnnConvolutionDescriptor_t, destroy_conv>(L, d.c);
+  KILN_CUDA_TRY(cudnnSetConvolution2dDescriptor(d.c, pads[0], pads[1], stride[0], stride[1], dil[0], dil[1],
+                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  KILN_CUDA_TRY(cudnnSetConvolutionGroupCount(d.c, int(group)));
+  cudnnMathType_t math = dt != k::DT::kF32 ? CUDNN_TENSOR_OP_MATH
+                         : L.options().precision == Precision::kTf32 ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
+                                                                      : CUDNN_FMA_MATH;
+  KILN_CUDA_TRY(cudnnSetConvolutionMathType(d.c, math));
+  auto count = [](const auto& dims) {
+    int64_t c = 1;
+    for (int64_t v : dims) c *= v;
+    return size_t(c);
+  };
+  size_t eb = size_t(k::dt_size(dt));
+  d.xb = count(xdims) * eb;
+  d.wb = count(wdims) * eb;
+  d.yb = count(ydims) * eb;
+  return d;
+}
+
+// Whether a small-channel transform (SmallC) is worth it: cuDNN times the convolution both ways,
+// the transform and the layout change the original would need counted as passes over memory.
+// Without autotuning, the transform is taken.
+Expected<bool> small_channel_wins(Lowering& L, const DevValue& x, k::DT dt, const Tensor& w,
+                                  const std::array<int64_t, 4>& p4, const std::vector<int64_t>& st,
+                                  const std::vector<int64_t>& ydims, const SmallC& pl) {
+  if (!L.options().autotune) return true;
+  std::array<int64_t, 4> wd{w.dim(0), w.dim(1), w.dim(2), w.dim(3)};
+  std::vector<int64_t> xd = x.dims;
+  xd[2] += p4[2] - p4[0];
+  xd[3] += p4[3] - p4[1];
+  auto ms_of = [&](const ConvDescs& d) -> Expected<float> {
+    KILN_ASSIGN_OR_RETURN(AlgoChoice c, pick_algo(L, d.x, d.w, d.c, d.y, d.xb, d.wb, d.yb));
+    return c.ms;
+  };
+  KILN_ASSIGN_OR_RETURN(ConvDescs orig, conv_descs(L, dt, Layout::kNHWC, xd, wd, {int(p4[0]), int(p4[1])},
+                                                   {int(st[0]), int(st[1])}, {1, 1}, 1, ydims));
+  KILN_ASSIGN_OR_RETURN(ConvDescs tr, conv_descs(L, dt, Layout::kNHWC, {x.dims[0], pl.cp, pl.ho, pl.wo},
+                                                 {w.dim(0), pl.cp, pl.r, pl.s}, {0, 0}, {int(pl.stride_h), int(pl.stride_w)},
+                                                 {1, 1}, 1, ydims));
+  KILN_ASSIGN_OR_RETURN(float t_orig, ms_of(orig));
+  KILN_ASSIGN_OR_RETURN(float t_tr, ms_of(tr));
+  if (t_orig < 0 || t_tr < 0) return true;
+  auto pass_ms = [](size_t bytes) { return double(bytes) / 2.5e9 + 0.003; };
+  double orig_total = t_orig + (x.layout == Layout::kNHWC ? 0.0 : pass_ms(2 * orig.xb));
+  double tr_total = t_tr + pass_ms(orig.xb + tr.xb);
+  return tr_total < orig_total;
 }
 
 const Node* next_op(Lowering& L, const Value* v, OpKind want) {
@@ -206,7 +362,27 @@ Status lower_conv(Lowering& L, const Node& n) {
   auto dt = L.device_dt(xv->type.dtype);
   if (!dt || (*dt != k::DT::kF32 && *dt != k::DT::kF16 && *dt != k::DT::kBF16)) KILN_UNSUPPORTED("Conv on {}", xv->type.to_string());
   Layout lay = L.half() ? Layout::kNHWC : Layout::kRowMajor;
-  KILN_ASSIGN_OR_RETURN(const DevValue* x0, lay == Layout::kNHWC ? L.nhwc(xv) : L.rowmajor(xv));
+  // A "patchify" convolution (kernel == stride, no padding: ViT's 16x16/16 embedding) runs as a
+  // GEMM (below); other convolutions over fewer than 8 channels may transform their input (SmallC).
+  bool patch = lay == Layout::kNHWC && group == 1 && st[0] == w->dim(2) && st[1] == w->dim(3) && dil[0] == 1 &&
+               dil[1] == 1 && (*p4) == std::array<int64_t, 4>{0, 0, 0, 0};
+  std::vector<int64_t> yd_dims;
+  for (const Dim& d : n.outputs[0]->type.shape->dims) yd_dims.push_back(d.value());
+  std::optional<SmallC> small;
+  if (lay == Layout::kNHWC && group == 1 && !patch && !in_clip && (*dt == k::DT::kF16 || *dt == k::DT::kBF16)) {
+    KILN_ASSIGN_OR_RETURN(const DevValue* xin, L.value(xv));
+    if (xin->dims.size() == 4) small = small_channel_plan(*w, *p4, st, dil, xin->dims[2], xin->dims[3], yd_dims[2], yd_dims[3]);
+    if (small) {
+      KILN_ASSIGN_OR_RETURN(bool wins, small_channel_wins(L, *xin, *dt, *w, *p4, st, yd_dims, *small));
+      if (!wins) small.reset();
+    }
+  }
+  const DevValue* x0 = nullptr;
+  if (small) {
+    KILN_ASSIGN_OR_RETURN(x0, space_to_depth(L, n, xv, *small));
+  } else {
+    KILN_ASSIGN_OR_RETURN(x0, lay == Layout::kNHWC ? L.nhwc(xv) : L.rowmajor(xv));
+  }
 
   // Depthwise (MobileNet's 3x3 per-channel filters): kiln's own NHWC kernel, with the bias and
   // a following Relu or constant Clip (ReLU6) applied in the same pass; it reads the leading
@@ -276,7 +452,9 @@ Status lower_conv(Lowering& L, const Node& n) {
     return Status::ok();
   }
 
-  KILN_ASSIGN_OR_RETURN(const DevValue* x, pad_extra(L, n, x0, (*p4)[2] - (*p4)[0], (*p4)[3] - (*p4)[1]));
+  // (A small-channel transform has put all the padding in already.)
+  KILN_ASSIGN_OR_RETURN(const DevValue* x,
+                        small ? x0 : pad_extra(L, n, x0, (*p4)[2] - (*p4)[0], (*p4)[3] - (*p4)[1]));
 
   // Fusion: conv -> [Add(z)] -> [Relu].
   const Value* out = n.outputs[0];
@@ -305,8 +483,6 @@ Status lower_conv(Lowering& L, const Node& n) {
   // and cuBLASLt beats cuDNN's legacy fused call on it (ResNet-50 has 36 of them). A "patchify"
   // convolution (kernel == stride, no padding: ViT's 16x16/16 embedding) is the same GEMM after
   // one strided copy gathers each patch into a row [C*R*S] (im2col without overlap).
-  bool patch = lay == Layout::kNHWC && group == 1 && st[0] == w->dim(2) && st[1] == w->dim(3) && dil[0] == 1 &&
-               dil[1] == 1 && (*p4) == std::array<int64_t, 4>{0, 0, 0, 0};
   if (patch) {
     int64_t N = x->dims[0], C = x->dims[1], R = w->dim(2), S = w->dim(3);
     int64_t P = n.outputs[0]->type.shape->dims[2].value(), Q = n.outputs[0]->type.shape->dims[3].value();
@@ -352,30 +528,22 @@ Status lower_conv(Lowering& L, const Node& n) {
     return Status::ok();
   }
 
-  std::vector<int64_t> yd_dims;
-  for (const Dim& d : n.outputs[0]->type.shape->dims) yd_dims.push_back(d.value());
-  KILN_ASSIGN_OR_RETURN(auto xd, tensor_desc(L, x->dims, *dt, lay));
-  KILN_ASSIGN_OR_RETURN(auto yd, tensor_desc(L, yd_dims, *dt, lay));
-  cudnnFilterDescriptor_t wd = nullptr;
-  KILN_CUDA_TRY(cudnnCreateFilterDescriptor(&wd));
-  hold<cudnnFilterDescriptor_t, destroy_filter>(L, wd);
-  KILN_CUDA_TRY(cudnnSetFilter4dDescriptor(wd, dnn_type(*dt), lay == Layout::kNHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
-                                           int(w->dim(0)), int(w->dim(1)), int(w->dim(2)), int(w->dim(3))));
-  cudnnConvolutionDescriptor_t cd = nullptr;
-  KILN_CUDA_TRY(cudnnCreateConvolutionDescriptor(&cd));
-  hold<cudnnConvolutionDescriptor_t, destroy_conv>(L, cd);
-  KILN_CUDA_TRY(cudnnSetConvolution2dDescriptor(cd, (*pads)[0], (*pads)[1], int(st[0]), int(st[1]), int(dil[0]),
-                                                int(dil[1]), CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  KILN_CUDA_TRY(cudnnSetConvolutionGroupCount(cd, int(group)));
-  cudnnMathType_t math = *dt != k::DT::kF32 ? CUDNN_TENSOR_OP_MATH
-                         : L.options().precision == Precision::kTf32 ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
-                                                                      : CUDNN_FMA_MATH;
-  KILN_CUDA_TRY(cudnnSetConvolutionMathType(cd, math));
+  std::array<int64_t, 4> wdims{w->dim(0), w->dim(1), w->dim(2), w->dim(3)};
+  std::array<int, 2> cpads = *pads, cstride{int(st[0]), int(st[1])};
+  if (small) {
+    wdims = {w->dim(0), small->cp, small->r, small->s};
+    cpads = {0, 0};
+    cstride = {int(small->stride_h), int(small->stride_w)};
+  }
+  KILN_ASSIGN_OR_RETURN(ConvDescs descs, conv_descs(L, *dt, lay, x->dims, wdims, cpads, cstride, {int(dil[0]), int(dil[1])},
+                                                    group, yd_dims));
+  auto xd = descs.x, yd = descs.y;
+  auto wd = descs.w;
+  auto cd = descs.c;
   int eb = k::dt_size(*dt);
-  size_t xb = size_t(x->numel()) * size_t(eb), wb = size_t(w->numel()) * size_t(eb);
   int64_t ynum = 1;
   for (int64_t d : yd_dims) ynum *= d;
-  KILN_ASSIGN_OR_RETURN(AlgoChoice choice, pick_algo(L, xd, wd, cd, yd, xb, wb, size_t(ynum) * size_t(eb)));
+  KILN_ASSIGN_OR_RETURN(AlgoChoice choice, pick_algo(L, xd, wd, cd, yd, descs.xb, descs.wb, descs.yb));
   cudnnConvolutionFwdAlgo_t algo = choice.algo;
   // cuDNN's fused call accepts IDENTITY activation only with IMPLICIT_PRECOMP_GEMM. With a bias
   // alone, the best algorithm plus a separate bias add (one pass over y, ~3 us) can beat it
@@ -417,7 +585,9 @@ Status lower_conv(Lowering& L, const Node& n) {
                      ws, L.options().workspace_bytes);
   }
 
-  KILN_ASSIGN_OR_RETURN(Tensor wt, lay == Layout::kNHWC ? to_krsc(*w) : Expected<Tensor>(*w));
+  KILN_ASSIGN_OR_RETURN(Tensor wt, small                   ? small_channel_filter(*w, *small)
+                                    : lay == Layout::kNHWC ? to_krsc(*w)
+                                                           : Expected<Tensor>(*w));
   KILN_ASSIGN_OR_RETURN(Ref wr, L.upload(wt, *dt));
   Ref br;
   cudnnTensorDescriptor_t bd = nullptr;

@@ -2,6 +2,11 @@
 // warp reads 32 consecutive channels of one input pixel (coalesced) and the filter laid out
 // [r, s, c] likewise. It is memory-bound (9 MACs per output for 3x3); the re-reads of
 // neighbouring pixels hit L1/L2.
+//
+// Also the input transform of convolutions over few channels (an RGB image): x, in any layout,
+// becomes NHWC with 8 or 16 channels per pixel, optionally folding 2x2 blocks of pixels into
+// channels (space-to-depth) so that a stride-2 convolution becomes a stride-1 one over 4x the
+// channels (lower_conv.cc explains the filter side).
 #include "backends/cuda/kernels/common.cuh"
 
 namespace kiln::cuda::k {
@@ -91,7 +96,46 @@ __global__ void depthwise_vec_kernel(const T* __restrict__ x, const T* __restric
   }
 }
 
+// One thread per output pixel: gathers its b*b*c values through x's strides (zero outside the
+// image) and writes cp of them (the rest zero) as 16-byte packs. Elements are moved as raw 16-bit
+// words (fp16 and bf16 alike; zero is 0 in both).
+template <int CP>
+__global__ void space_to_depth_kernel(const uint16_t* __restrict__ x, SpaceToDepthShape sh, uint16_t* __restrict__ y,
+                                      int64_t total) {
+  for (int64_t i = global_tid(); i < total; i += global_threads()) {
+    int64_t X = i % sh.wo, t = i / sh.wo, Y = t % sh.ho, n = t / sh.ho;
+    Pack<uint16_t, 8> out[CP / 8];
+#pragma unroll
+    for (int ch = 0; ch < CP; ++ch) {
+      uint16_t v = 0;
+      const int cell = ch / int(sh.c), c = ch % int(sh.c);
+      const int64_t h = Y * sh.block + cell / sh.block - sh.top, w = X * sh.block + cell % sh.block - sh.left;
+      if (cell < sh.block * sh.block && h >= 0 && h < sh.h && w >= 0 && w < sh.w) v = x[n * sh.sn + c * sh.sc + h * sh.sh + w * sh.sw];
+      out[ch / 8].v[ch % 8] = v;
+    }
+#pragma unroll
+    for (int p = 0; p < CP / 8; ++p) reinterpret_cast<Pack<uint16_t, 8>*>(y)[i * (CP / 8) + p] = out[p];
+  }
+}
+
 }  // namespace
+
+cudaError_t space_to_depth_nhwc(const void* x, const SpaceToDepthShape& sh, void* y, cudaStream_t s) {
+  if (sh.c < 1 || sh.block < 1 || (sh.cp != 8 && sh.cp != 16) || sh.block * sh.block * sh.c > sh.cp ||
+      reinterpret_cast<uintptr_t>(y) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  int64_t total = sh.n * sh.ho * sh.wo;
+  if (total == 0) return cudaSuccess;
+  const auto* xs = static_cast<const uint16_t*>(x);
+  auto* ys = static_cast<uint16_t*>(y);
+  if (sh.cp == 8) {
+    space_to_depth_kernel<8><<<grid_for(total), kBlock, 0, s>>>(xs, sh, ys, total);
+  } else {
+    space_to_depth_kernel<16><<<grid_for(total), kBlock, 0, s>>>(xs, sh, ys, total);
+  }
+  return cudaGetLastError();
+}
 
 cudaError_t depthwise_conv2d_nhwc(DT dt, const void* x, const void* filter, const void* bias, void* y,
                                   const DepthwiseShape& sh, int act, float lo, float hi, cudaStream_t s) {

@@ -145,6 +145,19 @@ struct DepthwiseShape {
 cudaError_t depthwise_conv2d_nhwc(DT dt, const void* x, const void* filter, const void* bias, void* y,
                                   const DepthwiseShape& sh, int act, float lo, float hi, cudaStream_t s);
 
+// A 16-bit (fp16/bf16) image x[n, c, h, w] at element strides sn, sc, sh, sw (any layout) copied
+// to y [n, ho, wo, cp] (cp 8 or 16, y 16-byte aligned) with
+//   y[n, Y, X, (dy * block + dx) * c + ch] = x[n, ch, Y * block + dy - top, X * block + dx - left]
+// (zero outside the image), channels from block * block * c on zero. block 1 and top = left = 0
+// just pads the channels.
+struct SpaceToDepthShape {
+  int64_t n, c, h, w;
+  int64_t sn, sc, sh, sw;
+  int64_t block, top, left;
+  int64_t ho, wo, cp;
+};
+cudaError_t space_to_depth_nhwc(const void* x, const SpaceToDepthShape& sh, void* y, cudaStream_t s);
+
 // ---- attention -----------------------------------------------------------------------------------
 
 // Fused scaled-dot-product attention, one pass (flash-attention style online softmax):

@@ -101,6 +101,17 @@ __global__ void __launch_bounds__(TPR == 32 ? 32 * kWarpRowsPerBlock : TPR)
   for (int64_t r = g.first; r < rows; r += g.step) {
     float v[E];
     load_row<TPR, V>(x + r * cols, cols, g.lane, v, 0.f);
+    // This lane's scale and bias packs, requested before the reductions so their latency hides
+    // behind them (one 16-byte load per pack instead of one load per element at the store).
+    Pack<T, V> sp[E / V], bp[E / V];
+#pragma unroll
+    for (int p = 0; p < E / V; ++p) {
+      const int64_t q = static_cast<int64_t>(p) * TPR + g.lane;
+      if (q * V < cols) {
+        sp[p] = reinterpret_cast<const Pack<T, V>*>(scale)[q];
+        if (bias != nullptr) bp[p] = reinterpret_cast<const Pack<T, V>*>(bias)[q];
+      }
+    }
     float mean = 0.f;
     if (!rms) {
       float sum = 0.f;
@@ -121,10 +132,18 @@ __global__ void __launch_bounds__(TPR == 32 ? 32 * kWarpRowsPerBlock : TPR)
       }
     }
     const float rstd = rsqrtf(group_reduce<TPR, false>(sq, smem) * inv_cols + eps);
-    store_row<TPR, V>(y + r * cols, cols, g.lane, v, [&](float a, int64_t c) {
-      const float n = (a - mean) * rstd * to_f(scale[c]);
-      return bias != nullptr ? n + to_f(bias[c]) : n;
-    });
+#pragma unroll
+    for (int p = 0; p < E / V; ++p) {
+      const int64_t q = static_cast<int64_t>(p) * TPR + g.lane;
+      if (q * V >= cols) continue;
+      Pack<T, V> o;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float n = (v[p * V + e] - mean) * rstd * to_f(sp[p].v[e]);
+        o.v[e] = from_f<T>(bias != nullptr ? n + to_f(bp[p].v[e]) : n);
+      }
+      reinterpret_cast<Pack<T, V>*>(y + r * cols)[q] = o;
+    }
   }
 }
 

@@ -395,8 +395,8 @@ def fmt(x, spec=".3f"):
 
 def render_table(records, max_autotune):
     cols = ["model", "batch", "eager ms", "compile ms"] + (["max-autotune ms"] if max_autotune else []) + [
-        "kiln ms", "kiln p99 ms", "eager items/s", "compile items/s", "kiln items/s", "kiln/eager", "kiln/compile",
-        "check (rel-L2)", "floor ms", "compute ms", "memory ms"]
+        "kiln ms", "kiln p99 ms", "eager items/s", "compile items/s", "kiln items/s", "kiln/eager", "kiln/compile"] + (
+        ["kiln/max-autotune"] if max_autotune else []) + ["check (rel-L2)", "floor ms", "compute ms", "memory ms"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for rec in records:
         if not rec["rows"]:
@@ -419,8 +419,11 @@ def render_table(records, max_autotune):
             cells += [kiln_ms, fmt(g("kiln", "p99_ms")), fmt(g("eager", "throughput"), ".0f"),
                       fmt(g("compile", "throughput"), ".0f"), fmt(g("kiln", "throughput"), ".0f"),
                       fmt(e / k if e and k else None, ".2f") + ("x" if e and k else ""),
-                      fmt(c / k if c and k else None, ".2f") + ("x" if c and k else ""),
-                      check, fmt(r["floor_ms"]), fmt(r["compute_ms"]), fmt(r["memory_ms"])]
+                      fmt(c / k if c and k else None, ".2f") + ("x" if c and k else "")]
+            if max_autotune:
+                a = g("max-autotune", "median_ms")
+                cells += [fmt(a / k if a and k else None, ".2f") + ("x" if a and k else "")]
+            cells += [check, fmt(r["floor_ms"]), fmt(r["compute_ms"]), fmt(r["memory_ms"])]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

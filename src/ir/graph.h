@@ -124,6 +124,16 @@ class Node {
   const Tensor* attr_tensor(const std::string& n) const;
 };
 
+// A node that a graph pass removed, and where its work went, for `kiln build --report`:
+// `into` is the live node that now does that work (a fusion or fold), null when the work is gone
+// (evaluated at build time, a no-op, a duplicate merged, dead). The pass manager records every
+// removal and keeps `into` pointing at a live node as later passes remove nodes in turn.
+struct Absorbed {
+  std::string node;           // Node::describe() of the removed node
+  const Node* into = nullptr;
+  std::string pass;           // the pass that removed it
+};
+
 class Graph {
  public:
   std::string name;
@@ -133,6 +143,7 @@ class Graph {
   std::vector<Value*> outputs;
   Graph* parent = nullptr;  // enclosing graph, for subgraphs
   Node* parent_node = nullptr;
+  std::vector<Absorbed> absorbed;  // provenance of the nodes graph passes removed (top level only)
 
   Value* add_value(std::string name, Type type = {});
   Value* add_input(std::string name, Type type);
@@ -149,6 +160,8 @@ class Graph {
   // Re-sorts nodes topologically; fails (naming a node on the cycle) if there is a cycle.
   Status topo_sort();
   std::string unique_name(const std::string& base);
+  // A pass about to remove `gone` records that `into` now does its work (see Absorbed).
+  void note_absorbed(const Node& gone, const Node& into) { absorbed.push_back({gone.describe(), &into, ""}); }
 
  private:
   std::map<std::string, Value*> by_name_;

@@ -45,6 +45,7 @@ bool merge_into(UseMap& uses, Node& dup, Node& keep) {
   for (size_t i = 0; i < dup.outputs.size(); ++i) {
     if (dup.outputs[i]) uses.forward(dup.outputs[i], keep.outputs[i]);
   }
+  uses.graph().note_absorbed(dup, keep);
   return true;
 }
 

@@ -86,6 +86,7 @@ void finish(UseMap& u, Node& n, Node& bn, Value* w, Value* bias) {
   u.set_input(&n, 1, w);
   u.set_input(&n, 2, bias);
   u.forward(bn.outputs[0], n.outputs[0]);
+  u.graph().note_absorbed(bn, n);
   erase_unused(u, {&bn});
   std::set<const Value*> dead;
   for (const Value* v : old) {

@@ -59,6 +59,7 @@ Expected<bool> fuse_matmul_add(Graph& g) {
     mm.inputs.push_back(nullptr);
     uses.set_input(&mm, 2, bias);
     uses.forward(add.outputs[0], m);
+    g.note_absorbed(add, mm);
     adds.push_back(&add);
   }
   return erase_unused(uses, adds) > 0;

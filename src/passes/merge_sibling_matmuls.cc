@@ -103,8 +103,12 @@ Status merge(Graph& g, UseMap& uses, const std::vector<Member>& grp, std::vector
   uses.add_node(split);
   for (size_t i = 0; i < grp.size(); ++i) {
     uses.forward(grp[i].out, split->outputs[i]);
+    g.note_absorbed(*grp[i].mm, *mm);
     dead.push_back(grp[i].mm);
-    if (grp[i].add) dead.push_back(grp[i].add);
+    if (grp[i].add) {
+      g.note_absorbed(*grp[i].add, *y->producer);
+      dead.push_back(grp[i].add);
+    }
   }
   return Status::ok();
 }

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "ir/text.h"
 #include "ir/verifier.h"
@@ -12,6 +14,57 @@
 namespace kiln {
 
 namespace {
+
+// The top-level nodes before a pass, to find the ones it removed. A node is the same node after
+// the pass when its address, name and index are (a new node may reuse a freed address).
+struct NodeId {
+  std::string name;
+  int index;
+  std::string describe;
+};
+using NodeIds = std::unordered_map<const Node*, NodeId>;
+
+NodeIds node_ids(const Graph& g) {
+  NodeIds ids;
+  for (const auto& n : g.nodes) ids[n.get()] = {n->name, n->index, n->describe()};
+  return ids;
+}
+
+// Provenance after pass `pass` ran (Absorbed): records the removals it did not record itself,
+// names the pass in those it did, and moves every `into` off the nodes it removed onto where
+// their work went in turn (or null).
+void track_removals(Graph& g, const NodeIds& before, size_t first_new, const std::string& pass) {
+  std::unordered_set<const Node*> alive;  // every node now in the graph
+  for (const auto& n : g.nodes) alive.insert(n.get());
+  std::unordered_map<std::string, size_t> noted;  // describe() -> record, for this pass's records
+  for (size_t i = first_new; i < g.absorbed.size(); ++i) {
+    if (g.absorbed[i].pass.empty()) g.absorbed[i].pass = pass;
+    noted[g.absorbed[i].node] = i;
+  }
+  std::unordered_map<const Node*, const Node*> moved;  // removed node -> where its work went
+  for (const auto& [n, id] : before) {
+    bool same = alive.count(n) && n->name == id.name && n->index == id.index;
+    if (same) continue;
+    auto it = noted.find(id.describe);
+    if (it == noted.end()) {
+      g.absorbed.push_back({id.describe, nullptr, pass});
+      moved[n] = nullptr;
+    } else {
+      moved[n] = g.absorbed[it->second].into;
+    }
+  }
+  for (size_t i = 0; i < g.absorbed.size(); ++i) {
+    Absorbed& a = g.absorbed[i];
+    // Records from earlier passes point at nodes that were live then: follow this pass's
+    // removals. This pass's records point at nodes it chose: only a node it also removed moves.
+    auto gone = [&](const Node* n) { return i < first_new ? moved.count(n) > 0 : !alive.count(n); };
+    for (int hops = 0; a.into && gone(a.into) && hops < 64; ++hops) {
+      auto it = moved.find(a.into);
+      a.into = it == moved.end() ? nullptr : it->second;
+    }
+    if (a.into && !alive.count(a.into)) a.into = nullptr;
+  }
+}
 
 std::string pass_names(const std::vector<Pass>& passes) {
   std::string s;
@@ -58,10 +111,13 @@ Expected<PassReport> run_passes(Graph& g, const std::vector<Pass>& passes, const
       report.passes.push_back(r);
       continue;
     }
+    const NodeIds before = node_ids(g);
+    const size_t first_new = g.absorbed.size();
     auto t0 = std::chrono::steady_clock::now();
     Expected<bool> changed = p.run(g);
     r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (!changed) return changed.status().with_context(fmt::format("pass '{}'", p.name));
+    track_removals(g, before, first_new, p.name);
     r.changed = *changed;
     r.nodes_after = g.nodes.size();
     report.total_ms += r.ms;

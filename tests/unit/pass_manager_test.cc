@@ -1,14 +1,16 @@
 // The pass manager: option checking, the verifier between passes naming the pass that broke the
 // graph, IR dumps, the report, disabled passes, and that the default pipeline reaches a fixpoint
-// (a second run changes nothing).
+// (a second run changes nothing), and the provenance of removed nodes (Graph::absorbed).
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 #include <sstream>
 
 #include "ir/text.h"
 #include "ir/verifier.h"
 #include "passes/pipeline.h"
+#include "passes/rewrite.h"
 
 namespace kiln {
 namespace {
@@ -157,6 +159,76 @@ TEST(PassManager, PipelineNamesAreKebabCaseAndUnique) {
     EXPECT_FALSE(p.reason.empty()) << p.name;
     for (char c : p.name) EXPECT_TRUE((c >= 'a' && c <= 'z') || c == '-') << p.name;
   }
+}
+
+// Every node the pipeline removes is recorded with the pass that removed it and, for a fusion,
+// the node that now does its work.
+TEST(PassManager, RemovedNodesRecordWhereTheirWorkWent) {
+  auto g = parse_graph(R"(graph main(%a: f32[4,2]) {
+  %w = const dense<f32[2,3]> [1.0, 2.0, 3.0, -1.0, 0.5, 0.25]
+  %b = const dense<f32[3]> [0.5, -0.5, 1.0]
+  %m = MatMul(%a, %w) : f32[4,3] @fc
+  %y = Add(%m, %b) : f32[4,3] @fc_bias
+  %i = Identity(%y) : f32[4,3] @id
+  %d = Relu(%a) : f32[4,2] @dead
+  return %i
+}
+)");
+  ASSERT_TRUE(g) << g.status().message();
+  ASSERT_TRUE(run_passes(**g, default_pipeline()));
+  std::map<std::string, std::pair<std::string, std::string>> got;  // node -> (pass, into)
+  for (const Absorbed& a : (*g)->absorbed) got[a.node] = {a.pass, a.into ? a.into->describe() : ""};
+  ASSERT_EQ(got.size(), 3u);
+  ASSERT_EQ((*g)->nodes.size(), 1u);
+  const std::string gemm = (*g)->nodes[0]->describe();
+  EXPECT_NE(gemm.find("Gemm"), std::string::npos) << gemm;
+  auto find = [&](const std::string& name) {
+    for (const auto& [node, v] : got) {
+      if (node.find("'" + name + "'") != std::string::npos) return v;
+    }
+    return std::pair<std::string, std::string>{"missing", ""};
+  };
+  EXPECT_EQ(find("fc_bias"), std::make_pair(std::string("fuse-matmul-add"), gemm));
+  EXPECT_EQ(find("id"), std::make_pair(std::string("canonicalize"), std::string()));
+  EXPECT_EQ(find("dead").second, "");
+  EXPECT_NE(find("dead").first, "missing");
+}
+
+// A node fused into one that a later pass fuses in turn ends up pointing at the last one.
+TEST(PassManager, ProvenanceFollowsLaterFusions) {
+  auto g = parse_graph(R"(graph main(%x: f32[2]) {
+  %p = Relu(%x) : f32[2] @a
+  %q = Relu(%p) : f32[2] @b
+  %r = Relu(%q) : f32[2] @c
+  return %r
+}
+)");
+  ASSERT_TRUE(g) << g.status().message();
+  // Folds the producer of `victim`'s input into `victim` (rewiring it to the graph input).
+  auto fold_into = [](std::string victim) {
+    return [victim](Graph& gr) -> Expected<bool> {
+      UseMap uses(gr);
+      Node* keep = nullptr;
+      for (const auto& n : gr.nodes) {
+        if (n->name == victim) keep = n.get();
+      }
+      Node* gone = keep->inputs[0]->producer;
+      gr.note_absorbed(*gone, *keep);
+      uses.set_input(keep, 0, gr.inputs[0]);
+      return erase_unused(uses, {gone}) > 0;
+    };
+  };
+  std::vector<Pass> passes = {{"first", "test", fold_into("b")}, {"second", "test", fold_into("c")}};
+  ASSERT_TRUE(run_passes(**g, passes));
+  ASSERT_EQ((*g)->absorbed.size(), 2u);
+  ASSERT_EQ((*g)->nodes.size(), 1u);
+  const Node* c = (*g)->nodes[0].get();
+  EXPECT_NE((*g)->absorbed[0].node.find("'a'"), std::string::npos);
+  EXPECT_EQ((*g)->absorbed[0].pass, "first");
+  EXPECT_EQ((*g)->absorbed[0].into, c);
+  EXPECT_NE((*g)->absorbed[1].node.find("'b'"), std::string::npos);
+  EXPECT_EQ((*g)->absorbed[1].pass, "second");
+  EXPECT_EQ((*g)->absorbed[1].into, c);
 }
 
 }  // namespace

@@ -33,7 +33,8 @@ struct BuildOptions {
 // Where one ONNX node ended up and why.
 struct NodePlacement {
   std::string node;    // Node::describe()
-  std::string device;  // "cuda", "cpu" (fallback), "folded" (constant at build time), "alias" (no work)
+  std::string device;  // "cuda", "cpu" (fallback), "folded" (constant at build time), "alias" (no work),
+                       // "pass" (removed or fused by a graph pass before lowering)
   std::string impl;    // "cublasLt fp16 bias+gelu", "cudnn conv NHWC algo 1 +bias+relu", "kernel softmax"
   std::string why;     // for cpu: why the CUDA backend declined it; for fused nodes: into what
 };

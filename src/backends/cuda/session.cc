@@ -2,6 +2,7 @@
 // into a CUDA graph once and replayed. Inputs and outputs pass through pinned host buffers so the
 // copies are true async DMA. Nothing is allocated in the steady-state loop.
 #include <cstring>
+#include <map>
 
 #include "backends/backend.h"
 #include "backends/cuda/engine_impl.h"
@@ -284,9 +285,51 @@ Status EngineImpl::upload_weights() {
   return Status::ok();
 }
 
+namespace {
+
+// What became of each node that graph passes removed (Graph::absorbed), and the kernel each node
+// fused at lowering ended in: every ONNX node of the model then has a line in the report.
+void add_provenance(const Graph& g, std::vector<NodePlacement>& nodes) {
+  std::map<std::string, std::string> impl_of;  // describe() -> implementation
+  for (const NodePlacement& p : nodes) {
+    if (p.impl != "fused") impl_of[p.node] = p.impl;
+  }
+  const std::string into = "into ";
+  for (NodePlacement& p : nodes) {
+    if (p.impl != "fused" || p.why.rfind(into, 0) != 0) continue;
+    auto it = impl_of.find(p.why.substr(into.size()));
+    if (it != impl_of.end()) {
+      p.impl = it->second;
+      p.why = "fused " + p.why;
+    }
+  }
+  for (const Absorbed& a : g.absorbed) {
+    NodePlacement p{a.node, "pass", "-", ""};
+    if (a.into) {
+      std::string target = a.into->describe();
+      auto it = impl_of.find(target);
+      if (it == impl_of.end()) {  // the target was itself fused at lowering
+        for (const NodePlacement& q : nodes) {
+          if (q.node == target) it = impl_of.find(q.why.substr(q.why.find(into) + into.size()));
+        }
+      }
+      if (it != impl_of.end()) p.impl = it->second;
+      p.why = fmt::format("fused by graph pass {} into {}", a.pass, target);
+    } else if (a.pass == "fold-constants") {
+      p.why = "evaluated at build time (fold-constants)";
+    } else {
+      p.why = fmt::format("removed by graph pass {} (no work left)", a.pass);
+    }
+    nodes.push_back(std::move(p));
+  }
+}
+
+}  // namespace
+
 void EngineImpl::finish_report(double build_ms) {
   const Lowering& L = *lowering;
   rep.nodes = L.placements;
+  add_provenance(L.graph(), rep.nodes);
   rep.precision = std::string(precision_name(opt.precision));
   rep.workspace_bytes = opt.workspace_bytes;
   rep.steps = int(L.steps.size());
@@ -309,13 +352,15 @@ Expected<std::unique_ptr<Session>> EngineImpl::new_session() {
 std::string BuildReport::to_text() const {
   std::string out;
   out += fmt::format("device: {}\nprecision: {}\n", device_name, precision);
-  int gpu = 0, cpu = 0, folded = 0;
+  int gpu = 0, cpu = 0, folded = 0, pass = 0;
   for (const NodePlacement& n : nodes) {
     gpu += n.device == "cuda" || n.device == "alias";
     cpu += n.device == "cpu";
     folded += n.device == "folded";
+    pass += n.device == "pass";
   }
-  out += fmt::format("nodes: {} on cuda, {} on cpu, {} folded at build time\n", gpu, cpu, folded);
+  out += fmt::format("nodes: {} on cuda, {} on cpu, {} folded at build time, {} removed or fused by graph passes\n", gpu,
+                     cpu, folded, pass);
   out += fmt::format("steps per forward: {} ({} on the host); cuda graph: {}{}\n", steps, cpu_steps,
                      cuda_graph ? "yes" : "no", no_graph_reason.empty() ? "" : " (" + no_graph_reason + ")");
   auto mib = [](size_t b) { return double(b) / (1 << 20); };

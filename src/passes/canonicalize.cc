@@ -163,6 +163,19 @@ bool match_cast_pair(const UseMap& u, const Node& n) {
 }
 void apply_cast_pair(UseMap& u, Node& n) { bypass(u, n, n.inputs[0]->producer->inputs[0]); }
 
+// Cast(Cast(x: T1, to=T2), to=T3) -> Cast(x, to=T3): the inner Cast changes no value. Not
+// int -> float -> int, where the float -> int step of an out-of-range value is undefined but the
+// direct int -> int one wraps; T3 a number or bool (string formatting depends on the source dtype).
+bool match_cast_chain(const UseMap&, const Node& n) {
+  const Node* inner = producer_if(n.inputs[0], OpKind::kCast);
+  if (!inner) return false;
+  auto from = tensor_dtype(inner->inputs[0]), via = cast_to(*inner), to = cast_to(n);
+  if (!from || !via || !to || to == from || !holds_exactly(*from, *via) || !repr_of(*to).kind) return false;
+  const char a = repr_of(*from).kind, b = repr_of(*via).kind, c = repr_of(*to).kind;
+  return !((a == 'i' || a == 'u') && b == 'f' && (c == 'i' || c == 'u'));
+}
+void apply_cast_chain(UseMap& u, Node& n) { u.set_input(&n, 0, n.inputs[0]->producer->inputs[0]); }
+
 bool match_reshape_pair(const UseMap& u, const Node& n) {
   const Node* inner = producer_if(n.inputs[0], OpKind::kReshape);
   if (!inner) return false;
@@ -227,6 +240,8 @@ const Rule kRules[] = {
     {OpKind::kCast, "Cast(x: T, to=T) -> x", match_cast_same, apply_input0},
     {OpKind::kCast, "Cast(Cast(x: T1, to=T2), to=T1) -> x when T2 holds every T1 exactly", match_cast_pair,
      apply_cast_pair},
+    {OpKind::kCast, "Cast(Cast(x: T1, to=T2), to=T3) -> Cast(x, to=T3) when T2 holds every T1 exactly",
+     match_cast_chain, apply_cast_chain},
     {OpKind::kReshape, "Reshape(x: S, S) -> x (static)", match_same_shape, apply_input0},
     {OpKind::kReshape, "Reshape(Reshape(x, s1), s2) -> Reshape(x, s2), s2 constant without 0", match_reshape_pair,
      apply_reshape_pair},

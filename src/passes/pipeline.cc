@@ -19,6 +19,15 @@ std::vector<Pass> default_pipeline() {
       // Drops Identity, inference Dropout, no-op Cast/Reshape/Expand/Transpose and cancelling
       // pairs, so the fusions below find their producer and consumer directly connected.
       {"canonicalize", "remove no-op and self-cancelling nodes", canonicalize},
+      // Exported erf/tanh GELU (5-9 elementwise nodes) -> one Gelu; matches its scalar constants,
+      // so after fold-constants.
+      {"fuse-gelu", "decomposed erf/tanh GELU -> Gelu", fuse_gelu},
+      // One row pass instead of two reductions and six temporaries; after canonicalize, which
+      // drops the no-op Casts fp32 exports of LLaMA's RMSNorm carry between its nodes.
+      {"fuse-layernorm", "decomposed LayerNorm/RMSNorm over the last axis -> LayerNormalization/RMSNormalization",
+       fuse_layernorm},
+      // Exp / ReduceSum(Exp) -> Softmax, one kernel that the CUDA attention matcher also recognises.
+      {"fuse-softmax", "decomposed softmax over the last axis -> Softmax", fuse_softmax},
       // Needs Conv -> BatchNormalization adjacent (canonicalize) and constant weights (folded).
       // Before fuse-matmul-add, which would hide a MatMul that a BatchNormalization follows.
       {"fold-batchnorm", "fold inference BatchNormalization into the Conv/Gemm/MatMul before it",

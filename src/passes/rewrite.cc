@@ -1,6 +1,7 @@
 #include "passes/rewrite.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <set>
 
@@ -112,6 +113,37 @@ bool same_attrs(const Node& a, const Node& b) {
   return true;
 }
 
+// ---- matching helpers -----------------------------------------------------------------------
+
+Node* sole_producer(const UseMap& uses, const Value* v, OpKind op) {
+  if (!v || !v->producer || v->producer->op != op || v->producer->owner != &uses.graph()) return nullptr;
+  if (uses.num_uses(v) != 1 || uses.is_output(v) || !uses.uses(v)[0].node) return nullptr;
+  return v->producer;
+}
+
+Node* sole_reader(const UseMap& uses, const Value* v, OpKind op) {
+  if (!v || uses.num_uses(v) != 1 || uses.is_output(v)) return nullptr;
+  Node* n = uses.uses(v)[0].node;
+  return n && n->op == op && n->owner == &uses.graph() ? n : nullptr;
+}
+
+bool scalar_near(const Graph& g, const Value* v, double want) {
+  const Tensor* t = constant_of(g, v);
+  if (!t || t->numel() != 1 || !(dtype_is_float(t->dtype()) || dtype_is_int(t->dtype()))) return false;
+  const double tol = t->dtype() == DType::kBFloat16 ? 4e-3 : 1e-3;
+  return std::fabs(t->as_double(0) - want) <= tol * std::fabs(want);
+}
+
+std::optional<int64_t> kept_reduce_axis(const Graph& g, const Node& reduce, size_t rank) {
+  if (reduce.attr_int("keepdims", 1) != 1 || !reduce.has_input(1)) return std::nullopt;
+  const Tensor* t = constant_of(g, reduce.inputs[1]);
+  if (!t || !dtype_is_int(t->dtype()) || t->numel() != 1 || t->rank() > 1) return std::nullopt;
+  int64_t a = t->to_int_vector()[0];
+  if (a < 0) a += int64_t(rank);
+  if (a < 0 || a >= int64_t(rank)) return std::nullopt;
+  return a;
+}
+
 // ---- UseMap ---------------------------------------------------------------------------------
 
 UseMap::UseMap(Graph& g) : g_(g) {
@@ -213,6 +245,16 @@ size_t erase_unused_constants(UseMap& uses) {
   std::set<const Value*> dead;
   for (const auto& v : g.values) {
     if (constant_of(g, v.get()) && uses.unused(v.get())) dead.insert(v.get());
+  }
+  g.erase_values(dead);
+  return dead.size();
+}
+
+size_t erase_unused_constants(UseMap& uses, const std::vector<Value*>& candidates) {
+  Graph& g = uses.graph();
+  std::set<const Value*> dead;
+  for (const Value* v : candidates) {
+    if (v && v->owner == &g && constant_of(g, v) && uses.unused(v)) dead.insert(v);
   }
   g.erase_values(dead);
   return dead.size();

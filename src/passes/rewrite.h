@@ -1,6 +1,7 @@
 // Shared helpers for graph rewrites: who reads each value (UseMap), forwarding every read of one
-// value to another without changing the graph's output names or types, and removing nodes that a
-// rewrite left without readers.
+// value to another without changing the graph's output names or types, matching the chains a
+// fusion absorbs (sole producers and readers, scalar constants, reduce axes), and removing nodes
+// that a rewrite left without readers.
 //
 //   UseMap uses(g);
 //   // Identity(x) -> x
@@ -79,6 +80,30 @@ class UseMap {
   std::unordered_map<const Value*, std::vector<Use>> uses_;
 };
 
+// ---- matching helpers for fusions (fuse-gelu, fuse-layernorm, fuse-softmax) ------------------
+
+// The `op` node of this graph producing v, when v is an intermediate a fusion may absorb: read by
+// exactly one node input (not twice by one node, not from a subgraph) and not a graph output.
+Node* sole_producer(const UseMap& uses, const Value* v, OpKind op);
+// The `op` node of this graph that is v's only reader (one input of it), v not a graph output.
+Node* sole_reader(const UseMap& uses, const Value* v, OpKind op);
+// True when v is a constant of one element (any shape: a broadcast shows in the result's type)
+// of a numeric dtype and within 1e-3 of `want`, relatively; 4e-3 for bf16, whose 8 significand
+// bits put a rounded constant (0.044715, 1/sqrt 2) up to 2e-3 away.
+bool scalar_near(const Graph& g, const Value* v, double want);
+// The axis a Reduce* node reduces, normalized to [0, rank), when its axes are a constant input
+// holding one axis and keepdims is 1 (the importer moves opset < 18 `axes` attributes to input 1).
+std::optional<int64_t> kept_reduce_axis(const Graph& g, const Node& reduce, size_t rank);
+// For a binary node, the operand other than one for which `is` holds: Add(e, 1) -> e, Add(1, e)
+// -> e. Input 1 is tried first.
+template <typename Pred>
+Value* other_operand(const Node* n, Pred is) {
+  if (!n || n->inputs.size() != 2 || !n->inputs[0] || !n->inputs[1]) return nullptr;
+  if (is(n->inputs[1])) return n->inputs[0];
+  if (is(n->inputs[0])) return n->inputs[1];
+  return nullptr;
+}
+
 // Removes those of `candidates` (nodes of uses.graph()) whose outputs nothing reads, repeating
 // while removals leave more of them unread, together with their output values and with the
 // constants only they read. Returns how many nodes it removed.
@@ -86,5 +111,7 @@ size_t erase_unused(UseMap& uses, const std::vector<Node*>& candidates);
 
 // Removes constants (not graph inputs or outputs) that nothing reads. Returns how many.
 size_t erase_unused_constants(UseMap& uses);
+// The same, among `candidates` only: the former inputs of a node a rewrite kept but rewired.
+size_t erase_unused_constants(UseMap& uses, const std::vector<Value*>& candidates);
 
 }  // namespace kiln

@@ -118,6 +118,10 @@ const std::vector<Case> kCases = {
    " %pc = Mul(%p, %k0) : f32[2,7,48]\n %in = Add(%x, %pc) : f32[2,7,48]\n %sc = Mul(%in, %k1) : f32[2,7,48]\n"
    " %th = Tanh(%sc) : f32[2,7,48]\n %t1 = Add(%th, %one) : f32[2,7,48]\n %y = Mul(%xh, %t1) : f32[2,7,48]\n return %y\n}",
    {"w", "c"}, 1e-4, 2e-2, true, 4, "+gelu"},
+  // The same after the fuse-gelu pass: Gemm -> Reshape -> Gelu node, still the GELU epilogue.
+  {"gemm_reshape_gelu_node", "graph g(%a: f32[14,64], %w: f32[64,48], %c: f32[48]) {\n %m = Gemm(%a, %w, %c) : f32[14,48]\n"
+   " %sh = const dense<i64[3]> [2, 7, 48]\n %x = Reshape(%m, %sh) : f32[2,7,48]\n"
+   " %y = Gelu(%x) {approximate = \"tanh\"} : f32[2,7,48]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2, true, 4, "+gelu"},
   // BERT's MLP: MatMul + bias -> erf GELU as decomposed ops: the GELU epilogue in half builds.
   {"linear_erf_gelu", "graph g(%a: f32[2,7,64], %w: f32[64,48], %c: f32[48]) {\n %m = MatMul(%a, %w) : f32[2,7,48]\n"
    " %x = Add(%m, %c) : f32[2,7,48]\n %r2 = const dense<f32[]> [1.4142135]\n %one = const dense<f32[]> [1.0]\n"

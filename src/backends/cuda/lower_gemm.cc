@@ -243,9 +243,14 @@ const Value* fuse_activation(Lowering& L, const Value* out, k::DT dt, Epilogue& 
     fused.push_back(act);
     return act->outputs[0];
   }
-  if (const Node* g = next_op(L, out, OpKind::kGelu)) {
+  // A Gelu node (the fuse-gelu pass's, or the model's own), also through a Reshape (GPT-2's
+  // Gemm -> Reshape -> GELU): the product's rows are the same bytes either way.
+  const Node* reshape = next_op(L, out, OpKind::kReshape);
+  const Value* gin = reshape && !L.is_graph_output(reshape->outputs[0]) ? reshape->outputs[0] : out;
+  if (const Node* g = next_op(L, gin, OpKind::kGelu)) {
     if (g->attr_string("approximate", "none") != "tanh" && !erf_gelu_as_tanh(dt)) return out;
     ep.act = "gelu";
+    if (gin != out) fused.push_back(reshape);
     fused.push_back(g);
     return g->outputs[0];
   }

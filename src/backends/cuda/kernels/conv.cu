@@ -96,76 +96,43 @@ __global__ void depthwise_vec_kernel(const T* __restrict__ x, const T* __restric
   }
 }
 
-// One thread per output pixel: gathers its B*B*C values through x's strides (zero outside the
-// image) and writes CP of them (the rest zero) as 16-byte packs. Elements are moved as raw 16-bit
-// words (fp16 and bf16 alike; zero is 0 in both). C and B are compile-time so that the channel
-// loop has no divisions.
-template <int C, int B, int CP>
+// One thread per output pixel: gathers its b*b*c values through x's strides (zero outside the
+// image) and writes cp of them (the rest zero) as 16-byte packs. Elements are moved as raw 16-bit
+// words (fp16 and bf16 alike; zero is 0 in both).
+template <int CP>
 __global__ void space_to_depth_kernel(const uint16_t* __restrict__ x, SpaceToDepthShape sh, uint16_t* __restrict__ y,
                                       int64_t total) {
   for (int64_t i = global_tid(); i < total; i += global_threads()) {
     int64_t X = i % sh.wo, t = i / sh.wo, Y = t % sh.ho, n = t / sh.ho;
     Pack<uint16_t, 8> out[CP / 8];
 #pragma unroll
-    for (int p = 0; p < CP / 8; ++p)
-#pragma unroll
-      for (int e = 0; e < 8; ++e) out[p].v[e] = 0;
-#pragma unroll
-    for (int dy = 0; dy < B; ++dy) {
-      const int64_t h = Y * B + dy - sh.top;
-      if (h < 0 || h >= sh.h) continue;
-#pragma unroll
-      for (int dx = 0; dx < B; ++dx) {
-        const int64_t w = X * B + dx - sh.left;
-        if (w < 0 || w >= sh.w) continue;
-        const uint16_t* src = x + n * sh.sn + h * sh.sh + w * sh.sw;
-#pragma unroll
-        for (int c = 0; c < C; ++c) {
-          const int ch = (dy * B + dx) * C + c;
-          out[ch / 8].v[ch % 8] = src[c * sh.sc];
-        }
-      }
+    for (int ch = 0; ch < CP; ++ch) {
+      uint16_t v = 0;
+      const int cell = ch / int(sh.c), c = ch % int(sh.c);
+      const int64_t h = Y * sh.block + cell / sh.block - sh.top, w = X * sh.block + cell % sh.block - sh.left;
+      if (cell < sh.block * sh.block && h >= 0 && h < sh.h && w >= 0 && w < sh.w) v = x[n * sh.sn + c * sh.sc + h * sh.sh + w * sh.sw];
+      out[ch / 8].v[ch % 8] = v;
     }
 #pragma unroll
     for (int p = 0; p < CP / 8; ++p) reinterpret_cast<Pack<uint16_t, 8>*>(y)[i * (CP / 8) + p] = out[p];
   }
 }
 
-template <int C, int B>
-void launch_space_to_depth(const void* x, const SpaceToDepthShape& sh, void* y, int64_t total, cudaStream_t s) {
-  constexpr int kCp = B * B * C <= 8 ? 8 : 16;
-  space_to_depth_kernel<C, B, kCp><<<grid_for(total), kBlock, 0, s>>>(static_cast<const uint16_t*>(x), sh,
-                                                                     static_cast<uint16_t*>(y), total);
-}
-
 }  // namespace
 
 cudaError_t space_to_depth_nhwc(const void* x, const SpaceToDepthShape& sh, void* y, cudaStream_t s) {
-  const int64_t want_cp = sh.block * sh.block * sh.c <= 8 ? 8 : 16;
-  if (sh.c < 1 || (sh.block != 1 && sh.block != 2) || sh.block * sh.block * sh.c > 16 || sh.cp != want_cp ||
+  if (sh.c < 1 || sh.block < 1 || (sh.cp != 8 && sh.cp != 16) || sh.block * sh.block * sh.c > sh.cp ||
       reinterpret_cast<uintptr_t>(y) % 16 != 0) {
     return cudaErrorInvalidValue;
   }
   int64_t total = sh.n * sh.ho * sh.wo;
   if (total == 0) return cudaSuccess;
-  if (sh.block == 2) {
-    switch (sh.c) {
-      case 1: launch_space_to_depth<1, 2>(x, sh, y, total, s); break;
-      case 2: launch_space_to_depth<2, 2>(x, sh, y, total, s); break;
-      case 3: launch_space_to_depth<3, 2>(x, sh, y, total, s); break;
-      default: launch_space_to_depth<4, 2>(x, sh, y, total, s); break;
-    }
+  const auto* xs = static_cast<const uint16_t*>(x);
+  auto* ys = static_cast<uint16_t*>(y);
+  if (sh.cp == 8) {
+    space_to_depth_kernel<8><<<grid_for(total), kBlock, 0, s>>>(xs, sh, ys, total);
   } else {
-    switch (sh.c) {
-      case 1: launch_space_to_depth<1, 1>(x, sh, y, total, s); break;
-      case 2: launch_space_to_depth<2, 1>(x, sh, y, total, s); break;
-      case 3: launch_space_to_depth<3, 1>(x, sh, y, total, s); break;
-      case 4: launch_space_to_depth<4, 1>(x, sh, y, total, s); break;
-      case 5: launch_space_to_depth<5, 1>(x, sh, y, total, s); break;
-      case 6: launch_space_to_depth<6, 1>(x, sh, y, total, s); break;
-      case 7: launch_space_to_depth<7, 1>(x, sh, y, total, s); break;
-      default: launch_space_to_depth<8, 1>(x, sh, y, total, s); break;
-    }
+    space_to_depth_kernel<16><<<grid_for(total), kBlock, 0, s>>>(xs, sh, ys, total);
   }
   return cudaGetLastError();
 }

@@ -234,6 +234,15 @@ bool match_unsqueeze_squeeze(const UseMap& u, const Node& n) {
 }
 void apply_inner_input0(UseMap& u, Node& n) { bypass(u, n, n.inputs[0]->producer->inputs[0]); }
 
+// Sum of one input is that input; of two, an Add (same broadcasting): ONNX's expanded function
+// bodies write Sum, and the fusions (fuse-gelu) and backends match Add.
+bool match_sum1(const UseMap& u, const Node& n) {
+  return n.inputs.size() == 1 && n.inputs[0] && forwardable(u, n, n.inputs[0]) &&
+         n.outputs[0]->type == n.inputs[0]->type;
+}
+bool match_sum2(const UseMap&, const Node& n) { return n.inputs.size() == 2 && n.inputs[0] && n.inputs[1]; }
+void apply_sum2(UseMap&, Node& n) { n.op = OpKind::kAdd; }
+
 const Rule kRules[] = {
     {OpKind::kIdentity, "Identity(x) -> x", match_input0, apply_input0},
     {OpKind::kDropout, "Dropout(x) -> x in inference, mask unread", match_dropout, apply_input0},
@@ -251,6 +260,8 @@ const Rule kRules[] = {
      apply_transpose_pair},
     {OpKind::kSqueeze, "Squeeze(Unsqueeze(x, a), a) -> x", match_squeeze_unsqueeze, apply_inner_input0},
     {OpKind::kUnsqueeze, "Unsqueeze(Squeeze(x, a), a) -> x", match_unsqueeze_squeeze, apply_inner_input0},
+    {OpKind::kSum, "Sum(x) -> x", match_sum1, apply_input0},
+    {OpKind::kSum, "Sum(a, b) -> Add(a, b)", match_sum2, apply_sum2},
 };
 
 }  // namespace

@@ -35,6 +35,9 @@ Expected<bool> fold_node(const Node& n, const std::function<const Tensor*(const 
                          int64_t max_elements, std::vector<std::optional<Tensor>>* outs) {
   if (is_random(n.op) || has_subgraph(n) || !op_def(n.op).cpu) return false;
   bool shape_only = n.op == OpKind::kShape || n.op == OpKind::kSize;
+  // CastLike reads only the dtype of its second input: a constant cast to the dtype of a run-time
+  // value folds (ONNX's expanded function bodies write their constants so: CastLike(0.5, X)).
+  bool dtype_only = n.op == OpKind::kCastLike;
   std::vector<Data> held;
   held.reserve(n.inputs.size());
   for (size_t i = 0; i < n.inputs.size(); ++i) {
@@ -42,6 +45,10 @@ Expected<bool> fold_node(const Node& n, const std::function<const Tensor*(const 
     if (!v) continue;
     if (const Tensor* c = constant_of(v)) {
       held.emplace_back(*c);
+      continue;
+    }
+    if (dtype_only && i == 1 && v->type.is_tensor()) {
+      held.emplace_back(Tensor::view(v->type.dtype, {0}, nullptr, nullptr));
       continue;
     }
     auto dims = shape_only && i == 0 ? static_dims(v) : std::nullopt;

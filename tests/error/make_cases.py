@@ -313,6 +313,9 @@ def runtime_cases():
         ("shapes_wrong_name", ["--shapes", "nope:2x3", "--random-inputs"], "--shapes;'nope'"),
         ("shapes_contradict", ["--shapes", "x:4x4", "--random-inputs"], "input 'x';[4,4]|input 'x';4x4"),
         ("shapes_malformed", ["--shapes", "x:2xbanana", "--random-inputs"], "banana"),
+        ("disable_pass_unknown", ["--disable-pass", "fuse-everything", "--random-inputs"],
+         "--disable-pass;unknown pass 'fuse-everything';fold-constants"),
+        ("dump_ir_after_unknown", ["--dump-ir-after", "nope", "--random-inputs"], "unknown pass 'nope';or all"),
     ]
     for name, args, expect in bad:
         cdir(name)

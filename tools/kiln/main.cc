@@ -7,11 +7,28 @@
 // run, compare, build and bench optimize the graph first: [--disable-pass NAME]... [--dump-ir-after
 // PASS|all] [--pass-report]
 #include <CLI/CLI.hpp>
+#include <cstdio>
 #include <exception>
 
 #include "cli.h"
+#include "passes/pipeline.h"
 
 namespace {
+
+// Pass names are checked as the command line is parsed, before the model is loaded.
+CLI::Validator pass_name(bool allow_all) {
+  return CLI::Validator(
+      [allow_all](std::string& s) -> std::string {
+        std::string names;
+        for (const kiln::Pass& p : kiln::default_pipeline()) {
+          if (p.name == s) return "";
+          names += (names.empty() ? "" : ", ") + p.name;
+        }
+        if (allow_all && s == "all") return "";
+        return "unknown pass '" + s + "' (passes: " + names + (allow_all ? ", or all)" : ")");
+      },
+      "PASS");
+}
 
 void add_load_options(CLI::App* app, kiln::cli::LoadOptions& load) {
   app->add_option("model", load.model, "ONNX model file")->required();
@@ -34,8 +51,10 @@ void add_engine_options(CLI::App* app, kiln::cli::EngineOptions& eng) {
   app->add_flag("--no-cuda-graph", eng.no_cuda_graph, "GPU: launch step by step instead of replaying a CUDA graph");
   app->add_flag("--no-autotune", eng.no_autotune,
                 "GPU: take the libraries' heuristic choices instead of timing candidates at build");
-  app->add_option("--disable-pass", eng.optimize.disabled, "skip a graph pass by name, e.g. cse (repeatable)");
-  app->add_option("--dump-ir-after", eng.optimize.dump_ir_after, "print the IR to stderr after PASS, or after all");
+  app->add_option("--disable-pass", eng.optimize.disabled, "skip a graph pass by name, e.g. cse (repeatable)")
+      ->check(pass_name(false));
+  app->add_option("--dump-ir-after", eng.optimize.dump_ir_after, "print the IR to stderr after PASS, or after all")
+      ->check(pass_name(true));
   app->add_flag("--pass-report", eng.optimize.report, "print each graph pass's time and node counts to stderr");
 }
 
@@ -96,7 +115,15 @@ int main(int argc, char** argv) {
   be->add_option("--seed", bench.seed, "seed of the random inputs")->default_val(0);
   be->add_flag("--profile", bench.profile, "GPU: also time each step once and print the slowest");
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {  // --help
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // A usage error reads like every other error (`kiln: error: ...`), with CLI11's exit code.
+    std::fprintf(stderr, "kiln: error: %s\nRun with --help for more information.\n", e.what());
+    return e.get_exit_code();
+  }
   try {
     if (ins->parsed()) return inspect_main(load, inspect);
     if (r->parsed()) return run_main(load, run, eng);

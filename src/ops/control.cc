@@ -184,7 +184,7 @@ Status infer_scan(InferCtx& c) {
   for (size_t j = 0; j < l.n_scan_in; ++j) {
     const Type& t = c.input_type(l.n_states + j);
     if (!t.has_rank()) { slices.push_back(t.is_tensor() ? Type::tensor(t.dtype) : Type()); continue; }
-    KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(c, l.in_axes[j], int64_t(t.shape->rank())));
+    KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_dim_axis(c, l.in_axes[j], int64_t(t.shape->rank())));
     Shape s = *t.shape;
     const Dim len = s[size_t(axis)];
     if (j == 0) seq_len = len;

@@ -169,7 +169,7 @@ Status infer_split_to_sequence(InferCtx& c) {
   const Type& in = c.input_type(0);
   if (!in.has_rank()) { c.set_output(0, Type::sequence(Type::tensor(dt))); return Status::ok(); }
   Shape s = *in.shape;
-  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(c, c.node().attr_int("axis", 0), int64_t(s.rank())));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_dim_axis(c, c.node().attr_int("axis", 0), int64_t(s.rank())));
   if (c.has_input(1)) {
     s[size_t(axis)] = Dim();  // chunk lengths may differ
   } else if (c.node().attr_int("keepdims", 1) != 0) {
@@ -207,7 +207,7 @@ Expected<std::vector<int64_t>> split_lengths(const KernelCtx& c, int64_t len) {
 Status split_to_sequence_cpu(KernelCtx& c) {
   const Tensor& x = c.tensor(0);
   if (x.rank() == 0) return c.error("cannot split a scalar");
-  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(c, c.node().attr_int("axis", 0), int64_t(x.rank())));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_dim_axis(c, c.node().attr_int("axis", 0), int64_t(x.rank())));
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> lengths, split_lengths(c, x.dim(size_t(axis))));
   bool drop_axis = !c.has_input(1) && c.node().attr_int("keepdims", 1) == 0;
   std::vector<Tensor> items;
@@ -232,7 +232,8 @@ Status infer_concat_from_sequence(InferCtx& c) {
   if (!e.shape) { c.set_output(0, Type::tensor(e.dtype)); return Status::ok(); }
   bool new_axis = c.node().attr_int("new_axis", 0) != 0;
   int64_t rank = int64_t(e.shape->rank());
-  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(c, c.node().attr_int("axis", 0), new_axis ? rank + 1 : rank));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, new_axis ? normalize_axis(c, c.node().attr_int("axis", 0), rank + 1)
+                                                : normalize_dim_axis(c, c.node().attr_int("axis", 0), rank));
   // The element count (stack) or the summed lengths (concat) is known only at run time.
   if (new_axis) {
     c.set_output(0, with_inserted_dim(e, size_t(axis), Dim()));
@@ -249,7 +250,8 @@ Status concat_from_sequence_cpu(KernelCtx& c) {
   if (s->sequence.empty()) return c.error("cannot concatenate an empty sequence");
   bool new_axis = c.node().attr_int("new_axis", 0) != 0;
   int64_t rank = int64_t(s->sequence[0].rank());
-  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(c, c.node().attr_int("axis", 0), new_axis ? rank + 1 : rank));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, new_axis ? normalize_axis(c, c.node().attr_int("axis", 0), rank + 1)
+                                                : normalize_dim_axis(c, c.node().attr_int("axis", 0), rank));
   KILN_ASSIGN_OR_RETURN(Tensor out, new_axis ? stack_axis(c, s->sequence, size_t(axis))
                                              : concat_axis(c, s->sequence, size_t(axis)));
   c.set_output(0, Data(std::move(out)));

@@ -17,7 +17,7 @@ Status unique_infer(InferCtx& c) {
     c.set_output_tensor(0, dt, Shape{groups});
     if (x.has_rank()) inverse_len = x.shape->numel();
   } else if (x.has_rank()) {
-    KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(c, c.node().attr_int("axis", 0), int64_t(x.shape->rank())));
+    KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_dim_axis(c, c.node().attr_int("axis", 0), int64_t(x.shape->rank())));
     Shape y = *x.shape;
     inverse_len = y[size_t(axis)];
     y[size_t(axis)] = groups;
@@ -84,7 +84,7 @@ Status unique_cpu(KernelCtx& c) {
   std::vector<int64_t> dims = has_axis ? x.dims() : std::vector<int64_t>{x.numel()};
   int64_t axis = 0;
   if (has_axis) {
-    KILN_ASSIGN_OR_RETURN(axis, normalize_axis(c, c.node().attr_int("axis", 0), int64_t(x.rank())));
+    KILN_ASSIGN_OR_RETURN(axis, normalize_dim_axis(c, c.node().attr_int("axis", 0), int64_t(x.rank())));
   }
   Slices s{dims_product(dims, 0, size_t(axis)), dims[size_t(axis)], dims_product(dims, size_t(axis) + 1, dims.size())};
 

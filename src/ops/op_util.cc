@@ -22,6 +22,14 @@ Expected<int64_t> normalize_axis(const InferCtx& c, int64_t axis, int64_t rank) 
 Expected<int64_t> normalize_axis(const KernelCtx& c, int64_t axis, int64_t rank) {
   return normalize_axis_impl(c, axis, rank);
 }
+Expected<int64_t> normalize_dim_axis(const InferCtx& c, int64_t axis, int64_t rank) {
+  if (rank == 0) return c.error("axis {} of a scalar: the input needs rank >= 1", axis);
+  return normalize_axis_impl(c, axis, rank);
+}
+Expected<int64_t> normalize_dim_axis(const KernelCtx& c, int64_t axis, int64_t rank) {
+  if (rank == 0) return c.error("axis {} of a scalar: the input needs rank >= 1", axis);
+  return normalize_axis_impl(c, axis, rank);
+}
 
 Expected<Shape> broadcast_shapes(const InferCtx& c, const std::vector<Shape>& shapes) {
   size_t rank = 0;

@@ -26,6 +26,10 @@ decltype(auto) visit_storage(DType dt, F&& f) {
 // Maps axis in [-rank, rank) to [0, rank); errors (naming the node) outside that range.
 Expected<int64_t> normalize_axis(const InferCtx& c, int64_t axis, int64_t rank);
 Expected<int64_t> normalize_axis(const KernelCtx& c, int64_t axis, int64_t rank);
+// The same for an axis that indexes a dim of the input (so a scalar, which has none, is an error;
+// normalize_axis lets axis 0 through at rank 0 for ops that accept scalars).
+Expected<int64_t> normalize_dim_axis(const InferCtx& c, int64_t axis, int64_t rank);
+Expected<int64_t> normalize_dim_axis(const KernelCtx& c, int64_t axis, int64_t rank);
 
 // Numpy-style multidirectional broadcast of symbolic shapes; an error names the node and shapes.
 Expected<Shape> broadcast_shapes(const InferCtx& c, const std::vector<Shape>& shapes);

@@ -31,7 +31,7 @@ Expected<ScaleMap> make_scale_map(const KernelCtx& c, const std::vector<int64_t>
   ScaleMap m;
   const std::vector<int64_t>& s = scale.dims();
   if (scale.numel() == 1 && s.size() <= 1) return m;  // per-tensor
-  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(c, c.node().attr_int("axis", 1), int64_t(x.size())));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_dim_axis(c, c.node().attr_int("axis", 1), int64_t(x.size())));
   int64_t block = c.node().attr_int("block_size", 0);
   m.axis_len = x[size_t(axis)];
   for (size_t i = size_t(axis) + 1; i < x.size(); ++i) m.inner *= x[i];

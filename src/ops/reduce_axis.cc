@@ -162,7 +162,7 @@ Status infer_topk(InferCtx& c) {
   const Type& t = c.input_type(0);
   std::optional<Shape> s;
   if (t.has_rank()) {
-    KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(c, c.node().attr_int("axis", -1), int64_t(t.shape->rank())));
+    KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_dim_axis(c, c.node().attr_int("axis", -1), int64_t(t.shape->rank())));
     s = *t.shape;
     Dim k;
     if (std::optional<std::vector<Dim>> kv = c.input_as_dims(1)) {
@@ -200,7 +200,7 @@ Status topk_cpu(KernelCtx& c) {
   const Tensor& k_t = c.tensor(1);
   if (k_t.numel() != 1) return c.error("K must hold one value, got {}", k_t.summary());
   if (x.rank() == 0) return c.error("input must have rank >= 1, got a scalar");
-  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(c, c.node().attr_int("axis", -1), int64_t(x.rank())));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_dim_axis(c, c.node().attr_int("axis", -1), int64_t(x.rank())));
   const int64_t k = k_t.as_int(0);
   if (k < 0 || k > x.dim(size_t(axis))) {
     return c.error("K = {} is out of range for axis {} of input {}", k, axis, x.summary());

@@ -37,7 +37,7 @@ Status infer_concat(InferCtx& c) {
     c.set_output_tensor(0, dt, std::nullopt);
     return Status::ok();
   }
-  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(c, c.node().attr_int("axis", 0), int64_t(out->rank())));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_dim_axis(c, c.node().attr_int("axis", 0), int64_t(out->rank())));
   if (out->rank() == 0) return c.error("cannot concatenate scalars");
   Dim total(int64_t{0});
   for (size_t i = 0; i < c.num_inputs(); ++i) {
@@ -70,7 +70,7 @@ Status infer_concat(InferCtx& c) {
 Status concat_cpu(KernelCtx& c) {
   const Tensor& first = c.tensor(0);
   if (first.rank() == 0) return c.error("cannot concatenate scalars");
-  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(c, c.node().attr_int("axis", 0), int64_t(first.rank())));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_dim_axis(c, c.node().attr_int("axis", 0), int64_t(first.rank())));
   std::vector<int64_t> dims = first.dims();
   dims[size_t(axis)] = 0;
   for (size_t i = 0; i < c.num_inputs(); ++i) {
@@ -146,7 +146,7 @@ Status infer_split(InferCtx& c) {
     for (int64_t i = 0; i < n; ++i) c.set_output_tensor(size_t(i), dt, std::nullopt);
     return Status::ok();
   }
-  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(c, c.node().attr_int("axis", 0), int64_t(in.shape->rank())));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_dim_axis(c, c.node().attr_int("axis", 0), int64_t(in.shape->rank())));
   KILN_ASSIGN_OR_RETURN(std::vector<Dim> sizes, infer_split_sizes(c, (*in.shape)[size_t(axis)], n));
   std::optional<std::vector<Dim>> values = in.shape->rank() == 1 ? c.input_as_dims(0) : std::nullopt;
   size_t pos = 0;

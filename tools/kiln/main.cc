@@ -15,17 +15,19 @@
 
 namespace {
 
-// Pass names are checked as the command line is parsed, before the model is loaded.
-CLI::Validator pass_name(bool allow_all) {
+// Pass names are checked as the command line is parsed, before the model is loaded, by the pass
+// manager's own option check (one list of passes, one message).
+CLI::Validator pass_name(bool dump) {
   return CLI::Validator(
-      [allow_all](std::string& s) -> std::string {
-        std::string names;
-        for (const kiln::Pass& p : kiln::default_pipeline()) {
-          if (p.name == s) return "";
-          names += (names.empty() ? "" : ", ") + p.name;
+      [dump](std::string& s) -> std::string {
+        kiln::PassOptions o;
+        if (dump) {
+          o.dump_ir_after = s;
+        } else {
+          o.disabled = {s};
         }
-        if (allow_all && s == "all") return "";
-        return "unknown pass '" + s + "' (passes: " + names + (allow_all ? ", or all)" : ")");
+        kiln::Status st = kiln::check_pass_options(kiln::default_pipeline(), o);
+        return st ? "" : st.message();
       },
       "PASS");
 }

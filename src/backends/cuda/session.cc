@@ -295,25 +295,19 @@ void add_provenance(const Graph& g, std::vector<NodePlacement>& nodes) {
     if (p.impl != "fused") impl_of[p.node] = p.impl;
   }
   const std::string into = "into ";
-  for (NodePlacement& p : nodes) {
+  for (NodePlacement& p : nodes) {  // lowering-fused nodes: their target's kernel
     if (p.impl != "fused" || p.why.rfind(into, 0) != 0) continue;
     auto it = impl_of.find(p.why.substr(into.size()));
-    if (it != impl_of.end()) {
-      p.impl = it->second;
-      p.why = "fused " + p.why;
-    }
+    if (it == impl_of.end()) continue;
+    p.impl = it->second;
+    p.why = "fused " + p.why;
+    impl_of[p.node] = p.impl;  // a graph pass's node may have been fused into this one
   }
   for (const Absorbed& a : g.absorbed) {
     NodePlacement p{a.node, "pass", "-", ""};
     if (a.into) {
       std::string target = a.into->describe();
-      auto it = impl_of.find(target);
-      if (it == impl_of.end()) {  // the target was itself fused at lowering
-        for (const NodePlacement& q : nodes) {
-          if (q.node == target) it = impl_of.find(q.why.substr(q.why.find(into) + into.size()));
-        }
-      }
-      if (it != impl_of.end()) p.impl = it->second;
+      if (auto it = impl_of.find(target); it != impl_of.end()) p.impl = it->second;
       p.why = fmt::format("fused by graph pass {} into {}", a.pass, target);
     } else if (a.pass == "fold-constants") {
       p.why = "evaluated at build time (fold-constants)";

@@ -169,6 +169,10 @@ Status prelu_channel_slope(Graph& g, Node& n) {
 // Softmax/LogSoftmax/Hardmax before 13 flatten the input to 2-D at `axis` (default 1):
 //   y = Reshape(Softmax(Flatten(x, axis), axis=-1), Shape(x))
 Status softmax_coerce_2d(Graph& g, Node& n) {
+  // Runs before the op's arity is checked: a malformed node must not be dereferenced here.
+  if (n.inputs.size() != 1 || !n.inputs[0] || n.outputs.empty() || !n.outputs[0]) {
+    return KILN_ERROR(kInvalidModel, "{}: {} takes one input and gives one output", n.describe(), op_name(n.op));
+  }
   int64_t axis = n.attr_int("axis", 1);
   const Type& t = n.inputs[0]->type;
   if (t.has_rank()) {

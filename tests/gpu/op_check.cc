@@ -128,6 +128,11 @@ const std::vector<Case> kCases = {
    " %half = const dense<f32[]> [0.5]\n %d = Div(%x, %r2) : f32[2,7,48]\n %e = Erf(%d) : f32[2,7,48]\n"
    " %ad = Add(%e, %one) : f32[2,7,48]\n %mu = Mul(%x, %ad) : f32[2,7,48]\n %y = Mul(%mu, %half) : f32[2,7,48]\n return %y\n}",
    {"w", "c"}, 1e-4, 2e-2, true, 4, "+bias +gelu"},
+  // Few rows, long K (BERT's FC2 at batch 1, scaled down): one output tile, so the autotuner's
+  // split-K variants win; the bias and GELU epilogue must survive the split reduction.
+  {"linear_split_k_gelu", "graph g(%a: f32[8,4096], %w: f32[4096,64], %c: f32[64]) {\n %m = MatMul(%a, %w) : f32[8,64]\n"
+   " %x = Add(%m, %c) : f32[8,64]\n %y = Gelu(%x) {approximate = \"tanh\"} : f32[8,64]\n return %y\n}",
+   {"w", "c"}, 1e-4, 2e-2, true, 4, "split-k"},
   {"linear_bias_relu", "graph g(%a: f32[2,7,64], %w: f32[64,48], %c: f32[48]) {\n %m = MatMul(%a, %w) : f32[2,7,48]\n %s = Add(%m, %c) : f32[2,7,48]\n %y = Relu(%s) : f32[2,7,48]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2},
   {"gemm_transb_bias", "graph g(%a: f32[5,32], %w: f32[24,32], %c: f32[24]) {\n %y = Gemm(%a, %w, %c) {transB = 1, alpha = 0.5, beta = 2.0} : f32[5,24]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2},
   {"conv", "graph g(%x: f32[2,8,15,15], %w: f32[16,8,3,3]) {\n %y = Conv(%x, %w) {pads = [1, 1, 1, 1], strides = [2, 2]} : f32[2,16,8,8]\n return %y\n}", {"w"}, 1e-4, 2e-2},

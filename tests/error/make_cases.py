@@ -320,6 +320,15 @@ def runtime_cases():
     for name, args, expect in bad:
         cdir(name)
         add(name, rt + args + ["--output-dir", "{D}/out"], expect, check="absent:{D}/out")
+    # --batch on a model whose batch is fixed, and a batch that is not a positive number: no artifact.
+    for name, args, expect in [
+        ("build_batch_fixed", ["build", "{T}/rt/model.onnx", "--batch", "4"], "--batch 4;input 'x';fixed batch of 2"),
+        ("bench_batch_fixed", ["bench", "{T}/rt/model.onnx", "--batch", "4"], "--batch 4;input 'x';fixed batch of 2"),
+        ("build_batch_zero", ["build", "{T}/rt/model.onnx", "--batch", "0"], "--batch"),
+        ("bench_batch_negative", ["bench", "{T}/rt/model.onnx", "--batch", "-2"], "--batch"),
+    ]:
+        cdir(name)
+        add(name, args + ["-o", "{D}/m.kiln"] if args[0] == "build" else args, expect, check="absent:{D}/m.kiln")
     # Corrupt .npy files.
     hdr = b"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }".ljust(117) + b"\n"
     good = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr)) + hdr

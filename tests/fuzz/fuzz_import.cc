@@ -1,11 +1,14 @@
-// libFuzzer target for the ONNX importer: bytes -> import_onnx_bytes -> verify_graph -> print_graph.
+// libFuzzer target for the ONNX importer and the graph passes: bytes -> import_onnx_bytes ->
+// verify_graph -> print_graph -> the default pass pipeline -> verify_graph.
 //
 //   bash tests/fuzz/run.sh build-fuzz 60        (or: make fuzz)
 //   build-fuzz/tests/kiln_fuzz_import build-fuzz/artifacts/crash-...   (replay one input)
 //
 // Any Status error is an expected outcome for malformed input; the findings are crashes, sanitizer
 // reports (ASan, UBSan, LeakSanitizer), KILN_CHECK aborts, timeouts and out-of-memory. The model
-// is never run: only imported, verified and printed.
+// is never run: only imported, verified, printed and optimized (fold-constants does evaluate the
+// nodes whose inputs are all constant, under its size cap). A graph the verifier accepted that the
+// pipeline turns into one it rejects is a finding: every pass must keep a valid graph valid.
 //
 // KILN_FUZZ_STRICT=1 (environment) also treats "imported, but verify_graph rejects the graph" and
 // "print_graph -> parse_graph -> print_graph is not the identity" as findings (abort), since the
@@ -23,6 +26,7 @@
 #include "ir/tensor.h"
 #include "ir/text.h"
 #include "ir/verifier.h"
+#include "passes/pipeline.h"
 
 namespace {
 
@@ -66,6 +70,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!reparsed) finding("parse_graph(print_graph(g)) fails", reparsed.status().message() + "\n" + text);
     std::string again = kiln::print_graph(**reparsed);
     if (again != text) finding("print -> parse -> print is not the identity", text + "\n----\n" + again);
+  }
+  if (!verified.is_ok()) return 0;
+  kiln::PassOptions popt;
+  popt.verify = true;  // between passes too: names the pass that broke the graph
+  kiln::Expected<kiln::PassReport> optimized = kiln::run_passes(*model->graph, kiln::default_pipeline(), popt);
+  // kInternal: a pass left a graph the verifier rejects (run_passes names the pass). Other errors
+  // (a constant too large to fold, an op whose evaluation fails) are answers, not findings.
+  if (!optimized && optimized.status().code() == kiln::ErrorCode::kInternal) {
+    finding("a graph pass turned a valid graph into an invalid one", optimized.status().message() + "\n" + text);
+  }
+  if (optimized) {
+    kiln::Status after = kiln::verify_graph(*model->graph);
+    if (!after.is_ok()) finding("the pass pipeline left an invalid graph", after.message() + "\n" + text);
   }
   return 0;
 }

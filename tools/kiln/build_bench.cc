@@ -86,6 +86,7 @@ Status bind_batch(LoadOptions& load, int64_t batch) {
 
 int build_main(LoadOptions load, const EngineOptions& eng, const BuildCliOptions& opt) {
   if (is_artifact(load.model)) return fail(KILN_ERROR(kInvalidArgument, "kiln build takes an .onnx model, not '{}'", load.model));
+  if (Status s = bind_batch(load, opt.batch); !s) return fail(s);
   auto m = load_model(load);
   if (!m) return fail(m.status());
   EngineOptions e = eng;

@@ -58,6 +58,7 @@ struct EngineOptions {
 struct BuildCliOptions {
   std::string output;                // model.kiln
   bool report = false;               // print every node's placement
+  int64_t batch = 0;                 // bind the leading symbolic dim of every input (0: leave)
 };
 
 struct BenchOptions {

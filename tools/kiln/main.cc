@@ -9,11 +9,27 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "cli.h"
 #include "passes/pipeline.h"
 
 namespace {
+
+// --batch N: a positive integer, said in those words (CLI11's PositiveNumber prints its range as
+// 0 to 1.8e308).
+const CLI::Validator kPositiveInt(
+    [](std::string& s) -> std::string {
+      size_t end = 0;
+      long long v = 0;
+      try {
+        v = std::stoll(s, &end);
+      } catch (const std::exception&) {
+        end = 0;
+      }
+      return end == s.size() && end > 0 && v > 0 ? "" : "must be a positive integer, not '" + s + "'";
+    },
+    "N>0");
 
 // Pass names are checked as the command line is parsed, before the model is loaded, by the pass
 // manager's own option check (one list of passes, one message).
@@ -105,12 +121,14 @@ int main(int argc, char** argv) {
   add_engine_options(b, eng);
   b->add_option("-o,--output", build.output, "write the .kiln artifact here");
   b->add_flag("--report", build.report, "print every node's placement and kernel");
+  b->add_option("--batch", build.batch, "bind the leading symbolic dim of every input to N (recorded in the artifact)")
+      ->check(kPositiveInt);
 
   CLI::App* be = app.add_subcommand("bench", "time a model's forward (CUDA events on the GPU)");
   be->add_option("model", load.model, "ONNX model or .kiln artifact")->required();
   be->add_option("--shapes", load.shapes, "bind an input's shape, e.g. input:1x3x224x224 (repeatable)");
   add_engine_options(be, eng);
-  be->add_option("--batch", bench.batch, "bind the leading symbolic dim of every input to N");
+  be->add_option("--batch", bench.batch, "bind the leading symbolic dim of every input to N")->check(kPositiveInt);
   be->add_option("--warmup", bench.warmup, "untimed forwards first")->default_val(20);
   be->add_option("--iterations", bench.iterations, "timed forwards")->default_val(100);
   be->add_option("--json", bench.json, "write the results as JSON");

@@ -2,38 +2,13 @@
 
 #include "ops/infer.h"
 #include "ops/op_registry.h"
+#include "passes/rewrite.h"
 
 namespace kiln {
 
-namespace {
-
-bool has_subgraph(const Node& n) {
-  for (const auto& [k, a] : n.attrs) {
-    if (a.g || !a.graphs.empty()) return true;
-  }
-  return false;
-}
-
-bool is_random(OpKind op) {
-  return op == OpKind::kRandomNormal || op == OpKind::kRandomUniform || op == OpKind::kRandomNormalLike ||
-         op == OpKind::kRandomUniformLike || op == OpKind::kMultinomial || op == OpKind::kBernoulli;
-}
-
-std::optional<std::vector<int64_t>> static_dims(const Value* v) {
-  if (!v->type.is_tensor() || !v->type.shape) return std::nullopt;
-  std::vector<int64_t> d;
-  for (const Dim& x : v->type.shape->dims) {
-    if (!x.is_static()) return std::nullopt;
-    d.push_back(x.value());
-  }
-  return d;
-}
-
-}  // namespace
-
 Expected<bool> fold_node(const Node& n, const std::function<const Tensor*(const Value*)>& constant_of,
                          int64_t max_elements, std::vector<std::optional<Tensor>>* outs) {
-  if (is_random(n.op) || has_subgraph(n) || !op_def(n.op).cpu) return false;
+  if (is_random_op(n.op) || has_subgraph(n) || !op_def(n.op).cpu) return false;
   bool shape_only = n.op == OpKind::kShape || n.op == OpKind::kSize;
   // CastLike reads only the dtype of its second input: a constant cast to the dtype of a run-time
   // value folds (ONNX's expanded function bodies write their constants so: CastLike(0.5, X)).

@@ -259,6 +259,7 @@ const std::map<OpKind, LowerFn>& lowering_table() {
     register_elementwise_lowerings(t);
     register_data_lowerings(t);
     register_norm_lowerings(t);
+    register_attention_lowerings(t);
     return t;
   }();
   return table;

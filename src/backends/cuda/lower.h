@@ -178,6 +178,7 @@ void register_conv_lowerings(std::map<OpKind, LowerFn>& t);
 void register_elementwise_lowerings(std::map<OpKind, LowerFn>& t);
 void register_data_lowerings(std::map<OpKind, LowerFn>& t);
 void register_norm_lowerings(std::map<OpKind, LowerFn>& t);
+void register_attention_lowerings(std::map<OpKind, LowerFn>& t);
 const std::map<OpKind, LowerFn>& lowering_table();
 // Finds the multi-node patterns (GELU forms) before lowering; lower_replacement lowers a root.
 void find_patterns(Lowering& L);

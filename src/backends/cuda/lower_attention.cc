@@ -14,6 +14,8 @@
 // Half-precision builds only (the kernel is fp16/bf16, head_dim 64).
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <optional>
 
 #include "backends/cuda/lower.h"
 #include "runtime/strided_view.h"
@@ -31,6 +33,7 @@ struct AttentionMatch {
   const Value* mask = nullptr;  // additive, broadcast to [B,H,Sq,Sk]
   double scale = 1.0;
   std::vector<int64_t> out_perm;  // root is Transpose(O, out_perm) (d innermost); empty: root is P.V
+  std::optional<std::array<int64_t, 3>> o_strides;  // set: O's (b, h, query) strides, overriding out_perm
   int64_t b = 0, h = 0, sq = 0, sk = 0, d = 0;
 };
 
@@ -348,7 +351,9 @@ Status lower_attention(Lowering& L, const Node& root, const AttentionMatch& m) {
   std::copy(kk, kk + 3, sh.k);
   std::copy(vv, vv + 3, sh.v);
   const DevValue& y = L.define(root.outputs[0]);
-  if (!m.out_perm.empty()) {  // y = Transpose(O, perm), contiguous: O's dim perm[j] has y's stride j
+  if (m.o_strides) {
+    std::copy(m.o_strides->begin(), m.o_strides->end(), sh.o);
+  } else if (!m.out_perm.empty()) {  // y = Transpose(O, perm), contiguous: O's dim perm[j] has y's stride j
     std::vector<int64_t> ys = contiguous_strides(y.dims);
     for (int j = 0; j < 3; ++j) sh.o[m.out_perm[size_t(j)]] = ys[size_t(j)];
   } else {  // y [B,H,Sq,D]
@@ -381,5 +386,83 @@ Status lower_attention(Lowering& L, const Node& root, const AttentionMatch& m) {
          });
   return Status::ok();
 }
+
+// ONNX Attention (opset 23+) on the fused kernel: Q, K, V as 4-D [B, H, S, D] or 3-D [B, S, H*D]
+// (q_num_heads / kv_num_heads), as many K/V heads as Q heads, an additive float mask or none, no
+// past K/V, causal flag, softcap, sliding window or extra outputs; half precision, head dim 64.
+// Anything else is declined (kUnsupported) and the node runs on the CPU kernel.
+Status lower_attention_node(Lowering& L, const Node& n) {
+  for (size_t i = 4; i < n.inputs.size(); ++i) {
+    if (n.has_input(i)) KILN_UNSUPPORTED("Attention with past key/value or sequence lengths");
+  }
+  for (size_t i = 1; i < n.outputs.size(); ++i) {
+    if (n.has_output(i)) KILN_UNSUPPORTED("Attention with present key/value or qk_matmul_output outputs");
+  }
+  if (n.attr_int("is_causal", 0) != 0 || n.attr_float("softcap", 0.0f) != 0.0f ||
+      n.attr_int("left_window_size", -1) != -1 || n.attr_int("right_window_size", -1) != -1) {
+    KILN_UNSUPPORTED("Attention with is_causal, softcap or a sliding window");
+  }
+  auto qd = static_dims(n.inputs[0]), kd = static_dims(n.inputs[1]), vd = static_dims(n.inputs[2]);
+  auto yd = static_dims(n.outputs[0]);
+  if (!qd || !kd || !vd || !yd || qd->size() != kd->size() || qd->size() != vd->size() ||
+      (qd->size() != 3 && qd->size() != 4)) {
+    KILN_UNSUPPORTED("Attention needs static 3-D or 4-D Q, K and V");
+  }
+  const bool three_d = qd->size() == 3;
+  AttentionMatch m;
+  // [B, H, S, D] views of the materialized inputs; K as [B, H, D, S], as the kernel reads it.
+  auto heads_view = [&](const Value* v, const std::vector<int64_t>& d, int64_t heads, bool key) -> std::optional<AttnView> {
+    AttnView r{v, StridedView::contiguous(d)};
+    bool ok = true;
+    if (three_d) {
+      if (heads <= 0 || d[2] % heads != 0) return std::nullopt;
+      ok = r.view.reshape({d[0], d[1], heads, d[2] / heads}) && r.view.transpose(key ? std::vector<int64_t>{0, 2, 3, 1}
+                                                                                     : std::vector<int64_t>{0, 2, 1, 3});
+    } else if (key) {
+      ok = r.view.transpose({0, 1, 3, 2});
+    }
+    if (!ok || !r.view.strides()) return std::nullopt;
+    return r;
+  };
+  int64_t qh = three_d ? n.attr_int("q_num_heads", 0) : (*qd)[1];
+  int64_t kvh = three_d ? n.attr_int("kv_num_heads", 0) : (*kd)[1];
+  auto q = heads_view(n.inputs[0], *qd, qh, false);
+  auto k = heads_view(n.inputs[1], *kd, kvh, true);
+  auto v = heads_view(n.inputs[2], *vd, kvh, false);
+  if (!q || !k || !v || qh != kvh) KILN_UNSUPPORTED("Attention with grouped K/V heads or mismatched head counts");
+  m.q = *q, m.k = *k, m.v = *v;
+  std::vector<int64_t> qv = m.q.view.dims(), kv = m.k.view.dims(), vv = m.v.view.dims();
+  m.b = qv[0], m.h = qv[1], m.sq = qv[2], m.d = qv[3], m.sk = kv[3];
+  if (kv != std::vector<int64_t>{m.b, m.h, m.d, m.sk} || vv != std::vector<int64_t>{m.b, m.h, m.sk, m.d}) {
+    KILN_UNSUPPORTED("Attention with a V head size unlike Q's or mismatched batch/sequence dims");
+  }
+  if (!aligned(m.q, 3) || !aligned(m.k, 2) || !aligned(m.v, 3)) KILN_UNSUPPORTED("Attention with unaligned heads");
+  m.scale = n.has_attr("scale") ? double(n.attr_float("scale", 1.0f)) : 1.0 / std::sqrt(double(m.d));
+  if (n.has_input(3)) {
+    m.mask = n.inputs[3];
+    auto md = static_dims(m.mask);
+    if (!md || md->size() > 4 || !dtype_is_float(m.mask->type.dtype)) {
+      KILN_UNSUPPORTED("Attention with a boolean or dynamic mask");
+    }
+    std::vector<int64_t> full = {m.b, m.h, m.sq, m.sk};
+    for (size_t i = 0; i < md->size(); ++i) {
+      int64_t want = full[4 - md->size() + i];
+      if ((*md)[i] != 1 && (*md)[i] != want) KILN_UNSUPPORTED("Attention mask {} does not broadcast to [B,H,Sq,Sk]", m.mask->type.to_string());
+    }
+  }
+  for (const Value* t : {n.inputs[0], n.inputs[1], n.inputs[2]}) {
+    if (t->type.dtype != n.outputs[0]->type.dtype) KILN_UNSUPPORTED("Attention with mixed input types");
+  }
+  auto dt = L.device_dt(n.outputs[0]->type.dtype);
+  if (!dt || !k::attention_supported(*dt, int(m.d))) {
+    KILN_UNSUPPORTED("the fused attention kernel is fp16/bf16 with head dim 64 (head dim {})", m.d);
+  }
+  if (three_d) {  // Y [B, Sq, H*D]
+    m.o_strides = std::array<int64_t, 3>{m.sq * m.h * m.d, m.d, m.h * m.d};
+  }
+  return lower_attention(L, n, m);
+}
+
+void register_attention_lowerings(std::map<OpKind, LowerFn>& t) { t[OpKind::kAttention] = lower_attention_node; }
 
 }  // namespace kiln::cuda

@@ -136,6 +136,9 @@ Expected<Tensor> parse_npy(const std::string& bytes, const std::string& what) {
         const char* p = bytes.data() + pos + (size_t(i) * width + c) * 4;
         uint32_t cp = uint8_t(p[0]) | uint32_t(uint8_t(p[1])) << 8 | uint32_t(uint8_t(p[2])) << 16 | uint32_t(uint8_t(p[3])) << 24;
         if (cp == 0) break;
+        if (cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000)) {
+          return bad(fmt::format("string element {} holds 0x{:X}, which is not a Unicode code point", i, cp));
+        }
         if (cp < 0x80) out += char(cp);
         else if (cp < 0x800) { out += char(0xC0 | (cp >> 6)); out += char(0x80 | (cp & 0x3F)); }
         else if (cp < 0x10000) { out += char(0xE0 | (cp >> 12)); out += char(0x80 | ((cp >> 6) & 0x3F)); out += char(0x80 | (cp & 0x3F)); }

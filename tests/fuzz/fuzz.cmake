@@ -2,15 +2,17 @@
 # project(). Sanitizer compile flags come from run.sh (CMAKE_CXX_FLAGS, for every target). The
 # libFuzzer runtime (its main) must be linked into the fuzz executables only: putting
 # -fsanitize=fuzzer in CMAKE_EXE_LINKER_FLAGS would break every other executable and CMake's own
-# try_compile checks (two mains). So add it to kiln_fuzz_import once the whole tree is configured,
+# try_compile checks (two mains). So add it to each fuzz target once the whole tree is configured,
 # unless tests/CMakeLists.txt already does.
 cmake_language(DEFER DIRECTORY ${CMAKE_SOURCE_DIR} CALL _kiln_fuzz_link_libfuzzer)
 function(_kiln_fuzz_link_libfuzzer)
-  if(NOT TARGET kiln_fuzz_import)
-    message(FATAL_ERROR "tests/fuzz/fuzz.cmake: no kiln_fuzz_import target (configure with -DKILN_FUZZ=ON)")
-  endif()
-  get_target_property(_opts kiln_fuzz_import LINK_OPTIONS)
-  if(NOT "${_opts}" MATCHES "-fsanitize=([a-z,]*,)?fuzzer([,;]|$)")
-    target_link_options(kiln_fuzz_import PRIVATE -fsanitize=fuzzer)
-  endif()
+  foreach(_t kiln_fuzz_import kiln_fuzz_npy)
+    if(NOT TARGET ${_t})
+      message(FATAL_ERROR "tests/fuzz/fuzz.cmake: no ${_t} target (configure with -DKILN_FUZZ=ON)")
+    endif()
+    get_target_property(_opts ${_t} LINK_OPTIONS)
+    if(NOT "${_opts}" MATCHES "-fsanitize=([a-z,]*,)?fuzzer([,;]|$)")
+      target_link_options(${_t} PRIVATE -fsanitize=fuzzer)
+    endif()
+  endforeach()
 endfunction()

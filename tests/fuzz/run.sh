@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
-# Build and run the libFuzzer target for the ONNX importer (tests/fuzz/fuzz_import.cc).
+# Build and run the libFuzzer targets: the ONNX importer and graph passes
+# (tests/fuzz/fuzz_import.cc) and the .npy reader that `kiln run --input` uses
+# (tests/fuzz/fuzz_npy.cc).
 #
 #   bash tests/fuzz/run.sh [BUILD_DIR] [SECONDS]      (make fuzz: BUILD_DIR=build-fuzz, 60 s)
 #
-# Configures BUILD_DIR with clang and ASan+UBSan+libFuzzer instrumentation, builds only
-# kiln_fuzz_import, seeds a corpus from Debian's libonnx-testdata, replays earlier findings, then
-# fuzzes for SECONDS. Exits non-zero on any finding (crash, sanitizer report, leak, timeout, OOM);
-# the inputs are kept in BUILD_DIR/artifacts. Re-running reuses the build and the grown corpus.
+# Configures BUILD_DIR with clang and ASan+UBSan+libFuzzer instrumentation, builds only the fuzz
+# targets, seeds the importer's corpus from Debian's libonnx-testdata and the reader's with .npy
+# files of every dtype numpy writes, replays earlier findings, then fuzzes the importer for SECONDS
+# and the reader for a quarter of that. Exits non-zero on any finding (crash, sanitizer report,
+# leak, timeout, OOM); the inputs are kept in BUILD_DIR/artifacts (importer) and
+# BUILD_DIR/artifacts-npy. Re-running reuses the build and the grown corpora.
 #
 # Layout of BUILD_DIR:
-#   tests/kiln_fuzz_import   the fuzzer (replay one input: tests/kiln_fuzz_import FILE)
-#   fuzz-seeds/              seeds copied from libonnx-testdata (regenerated each run)
-#   fuzz-corpus/             the corpus libFuzzer grows (kept between runs)
-#   artifacts/               crash-*, leak-*, timeout-*, oom-*; artifacts/fixed/ once they pass
-#   fuzz.log                 the fuzzer's output of the last run
+#   tests/kiln_fuzz_import   the importer fuzzer (replay one input: tests/kiln_fuzz_import FILE)
+#   tests/kiln_fuzz_npy      the .npy reader fuzzer (likewise)
+#   fuzz-seeds/, npy-seeds/  seeds (regenerated each run)
+#   fuzz-corpus/, npy-corpus/  the corpora libFuzzer grows (kept between runs)
+#   artifacts/, artifacts-npy/  crash-*, leak-*, timeout-*, oom-*; fixed/ below once they pass
+#   fuzz.log, fuzz-npy.log   the fuzzers' output of the last run
 #
 # Environment: KILN_FUZZ_STRICT=1 also makes "imported but verify_graph fails" and a failed text
 # round-trip findings (see fuzz_import.cc); KILN_FUZZ_ARGS adds libFuzzer flags; CC/CXX pick the
@@ -51,9 +56,10 @@ cmake -S "$ROOT" -B "$BUILD" \
   echo "fuzz: cmake configure failed (log: $BUILD/fuzz-configure.log)" >&2
   exit 2
 }
-cmake --build "$BUILD" --target kiln_fuzz_import -j "$(nproc)"
-FUZZER="$BUILD/tests/kiln_fuzz_import"
-[[ -x "$FUZZER" ]] || { echo "fuzz: $FUZZER was not built" >&2; exit 2; }
+cmake --build "$BUILD" --target kiln_fuzz_import kiln_fuzz_npy -j "$(nproc)"
+for t in kiln_fuzz_import kiln_fuzz_npy; do
+  [[ -x "$BUILD/tests/$t" ]] || { echo "fuzz: $BUILD/tests/$t was not built" >&2; exit 2; }
+done
 
 # ---- seeds -----------------------------------------------------------------------------------
 # Small real models from libonnx-testdata: a curated set covering subgraphs (If/Loop/Scan),
@@ -102,6 +108,26 @@ if [[ -d "$TESTDATA" ]]; then
 else
   echo "fuzz: warning: libonnx-testdata not installed; fuzzing from the kept corpus only" >&2
 fi
+# .npy seeds: every dtype kiln reads, C and Fortran order, rank 0..4, format versions 1 and 2.
+NPY_SEEDS="$BUILD/npy-seeds"
+rm -rf "$NPY_SEEDS"
+mkdir -p "$NPY_SEEDS"
+python3 - "$NPY_SEEDS" <<'PY'
+import os, sys
+import numpy as np
+from numpy.lib import format as npf
+out = sys.argv[1]
+rng = np.random.default_rng(0)
+shapes = [(), (3,), (2, 3), (2, 1, 3), (1, 2, 2, 2)]
+for dt in ["<f4", "<f8", "<f2", "<i8", "<i4", "<i2", "|i1", "|u1", "<u2", "<u4", "<u8", "|b1", ">f4"]:
+    for i, shape in enumerate(shapes):
+        a = (rng.standard_normal(shape) * 10).astype(dt)
+        np.save(os.path.join(out, f"{dt.strip('<>|')}_{i}{'_be' if dt[0] == '>' else ''}.npy"), a)
+np.save(os.path.join(out, "fortran.npy"), np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3)))
+with open(os.path.join(out, "v2.npy"), "wb") as f:
+    npf.write_array(f, np.ones((2, 2), np.float32), version=(2, 0))
+np.save(os.path.join(out, "empty.npy"), np.zeros((0, 3), np.float32))
+PY
 # Committed regression inputs (if any) are read as well, never written to.
 EXTRA_CORPORA=()
 [[ -d "$ROOT/tests/fuzz/corpus" ]] && EXTRA_CORPORA+=("$ROOT/tests/fuzz/corpus")
@@ -112,59 +138,75 @@ command -v llvm-symbolizer >/dev/null && export ASAN_SYMBOLIZER_PATH="$(command 
 
 FLAGS=(-rss_limit_mb=2048 -timeout=10 -max_len=65536)
 
-# ---- replay earlier findings -------------------------------------------------------------------
+# ---- replay earlier findings, then fuzz -------------------------------------------------------
 shopt -s nullglob
-OLD=("$ARTIFACTS"/crash-* "$ARTIFACTS"/leak-* "$ARTIFACTS"/timeout-* "$ARTIFACTS"/oom-* "$ARTIFACTS"/slow-unit-*)
-still=()
-for a in "${OLD[@]}"; do
-  if "$FUZZER" "${FLAGS[@]}" "$a" >"$a.replay.log" 2>&1; then
-    mkdir -p "$ARTIFACTS/fixed"
-    mv "$a" "$ARTIFACTS/fixed/"
-    rm -f "$a.replay.log"
-    echo "fuzz: earlier finding $(basename "$a") no longer reproduces (moved to artifacts/fixed/)"
-  else
-    still+=("$a")
-  fi
-done
-if (( ${#still[@]} > 0 )); then
-  for a in "${still[@]}"; do
-    echo "---- $a (log: $a.replay.log)"
-    grep -E "ERROR: |SUMMARY: |runtime error|kiln: |kiln_fuzz_import: |^    #[0-9] " "$a.replay.log" | head -20 || true
+# fuzz_target NAME SECONDS ARTIFACTS LOG CORPUS...: replays NAME's earlier findings, fuzzes it for
+# SECONDS; returns non-zero on any finding.
+fuzz_target() {
+  local name="$1" secs="$2" artifacts="$3" log="$4"
+  shift 4
+  local fuzzer="$BUILD/tests/$name" a
+  mkdir -p "$artifacts"
+  local old=("$artifacts"/crash-* "$artifacts"/leak-* "$artifacts"/timeout-* "$artifacts"/oom-* "$artifacts"/slow-unit-*)
+  local still=()
+  for a in "${old[@]}"; do
+    [[ "$a" == *.replay.log ]] && continue
+    if "$fuzzer" "${FLAGS[@]}" "$a" >"$a.replay.log" 2>&1; then
+      mkdir -p "$artifacts/fixed"
+      mv "$a" "$artifacts/fixed/"
+      rm -f "$a.replay.log"
+      echo "fuzz: earlier finding $(basename "$a") of $name no longer reproduces (moved to $artifacts/fixed/)"
+    else
+      still+=("$a")
+    fi
   done
-  echo "fuzz: ${#still[@]} earlier finding(s) still reproduce: ${still[*]}"
-  exit 1
-fi
+  if (( ${#still[@]} > 0 )); then
+    for a in "${still[@]}"; do
+      echo "---- $a (log: $a.replay.log)"
+      grep -E "ERROR: |SUMMARY: |runtime error|kiln: |kiln_fuzz_[a-z]*: |^    #[0-9] " "$a.replay.log" | head -20 || true
+    done
+    echo "fuzz: ${#still[@]} earlier finding(s) of $name still reproduce: ${still[*]}"
+    return 1
+  fi
 
-# ---- fuzz ------------------------------------------------------------------------------------
-LOG="$BUILD/fuzz.log"
-echo "fuzz: running $FUZZER for ${DURATION}s (log: $LOG)"
-start=$(date +%s)
-set +e
-# shellcheck disable=SC2086
-timeout --kill-after=30 $((DURATION + 300)) "$FUZZER" "${FLAGS[@]}" \
-  -max_total_time="$DURATION" -print_final_stats=1 -artifact_prefix="$ARTIFACTS/" \
-  ${KILN_FUZZ_ARGS:-} "$CORPUS" "$SEEDS" "${EXTRA_CORPORA[@]}" >"$LOG" 2>&1
-rc=$?
-set -e
-elapsed=$(( $(date +%s) - start ))
+  echo "fuzz: running $fuzzer for ${secs}s (log: $log)"
+  local start rc elapsed runs cov findings
+  start=$(date +%s)
+  set +e
+  # shellcheck disable=SC2086
+  timeout --kill-after=30 $((secs + 300)) "$fuzzer" "${FLAGS[@]}" \
+    -max_total_time="$secs" -print_final_stats=1 -artifact_prefix="$artifacts/" \
+    ${KILN_FUZZ_ARGS:-} "$@" >"$log" 2>&1
+  rc=$?
+  set -e
+  elapsed=$(( $(date +%s) - start ))
 
-runs="$(sed -n 's/^stat::number_of_executed_units: *\([0-9]*\).*/\1/p' "$LOG" | tail -1)"
-[[ -n "$runs" ]] || runs="$(sed -n 's/^Done \([0-9]*\) runs.*/\1/p' "$LOG" | tail -1)"
-[[ -n "$runs" ]] || runs="?"
-cov="$(grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+/[0-9a-zA-Z]+' "$LOG" | tail -1 || true)"
-NEW=("$ARTIFACTS"/crash-* "$ARTIFACTS"/leak-* "$ARTIFACTS"/timeout-* "$ARTIFACTS"/oom-* "$ARTIFACTS"/slow-unit-*)
-findings=0
-for a in "${NEW[@]}"; do [[ "$a" == *.replay.log ]] || findings=$((findings + 1)); done
+  runs="$(sed -n 's/^stat::number_of_executed_units: *\([0-9]*\).*/\1/p' "$log" | tail -1)"
+  [[ -n "$runs" ]] || runs="$(sed -n 's/^Done \([0-9]*\) runs.*/\1/p' "$log" | tail -1)"
+  [[ -n "$runs" ]] || runs="?"
+  cov="$(grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+/[0-9a-zA-Z]+' "$log" | tail -1 || true)"
+  local new=("$artifacts"/crash-* "$artifacts"/leak-* "$artifacts"/timeout-* "$artifacts"/oom-* "$artifacts"/slow-unit-*)
+  findings=0
+  for a in "${new[@]}"; do [[ "$a" == *.replay.log ]] || findings=$((findings + 1)); done
 
-if (( rc == 0 && findings == 0 )); then
-  echo "fuzz: $runs runs in ${elapsed} s, 0 findings (${cov:-no coverage line}; corpus $CORPUS)"
-  exit 0
-fi
-echo "---- fuzzer output (tail of $LOG)"
-grep -E "ERROR: |SUMMARY: |runtime error|kiln: |kiln_fuzz_import: |^    #[0-9]+ |Test unit written|out-of-memory|timeout" "$LOG" | head -40 || tail -40 "$LOG"
-if (( findings == 0 )); then
-  echo "fuzz: $runs runs in ${elapsed} s, fuzzer exited with status $rc and wrote no artifact (see $LOG)"
-else
-  echo "fuzz: $runs runs in ${elapsed} s, $findings finding(s): ${NEW[*]} (replay: $FUZZER FILE)"
-fi
-exit 1
+  if (( rc == 0 && findings == 0 )); then
+    echo "fuzz: $name: $runs runs in ${elapsed} s, 0 findings (${cov:-no coverage line}; corpus $1)"
+    return 0
+  fi
+  echo "---- fuzzer output (tail of $log)"
+  grep -E "ERROR: |SUMMARY: |runtime error|kiln: |kiln_fuzz_[a-z]*: |^    #[0-9]+ |Test unit written|out-of-memory|timeout" "$log" | head -40 || tail -40 "$log"
+  if (( findings == 0 )); then
+    echo "fuzz: $name: $runs runs in ${elapsed} s, fuzzer exited with status $rc and wrote no artifact (see $log)"
+  else
+    echo "fuzz: $name: $runs runs in ${elapsed} s, $findings finding(s): ${new[*]} (replay: $fuzzer FILE)"
+  fi
+  return 1
+}
+
+NPY_CORPUS="$BUILD/npy-corpus"
+mkdir -p "$NPY_CORPUS"
+status=0
+fuzz_target kiln_fuzz_import "$DURATION" "$ARTIFACTS" "$BUILD/fuzz.log" "$CORPUS" "$SEEDS" "${EXTRA_CORPORA[@]}" || status=1
+fuzz_target kiln_fuzz_npy $(( DURATION / 4 > 5 ? DURATION / 4 : 5 )) "$BUILD/artifacts-npy" "$BUILD/fuzz-npy.log" \
+  "$NPY_CORPUS" "$NPY_SEEDS" || status=1
+exit "$status"

@@ -116,6 +116,10 @@ TEST(Npy, CorruptFilesAreErrors) {
   longer[8] = '\xff';
   longer[9] = '\x7f';
   expect_error(longer, "header longer than the file");
+  // UTF-32 elements past U+10FFFF or in the surrogate range are not text (found by kiln_fuzz_npy:
+  // they used to decode to bytes that wrote back as other characters).
+  expect_error(numpy_bytes("<U1", "()", std::string("\x59\x01\x00\x76", 4)), "string element 0 holds 0x76000159");
+  expect_error(numpy_bytes("<U2", "(1,)", std::string("a\0\0\0\x00\xD8\0\0", 8)), "0xD800");
 }
 
 }  // namespace

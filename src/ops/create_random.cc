@@ -3,6 +3,7 @@
 // values are kiln's own, not numpy's: ONNX leaves the generator unspecified).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "ops/create_cast.h"
@@ -12,8 +13,14 @@ namespace kiln {
 namespace {
 
 std::mt19937_64 make_engine(const Node& n) {
-  if (n.has_attr("seed")) return std::mt19937_64(uint64_t(int64_t(n.attr_float("seed", 0))));
-  return std::mt19937_64(std::random_device{}());
+  if (!n.has_attr("seed")) return std::mt19937_64(std::random_device{}());
+  // The seed is a float attribute: integral values seed as that integer; NaN, infinities and values
+  // past the int64 range (undefined to convert; found by kiln_fuzz_run) seed with their bit pattern.
+  float f = n.attr_float("seed", 0);
+  if (std::isfinite(f) && std::fabs(f) < 9.2e18f) return std::mt19937_64(uint64_t(int64_t(f)));
+  uint32_t bits = 0;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return std::mt19937_64(bits);
 }
 
 // The `dtype` attribute when present, else `dflt`; must be a float type for the continuous

@@ -234,10 +234,14 @@ template <typename K>
 void count_ngrams(const std::vector<K>& row, const NgramPool<K>& p, int64_t* counts) {
   const int64_t len = int64_t(row.size());
   std::vector<K> gram;
+  // A gap past the row's end matches nothing: bounding it keeps a huge max_skip_count (an
+  // attribute, so any int64) from looping for ever or overflowing (found by kiln_fuzz_run).
+  const int64_t max_skip = std::min(p.max_skip, len);
   for (int64_t start = 0; start < len; ++start) {
-    for (int64_t d = 1; d <= p.max_skip + 1; ++d) {
+    for (int64_t d = 1; d <= max_skip + 1; ++d) {
+      if (d > 1 && start + d >= len) break;  // not even a 2-gram with this gap fits
       for (int64_t size = std::max<int64_t>(p.min_n, d > 1 ? 2 : 1); size <= p.max_n; ++size) {
-        if (start + (size - 1) * d >= len) break;
+        if (size - 1 > (len - 1 - start) / d) break;  // its last element, start + (size - 1) * d, is past the end
         gram.clear();
         for (int64_t k = 0; k < size; ++k) gram.push_back(row[size_t(start + k * d)]);
         auto it = p.index.find(gram);

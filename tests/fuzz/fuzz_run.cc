@@ -1,0 +1,100 @@
+// libFuzzer target for running a model on the CPU backend (`kiln run --random-inputs` without a
+// GPU): bytes -> import (every symbolic input dim bound to 2) -> the default pass pipeline -> CPU
+// compile -> run on deterministic small inputs. The op kernels meet shapes and attributes no test
+// wrote; an error Status is a fine answer, a crash, sanitizer report or hang is a finding.
+//
+//   bash tests/fuzz/run.sh build-fuzz 60        (or: make fuzz; this target gets a quarter of the time)
+//   build-fuzz/tests/kiln_fuzz_run build-fuzz/artifacts-run/crash-...   (replay one input)
+//
+// Tensors are capped at 1 MB so that each run stays fast under the sanitizers, and graphs with a
+// Loop are skipped: a loop's trip count is an input, and a model that loops for an hour is not a bug.
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <google/protobuf/stubs/logging.h>
+
+#include "backends/backend.h"
+#include "frontend/onnx/importer.h"
+#include "ir/tensor.h"
+#include "ir/verifier.h"
+#include "passes/pipeline.h"
+
+namespace {
+
+void ignore_protobuf_log(google::protobuf::LogLevel, const char*, int, const std::string&) {}
+
+bool has_loop(const kiln::Graph& g) {
+  for (const auto& n : g.nodes) {
+    if (n->op == kiln::OpKind::kLoop) return true;
+    for (const auto& [name, a] : n->attrs) {
+      if (a.g && has_loop(*a.g)) return true;
+      for (const auto& sub : a.graphs) {
+        if (sub && has_loop(*sub)) return true;
+      }
+    }
+  }
+  return false;
+}
+
+// Small values: floats in [-2, 2], integers in [0, 3) (valid indices along most axes), strings "s0".."s2".
+kiln::Expected<kiln::Tensor> input_for(const kiln::Value& v) {
+  if (!v.type.is_tensor() || !v.type.shape) return KILN_ERROR(kUnsupported, "input of unknown rank");
+  std::vector<int64_t> dims;
+  for (const kiln::Dim& d : v.type.shape->dims) {
+    if (!d.is_static()) return KILN_ERROR(kUnsupported, "symbolic dim");
+    dims.push_back(d.value());
+  }
+  KILN_ASSIGN_OR_RETURN(kiln::Tensor t, kiln::Tensor::create(v.type.dtype, dims));
+  kiln::visit_dtype(t.dtype(), [&]<typename T>() {
+    T* p = t.data<T>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if constexpr (std::is_same_v<T, std::string>) p[i] = "s" + std::to_string(i % 3);
+      else if constexpr (std::is_same_v<T, bool>) p[i] = (i % 2) != 0;
+      else if constexpr (kiln::is_float_v<T>) p[i] = T(kiln::compute_t<T>(double(i % 9) * 0.5 - 2.0));
+      else p[i] = T(i % 3);
+    }
+  });
+  return t;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
+  kiln::set_max_tensor_bytes(int64_t{1} << 20);
+  google::protobuf::SetLogHandler(&ignore_protobuf_log);
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  kiln::ImportOptions opts;
+  kiln::Expected<kiln::Model> probe = kiln::import_onnx_bytes(data, size, /*base_dir=*/"", opts);
+  if (!probe || !kiln::verify_graph(*probe->graph)) return 0;
+  for (const kiln::Value* v : probe->graph->inputs) {  // bind every symbolic dim to 2
+    if (v->constant || !v->type.is_tensor() || !v->type.shape) continue;
+    std::vector<int64_t> dims;
+    for (const kiln::Dim& d : v->type.shape->dims) dims.push_back(d.is_static() ? d.value() : 2);
+    opts.input_shapes[v->name] = dims;
+  }
+  kiln::Expected<kiln::Model> model = kiln::import_onnx_bytes(data, size, /*base_dir=*/"", opts);
+  if (!model || !kiln::verify_graph(*model->graph) || has_loop(*model->graph)) return 0;
+  kiln::Graph& g = *model->graph;
+  if (!kiln::run_passes(g, kiln::default_pipeline())) return 0;
+  std::vector<kiln::Data> inputs;
+  for (const kiln::Value* v : g.inputs) {
+    if (v->constant) {  // an initializer listed as an input: its value, as kiln run does
+      inputs.emplace_back(*v->constant);
+      continue;
+    }
+    kiln::Expected<kiln::Tensor> t = input_for(*v);
+    if (!t) return 0;
+    inputs.emplace_back(std::move(*t));
+  }
+  auto cpu = kiln::make_cpu_backend();
+  auto exe = cpu->compile(g);
+  if (!exe) return 0;
+  (void)(*exe)->run(inputs);
+  return 0;
+}

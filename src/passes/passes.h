@@ -16,6 +16,7 @@ Expected<bool> fuse_layernorm(Graph& g);                 // fuse_layernorm.cc  "
 Expected<bool> fuse_softmax(Graph& g);                   // fuse_softmax.cc    "fuse-softmax"
 Expected<bool> fuse_matmul_add(Graph& g);                // fuse_matmul_add.cc "fuse-matmul-add"
 Expected<bool> merge_sibling_matmuls(Graph& g);  // merge_sibling_matmuls.cc "merge-sibling-matmuls"
+Expected<bool> fuse_elementwise(Graph& g);               // fuse_elementwise.cc "fuse-elementwise"
 // fold_constants.h: "fold-constants"
 
 }  // namespace kiln

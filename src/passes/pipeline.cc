@@ -38,6 +38,12 @@ std::vector<Pass> default_pipeline() {
        merge_sibling_matmuls},
       // 2-D MatMul + bias Add -> Gemm: one library call with the bias as its C input.
       {"fuse-matmul-add", "2-D MatMul with a constant weight + bias Add -> Gemm", fuse_matmul_add},
+      // Connected elementwise nodes (masks, embedding sums, activations off the GEMM/conv paths)
+      // -> one FusedElementwise node, a generated kernel on the GPU. After every pattern fusion
+      // above, which need the decomposed forms; it leaves compute-fed chains to the lowerings'
+      // library epilogues.
+      {"fuse-elementwise", "connected elementwise nodes -> one FusedElementwise (one generated kernel)",
+       fuse_elementwise},
       // Last: sweeps what the passes above left unread (bypassed chains, old weights).
       {"dce", "remove nodes and constants that no graph output needs", eliminate_dead_code},
   };

@@ -30,6 +30,7 @@ struct Case {
   const char* half_impl = nullptr;    // half builds must place some node on an impl containing this
   bool autotune = true;               // false: heuristics, so that a timing-guarded lowering is taken
   bool fp32_on_cpu = false;           // fp32 builds may run the op on the CPU (its kernel is half-only)
+  int gemm_small = 0;                 // BuildOptions::gemm_small (1: the small-M kernel wherever it applies)
 };
 
 // clang-format off
@@ -142,6 +143,31 @@ const std::vector<Case> kCases = {
   {"linear_split_k_gelu", "graph g(%a: f32[8,4096], %w: f32[4096,64], %c: f32[64]) {\n %m = MatMul(%a, %w) : f32[8,64]\n"
    " %x = Add(%m, %c) : f32[8,64]\n %y = Gelu(%x) {approximate = \"tanh\"} : f32[8,64]\n return %y\n}",
    {"w", "c"}, 1e-4, 2e-2, true, 4, "split-k"},
+  // The small-M split-K cluster kernel (forced; in models it is taken where timing says it wins):
+  // BERT's FC1 at batch 1 scaled down (bias + GELU), a row count that is no multiple of 16, and
+  // rows over two row blocks with a residual C; the weight transposed at build.
+  {"gemm_small_bias_gelu", "graph g(%a: f32[128,256], %w: f32[256,192], %c: f32[192]) {\n %m = MatMul(%a, %w) : f32[128,192]\n"
+   " %x = Add(%m, %c) : f32[128,192]\n %y = Gelu(%x) {approximate = \"tanh\"} : f32[128,192]\n return %y\n}",
+   {"w", "c"}, 1e-4, 2e-2, true, 4, "kernel gemm_small", true, false, 1},
+  {"gemm_small_odd_rows_relu", "graph g(%a: f32[1,37,512], %w: f32[512,96], %c: f32[96]) {\n %m = MatMul(%a, %w) : f32[1,37,96]\n"
+   " %x = Add(%m, %c) : f32[1,37,96]\n %y = Relu(%x) : f32[1,37,96]\n return %y\n}",
+   {"w", "c"}, 1e-4, 2e-2, true, 4, "kernel gemm_small", true, false, 1},
+  {"gemm_small_residual_two_blocks", "graph g(%a: f32[200,384], %w: f32[384,64], %c: f32[64], %r: f32[200,64]) {\n"
+   " %m = MatMul(%a, %w) : f32[200,64]\n %x = Add(%m, %c) : f32[200,64]\n %y = Add(%x, %r) : f32[200,64]\n return %y\n}",
+   {"w", "c"}, 1e-4, 2e-2, true, 4, "kernel gemm_small", true, false, 1},
+  {"gemm_small_transb", "graph g(%a: f32[64,128], %w: f32[160,128], %c: f32[160]) {\n"
+   " %y = Gemm(%a, %w, %c) {transB = 1} : f32[64,160]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2, true, 4, "kernel gemm_small", true, false, 1},
+  // FusedElementwise (the fuse-elementwise pass's node): one NVRTC-generated kernel. BERT's mask
+  // chain (int64 in, additive float mask out) and a broadcast Where/Greater/Gelu chain.
+  {"fused_bert_mask", "graph g(%mask: i64[2,1,1,40]) {\n %y = ai.kiln.FusedElementwise(%mask) {body = graph b(%mi: i64[2,1,1,40]) {\n"
+   "  %one = const dense<f32[]> [1]\n  %big = const dense<f32[]> [-10000]\n  %m = Cast(%mi) {to = 1} : f32[2,1,1,40]\n"
+   "  %s = Sub(%one, %m) : f32[2,1,1,40]\n  %r = Mul(%s, %big) : f32[2,1,1,40]\n  return %r\n }} : f32[2,1,1,40]\n return %y\n}",
+   {}, 1e-4, 2e-2, true, 2, "generated kernel"},
+  {"fused_broadcast_where", "graph g(%x: f32[3,5,16], %w: f32[16], %n: i64[3,1,1]) {\n"
+   " %y = ai.kiln.FusedElementwise(%x, %w, %n) {body = graph b(%xi: f32[3,5,16], %wi: f32[16], %ni: i64[3,1,1]) {\n"
+   "  %zero = const dense<i64[]> [1]\n  %c = Greater(%ni, %zero) : bool[3,1,1]\n  %t = Mul(%xi, %wi) : f32[3,5,16]\n"
+   "  %gl = Gelu(%t) : f32[3,5,16]\n  %r = Where(%c, %gl, %xi) : f32[3,5,16]\n  return %r\n }} : f32[3,5,16]\n return %y\n}",
+   {"w"}, 1e-4, 2e-2, true, 3, "generated kernel"},
   {"linear_bias_relu", "graph g(%a: f32[2,7,64], %w: f32[64,48], %c: f32[48]) {\n %m = MatMul(%a, %w) : f32[2,7,48]\n %s = Add(%m, %c) : f32[2,7,48]\n %y = Relu(%s) : f32[2,7,48]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2},
   {"gemm_transb_bias", "graph g(%a: f32[5,32], %w: f32[24,32], %c: f32[24]) {\n %y = Gemm(%a, %w, %c) {transB = 1, alpha = 0.5, beta = 2.0} : f32[5,24]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2},
   {"conv", "graph g(%x: f32[2,8,15,15], %w: f32[16,8,3,3]) {\n %y = Conv(%x, %w) {pads = [1, 1, 1, 1], strides = [2, 2]} : f32[2,16,8,8]\n return %y\n}", {"w"}, 1e-4, 2e-2},
@@ -252,6 +278,7 @@ Status run_case(const Case& c, cuda::Precision prec, uint64_t seed, double* err,
   bo.precision = prec;
   bo.poison = true;
   bo.autotune = c.autotune;
+  bo.gemm_small = c.gemm_small;
   KILN_ASSIGN_OR_RETURN(auto engine, cuda::Engine::build(*g, bo));
   bool impl_seen = false;
   for (const auto& p : engine->report().nodes) {

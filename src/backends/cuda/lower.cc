@@ -260,6 +260,7 @@ const std::map<OpKind, LowerFn>& lowering_table() {
     register_data_lowerings(t);
     register_norm_lowerings(t);
     register_attention_lowerings(t);
+    register_fused_lowerings(t);
     return t;
   }();
   return table;

@@ -12,6 +12,7 @@
 #include <cublasLt.h>
 #include <cudnn.h>
 
+#include <array>
 #include <functional>
 #include <map>
 #include <memory>
@@ -157,6 +158,9 @@ class Lowering {
   cublasLtHandle_t lt = nullptr;
   void* build_workspace = nullptr;     // device scratch for autotuning, opt.workspace_bytes
   std::map<std::string, cublasLtMatmulAlgo_t> gemm_algos;  // chosen per GEMM shape + epilogue
+  std::map<std::string, float> gemm_algo_ms;                // the chosen algorithm's timing (autotuned)
+  std::map<std::string, std::array<float, 3>> gemm_small_choices;  // small-M kernel: bn, split, ms
+  std::map<int, Ref> transposed_weights;                   // weight id -> its [N,K] copy (small-M kernel)
 
  private:
   const Graph& g_;
@@ -179,6 +183,7 @@ void register_elementwise_lowerings(std::map<OpKind, LowerFn>& t);
 void register_data_lowerings(std::map<OpKind, LowerFn>& t);
 void register_norm_lowerings(std::map<OpKind, LowerFn>& t);
 void register_attention_lowerings(std::map<OpKind, LowerFn>& t);
+void register_fused_lowerings(std::map<OpKind, LowerFn>& t);  // lower_fused.cc: generated kernels
 const std::map<OpKind, LowerFn>& lowering_table();
 // Finds the multi-node patterns (GELU forms) before lowering; lower_replacement lowers a root.
 void find_patterns(Lowering& L);
@@ -205,6 +210,13 @@ struct Epilogue {
 
 Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s,
                  const Epilogue& ep, Ref y, k::DT dt);
+
+// The small-M split-K kernel instead of cuBLASLt when it applies and its build-time timing beats
+// lt_ms (cuBLASLt's chosen algorithm, same method; <= 0: not timed, keep cuBLASLt). True when it
+// emitted the step; when it was timed and lost, `lost` says by how much, for the build report
+// (lower_gemm_small.cc).
+Expected<bool> try_emit_gemm_small(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s,
+                                   const Epilogue& ep, Ref y, k::DT dt, float lt_ms, std::string* lost);
 
 // Convenience for lowering functions.
 #define KILN_UNSUPPORTED(...) return KILN_ERROR(kUnsupported, __VA_ARGS__)

@@ -129,6 +129,7 @@ Expected<cublasLtMatmulAlgo_t> pick_lt_algo(Lowering& L, cublasLtMatmulDesc_t de
                      st == CUBLAS_STATUS_SUCCESS ? "none found" : "status " + std::to_string(int(st)));
   }
   cublasLtMatmulAlgo_t best = heur[0].algo;
+  float best_timed_ms = -1;
   std::vector<cublasLtMatmulAlgo_t> cands = L.options().autotune ? gemm_candidates(L, desc, la, lb, ld, heur, found, s, ws)
                                                                  : std::vector<cublasLtMatmulAlgo_t>{};
   if (cands.size() > 1) {
@@ -181,8 +182,10 @@ Expected<cublasLtMatmulAlgo_t> pick_lt_algo(Lowering& L, cublasLtMatmulDesc_t de
     if (e1) cudaEventDestroy(e1);
     cudaDeviceSynchronize();
     cudaGetLastError();  // a failed scratch allocation is not an error: the heuristic's choice stands
+    best_timed_ms = best_ms;
   }
   L.gemm_algos[key] = best;
+  if (best_timed_ms > 0) L.gemm_algo_ms[key] = best_timed_ms;
   return best;
 }
 
@@ -225,6 +228,11 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
   std::string key = fmt::format("{} {} {} {} b{} {} {} {} t{}{} e{} c{} {}", s.m, s.n, s.k, int(dt), s.batch, s.stride_a,
                                 s.stride_b, s.stride_d, int(s.trans_a), int(s.trans_b), int(epi), ep.c != nullptr, int(ct));
   KILN_ASSIGN_OR_RETURN(cublasLtMatmulAlgo_t algo, pick_lt_algo(L, desc, la, lb, ld, s, ep, dt, key));
+  auto timed = L.gemm_algo_ms.find(key);
+  const float lt_ms = timed == L.gemm_algo_ms.end() ? -1.0f : timed->second;
+  std::string small_lost;
+  KILN_ASSIGN_OR_RETURN(bool small, try_emit_gemm_small(L, n, a, b, s, ep, y, dt, lt_ms, &small_lost));
+  if (small) return Status::ok();
   Ref ar = a->ref, br = b->ref, bias = ep.bias ? ep.bias->ref : Ref{}, cr = ep.c ? ep.c->ref : Ref{};
   bool has_bias = ep.bias != nullptr, has_c = ep.c != nullptr;
   float alpha = ep.alpha, beta = has_c ? ep.beta : 0.0f;
@@ -236,7 +244,8 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
                                  s.batch > 1 ? fmt::format(" batch={}", s.batch) : "", has_bias ? " +bias" : "",
                                  ep.c ? (ep.beta == 1.0f && ep.alpha == 1.0f ? " +residual" : " +C") : "",
                                  ep.act.empty() ? "" : " +" + ep.act) +
-                     " (" + describe_algo(algo) + ")";
+                     " (" + describe_algo(algo) +
+                     (small_lost.empty() ? "" : fmt::format(", {:.1f} us{}", 1000.0f * lt_ms / 3, small_lost)) + ")";
   std::mutex* mu = new std::mutex;  // the bias pointer lives in the shared descriptor
   L.keep_alive.emplace_back(mu, [](void* p) { delete static_cast<std::mutex*>(p); });
   L.emit(&n, impl, reads, {y.id}, [=](const RunCtx& c) -> Status {

@@ -176,6 +176,28 @@ bool attention_supported(DT dt, int head_dim);
 cudaError_t attention(DT dt, const void* q, const void* k, const void* v, const void* mask, DT mask_dt, void* o,
                       const AttentionShape& sh, float scale, cudaStream_t s);
 
+// ---- small-M GEMM (gemm_small.cu) -----------------------------------------------------------------
+
+// D[M,N] = act(alpha * A[M,K] . Wt[N,K]^T + beta * C[M,N] + bias[N]), row-major, contiguous; kF16 or
+// kBF16, f32 accumulation; act 0 none, 1 relu, 2 gelu (tanh form, as cuBLASLt's epilogue). The grid
+// is N/bn column slices x `split` K slices (a thread-block cluster that sums its partials through
+// distributed shared memory) x ceil(M/128) row blocks. bias and c may be null. For M up to 512;
+// pointers 16-byte aligned. gemm_small_prepare once per (dt, bn) before the first launch (it raises
+// the kernel's shared-memory limit; not a stream operation, so outside graph capture).
+struct GemmSmallArgs {
+  const void* a = nullptr;
+  const void* wt = nullptr;
+  const void* bias = nullptr;
+  const void* c = nullptr;
+  void* d = nullptr;
+  int64_t m = 0, n = 0, k = 0;
+  int bn = 64, split = 1, act = 0;
+  float alpha = 1, beta = 0;
+};
+bool gemm_small_supported(DT dt, int64_t m, int64_t n, int64_t k, int bn, int split);
+cudaError_t gemm_small_prepare(DT dt, int bn);
+cudaError_t gemm_small(DT dt, const GemmSmallArgs& g, cudaStream_t s);
+
 // ---- generators ----------------------------------------------------------------------------------
 
 // y[i] = value for n elements of dt (value converted from double).

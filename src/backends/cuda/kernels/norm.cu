@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(kRowBlock)
   }
 }
 
-// Picks TPR (threads per row), V (pack width) and E (values per thread, a power of two >= V) for
+// Picks TPR (threads per row), V (pack width) and E (values per thread, a power of two >= V, or 3V) for
 // a row of `cols`, and calls f(IntC<TPR>, IntC<V>, IntC<E>); TPR == 0 means "too long, use the
 // multi-pass kernel".
 template <int TPR, int V, int E, int kMaxE, class F>
@@ -248,6 +248,9 @@ cudaError_t pick_items(int64_t cols, F& f) {
 template <class T, class F>
 cudaError_t pick_row_config(int64_t cols, bool vec_ok, F&& f) {
   constexpr int kV = 16 / sizeof(T);
+  // Three packs per lane for rows of (64, 96] packs (768 halves: BERT, GPT-2, ViT): the power-of-two
+  // step would hold a fourth, never-valid pack, and those registers cap the blocks per SM.
+  if (vec_ok && cols > 32 * 2 * kV && cols <= 32 * 3 * kV) return f(IntC<32>{}, IntC<kV>{}, IntC<3 * kV>{});
   if (cols <= 32 * kMaxItems)
     return vec_ok ? pick_items<32, kV, kV, kMaxItems>(cols, f) : pick_items<32, 1, 1, kMaxItems>(cols, f);
   if (vec_ok) {

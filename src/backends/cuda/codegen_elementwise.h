@@ -1,0 +1,40 @@
+// CUDA C source for a FusedElementwise body (ops/fused.cc): one kernel that reads each input once
+// per output element through its (broadcast, layout-aware) strides, evaluates the body's nodes in
+// registers (f32 math for f32/f16/bf16 values, 64/32-bit ints, bools) and writes the output once.
+//
+//   EwKernelSpec spec{.name = "kiln_ew_1", .dims = {2, 128}, .inputs = {{k::DT::kI64, {0, 1}}},
+//                     .out_dt = k::DT::kF16};
+//   KILN_ASSIGN_OR_RETURN(std::string src, generate_elementwise(body, spec));
+//   // compile_cached(src) (nvrtc.h), then launch `spec.name` with (in0, ..., out) pointers.
+//
+// Shapes and strides are baked into the source (the divisions by constant dims become multiplies,
+// and the disk cache is keyed by the source, so each shape compiles once). The source includes no
+// header: 16-bit floats are converted with inline PTX, so NVRTC needs no toolkit include folder.
+// Ops and dtypes outside what fuse-elementwise groups give an error naming the body node.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "backends/cuda/kernels/kernels.h"
+#include "ir/graph.h"
+
+namespace kiln::cuda {
+
+struct EwOperand {
+  k::DT dt = k::DT::kF32;        // storage dtype on the device
+  std::vector<int64_t> strides;  // element strides over the output's dims (0: broadcast)
+};
+
+struct EwKernelSpec {
+  std::string name;                // the extern "C" kernel's name
+  std::vector<int64_t> dims;       // the output's index space, row-major (the output is contiguous)
+  std::vector<EwOperand> inputs;   // one per body input, in order
+  k::DT out_dt = k::DT::kF32;      // the output's storage dtype
+};
+
+inline constexpr int kEwBlock = 256;  // threads per block of the generated kernels
+
+Expected<std::string> generate_elementwise(const Graph& body, const EwKernelSpec& spec);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,77 @@
+// FusedElementwise (made by the fuse-elementwise pass) -> one generated kernel: the body becomes
+// CUDA C (codegen_elementwise.cc), compiled by NVRTC once per source and cached on disk
+// (nvrtc.h), loaded as a CUDA library at build time and launched by the step like any kernel, so
+// it is captured in the CUDA graph. Inputs are read through their broadcast, layout-aware
+// strides; the output is row-major. Without NVRTC the node is declined with the reason (it then
+// runs on the CPU, as any node the backend lacks).
+#include <functional>
+
+#include "backends/cuda/codegen_elementwise.h"
+#include "backends/cuda/lower.h"
+#include "backends/cuda/nvrtc.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+struct Library {
+  cudaLibrary_t lib = nullptr;
+  ~Library() { if (lib) cudaLibraryUnload(lib); }
+};
+
+Status lower_fused_elementwise(Lowering& L, const Node& n) {
+  const Graph* body = n.attr_graph("body");
+  const Value* out = n.outputs[0];
+  auto dims = out->type.shape ? out->type.shape->static_dims() : std::nullopt;
+  if (!body || !dims) KILN_UNSUPPORTED("FusedElementwise with a dynamic output shape");
+  EwKernelSpec spec;
+  spec.dims = *dims;
+  std::vector<Ref> ins;
+  std::vector<int> reads;
+  for (const Value* v : n.inputs) {
+    KILN_ASSIGN_OR_RETURN(const DevValue* d, L.value(v));
+    if (!d) KILN_UNSUPPORTED("input '{}' has no device value", v->name);
+    if (d->dims.size() > spec.dims.size()) KILN_UNSUPPORTED("input '{}' of higher rank than the output", v->name);
+    spec.inputs.push_back({d->dt, broadcast_strides(*d, spec.dims)});
+    ins.push_back(d->ref);
+    if (!d->ref.weight) reads.push_back(d->ref.id);
+  }
+  auto odt = L.device_dt(out->type.dtype);
+  if (!odt) KILN_UNSUPPORTED("output dtype {}", dtype_name(out->type.dtype));
+  spec.out_dt = *odt;
+  spec.name = "kiln_ew";  // the source names one kernel; its cache entry is keyed by the whole text
+  KILN_ASSIGN_OR_RETURN(std::string src, generate_elementwise(*body, spec));
+  std::string why;
+  if (!nvrtc_available(&why)) KILN_UNSUPPORTED("generated kernels need NVRTC: {}", why);
+  KILN_ASSIGN_OR_RETURN(CompiledKernel ck, compile_cached(src));
+  auto lib = std::make_shared<Library>();
+  KILN_CUDA_TRY(cudaLibraryLoadData(&lib->lib, ck.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+  cudaKernel_t kern = nullptr;
+  KILN_CUDA_TRY(cudaLibraryGetKernel(&kern, lib->lib, spec.name.c_str()));
+  L.keep_alive.push_back(lib);  // unloaded with the engine
+
+  const DevValue& y = L.define(out);
+  Ref yr = y.ref;
+  int64_t numel = 1;
+  for (int64_t d : spec.dims) numel *= d;
+  const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>((numel + kEwBlock - 1) / kEwBlock, 132 * 16)));
+  std::string impl = fmt::format("generated kernel {} nodes ({:016x}, {})", body->nodes.size(), std::hash<std::string>{}(src),
+                                 ck.from_cache ? "from the disk cache" : "compiled by NVRTC");
+  L.emit(&n, impl, reads, {yr.id}, [=](const RunCtx& c) -> Status {
+    std::vector<void*> ptrs;
+    for (const Ref& r : ins) ptrs.push_back(c.ptr(r));
+    ptrs.push_back(c.ptr(yr));
+    std::vector<void*> args;
+    for (void*& p : ptrs) args.push_back(&p);
+    KILN_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<const void*>(kern), dim3(grid), dim3(kEwBlock), args.data(), 0,
+                                   c.stream));
+    return Status::ok();
+  });
+  return Status::ok();
+}
+
+}  // namespace
+
+void register_fused_lowerings(std::map<OpKind, LowerFn>& t) { t[OpKind::kFusedElementwise] = lower_fused_elementwise; }
+
+}  // namespace kiln::cuda

@@ -241,8 +241,10 @@ Expected<bool> fuse_elementwise(Graph& g) {
       g.note_absorbed(*m, *root);
       dead.push_back(m);
     }
-    erase_unused(uses, dead);
+    // The root's former scalar inputs first: erase_unused frees the constants only dead members
+    // read, so they must not be looked at after it (the run fuzzer found that use-after-free).
     erase_unused_constants(uses, scalars);
+    erase_unused(uses, dead);
     // The members' outputs (and constants only they read) are gone from the graph: the body's
     // copies take their names.
     for (auto& [v, name] : names) {

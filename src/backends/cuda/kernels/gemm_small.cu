@@ -11,16 +11,12 @@
 // at build), so both operands are K-major tiles in shared memory and their mma.sync fragments are
 // plain (non-transposed) ldmatrix loads. A and Wt stream through a cp.async pipeline of kStages
 // 64-deep K steps. Four warps each compute 32 rows x BN columns (m16n8k16, f32 accumulators).
-//
-// Fragment layouts of mma.m16n8k16 (g = lane / 4, t = lane % 4):
-//   A 16x16: a0 (g, 2t..), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
-//   B 16x8:  b0 (k 2t.., n g), b1 (k 2t+8.., n g)
-//   C 16x8:  c0 c1 (g, 2t, 2t+1), c2 c3 (g+8, 2t, 2t+1)
+// (Fragment layouts: mma.cuh.)
 #include <cooperative_groups.h>
 
 #include <cmath>
 
-#include "backends/cuda/kernels/common.cuh"
+#include "backends/cuda/kernels/mma.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -39,34 +35,6 @@ constexpr size_t smem_bytes() {
   constexpr size_t pipe = size_t(kStages) * (kBM + BN) * kLds * 2;
   constexpr size_t red = size_t(kBM) * (BN + 4) * 4;  // the f32 partial tile, reusing the pipeline
   return pipe > red ? pipe : red;
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  uint32_t a = uint32_t(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row_addr) {
-  uint32_t a = uint32_t(__cvta_generic_to_shared(row_addr));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, __half) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, __nv_bfloat16) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // cuBLASLt's GELU epilogue is the tanh form; the same here, so either kernel gives the same model.

@@ -345,6 +345,36 @@ TEST(IrText, RoundTripControlFlowAndSequences) {
   expect_same_graph(G, *again, "");
 }
 
+// kiln's own domain (ai.kiln), as fuse-elementwise writes it: the op name carries the domain and
+// the body is a self-contained graph attribute.
+TEST(IrText, RoundTripFusedElementwise) {
+  const char* text = R"(graph f(%mask: i64[N,1,1,8], %w: f32[8]) {
+  %b = ai.kiln.FusedElementwise(%mask, %w) {body = graph b_body(%mask_in: i64[N,1,1,8], %w_in: f32[8]) {
+    %one = const dense<f32[]> [1.0]
+    %m = Cast(%mask_in) {to = 1} : f32[N,1,1,8]
+    %s = Sub(%one, %m) : f32[N,1,1,8]
+    %r = Mul(%s, %w_in) : f32[N,1,1,8]
+    return %r
+  }} : f32[N,1,1,8] @ext_mask
+  return %b
+}
+)";
+  Expected<std::unique_ptr<Graph>> g = parse_graph(text);
+  ASSERT_TRUE(g) << g.status().message();
+  EXPECT_EQ(print_graph(**g), text);
+  const Graph& G = **g;
+  EXPECT_TRUE(verify_graph(G).is_ok()) << verify_graph(G).message();
+  EXPECT_EQ(G.nodes[0]->op, OpKind::kFusedElementwise);
+  EXPECT_EQ(op_domain(OpKind::kFusedElementwise), "ai.kiln");
+  const Graph* body = G.nodes[0]->attr_graph("body");
+  ASSERT_NE(body, nullptr);
+  EXPECT_EQ(body->inputs.size(), 2u);
+  EXPECT_EQ(body->nodes[0]->inputs[0], body->inputs[0]);  // reads its own input, not the outer %mask
+  std::unique_ptr<Graph> again = round_trip(G);
+  ASSERT_NE(again, nullptr);
+  expect_same_graph(G, *again, "");
+}
+
 TEST(IrText, ProgrammaticGraphRoundTrips) {
   Graph g;
   g.name = "main";

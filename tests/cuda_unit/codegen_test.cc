@@ -123,6 +123,41 @@ TEST_F(Codegen, EveryGeneratedOpCompiles) {
   expect_compiles(*src);
 }
 
+// What the CPU reference does at the edges: integer +, -, * and Neg wrap (no signed-overflow
+// folding), INT64_MIN is a signed literal, float -> int32 goes through int64, Sign keeps NaN, and
+// a float16 value rounds where the unfused graph would store it.
+TEST_F(Codegen, EdgeSemanticsOfTheReferenceAreSpelledOut) {
+  auto body = body_of(R"(graph b(%i: i64[4], %j: i32[4], %h: f16[4], %f: f32[4]) {
+    %lo = const dense<i64[]> [-9223372036854775808]
+    %one = const dense<i32[]> [1]
+    %a = Add(%i, %lo) : i64[4]
+    %n = Neg(%a) : i64[4]
+    %ja = Add(%j, %one) : i32[4]
+    %gt = Greater(%ja, %j) : bool[4]
+    %hs = Add(%h, %h) : f16[4]
+    %heq = Equal(%hs, %h) : bool[4]
+    %sg = Sign(%f) : f32[4]
+    %ci = Cast(%sg) {to = 6} : i32[4]
+    %both = And(%gt, %heq) : bool[4]
+    %z = Cast(%n) {to = 6} : i32[4]
+    %s = Add(%z, %ci) : i32[4]
+    %y = Where(%both, %s, %j) : i32[4]
+    return %y
+  })");
+  ASSERT_TRUE(body);
+  EwKernelSpec spec{"kiln_ew", {4}, {{k::DT::kI64, {1}}, {k::DT::kI32, {1}}, {k::DT::kF16, {1}}, {k::DT::kF32, {1}}},
+                    k::DT::kI32};
+  auto src = generate_elementwise(*body, spec);
+  ASSERT_TRUE(src) << src.status().message();
+  EXPECT_NE(src->find("(-9223372036854775807LL - 1)"), std::string::npos) << *src;
+  EXPECT_NE(src->find("(unsigned long long)(v0) + (unsigned long long)((-9223372036854775807LL - 1))"), std::string::npos) << *src;
+  EXPECT_NE(src->find("(unsigned)(v1) + (unsigned)((1))"), std::string::npos) << *src;
+  EXPECT_NE(src->find("kh2f(kf2h((v2 + v2)))"), std::string::npos) << *src;  // the f16 sum rounds
+  EXPECT_NE(src->find("v3 < 0.0f ? -1.0f : v3"), std::string::npos) << *src;  // Sign(NaN) = NaN
+  EXPECT_NE(src->find("(int)(long long)"), std::string::npos) << *src;
+  expect_compiles(*src);
+}
+
 TEST(CodegenErrors, AnOpItDoesNotGenerateIsNamed) {
   auto body = body_of(R"(graph b(%x: f32[4], %z: f32[4]) {
     %a = Mod(%x, %z) {fmod = 1} : f32[4]

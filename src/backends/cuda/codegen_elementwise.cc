@@ -1,6 +1,7 @@
 #include "backends/cuda/codegen_elementwise.h"
 
 #include <cstring>
+#include <limits>
 #include <unordered_map>
 
 namespace kiln::cuda {
@@ -75,11 +76,29 @@ Expected<std::string> constant_lit(const Value* v, CType t) {
   if (c.numel() != 1) return KILN_ERROR(kUnsupported, "body constant '{}' has {} elements", v->name, c.numel());
   switch (t) {
     case CType::kFloat: return float_lit(float(c.as_double(0)));
-    case CType::kI64: return fmt::format("{}LL", c.to_int_vector()[0]);
-    case CType::kI32: return fmt::format("{}", c.to_int_vector()[0]);
+    case CType::kI64: {
+      // Parenthesized (a negated operand must not read as --5), and INT64_MIN spelled so that it is
+      // a signed literal (9223372036854775808LL alone is unsigned).
+      const int64_t v = c.to_int_vector()[0];
+      if (v == std::numeric_limits<int64_t>::min()) return std::string("(-9223372036854775807LL - 1)");
+      return fmt::format("({}LL)", v);
+    }
+    case CType::kI32: {
+      const int64_t v = c.to_int_vector()[0];
+      if (v == std::numeric_limits<int32_t>::min()) return std::string("(-2147483647 - 1)");
+      return fmt::format("({})", v);
+    }
     case CType::kBool: return std::string(c.as_double(0) != 0 ? "true" : "false");
   }
   return KILN_ERROR(kInternal, "constant type");
+}
+
+// Integer +, -, * wrap (through unsigned, as the CPU reference): signed overflow is undefined in
+// C, and the compiler folds comparisons on that assumption.
+std::string arith(CType t, const std::string& a, const char* op, const std::string& b) {
+  if (t == CType::kI64) return fmt::format("((long long)((unsigned long long)({}) {} (unsigned long long)({})))", a, op, b);
+  if (t == CType::kI32) return fmt::format("((int)((unsigned)({}) {} (unsigned)({})))", a, op, b);
+  return "(" + a + " " + op + " " + b + ")";
 }
 
 std::string fmax_like(CType t, const std::string& a, const std::string& b, bool max) {
@@ -97,9 +116,9 @@ Expected<std::string> node_expr(const Node& n, const std::vector<std::string>& x
   };
   const bool f = in == CType::kFloat;
   switch (n.op) {
-    case OpKind::kAdd: KILN_RETURN_IF_ERROR(need(2)); return "(" + x[0] + " + " + x[1] + ")";
-    case OpKind::kSub: KILN_RETURN_IF_ERROR(need(2)); return "(" + x[0] + " - " + x[1] + ")";
-    case OpKind::kMul: KILN_RETURN_IF_ERROR(need(2)); return "(" + x[0] + " * " + x[1] + ")";
+    case OpKind::kAdd: KILN_RETURN_IF_ERROR(need(2)); return arith(in, x[0], "+", x[1]);
+    case OpKind::kSub: KILN_RETURN_IF_ERROR(need(2)); return arith(in, x[0], "-", x[1]);
+    case OpKind::kMul: KILN_RETURN_IF_ERROR(need(2)); return arith(in, x[0], "*", x[1]);
     case OpKind::kDiv: KILN_RETURN_IF_ERROR(need(2)); if (f) return "(" + x[0] + " / " + x[1] + ")"; break;
     case OpKind::kPow: KILN_RETURN_IF_ERROR(need(2)); if (f) return "powf(" + x[0] + ", " + x[1] + ")"; break;
     case OpKind::kMax: KILN_RETURN_IF_ERROR(need(2)); return fmax_like(in, x[0], x[1], true);
@@ -114,14 +133,22 @@ Expected<std::string> node_expr(const Node& n, const std::vector<std::string>& x
     case OpKind::kXor: KILN_RETURN_IF_ERROR(need(2)); return "(" + x[0] + " != " + x[1] + ")";
     case OpKind::kNot: KILN_RETURN_IF_ERROR(need(1)); return "(!" + x[0] + ")";
     case OpKind::kWhere: KILN_RETURN_IF_ERROR(need(3)); return "(" + x[0] + " ? " + x[1] + " : " + x[2] + ")";
-    case OpKind::kNeg: KILN_RETURN_IF_ERROR(need(1)); return "(-" + x[0] + ")";
-    case OpKind::kAbs: KILN_RETURN_IF_ERROR(need(1)); return f ? "fabsf(" + x[0] + ")" : "(" + x[0] + " < 0 ? -" + x[0] + " : " + x[0] + ")";
+    case OpKind::kNeg: KILN_RETURN_IF_ERROR(need(1)); return f ? "(-" + x[0] + ")" : arith(in, "0", "-", x[0]);
+    case OpKind::kAbs:
+      KILN_RETURN_IF_ERROR(need(1));
+      return f ? "fabsf(" + x[0] + ")" : "(" + x[0] + " < 0 ? " + arith(in, "0", "-", x[0]) + " : " + x[0] + ")";
     case OpKind::kRelu: KILN_RETURN_IF_ERROR(need(1)); return "(" + x[0] + " < 0 ? 0 : " + x[0] + ")";
-    case OpKind::kSign: KILN_RETURN_IF_ERROR(need(1)); return fmt::format("(({0} > 0) - ({0} < 0))", x[0]);
+    case OpKind::kSign:  // NaN stays NaN, as the CPU reference
+      KILN_RETURN_IF_ERROR(need(1));
+      return f ? fmt::format("({0} > 0.0f ? 1.0f : {0} < 0.0f ? -1.0f : {0})", x[0])
+               : fmt::format("(({0} > 0) - ({0} < 0))", x[0]);
     case OpKind::kCast: {
       KILN_RETURN_IF_ERROR(need(1));
       // Float -> int truncates toward zero (C's conversion, as ONNX); anything -> bool is != 0.
-      const std::string v = out == CType::kBool ? fmt::format("({} != 0)", x[0]) : fmt::format("(({}){})", cname(out), x[0]);
+      // float -> int32 goes through int64 and wraps, as the CPU reference (a direct conversion saturates).
+      const std::string v = out == CType::kBool                       ? fmt::format("({} != 0)", x[0])
+                            : out == CType::kI32 && in == CType::kFloat ? fmt::format("((int)(long long){})", x[0])
+                                                                        : fmt::format("(({}){})", cname(out), x[0]);
       // A cast to a 16-bit float rounds there, as the CPU reference stores it.
       if (out_ir == DType::kFloat16) return "kh2f(kf2h(" + v + "))";
       if (out_ir == DType::kBFloat16) return "kb2f(kf2b(" + v + "))";
@@ -256,6 +283,10 @@ Expected<std::string> generate_elementwise(const Graph& body, const EwKernelSpec
     auto out = ctype_of(o->type.dtype);
     if (!out) return KILN_ERROR(kUnsupported, "{}: output dtype {}", n.describe(), dtype_name(o->type.dtype));
     KILN_ASSIGN_OR_RETURN(std::string e, node_expr(n, x, in, *out, o->type.dtype));
+    // A 16-bit float value rounds where the unfused graph stores it (comparisons and Where must
+    // see what the CPU reference sees); a Cast to one already did.
+    if (n.op != OpKind::kCast && o->type.dtype == DType::kFloat16) e = "kh2f(kf2h(" + e + "))";
+    if (n.op != OpKind::kCast && o->type.dtype == DType::kBFloat16) e = "kb2f(kf2b(" + e + "))";
     const std::string t = fmt::format("t{}", tmp++);
     stmts += fmt::format("    const {} {} = ({}){};\n", cname(*out), t, cname(*out), e);
     name[o] = t;

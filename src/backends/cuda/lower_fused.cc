@@ -43,11 +43,16 @@ Status lower_fused_elementwise(Lowering& L, const Node& n) {
   KILN_ASSIGN_OR_RETURN(std::string src, generate_elementwise(*body, spec));
   std::string why;
   if (!nvrtc_available(&why)) KILN_UNSUPPORTED("generated kernels need NVRTC: {}", why);
-  KILN_ASSIGN_OR_RETURN(CompiledKernel ck, compile_cached(src));
+  // A kernel that does not compile or load leaves the node to the CPU, naming why (never a failed build).
+  Expected<CompiledKernel> ck = compile_cached(src);
+  if (!ck) KILN_UNSUPPORTED("its generated kernel did not compile: {}", ck.status().message());
   auto lib = std::make_shared<Library>();
-  KILN_CUDA_TRY(cudaLibraryLoadData(&lib->lib, ck.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
   cudaKernel_t kern = nullptr;
-  KILN_CUDA_TRY(cudaLibraryGetKernel(&kern, lib->lib, spec.name.c_str()));
+  if (cudaError_t e = cudaLibraryLoadData(&lib->lib, ck->cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+      e != cudaSuccess || (e = cudaLibraryGetKernel(&kern, lib->lib, spec.name.c_str())) != cudaSuccess) {
+    cudaGetLastError();
+    KILN_UNSUPPORTED("its generated kernel did not load: {}", cudaGetErrorString(e));
+  }
   L.keep_alive.push_back(lib);  // unloaded with the engine
 
   const DevValue& y = L.define(out);
@@ -56,7 +61,7 @@ Status lower_fused_elementwise(Lowering& L, const Node& n) {
   for (int64_t d : spec.dims) numel *= d;
   const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>((numel + kEwBlock - 1) / kEwBlock, 132 * 16)));
   std::string impl = fmt::format("generated kernel {} nodes ({:016x}, {})", body->nodes.size(), std::hash<std::string>{}(src),
-                                 ck.from_cache ? "from the disk cache" : "compiled by NVRTC");
+                                 ck->from_cache ? "from the disk cache" : "compiled by NVRTC");
   L.emit(&n, impl, reads, {yr.id}, [=](const RunCtx& c) -> Status {
     std::vector<void*> ptrs;
     for (const Ref& r : ins) ptrs.push_back(c.ptr(r));

@@ -141,6 +141,7 @@ Expected<bool> try_emit_gemm_small(Lowering& L, const Node& n, const DevValue* a
   const bool has_bias = ep.bias != nullptr, has_c = ep.c != nullptr;
   std::vector<int> reads = {a->ref.weight ? -1 : a->ref.id};
   if (has_c && !cr.weight) reads.push_back(cr.id);
+  if (has_bias && !bias.weight) reads.push_back(bias.id);
   const int64_t m = s.m, nn = s.n, kk = s.k;
   const float alpha = ep.alpha, beta = has_c ? ep.beta : 0.0f;
   std::string impl = fmt::format("kernel gemm_small {} m={} n={} k={}{}{}{} (slices of {} columns, split-k {} in a cluster; "

@@ -121,6 +121,23 @@ std::unique_ptr<Graph> round_trip(const Graph& g, const PrintOptions& o = {}) {
   return std::move(*back);
 }
 
+// Parses text that is already canonical: it must print back exactly and pass the verifier.
+std::unique_ptr<Graph> parse_canonical(const char* text) {
+  Expected<std::unique_ptr<Graph>> g = parse_graph(text);
+  EXPECT_TRUE(g) << g.status().message();
+  if (!g) return nullptr;
+  EXPECT_EQ(print_graph(**g), text);
+  EXPECT_TRUE(verify_graph(**g).is_ok()) << verify_graph(**g).message();
+  return std::move(*g);
+}
+
+// Printing and parsing again gives the same graph.
+void expect_round_trips(const Graph& g) {
+  std::unique_ptr<Graph> again = round_trip(g);
+  ASSERT_NE(again, nullptr);
+  expect_same_graph(g, *again, "");
+}
+
 // A node with named outputs ("" = omitted), typed in order.
 Node* add(Graph& g, OpKind op, std::vector<Value*> ins, std::vector<std::pair<std::string, Type>> outs,
           std::string name = "") {
@@ -323,11 +340,9 @@ TEST(IrText, RoundTripControlFlowAndSequences) {
   return %s, %h
 }
 )";
-  Expected<std::unique_ptr<Graph>> g = parse_graph(text);
-  ASSERT_TRUE(g) << g.status().message();
-  EXPECT_EQ(print_graph(**g), text);
-  const Graph& G = **g;
-  EXPECT_TRUE(verify_graph(G).is_ok()) << verify_graph(G).message();
+  std::unique_ptr<Graph> g = parse_canonical(text);
+  ASSERT_NE(g, nullptr);
+  const Graph& G = *g;
   const Node& iff = *G.nodes[0];
   const Graph* then_g = iff.attr_graph("then_branch");
   const Graph* else_g = iff.attr_graph("else_branch");
@@ -340,9 +355,7 @@ TEST(IrText, RoundTripControlFlowAndSequences) {
   EXPECT_EQ(body->nodes[0]->inputs[1], iff.outputs[0]);  // reads %y of the outer graph
   EXPECT_EQ(G.lookup("s")->type.kind, Type::Kind::kSequence);
   EXPECT_EQ(G.lookup("o")->type.to_string(), "opt<f32[N,4]>");
-  std::unique_ptr<Graph> again = round_trip(G);
-  ASSERT_NE(again, nullptr);
-  expect_same_graph(G, *again, "");
+  expect_round_trips(G);
 }
 
 // kiln's own domain (ai.kiln), as fuse-elementwise writes it: the op name carries the domain and
@@ -359,20 +372,16 @@ TEST(IrText, RoundTripFusedElementwise) {
   return %b
 }
 )";
-  Expected<std::unique_ptr<Graph>> g = parse_graph(text);
-  ASSERT_TRUE(g) << g.status().message();
-  EXPECT_EQ(print_graph(**g), text);
-  const Graph& G = **g;
-  EXPECT_TRUE(verify_graph(G).is_ok()) << verify_graph(G).message();
+  std::unique_ptr<Graph> g = parse_canonical(text);
+  ASSERT_NE(g, nullptr);
+  const Graph& G = *g;
   EXPECT_EQ(G.nodes[0]->op, OpKind::kFusedElementwise);
   EXPECT_EQ(op_domain(OpKind::kFusedElementwise), "ai.kiln");
   const Graph* body = G.nodes[0]->attr_graph("body");
   ASSERT_NE(body, nullptr);
   EXPECT_EQ(body->inputs.size(), 2u);
   EXPECT_EQ(body->nodes[0]->inputs[0], body->inputs[0]);  // reads its own input, not the outer %mask
-  std::unique_ptr<Graph> again = round_trip(G);
-  ASSERT_NE(again, nullptr);
-  expect_same_graph(G, *again, "");
+  expect_round_trips(G);
 }
 
 TEST(IrText, ProgrammaticGraphRoundTrips) {

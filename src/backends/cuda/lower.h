@@ -12,7 +12,6 @@
 #include <cublasLt.h>
 #include <cudnn.h>
 
-#include <array>
 #include <functional>
 #include <map>
 #include <memory>
@@ -97,6 +96,19 @@ struct Replacement {
   std::shared_ptr<const AttentionMatch> attention;  // set: the root is a fused attention instead
 };
 
+// Device scratch for build-time timing, freed on every path.
+struct Scratch {
+  void* p = nullptr;
+  ~Scratch() { if (p) cudaFree(p); }
+};
+
+// The small-M GEMM kernel's fastest configuration for a shape (lower_gemm_small.cc); ms is the sum
+// of three cold-L2 launches, < 0 when none could run.
+struct GemmSmallChoice {
+  int bn = 0, split = 0;
+  float ms = -1;
+};
+
 class Lowering {
  public:
   Lowering(const Graph& g, const BuildOptions& opt);
@@ -159,7 +171,7 @@ class Lowering {
   void* build_workspace = nullptr;     // device scratch for autotuning, opt.workspace_bytes
   std::map<std::string, cublasLtMatmulAlgo_t> gemm_algos;  // chosen per GEMM shape + epilogue
   std::map<std::string, float> gemm_algo_ms;                // the chosen algorithm's timing (autotuned)
-  std::map<std::string, std::array<float, 3>> gemm_small_choices;  // small-M kernel: bn, split, ms
+  std::map<std::string, GemmSmallChoice> gemm_small_choices;  // timed per shape + epilogue
   std::map<int, Ref> transposed_weights;                   // weight id -> its [N,K] copy (small-M kernel)
 
  private:

@@ -43,10 +43,6 @@ Expected<cublasLtMatrixLayout_t> make_layout(Lowering& L, cudaDataType_t t, int6
   return l;
 }
 
-struct Scratch {
-  void* p = nullptr;
-  ~Scratch() { if (p) cudaFree(p); }
-};
 
 template <typename T>
 T algo_config(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {

@@ -24,11 +24,6 @@ namespace kiln::cuda {
 
 namespace {
 
-struct SmallScratch {
-  void* p = nullptr;
-  ~SmallScratch() { if (p) cudaFree(p); }
-};
-
 int act_code(const std::string& act) { return act.empty() ? 0 : act == "relu" ? 1 : act == "gelu" ? 2 : -1; }
 
 // The weight as Wt[N,K] in the device dtype: a Gemm with transB already holds it so; a [K,N]
@@ -48,20 +43,14 @@ Expected<Ref> transposed_weight(Lowering& L, const DevValue* b, const GemmShape&
   return r;
 }
 
-// The fastest configuration and its time (ms over three cold-L2 launches, as pick_lt_algo sums
-// them); ms < 0 when none could run.
-struct SmallChoice {
-  int bn = 0, split = 0;
-  float ms = -1;
-};
-
-SmallChoice time_small(const GemmShape& s, const Epilogue& ep, k::DT dt, int act, bool any_grid) {
-  SmallChoice best;
+// The fastest configuration (its ms summed over three cold-L2 launches, as pick_lt_algo sums them).
+GemmSmallChoice time_small(const GemmShape& s, const Epilogue& ep, k::DT dt, int act, bool any_grid) {
+  GemmSmallChoice best;
   const size_t eb = 2;
   int l2 = 0;
   cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0);
   const size_t flush_bytes = std::max<size_t>(size_t(l2) * 2, 1 << 20);
-  SmallScratch a, w, d, c, bias, flush;
+  Scratch a, w, d, c, bias, flush;
   cudaEvent_t e0 = nullptr, e1 = nullptr;
   bool ok = cudaMalloc(&a.p, eb * size_t(s.m * s.k)) == cudaSuccess && cudaMalloc(&w.p, eb * size_t(s.n * s.k)) == cudaSuccess &&
             cudaMalloc(&d.p, eb * size_t(s.m * s.n)) == cudaSuccess && cudaMalloc(&c.p, eb * size_t(s.m * s.n)) == cudaSuccess &&
@@ -125,12 +114,9 @@ Expected<bool> try_emit_gemm_small(Lowering& L, const Node& n, const DevValue* a
   }
   const std::string key = fmt::format("{} {} {} {} {} {} {}", s.m, s.n, s.k, int(dt), act, ep.bias != nullptr, ep.c != nullptr);
   auto it = L.gemm_small_choices.find(key);
-  if (it == L.gemm_small_choices.end()) {
-    SmallChoice c = time_small(s, ep, dt, act, mode == 1);
-    it = L.gemm_small_choices.emplace(key, std::array<float, 3>{float(c.bn), float(c.split), c.ms}).first;
-  }
-  const int bn = int(it->second[0]), split = int(it->second[1]);
-  const float ms = it->second[2];
+  if (it == L.gemm_small_choices.end()) it = L.gemm_small_choices.emplace(key, time_small(s, ep, dt, act, mode == 1)).first;
+  const int bn = it->second.bn, split = it->second.split;
+  const float ms = it->second.ms;
   if (ms < 0 || (mode == 0 && ms >= lt_ms)) {  // cuBLASLt is as fast: keep the library
     if (ms > 0) *lost = fmt::format("; small-M kernel {:.1f} us ({} columns, split-k {})", 1000.0f * ms / 3, bn, split);
     return false;

@@ -28,6 +28,10 @@ std::vector<Pass> default_pipeline() {
        fuse_layernorm},
       // Exp / ReduceSum(Exp) -> Softmax, one kernel that the CUDA attention matcher also recognises.
       {"fuse-softmax", "decomposed softmax over the last axis -> Softmax", fuse_softmax},
+      // MatMul(Q, K^T) [* c] [+ mask] -> Softmax -> MatMul(., V) -> one Attention node: the GPU
+      // runs it as one flash-attention kernel reading Q/K/V through their views. Needs the Softmax
+      // above; before fuse-elementwise, which would otherwise be free to take the scale and mask.
+      {"fuse-attention", "decomposed scaled-dot-product attention -> Attention", fuse_attention},
       // Needs Conv -> BatchNormalization adjacent (canonicalize) and constant weights (folded).
       // Before fuse-matmul-add, which would hide a MatMul that a BatchNormalization follows.
       {"fold-batchnorm", "fold inference BatchNormalization into the Conv/Gemm/MatMul before it",

@@ -12,6 +12,13 @@
 // are skipped once nothing else reads them. Scalar multiplies on the score path fold into one
 // scale. The nodes between MatMul(Qt, Kt) and the root must each have exactly one reader.
 // Half-precision builds only (the kernel is fp16/bf16, head_dim 64).
+//
+// ONNX Attention nodes (the model's own, or fuse-attention's rewrite of the chain above, which
+// the default pipeline runs) take the same kernel, their Q/K/V read through the same views and
+// O written into a following head transpose. One the kernel cannot take (fp32/tf32 builds, other
+// head sizes) but that has nothing beyond Q, K, V and an additive mask still runs on the GPU,
+// unfused: two batched cuBLASLt GEMMs around a mask add and a softmax. Only past K/V, causal,
+// softcap, sliding windows and the extra outputs leave it to the CPU kernel.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -119,7 +126,7 @@ bool narrow_slice(Lowering& L, const Node& p, StridedView& v, const std::vector<
 // Walks back from v through data-movement ops (any number of readers: they only re-address
 // bytes) and single-reader scalar Muls (when `scale` is given), then replays the chain forward
 // as a strided view of where it started.
-std::optional<AttnView> view(Lowering& L, const Value* v, double* scale, std::vector<const Node*>& fused) {
+std::optional<AttnView> view(Lowering& L, const Value* v, double* scale, std::vector<const Node*>& fused, int rank = 4) {
   std::vector<std::pair<const Node*, const Value*>> chain;  // node and the output taken
   const Value* cur = v;
   while (cur->producer && chain.size() < 32) {
@@ -178,7 +185,7 @@ std::optional<AttnView> view(Lowering& L, const Value* v, double* scale, std::ve
     }
     if (!ok || r.view.dims() != *out) return std::nullopt;
   }
-  if (r.view.dims().size() != 4 || !r.view.strides()) return std::nullopt;
+  if (r.view.dims().size() != size_t(rank) || !r.view.strides()) return std::nullopt;
   return r;
 }
 
@@ -193,6 +200,35 @@ bool aligned(const AttnView& v, int d_axis) {
     if (i == d_axis ? s[size_t(i)] != 1 : s[size_t(i)] % 8 != 0) return false;
   }
   return v.view.offset() % 8 == 0;
+}
+
+// An additive mask the kernels read through broadcast strides: static, float, rank <= 4,
+// broadcasting to `full` ([B,H,Sq,Sk]).
+Status check_mask(const Value* mask, const std::vector<int64_t>& full) {
+  auto md = static_dims(mask);
+  if (!md || md->size() > 4 || !dtype_is_float(mask->type.dtype)) KILN_UNSUPPORTED("Attention with a boolean or dynamic mask");
+  for (size_t i = 0; i < md->size(); ++i) {
+    int64_t want = full[4 - md->size() + i];
+    if ((*md)[i] != 1 && (*md)[i] != want) KILN_UNSUPPORTED("Attention mask {} does not broadcast to [B,H,Sq,Sk]", mask->type.to_string());
+  }
+  // ONNX Attention reads a last dim shorter than Sk as padding (masked keys), not as a broadcast.
+  if (md->empty() || md->back() != full[3]) KILN_UNSUPPORTED("Attention mask {} is shorter than the keys", mask->type.to_string());
+  return Status::ok();
+}
+
+// Attention features neither GPU form has (the CPU kernel runs them).
+Status check_plain_attention(const Node& n) {
+  for (size_t i = 4; i < n.inputs.size(); ++i) {
+    if (n.has_input(i)) KILN_UNSUPPORTED("Attention with past key/value or sequence lengths");
+  }
+  for (size_t i = 1; i < n.outputs.size(); ++i) {
+    if (n.has_output(i)) KILN_UNSUPPORTED("Attention with present key/value or qk_matmul_output outputs");
+  }
+  if (n.attr_int("is_causal", 0) != 0 || n.attr_float("softcap", 0.0f) != 0.0f ||
+      n.attr_int("left_window_size", -1) != -1 || n.attr_int("right_window_size", -1) != -1) {
+    KILN_UNSUPPORTED("Attention with is_causal, softcap or a sliding window");
+  }
+  return Status::ok();
 }
 
 struct Found {
@@ -293,11 +329,35 @@ std::optional<Found> match(Lowering& L, const Node& sm) {
 
 }  // namespace
 
+Expected<AttentionMatch> match_attention_node(Lowering& L, const Node& n, bool through_views);
+
+namespace {
+
+// An ONNX Attention node (fuse-attention's, or the model's own) read through its inputs' views,
+// writing O straight into a following head transpose ([B,H,S,D] -> [B,S,H,D]) when that is its
+// only reader.
+std::optional<Found> match_node(Lowering& L, const Node& n) {
+  auto m = match_attention_node(L, n, true);
+  if (!m) return std::nullopt;
+  Found f{*m, {}, &n};
+  if (const Node* t = L.only_consumer(n.outputs[0]); t && t->op == OpKind::kTranspose && !m->o_strides) {
+    std::vector<int64_t> perm = t->attr_ints("perm");
+    if (perm.size() == 4 && perm[3] == 3 && static_dims(t->outputs[0])) {
+      f.fused = {&n};
+      f.root = t;
+      f.m.out_perm = perm;
+    }
+  }
+  return f;
+}
+
+}  // namespace
+
 void find_attention(Lowering& L) {
   for (const auto& up : L.graph().nodes) {
     const Node& n = *up;
-    if (n.op != OpKind::kSoftmax || L.is_fused(&n)) continue;
-    auto r = match(L, n);
+    if ((n.op != OpKind::kSoftmax && n.op != OpKind::kAttention) || L.is_fused(&n)) continue;
+    auto r = n.op == OpKind::kSoftmax ? match(L, n) : match_node(L, n);
     if (!r) continue;
     bool clash = false;  // a node already claimed by another pattern
     for (const Node* f : r->fused) clash = clash || L.is_fused(f) || L.replacements.count(f);
@@ -312,8 +372,8 @@ void find_attention(Lowering& L) {
   // (which reads the chain's source, never its values): skip them too. Readers come later in
   // topological order, so one reverse sweep settles whole chains.
   auto into_attention = [&](const Node* r) -> const Node* {
-    const Node* root = L.fused_into(r);
-    auto it = root ? L.replacements.find(root) : L.replacements.end();
+    const Node* root = L.fused_into(r) ? L.fused_into(r) : r;  // r itself: an Attention root
+    auto it = L.replacements.find(root);
     return it != L.replacements.end() && it->second.attention ? root : nullptr;
   };
   const auto& nodes = L.graph().nodes;
@@ -390,18 +450,10 @@ Status lower_attention(Lowering& L, const Node& root, const AttentionMatch& m) {
 // ONNX Attention (opset 23+) on the fused kernel: Q, K, V as 4-D [B, H, S, D] or 3-D [B, S, H*D]
 // (q_num_heads / kv_num_heads), as many K/V heads as Q heads, an additive float mask or none, no
 // past K/V, causal flag, softcap, sliding window or extra outputs; half precision, head dim 64.
-// Anything else is declined (kUnsupported) and the node runs on the CPU kernel.
-Status lower_attention_node(Lowering& L, const Node& n) {
-  for (size_t i = 4; i < n.inputs.size(); ++i) {
-    if (n.has_input(i)) KILN_UNSUPPORTED("Attention with past key/value or sequence lengths");
-  }
-  for (size_t i = 1; i < n.outputs.size(); ++i) {
-    if (n.has_output(i)) KILN_UNSUPPORTED("Attention with present key/value or qk_matmul_output outputs");
-  }
-  if (n.attr_int("is_causal", 0) != 0 || n.attr_float("softcap", 0.0f) != 0.0f ||
-      n.attr_int("left_window_size", -1) != -1 || n.attr_int("right_window_size", -1) != -1) {
-    KILN_UNSUPPORTED("Attention with is_causal, softcap or a sliding window");
-  }
+// through_views: Q, K and V are read in place through the data-movement chains that produced
+// them (find_attention, for the nodes fuse-attention makes); else from their own buffers.
+Expected<AttentionMatch> match_attention_node(Lowering& L, const Node& n, bool through_views) {
+  KILN_RETURN_IF_ERROR(check_plain_attention(n));
   auto qd = static_dims(n.inputs[0]), kd = static_dims(n.inputs[1]), vd = static_dims(n.inputs[2]);
   auto yd = static_dims(n.outputs[0]);
   if (!qd || !kd || !vd || !yd || qd->size() != kd->size() || qd->size() != vd->size() ||
@@ -410,9 +462,11 @@ Status lower_attention_node(Lowering& L, const Node& n) {
   }
   const bool three_d = qd->size() == 3;
   AttentionMatch m;
-  // [B, H, S, D] views of the materialized inputs; K as [B, H, D, S], as the kernel reads it.
+  // [B, H, S, D] views of the inputs; K as [B, H, D, S], as the kernel reads it.
   auto heads_view = [&](const Value* v, const std::vector<int64_t>& d, int64_t heads, bool key) -> std::optional<AttnView> {
-    AttnView r{v, StridedView::contiguous(d)};
+    std::vector<const Node*> no_scalars;
+    std::optional<AttnView> in = through_views ? view(L, v, nullptr, no_scalars, int(d.size())) : std::nullopt;
+    AttnView r = in ? *in : AttnView{v, StridedView::contiguous(d)};
     bool ok = true;
     if (three_d) {
       if (heads <= 0 || d[2] % heads != 0) return std::nullopt;
@@ -440,15 +494,7 @@ Status lower_attention_node(Lowering& L, const Node& n) {
   m.scale = n.has_attr("scale") ? double(n.attr_float("scale", 1.0f)) : 1.0 / std::sqrt(double(m.d));
   if (n.has_input(3)) {
     m.mask = n.inputs[3];
-    auto md = static_dims(m.mask);
-    if (!md || md->size() > 4 || !dtype_is_float(m.mask->type.dtype)) {
-      KILN_UNSUPPORTED("Attention with a boolean or dynamic mask");
-    }
-    std::vector<int64_t> full = {m.b, m.h, m.sq, m.sk};
-    for (size_t i = 0; i < md->size(); ++i) {
-      int64_t want = full[4 - md->size() + i];
-      if ((*md)[i] != 1 && (*md)[i] != want) KILN_UNSUPPORTED("Attention mask {} does not broadcast to [B,H,Sq,Sk]", m.mask->type.to_string());
-    }
+    KILN_RETURN_IF_ERROR(check_mask(m.mask, {m.b, m.h, m.sq, m.sk}));
   }
   for (const Value* t : {n.inputs[0], n.inputs[1], n.inputs[2]}) {
     if (t->type.dtype != n.outputs[0]->type.dtype) KILN_UNSUPPORTED("Attention with mixed input types");
@@ -460,7 +506,70 @@ Status lower_attention_node(Lowering& L, const Node& n) {
   if (three_d) {  // Y [B, Sq, H*D]
     m.o_strides = std::array<int64_t, 3>{m.sq * m.h * m.d, m.d, m.h * m.d};
   }
-  return lower_attention(L, n, m);
+  return m;
+}
+
+// A 4-D Attention the fused kernel does not take (fp32/tf32 builds, other head sizes), still on
+// the GPU: S = scale * Q.K^T (cuBLASLt, batched over B*H), S += mask, P = Softmax(S), Y = P.V.
+// The S x S scores go through two arena temporaries.
+Status lower_attention_unfused(Lowering& L, const Node& n) {
+  auto qd = static_dims(n.inputs[0]), kd = static_dims(n.inputs[1]), vd = static_dims(n.inputs[2]);
+  if (!qd || qd->size() != 4 || !kd || !vd || kd->size() != 4 || vd->size() != 4) KILN_UNSUPPORTED("3-D Attention");
+  const int64_t b = (*qd)[0], h = (*qd)[1], sq = (*qd)[2], d = (*qd)[3], sk = (*kd)[2], dv = (*vd)[3];
+  if ((*kd)[0] != b || (*vd)[0] != b || (*kd)[1] != h || (*vd)[1] != h || (*kd)[3] != d || (*vd)[2] != sk) {
+    KILN_UNSUPPORTED("Attention with grouped K/V heads or mismatched dims");
+  }
+  const std::vector<int64_t> sdims = {b, h, sq, sk};
+  if (n.has_input(3)) KILN_RETURN_IF_ERROR(check_mask(n.inputs[3], sdims));
+  for (const Value* t : {n.inputs[0], n.inputs[1], n.inputs[2]}) {
+    if (t->type.dtype != n.outputs[0]->type.dtype) KILN_UNSUPPORTED("Attention with mixed input types");
+  }
+  if (n.has_input(3) && n.inputs[3]->type.dtype != n.outputs[0]->type.dtype) KILN_UNSUPPORTED("Attention mask of another dtype");
+  KILN_ASSIGN_OR_RETURN(const DevValue* q, L.rowmajor(n.inputs[0]));
+  KILN_ASSIGN_OR_RETURN(const DevValue* k, L.rowmajor(n.inputs[1]));
+  KILN_ASSIGN_OR_RETURN(const DevValue* v, L.rowmajor(n.inputs[2]));
+  const DevValue* mask = nullptr;
+  if (n.has_input(3)) {
+    KILN_ASSIGN_OR_RETURN(mask, L.rowmajor(n.inputs[3]));
+  }
+  const DevValue& y = L.define(n.outputs[0]);
+  const k::DT dt = y.dt;
+  DevValue s = y, p = y;  // the scores and probabilities, [B,H,Sq,Sk]
+  s.dims = p.dims = sdims;
+  s.ref = Ref{false, L.scratch(s.bytes())};
+  p.ref = Ref{false, L.scratch(p.bytes())};
+  GemmShape qk;
+  qk.m = sq, qk.n = sk, qk.k = d, qk.trans_b = true;
+  qk.batch = b * h, qk.stride_a = sq * d, qk.stride_b = sk * d, qk.stride_d = sq * sk;
+  Epilogue scaled;
+  scaled.alpha = float(n.has_attr("scale") ? double(n.attr_float("scale", 1.0f)) : 1.0 / std::sqrt(double(d)));
+  KILN_RETURN_IF_ERROR(emit_gemm(L, n, q, k, qk, scaled, s.ref, dt));
+  if (mask) {
+    k::NdStrides ss = nd(sdims, contiguous_strides(sdims)), ms = nd(sdims, broadcast_strides(*mask, sdims));
+    Ref sr = s.ref, mr = mask->ref;
+    L.emit(&n, "kernel add (attention mask)", {sr.id, mr.weight ? -1 : mr.id}, {sr.id}, [=](const RunCtx& c) {
+      return cuda_status(k::binary(k::Binary::kAdd, dt, c.ptr(sr), ss, c.ptr(mr), ms, c.ptr(sr), c.stream), "binary");
+    });
+  }
+  Ref sr = s.ref, pr = p.ref;
+  const int64_t rows = b * h * sq;
+  L.emit(&n, "kernel softmax (attention)", {sr.id}, {pr.id}, [=](const RunCtx& c) {
+    return cuda_status(k::softmax(dt, c.ptr(sr), c.ptr(pr), rows, sk, false, c.stream), "softmax");
+  });
+  GemmShape pv;
+  pv.m = sq, pv.n = dv, pv.k = sk;
+  pv.batch = b * h, pv.stride_a = sq * sk, pv.stride_b = sk * dv, pv.stride_d = sq * dv;
+  return emit_gemm(L, n, &p, v, pv, Epilogue{}, y.ref, dt);
+}
+
+// The fused kernel when it takes the node; else the unfused GPU form; else (past K/V, causal...)
+// kUnsupported: the CPU kernel.
+Status lower_attention_node(Lowering& L, const Node& n) {
+  auto m = match_attention_node(L, n, false);
+  if (m) return lower_attention(L, n, *m);
+  if (m.status().code() != ErrorCode::kUnsupported) return m.status();
+  KILN_RETURN_IF_ERROR(check_plain_attention(n));
+  return lower_attention_unfused(L, n);
 }
 
 void register_attention_lowerings(std::map<OpKind, LowerFn>& t) { t[OpKind::kAttention] = lower_attention_node; }

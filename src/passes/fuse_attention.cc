@@ -1,0 +1,202 @@
+// fuse-attention: scaled-dot-product attention written out as MatMul, scale, mask Add, Softmax
+// and MatMul (PyTorch's eager attention in BERT, GPT-2 and ViT; TF/Keras exports) becomes one
+// ONNX Attention node (4-D form): one fused kernel on the GPU instead of an S x S score tensor
+// written and read three times, and a node any backend can recognise by name.
+//
+//   Before:  %s = MatMul(%q, %kt) : f32[B,12,S,S]             (%q [B,12,S,64], %kt [B,12,64,S])
+//            %c = Div(%s, %eight) : f32[B,12,S,S]              (%eight = const dense<f32[]> [8])
+//            %a = Add(%c, %mask) : f32[B,12,S,S]               (%mask f32[B,1,1,S], any producer)
+//            %p = Softmax(%a) {axis = -1} : f32[B,12,S,S]
+//            %o = MatMul(%p, %v) : f32[B,12,S,64] @ctx
+//   After:   %k = Transpose(...) : f32[B,12,S,64]              (K as Attention takes it, below)
+//            %o = Attention(%q, %k, %v, %mask) {scale = 0.125} : f32[B,12,S,64] @ctx
+//
+// Accepted: any number of scalar Mul/Div by constants between the score MatMul and the mask Add
+// (the mask is added after the scaling, as every exporter does; the scale is their product),
+// scalar Muls applied to Q or K^T right before the score MatMul (the scale split over both), a
+// mask Add in either operand order or none. Causal masks come as additive constants (GPT-2's
+// [1,1,S,S] of 0 / -1e4 after fold-constants) and stay masks. K: Attention wants [B,H,Sk,D]
+// where the graph has K^T [B,H,D,Sk]; when K^T is a Transpose read only by the score MatMul its
+// perm is changed to give K directly (BERT: [0,2,3,1] -> [0,2,1,3]), otherwise a Transpose of
+// K^T is added. The P.V MatMul becomes the Attention node, keeping its name and output value.
+//
+// Preconditions, all checked: Q [B,H,Sq,D], K^T [B,H,D,Sk], V [B,H,Sk,Dv] and the scores
+// [B,H,Sq,Sk] are rank 4 with provably equal batch, head and sequence dims (no MatMul
+// broadcasting); all float of one dtype; Softmax over the last axis; the mask has the scores'
+// dtype, rank <= 4, and broadcasts into the scores without enlarging them, its last dim equal to
+// Sk (ONNX Attention reads a shorter last dim as padding, not as a broadcast); every intermediate
+// (scores, scaled scores, probabilities) has exactly one reader and is not a graph output. Run
+// after fuse-softmax (decomposed softmax) and fold-constants (scalar constants, folded masks).
+#include <algorithm>
+#include <optional>
+
+#include "passes/passes.h"
+#include "passes/rewrite.h"
+
+namespace kiln {
+
+namespace {
+
+bool is_float(DType t) {
+  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16 || t == DType::kFloat64;
+}
+
+std::optional<double> scalar_of(const Graph& g, const Value* v) {
+  const Tensor* t = constant_of(g, v);
+  if (!t || t->numel() != 1 || !dtype_is_float(t->dtype())) return std::nullopt;
+  return t->as_double(0);
+}
+
+// Mul(x, c), Mul(c, x) or Div(x, c) by a scalar constant, as the only reader of its output:
+// returns x and multiplies `scale` by c (or 1/c).
+Value* through_scalar(const UseMap& u, const Value* v, double& scale, std::vector<Node*>& absorbed) {
+  Node* n = sole_producer(u, v, OpKind::kMul);
+  if (!n) n = sole_producer(u, v, OpKind::kDiv);
+  if (!n || n->inputs.size() != 2 || !n->inputs[0] || !n->inputs[1]) return nullptr;
+  const Graph& g = u.graph();
+  for (size_t side = 0; side < 2; ++side) {
+    auto c = scalar_of(g, n->inputs[1 - side]);
+    if (!c || !(n->inputs[side]->type == n->outputs[0]->type)) continue;
+    if (n->op == OpKind::kMul) {
+      scale *= *c;
+    } else if (side == 0 && *c != 0) {
+      scale /= *c;
+    } else {
+      continue;
+    }
+    absorbed.push_back(n);
+    return n->inputs[side];
+  }
+  return nullptr;
+}
+
+const std::vector<Dim>* dims4(const Value* v) {
+  return v && v->type.has_rank() && v->type.shape->dims.size() == 4 ? &v->type.shape->dims : nullptr;
+}
+
+struct Sdpa {
+  Value *q = nullptr, *kt = nullptr, *v = nullptr, *mask = nullptr;
+  double scale = 1.0;
+  std::vector<Node*> absorbed;  // Softmax, mask Add, scalar ops, the score MatMul
+};
+
+// The attention ending in pv = MatMul(Softmax(...), V), or nullopt.
+std::optional<Sdpa> match(const UseMap& u, const Node& pv) {
+  if (pv.inputs.size() != 2 || !pv.inputs[0] || !pv.inputs[1] || !pv.has_output(0)) return std::nullopt;
+  Sdpa m;
+  Node* sm = sole_producer(u, pv.inputs[0], OpKind::kSoftmax);
+  if (!sm || !dims4(sm->inputs[0])) return std::nullopt;
+  const int64_t axis = sm->attr_int("axis", -1);
+  if (axis != -1 && axis != 3) return std::nullopt;
+  m.absorbed.push_back(sm);
+  const Value* s = sm->inputs[0];
+  const Type scores = s->type;
+  if (Node* add = sole_producer(u, s, OpKind::kAdd); add && add->inputs.size() == 2) {
+    // The operand reached from a MatMul (through scalars) is the scores; the other, the mask.
+    for (size_t side = 0; side < 2 && !m.mask; ++side) {
+      double sc = 1.0;
+      std::vector<Node*> scalars;
+      const Value* t = add->inputs[side];
+      while (Value* x = through_scalar(u, t, sc, scalars)) t = x;
+      if (!sole_producer(u, t, OpKind::kMatMul) || !(t->type == scores)) continue;
+      m.mask = add->inputs[1 - side];
+      m.scale = sc;
+      m.absorbed.push_back(add);
+      m.absorbed.insert(m.absorbed.end(), scalars.begin(), scalars.end());
+      s = t;
+    }
+    if (!m.mask) return std::nullopt;
+  } else {
+    while (Value* x = through_scalar(u, s, m.scale, m.absorbed)) s = x;
+  }
+  Node* qk = sole_producer(u, s, OpKind::kMatMul);
+  if (!qk || qk->inputs.size() != 2 || !(s->type == scores)) return std::nullopt;
+  m.absorbed.push_back(qk);
+  m.q = qk->inputs[0];
+  m.kt = qk->inputs[1];
+  while (Value* x = through_scalar(u, m.q, m.scale, m.absorbed)) m.q = x;
+  while (Value* x = through_scalar(u, m.kt, m.scale, m.absorbed)) m.kt = x;
+  m.v = pv.inputs[1];
+  // Shapes: Q [B,H,Sq,D], K^T [B,H,D,Sk], V [B,H,Sk,Dv], scores [B,H,Sq,Sk], out [B,H,Sq,Dv].
+  const auto *q = dims4(m.q), *kt = dims4(m.kt), *v = dims4(m.v), *sc = dims4(s), *o = dims4(pv.outputs[0]);
+  if (!q || !kt || !v || !sc || !o) return std::nullopt;
+  auto same = [](const Dim& a, const Dim& b) { return a.same_as(b); };
+  for (const auto* d : {kt, v, sc, o}) {
+    if (!same((*q)[0], (*d)[0]) || !same((*q)[1], (*d)[1])) return std::nullopt;
+  }
+  if (!same((*q)[3], (*kt)[2]) || !same((*kt)[3], (*v)[2]) || !same((*sc)[2], (*q)[2]) || !same((*sc)[3], (*kt)[3]) ||
+      !same((*o)[2], (*q)[2]) || !same((*o)[3], (*v)[3])) {
+    return std::nullopt;
+  }
+  const DType dt = m.q->type.dtype;
+  if (!is_float(dt)) return std::nullopt;
+  for (const Value* x : std::initializer_list<const Value*>{m.kt, m.v, s, pv.outputs[0]}) {
+    if (x->type.dtype != dt) return std::nullopt;
+  }
+  if (m.mask) {
+    const Type& mt = m.mask->type;
+    if (mt.dtype != dt || !mt.has_rank() || mt.shape->dims.empty() || mt.shape->dims.size() > 4 ||
+        !same(mt.shape->dims.back(), (*kt)[3])) {
+      return std::nullopt;
+    }
+  }
+  return m;
+}
+
+}  // namespace
+
+Expected<bool> fuse_attention(Graph& g) {
+  UseMap uses(g);
+  std::vector<Node*> dead;
+  std::vector<Node*> roots;
+  for (const auto& np : g.nodes) {
+    if (np->op == OpKind::kMatMul) roots.push_back(np.get());
+  }
+  for (Node* pv : roots) {
+    if (std::find(dead.begin(), dead.end(), pv) != dead.end()) continue;
+    auto m = match(uses, *pv);
+    if (!m) continue;
+    // K = K^T with its last two axes swapped: fold into K^T's Transpose when only the score
+    // MatMul reads it, else a new Transpose.
+    Value* k = nullptr;
+    const std::vector<Dim>& ktd = m->kt->type.shape->dims;
+    Type kt_type = m->kt->type;
+    kt_type.shape->dims = {ktd[0], ktd[1], ktd[3], ktd[2]};
+    Node* tr = m->kt->producer;
+    if (tr && tr->op == OpKind::kTranspose && tr->owner == &g && uses.num_uses(m->kt) == 1 && !uses.is_output(m->kt) &&
+        tr->attr_ints("perm").size() == 4) {
+      std::vector<int64_t> p = tr->attr_ints("perm");
+      if (p == std::vector<int64_t>{0, 1, 3, 2} && tr->inputs[0]->type == kt_type) {
+        k = tr->inputs[0];  // K^T was a transpose of K itself (GPT-2): read K
+        dead.push_back(tr);
+      } else {
+        tr->attrs["perm"] = Attribute::of_ints({p[0], p[1], p[3], p[2]});
+        m->kt->type = kt_type;
+        k = m->kt;
+      }
+    } else {
+      Node* t = g.add_node(OpKind::kTranspose, {m->kt}, 1, g.unique_name(m->kt->name + "_keys"));
+      t->attrs["perm"] = Attribute::of_ints({0, 1, 3, 2});
+      t->outputs[0]->type = kt_type;
+      uses.add_node(t);
+      k = t->outputs[0];
+    }
+    std::vector<Value*> ins = {m->q, k, m->v};
+    if (m->mask) ins.push_back(m->mask);
+    for (size_t i = 0; i < 2; ++i) uses.set_input(pv, i, nullptr);
+    pv->inputs.clear();
+    pv->inputs.resize(ins.size(), nullptr);
+    for (size_t i = 0; i < ins.size(); ++i) uses.set_input(pv, i, ins[i]);
+    pv->op = OpKind::kAttention;
+    pv->attrs.clear();
+    pv->attrs["scale"] = Attribute::of_float(float(m->scale));
+    for (Node* a : m->absorbed) g.note_absorbed(*a, *pv);
+    dead.insert(dead.end(), m->absorbed.begin(), m->absorbed.end());
+  }
+  if (dead.empty()) return false;
+  erase_unused(uses, dead);
+  KILN_RETURN_IF_ERROR(g.topo_sort());
+  return true;
+}
+
+}  // namespace kiln

@@ -108,13 +108,30 @@ const std::vector<Case> kCases = {
   // gathers, heads split through a reshape merging B and H, output transposed to [S,B,H,D].
   {"attention_vit_packed", "graph g(%x: f32[6,2,384]) {\n %s1 = const dense<i64[4]> [6, 2, 3, 128]\n %r = Reshape(%x, %s1) : f32[6,2,3,128]\n %ax0 = const dense<i64[1]> [0]\n %u = Unsqueeze(%r, %ax0) : f32[1,6,2,3,128]\n %t = Transpose(%u) {perm = [3, 1, 2, 0, 4]} : f32[3,6,2,1,128]\n %ax3 = const dense<i64[1]> [3]\n %sq = Squeeze(%t, %ax3) : f32[3,6,2,128]\n %s2 = const dense<i64[3]> [6, 4, 64]\n %s3 = const dense<i64[4]> [2, 2, 6, 64]\n %iq = const dense<i64[]> [0]\n %q1 = Gather(%sq, %iq) {axis = 0} : f32[6,2,128]\n %q2 = Reshape(%q1, %s2) : f32[6,4,64]\n %q3 = Transpose(%q2) {perm = [1, 0, 2]} : f32[4,6,64]\n %q4 = Reshape(%q3, %s3) : f32[2,2,6,64]\n %ik = const dense<i64[]> [1]\n %k1 = Gather(%sq, %ik) {axis = 0} : f32[6,2,128]\n %k2 = Reshape(%k1, %s2) : f32[6,4,64]\n %k3 = Transpose(%k2) {perm = [1, 0, 2]} : f32[4,6,64]\n %k4 = Reshape(%k3, %s3) : f32[2,2,6,64]\n %iv = const dense<i64[]> [2]\n %v1 = Gather(%sq, %iv) {axis = 0} : f32[6,2,128]\n %v2 = Reshape(%v1, %s2) : f32[6,4,64]\n %v3 = Transpose(%v2) {perm = [1, 0, 2]} : f32[4,6,64]\n %v4 = Reshape(%v3, %s3) : f32[2,2,6,64]\n %k5 = Transpose(%k4) {perm = [0, 1, 3, 2]} : f32[2,2,64,6]\n %c = const dense<f32[]> [0.35355339]\n %qs = Mul(%q4, %c) : f32[2,2,6,64]\n %ks = Mul(%k5, %c) : f32[2,2,64,6]\n %a = MatMul(%qs, %ks) : f32[2,2,6,6]\n %p = Softmax(%a) {axis = -1} : f32[2,2,6,6]\n %o = MatMul(%p, %v4) : f32[2,2,6,64]\n %ot = Transpose(%o) {perm = [2, 0, 1, 3]} : f32[6,2,2,64]\n %s4 = const dense<i64[2]> [12, 128]\n %y = Reshape(%ot, %s4) : f32[12,128]\n return %y\n}", {}, 1e-4, 2e-2, true, 4, "kernel attention"},
   // ONNX Attention (opset 23) nodes on the fused kernel: 4-D with an additive [B,1,1,Sk] mask
-  // (BERT's), 3-D with head counts and the default scale. fp32 builds run them on the CPU.
+  // (BERT's), 3-D with head counts and the default scale. fp32 builds run the 4-D one unfused on
+  // the GPU and the 3-D one on the CPU.
   {"onnx_attention_4d_mask", "graph g(%q: f32[2,3,70,64], %k: f32[2,3,90,64], %v: f32[2,3,90,64], %m: f32[2,1,1,90]) {\n"
    " %y = Attention(%q, %k, %v, %m) {scale = 0.2} : f32[2,3,70,64]\n return %y\n}", {}, 1e-4, 2e-2, true, 4, "kernel attention",
    true, true},
   {"onnx_attention_3d", "graph g(%q: f32[2,33,128], %k: f32[2,40,128], %v: f32[2,40,128]) {\n"
    " %y = Attention(%q, %k, %v) {q_num_heads = 2, kv_num_heads = 2} : f32[2,33,128]\n return %y\n}", {}, 1e-4, 2e-2, true, 4,
    "kernel attention", true, true},
+  // fuse-attention's output for BERT (the default pipeline; this harness runs none): the packed
+  // QKV projection split, heads reshaped and transposed, an Attention node, the output transposed
+  // back. The kernel reads Q/K/V through the Split/Reshape/Transpose views in place.
+  {"attention_node_bert_views", "graph g(%qkv: f32[2,70,576], %m: f32[2,1,1,70]) {\n"
+   " %sp = const dense<i64[3]> [192, 192, 192]\n %a, %b, %c = Split(%qkv, %sp) {axis = -1} : f32[2,70,192], f32[2,70,192], f32[2,70,192]\n"
+   " %sh = const dense<i64[4]> [2, 70, 3, 64]\n %ar = Reshape(%a, %sh) : f32[2,70,3,64]\n %br = Reshape(%b, %sh) : f32[2,70,3,64]\n"
+   " %cr = Reshape(%c, %sh) : f32[2,70,3,64]\n %q = Transpose(%ar) {perm = [0, 2, 1, 3]} : f32[2,3,70,64]\n"
+   " %k = Transpose(%br) {perm = [0, 2, 1, 3]} : f32[2,3,70,64]\n %v = Transpose(%cr) {perm = [0, 2, 1, 3]} : f32[2,3,70,64]\n"
+   " %o = Attention(%q, %k, %v, %m) {scale = 0.125} : f32[2,3,70,64]\n %t = Transpose(%o) {perm = [0, 2, 1, 3]} : f32[2,70,3,64]\n"
+   " %s2 = const dense<i64[3]> [2, 70, 192]\n %y = Reshape(%t, %s2) : f32[2,70,192]\n return %y\n}", {}, 1e-4, 2e-2, true, 4,
+   "kernel attention (fused"},
+  // An Attention node the fused kernel does not take (head dim 32): two batched GEMMs around the
+  // mask add and a softmax, on the GPU in every precision.
+  {"attention_node_unfused_d32", "graph g(%q: f32[2,3,20,32], %k: f32[2,3,40,32], %v: f32[2,3,40,48], %m: f32[2,1,1,40]) {\n"
+   " %y = Attention(%q, %k, %v, %m) {scale = 0.3} : f32[2,3,20,48]\n return %y\n}", {}, 1e-4, 2e-2, true, 4,
+   "kernel softmax (attention)"},
   {"linear_unaligned_bias", "graph g(%a: f32[3,5,64], %w: f32[64,33], %c: f32[33]) {\n %m = MatMul(%a, %w) : f32[3,5,33]\n %y = Add(%m, %c) : f32[3,5,33]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2},
   // GPT-2's LM head: an unaligned weight with no bias, the product being the graph output.
   {"linear_unaligned_output", "graph g(%a: f32[2,9,64], %w: f32[64,37]) {\n %y = MatMul(%a, %w) : f32[2,9,37]\n return %y\n}", {"w"}, 1e-4, 2e-2},

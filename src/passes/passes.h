@@ -10,6 +10,7 @@ namespace kiln {
 Expected<bool> eliminate_dead_code(Graph& g);            // dce.cc             "dce"
 Expected<bool> eliminate_common_subexpressions(Graph& g);  // cse.cc           "cse"
 Expected<bool> canonicalize(Graph& g);                   // canonicalize.cc    "canonicalize"
+Expected<bool> propagate_layout(Graph& g);               // propagate_layout.cc "propagate-layout"
 Expected<bool> fold_batchnorm(Graph& g);                 // fold_batchnorm.cc  "fold-batchnorm"
 Expected<bool> fuse_gelu(Graph& g);                      // fuse_gelu.cc       "fuse-gelu"
 Expected<bool> fuse_layernorm(Graph& g);                 // fuse_layernorm.cc  "fuse-layernorm"

@@ -19,6 +19,13 @@ std::vector<Pass> default_pipeline() {
       // Drops Identity, inference Dropout, no-op Cast/Reshape/Expand/Transpose and cancelling
       // pairs, so the fusions below find their producer and consumer directly connected.
       {"canonicalize", "remove no-op and self-cancelling nodes", canonicalize},
+      // NHWC exports (tf2onnx) wrap each Conv in layout Transposes with the activations and
+      // residual adds between them in NHWC: moving each Transpose down through those elementwise
+      // ops until it cancels or merges with another removes the pairs. After canonicalize, so
+      // that Identity/Dropout no longer break the chains; before the fusions, which then see
+      // Conv -> Relu -> Add directly.
+      {"propagate-layout", "move layout Transposes through elementwise ops until they cancel or merge",
+       propagate_layout},
       // Exported erf/tanh GELU (5-9 elementwise nodes) -> one Gelu; matches its scalar constants,
       // so after fold-constants.
       {"fuse-gelu", "decomposed erf/tanh GELU -> Gelu", fuse_gelu},

@@ -15,7 +15,11 @@
 // (the mask is added after the scaling, as every exporter does; the scale is their product),
 // scalar Muls applied to Q or K^T right before the score MatMul (the scale split over both), a
 // mask Add in either operand order or none. Causal masks come as additive constants (GPT-2's
-// [1,1,S,S] of 0 / -1e4 after fold-constants) and stay masks. K: Attention wants [B,H,Sk,D]
+// [1,1,S,S] of 0 / -1e4 after fold-constants) and stay masks, or as Where(cond, scores, fill)
+// with a constant bool cond and a fill <= -1e4 (HF GPT-2 before transformers 4.36: the causal
+// `bias` buffer sliced, finfo.min), which becomes the constant mask where(cond, 0, fill), added to
+// the chain's own mask when there is one; a cond that masks a whole row is left alone (Where
+// gives such a row uniform weights, a mask would not). K: Attention wants [B,H,Sk,D]
 // where the graph has K^T [B,H,D,Sk]; when K^T is a Transpose read only by the score MatMul its
 // perm is changed to give K directly (BERT: [0,2,3,1] -> [0,2,1,3]), otherwise a Transpose of
 // K^T is added. The P.V MatMul becomes the Attention node, keeping its name and output value.
@@ -77,8 +81,55 @@ const std::vector<Dim>* dims4(const Value* v) {
 struct Sdpa {
   Value *q = nullptr, *kt = nullptr, *v = nullptr, *mask = nullptr;
   double scale = 1.0;
-  std::vector<Node*> absorbed;  // Softmax, mask Add, scalar ops, the score MatMul
+  std::vector<Node*> absorbed;  // Softmax, mask Add, scalar ops, the Where, the score MatMul
+  const Node* where = nullptr;  // Where(cond, scores, fill) or Where(cond, fill, scores): a constant mask
+  bool keep_if = true;          // the cond value that keeps a score
+  double fill = 0;
 };
+
+// Where(cond, scores, fill) (or with the two swapped) on the scores with a constant bool cond that
+// leaves every row at least one key, and a scalar fill of at most -1e4 (HF GPT-2's causal mask
+// with finfo.min or -1e4): returns the scores and records the Where; the additive mask
+// where(cond, 0, fill) then gives the same softmax (masked keys' exp underflow to 0 either way).
+Value* through_where(const UseMap& u, const Value* v, Sdpa& m) {
+  Node* w = m.where ? nullptr : sole_producer(u, v, OpKind::kWhere);
+  if (!w || w->inputs.size() != 3 || !w->inputs[0] || !w->inputs[1] || !w->inputs[2]) return nullptr;
+  const Graph& g = u.graph();
+  const Tensor* cond = constant_of(g, w->inputs[0]);
+  if (!cond || cond->dtype() != DType::kBool || cond->rank() == 0 || cond->rank() > 4) return nullptr;
+  for (size_t side = 1; side <= 2; ++side) {
+    auto fill = scalar_of(g, w->inputs[3 - side]);
+    Value* x = w->inputs[side];
+    if (!fill || *fill > -1e4 || !(x->type == w->outputs[0]->type) || x->type.dtype != DType::kFloat32) continue;
+    const bool keep_if = side == 1;
+    const int64_t row = cond->dims().back();
+    const bool* c = cond->data<bool>();
+    for (int64_t r = 0; row > 0 && r < cond->numel() / row; ++r) {
+      bool any = false;
+      for (int64_t j = 0; j < row && !any; ++j) any = c[r * row + j] == keep_if;
+      if (!any) return nullptr;  // a fully masked row: Where gives uniform weights, a mask would not
+    }
+    m.where = w;
+    m.keep_if = keep_if;
+    m.fill = *fill;
+    m.absorbed.push_back(w);
+    return x;
+  }
+  return nullptr;
+}
+
+// Scalar Mul/Div and at most one masking Where between the score MatMul and `t`, in any order.
+const Value* through_scores(const UseMap& u, const Value* t, double& scale, Sdpa& m) {
+  while (true) {
+    if (Value* x = through_scalar(u, t, scale, m.absorbed)) {
+      t = x;
+    } else if (Value* y = through_where(u, t, m)) {
+      t = y;
+    } else {
+      return t;
+    }
+  }
+}
 
 // The attention ending in pv = MatMul(Softmax(...), V), or nullopt.
 std::optional<Sdpa> match(const UseMap& u, const Node& pv) {
@@ -94,20 +145,20 @@ std::optional<Sdpa> match(const UseMap& u, const Node& pv) {
   if (Node* add = sole_producer(u, s, OpKind::kAdd); add && add->inputs.size() == 2) {
     // The operand reached from a MatMul (through scalars) is the scores; the other, the mask.
     for (size_t side = 0; side < 2 && !m.mask; ++side) {
+      Sdpa trial;
       double sc = 1.0;
-      std::vector<Node*> scalars;
-      const Value* t = add->inputs[side];
-      while (Value* x = through_scalar(u, t, sc, scalars)) t = x;
+      const Value* t = through_scores(u, add->inputs[side], sc, trial);
       if (!sole_producer(u, t, OpKind::kMatMul) || !(t->type == scores)) continue;
       m.mask = add->inputs[1 - side];
       m.scale = sc;
       m.absorbed.push_back(add);
-      m.absorbed.insert(m.absorbed.end(), scalars.begin(), scalars.end());
+      m.absorbed.insert(m.absorbed.end(), trial.absorbed.begin(), trial.absorbed.end());
+      m.where = trial.where, m.keep_if = trial.keep_if, m.fill = trial.fill;
       s = t;
     }
     if (!m.mask) return std::nullopt;
   } else {
-    while (Value* x = through_scalar(u, s, m.scale, m.absorbed)) s = x;
+    s = through_scores(u, s, m.scale, m);
   }
   Node* qk = sole_producer(u, s, OpKind::kMatMul);
   if (!qk || qk->inputs.size() != 2 || !(s->type == scores)) return std::nullopt;
@@ -133,6 +184,10 @@ std::optional<Sdpa> match(const UseMap& u, const Node& pv) {
   for (const Value* x : std::initializer_list<const Value*>{m.kt, m.v, s, pv.outputs[0]}) {
     if (x->type.dtype != dt) return std::nullopt;
   }
+  if (m.where) {  // the constant mask it becomes: f32, its dims the cond's, last one Sk
+    const Type& ct = m.where->inputs[0]->type;
+    if (dt != DType::kFloat32 || !ct.has_rank() || !same(ct.shape->dims.back(), (*kt)[3])) return std::nullopt;
+  }
   if (m.mask) {
     const Type& mt = m.mask->type;
     if (mt.dtype != dt || !mt.has_rank() || mt.shape->dims.empty() || mt.shape->dims.size() > 4 ||
@@ -141,6 +196,34 @@ std::optional<Sdpa> match(const UseMap& u, const Node& pv) {
     }
   }
   return m;
+}
+
+// The additive mask a matched Where stands for, where(cond, 0, fill) (a constant, f32), plus the
+// chain's own mask when it has one (an Add node: both broadcast into the scores).
+Expected<Value*> where_mask(Graph& g, UseMap& u, const Sdpa& m, const std::string& name) {
+  const Tensor& cond = *constant_of(g, m.where->inputs[0]);
+  KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(DType::kFloat32, cond.dims()));
+  const bool* c = cond.data<bool>();
+  float* o = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) o[i] = c[i] == m.keep_if ? 0.0f : float(m.fill);
+  Value* mask = g.add_constant(g.unique_name(name + "_mask"), std::move(t));
+  if (!m.mask) return mask;
+  // Broadcast dims of the two, right-aligned; both broadcast into the scores, so where neither is
+  // 1 they agree.
+  const std::vector<Dim>& a = mask->type.shape->dims;
+  const std::vector<Dim>& b = m.mask->type.shape->dims;
+  const size_t r = std::max(a.size(), b.size());
+  std::vector<Dim> out(r);
+  for (size_t i = 0; i < r; ++i) {
+    const Dim da = i + a.size() >= r ? a[i + a.size() - r] : Dim(1);
+    const Dim db = i + b.size() >= r ? b[i + b.size() - r] : Dim(1);
+    out[i] = da.is_static() && da.value() == 1 ? db : da;
+  }
+  Node* add = g.add_node(OpKind::kAdd, {mask, m.mask}, 1, g.unique_name(name + "_mask_add"));
+  add->outputs[0]->type = m.mask->type;
+  add->outputs[0]->type.shape = Shape(out);
+  u.add_node(add);
+  return add->outputs[0];
 }
 
 }  // namespace
@@ -180,6 +263,9 @@ Expected<bool> fuse_attention(Graph& g) {
       t->outputs[0]->type = kt_type;
       uses.add_node(t);
       k = t->outputs[0];
+    }
+    if (m->where) {
+      KILN_ASSIGN_OR_RETURN(m->mask, where_mask(g, uses, *m, pv->name.empty() ? pv->outputs[0]->name : pv->name));
     }
     std::vector<Value*> ins = {m->q, k, m->v};
     if (m->mask) ins.push_back(m->mask);

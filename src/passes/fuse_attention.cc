@@ -11,7 +11,8 @@
 //   After:   %k = Transpose(...) : f32[B,12,S,64]              (K as Attention takes it, below)
 //            %o = Attention(%q, %k, %v, %mask) {scale = 0.125} : f32[B,12,S,64] @ctx
 //
-// Accepted: any number of scalar Mul/Div by constants between the score MatMul and the mask Add
+// Accepted: a softmax run in f32 between Cast(to f32) and Cast(back) in half-precision models;
+// any number of scalar Mul/Div by constants between the score MatMul and the mask Add
 // (the mask is added after the scaling, as every exporter does; the scale is their product),
 // scalar Muls applied to Q or K^T right before the score MatMul (the scale split over both), a
 // mask Add in either operand order or none. Causal masks come as additive constants (GPT-2's
@@ -135,12 +136,27 @@ const Value* through_scores(const UseMap& u, const Value* t, double& scale, Sdpa
 std::optional<Sdpa> match(const UseMap& u, const Node& pv) {
   if (pv.inputs.size() != 2 || !pv.inputs[0] || !pv.inputs[1] || !pv.has_output(0)) return std::nullopt;
   Sdpa m;
-  Node* sm = sole_producer(u, pv.inputs[0], OpKind::kSoftmax);
+  // Half-precision exports (HF: softmax(..., dtype=float32).to(dtype)) run the softmax in f32
+  // between two Casts; Attention computes its softmax in f32 anyway.
+  const Value* p = pv.inputs[0];
+  Node* down = sole_producer(u, p, OpKind::kCast);
+  Node* sm = sole_producer(u, down ? down->inputs[0] : p, OpKind::kSoftmax);
   if (!sm || !dims4(sm->inputs[0])) return std::nullopt;
   const int64_t axis = sm->attr_int("axis", -1);
   if (axis != -1 && axis != 3) return std::nullopt;
   m.absorbed.push_back(sm);
   const Value* s = sm->inputs[0];
+  if (down) {
+    Node* up = sole_producer(u, s, OpKind::kCast);
+    const DType half = p->type.dtype;
+    if (!up || (half != DType::kFloat16 && half != DType::kBFloat16) || s->type.dtype != DType::kFloat32 ||
+        up->inputs[0]->type.dtype != half) {
+      return std::nullopt;
+    }
+    m.absorbed.push_back(down);
+    m.absorbed.push_back(up);
+    s = up->inputs[0];
+  }
   const Type scores = s->type;
   if (Node* add = sole_producer(u, s, OpKind::kAdd); add && add->inputs.size() == 2) {
     // The operand reached from a MatMul (through scalars) is the scores; the other, the mask.

@@ -3,9 +3,10 @@
 // Transposes: NHWC -> NCHW before each Conv, NCHW -> NHWC after it, with the activations and
 // residual adds in between done in NHWC. Each pair is two full copies of the tensor. This pass
 // moves a Transpose down through the elementwise ops that follow it until it meets a Transpose
-// it cancels with (or composes into one), or merges two Transposes of the same perm that meet at
-// a binary op, so the layout flips disappear and the ops between run in the convs' layout. (The
-// GPU lowering then picks NHWC for the convolutions itself, without Transposes in the graph.)
+// it cancels with (or composes into one), or merges Transposes of the same perm that meet at a
+// binary op or a Concat (TF's channel concats), so the layout flips disappear and the ops between
+// run in the convs' layout. (The GPU lowering then picks NHWC for the convolutions itself,
+// without Transposes in the graph.)
 //
 //   Before:  %a = Transpose(%c1) {perm = [0, 2, 3, 1]} : f32[1,8,8,16]     (%c1 = Conv(...) NCHW)
 //            %r = Relu(%a) : f32[1,8,8,16]
@@ -16,6 +17,7 @@
 //            (the next Conv reads %b)
 //
 //   Merge:   Add(Transpose(%x, p), Transpose(%z, p)) -> Transpose(Add(%x, %z), p)
+//            Concat(Transpose(%x, p), Transpose(%z, p), axis a) -> Transpose(Concat(%x, %z, axis p[a]), p)
 //
 // Pushed through: unary elementwise ops (Relu, Sigmoid, Tanh, LeakyRelu, Elu, Selu, HardSigmoid,
 // HardSwish, Softplus, Abs, Neg, Exp, Log, Sqrt, Reciprocal, Erf, Gelu, Identity; Clip with scalar
@@ -154,6 +156,19 @@ Expected<bool> push(Graph& g, UseMap& u, Node& t0, std::vector<Node*>& dead, std
         break;
       }
     }
+    // A merge at a Concat: every other input a Transpose of the same perm, each read only here.
+    if (r->op == OpKind::kConcat && r->owner == &g && r->has_output(0) && static_dims(r->outputs[0])) {
+      bool all = true;
+      for (const Value* in : r->inputs) {
+        const Node* ti = in ? in->producer : nullptr;
+        all = all && in && (in == cur || (ti != &t0 && valid_transpose(ti) && perm_of(*ti) == p && u.num_uses(in) == 1 &&
+                                          !u.is_output(in) && ti->owner == &g));
+      }
+      if (all) {
+        end = r;
+        break;
+      }
+    }
     if (!pushable(u, *r, cur, *td)) return false;
     chain.push_back(r);
     cur = r->outputs[0];
@@ -187,19 +202,30 @@ Expected<bool> push(Graph& g, UseMap& u, Node& t0, std::vector<Node*>& dead, std
       u.forward(end->outputs[0], v);
       dead.push_back(end);
     }
-  } else {  // merge: op(v, y) in the operands' order, then one Transpose of its result
-    const size_t other = end->inputs[0] == t ? 1 : 0;
-    Node* t1 = end->inputs[other]->producer;
-    u.set_input(end, 1 - other, v);
-    u.set_input(end, other, t1->inputs[0]);
+  } else {  // merge: the op on the untransposed operands, in their order, then one Transpose
+    std::vector<int64_t> out = *static_dims(end->outputs[0]), untransposed(out.size());
+    for (size_t i = 0; i < out.size(); ++i) untransposed[size_t(p[i])] = out[i];
+    for (size_t i = 0; i < end->inputs.size(); ++i) {
+      if (end->inputs[i] == t) {
+        u.set_input(end, i, v);
+      } else {
+        Node* ti = end->inputs[i]->producer;
+        u.set_input(end, i, ti->inputs[0]);
+        dead.push_back(ti);
+      }
+    }
+    if (end->op == OpKind::kConcat) {  // the axis of the untransposed operands
+      int64_t axis = end->attr_int("axis", 0);
+      if (axis < 0) axis += int64_t(p.size());
+      end->attrs["axis"] = Attribute::of_int(p[size_t(axis)]);
+    }
     Node* nt = g.add_node(OpKind::kTranspose, {nullptr}, 1, g.unique_name(end->outputs[0]->name + "_transpose"));
     nt->attrs["perm"] = Attribute::of_ints(p);
     nt->outputs[0]->type = end->outputs[0]->type;
     u.add_node(nt);
     u.forward(end->outputs[0], nt->outputs[0]);  // a fresh value of the same type: always allowed
-    untranspose(end->outputs[0]);
+    end->outputs[0]->type.shape = Shape(std::vector<Dim>(untransposed.begin(), untransposed.end()));
     u.set_input(nt, 0, end->outputs[0]);
-    dead.push_back(t1);
   }
   dead.push_back(&t0);
   return true;

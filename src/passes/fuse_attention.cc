@@ -119,12 +119,16 @@ Value* through_where(const UseMap& u, const Value* v, Sdpa& m) {
   return nullptr;
 }
 
-// Scalar Mul/Div and at most one masking Where between the score MatMul and `t`, in any order.
+// Scalar Mul/Div and at most one masking Where between the score MatMul and `t`. A scalar applied
+// after the Where would scale its fill too (a small or negative factor unmasks the keys), so a
+// Where is taken only below every scalar op (HF GPT-2: MatMul -> Div -> Where).
 const Value* through_scores(const UseMap& u, const Value* t, double& scale, Sdpa& m) {
+  bool scaled_after = false;  // a scalar op seen before (above) any Where
   while (true) {
     if (Value* x = through_scalar(u, t, scale, m.absorbed)) {
+      scaled_after = scaled_after || !m.where;
       t = x;
-    } else if (Value* y = through_where(u, t, m)) {
+    } else if (Value* y = scaled_after ? nullptr : through_where(u, t, m)) {
       t = y;
     } else {
       return t;

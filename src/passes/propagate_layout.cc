@@ -249,8 +249,10 @@ Expected<bool> propagate_layout(Graph& g) {
       KILN_ASSIGN_OR_RETURN(bool moved, push(g, uses, *t, dead, replaced));
       any = any || moved;
     }
-    erase_unused(uses, dead);
+    // Constants first: one a chain stopped reading may also feed a dead node, and erase_unused
+    // frees it with that node.
     erase_unused_constants(uses, replaced);
+    erase_unused(uses, dead);
     if (!any) break;
     changed = true;
     KILN_RETURN_IF_ERROR(g.topo_sort());

@@ -132,6 +132,11 @@ const std::vector<Case> kCases = {
   {"attention_node_unfused_d32", "graph g(%q: f32[2,3,20,32], %k: f32[2,3,40,32], %v: f32[2,3,40,48], %m: f32[2,1,1,40]) {\n"
    " %y = Attention(%q, %k, %v, %m) {scale = 0.3} : f32[2,3,20,48]\n return %y\n}", {}, 1e-4, 2e-2, true, 4,
    "kernel softmax (attention)"},
+  // The mask comes out of a Reshape whose only reader is the attention: the kernel reads the mask
+  // as a buffer, so the Reshape must not be skipped with the view chains (a review finding).
+  {"onnx_attention_reshaped_mask", "graph g(%q: f32[1,2,8,64], %k: f32[1,2,8,64], %v: f32[1,2,8,64], %m: f32[8,8]) {\n"
+   " %sh = const dense<i64[4]> [1, 1, 8, 8]\n %m4 = Reshape(%m, %sh) : f32[1,1,8,8]\n"
+   " %y = Attention(%q, %k, %v, %m4) : f32[1,2,8,64]\n return %y\n}", {}, 1e-4, 2e-2, true, 4, "kernel attention (fused"},
   {"linear_unaligned_bias", "graph g(%a: f32[3,5,64], %w: f32[64,33], %c: f32[33]) {\n %m = MatMul(%a, %w) : f32[3,5,33]\n %y = Add(%m, %c) : f32[3,5,33]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2},
   // GPT-2's LM head: an unaligned weight with no bias, the product being the graph output.
   {"linear_unaligned_output", "graph g(%a: f32[2,9,64], %w: f32[64,37]) {\n %y = MatMul(%a, %w) : f32[2,9,37]\n return %y\n}", {"w"}, 1e-4, 2e-2},

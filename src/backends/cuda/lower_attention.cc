@@ -23,6 +23,7 @@
 #include <array>
 #include <cmath>
 #include <optional>
+#include <unordered_set>
 
 #include "backends/cuda/lower.h"
 #include "runtime/strided_view.h"
@@ -354,6 +355,7 @@ std::optional<Found> match_node(Lowering& L, const Node& n) {
 }  // namespace
 
 void find_attention(Lowering& L) {
+  std::unordered_set<const Value*> read_whole;  // what the kernels read as buffers: never skipped
   for (const auto& up : L.graph().nodes) {
     const Node& n = *up;
     if ((n.op != OpKind::kSoftmax && n.op != OpKind::kAttention) || L.is_fused(&n)) continue;
@@ -363,13 +365,15 @@ void find_attention(Lowering& L) {
     for (const Node* f : r->fused) clash = clash || L.is_fused(f) || L.replacements.count(f);
     if (clash) continue;
     for (const Node* f : r->fused) L.mark_fused(f, r->root);
+    read_whole.insert({r->m.q.base, r->m.k.base, r->m.v.base, r->m.mask});
     Replacement rep;
     rep.attention = std::make_shared<AttentionMatch>(r->m);
     L.replacements[r->root] = rep;
   }
   // The data-movement chains the fused kernels read through (ViT's QKV unbind: a 5-D transpose
   // copy and three gathers per layer) are dead once every reader is fused into an attention
-  // (which reads the chain's source, never its values): skip them too. Readers come later in
+  // (which reads the chain's source, never its values): skip them too, except where a kernel reads
+  // a value whole (a mask from a Reshape, an input no view reached). Readers come later in
   // topological order, so one reverse sweep settles whole chains.
   auto into_attention = [&](const Node* r) -> const Node* {
     const Node* root = L.fused_into(r) ? L.fused_into(r) : r;  // r itself: an Attention root
@@ -384,7 +388,7 @@ void find_attention(Lowering& L) {
     bool dead = true;
     for (const Value* o : n.outputs) {
       if (!o) continue;
-      dead = dead && !L.is_graph_output(o);
+      dead = dead && !L.is_graph_output(o) && !read_whole.count(o);
       for (const Node* r : L.readers(o)) {
         const Node* root = into_attention(r);
         dead = dead && root;

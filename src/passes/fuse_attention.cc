@@ -32,6 +32,10 @@
 // Sk (ONNX Attention reads a shorter last dim as padding, not as a broadcast); every intermediate
 // (scores, scaled scores, probabilities) has exactly one reader and is not a graph output. Run
 // after fuse-softmax (decomposed softmax) and fold-constants (scalar constants, folded masks).
+//
+// One difference, at the edge: a row whose every key an additive mask sets to -inf is NaN in the
+// decomposed graph (0 / 0) and zeros in ONNX Attention (the CPU kernel follows the spec). Masks
+// of finite large negatives (HF's finfo.min, -1e4) are not affected.
 #include <algorithm>
 #include <optional>
 

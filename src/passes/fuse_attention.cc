@@ -25,9 +25,13 @@
 // perm is changed to give K directly (BERT: [0,2,3,1] -> [0,2,1,3]), otherwise a Transpose of
 // K^T is added. The P.V MatMul becomes the Attention node, keeping its name and output value.
 //
+// 3-D attention (torch.bmm exports, nn.MultiheadAttention: [B*H,S,D]) becomes the same node over
+// one batch: Unsqueeze(axis 0) of Q, K and V, Attention, and the P.V MatMul turned into the
+// Squeeze back to 3-D (keeping its name and output value).
+//
 // Preconditions, all checked: Q [B,H,Sq,D], K^T [B,H,D,Sk], V [B,H,Sk,Dv] and the scores
-// [B,H,Sq,Sk] are rank 4 with provably equal batch, head and sequence dims (no MatMul
-// broadcasting); all float of one dtype; Softmax over the last axis; the mask has the scores'
+// [B,H,Sq,Sk] are all rank 4 (or all rank 3, [B*H,..]) with provably equal batch, head and
+// sequence dims (no MatMul broadcasting); all float of one dtype; Softmax over the last axis; the mask has the scores'
 // dtype, rank <= 4, and broadcasts into the scores without enlarging them, its last dim equal to
 // Sk (ONNX Attention reads a shorter last dim as padding, not as a broadcast); every intermediate
 // (scores, scaled scores, probabilities) has exactly one reader and is not a graph output. Run
@@ -79,8 +83,9 @@ Value* through_scalar(const UseMap& u, const Value* v, double& scale, std::vecto
   return nullptr;
 }
 
-const std::vector<Dim>* dims4(const Value* v) {
-  return v && v->type.has_rank() && v->type.shape->dims.size() == 4 ? &v->type.shape->dims : nullptr;
+// The dims of a rank-`r` value, else null.
+const std::vector<Dim>* dims_of_rank(const Value* v, size_t r) {
+  return v && v->type.has_rank() && v->type.shape->dims.size() == r ? &v->type.shape->dims : nullptr;
 }
 
 struct Sdpa {
@@ -149,9 +154,10 @@ std::optional<Sdpa> match(const UseMap& u, const Node& pv) {
   const Value* p = pv.inputs[0];
   Node* down = sole_producer(u, p, OpKind::kCast);
   Node* sm = sole_producer(u, down ? down->inputs[0] : p, OpKind::kSoftmax);
-  if (!sm || !dims4(sm->inputs[0])) return std::nullopt;
+  if (!sm || !sm->inputs[0]->type.has_rank()) return std::nullopt;
+  const size_t r = sm->inputs[0]->type.shape->dims.size();  // 4: [B,H,S,S]; 3: [B*H,S,S] (bmm exports)
   const int64_t axis = sm->attr_int("axis", -1);
-  if (axis != -1 && axis != 3) return std::nullopt;
+  if ((r != 3 && r != 4) || (axis != -1 && axis != int64_t(r) - 1)) return std::nullopt;
   m.absorbed.push_back(sm);
   const Value* s = sm->inputs[0];
   if (down) {
@@ -192,15 +198,20 @@ std::optional<Sdpa> match(const UseMap& u, const Node& pv) {
   while (Value* x = through_scalar(u, m.q, m.scale, m.absorbed)) m.q = x;
   while (Value* x = through_scalar(u, m.kt, m.scale, m.absorbed)) m.kt = x;
   m.v = pv.inputs[1];
-  // Shapes: Q [B,H,Sq,D], K^T [B,H,D,Sk], V [B,H,Sk,Dv], scores [B,H,Sq,Sk], out [B,H,Sq,Dv].
-  const auto *q = dims4(m.q), *kt = dims4(m.kt), *v = dims4(m.v), *sc = dims4(s), *o = dims4(pv.outputs[0]);
+  // Shapes: Q [L..,Sq,D], K^T [L..,D,Sk], V [L..,Sk,Dv], scores [L..,Sq,Sk], out [L..,Sq,Dv] with
+  // the same leading dims L (B,H or B*H).
+  const auto *q = dims_of_rank(m.q, r), *kt = dims_of_rank(m.kt, r), *v = dims_of_rank(m.v, r),
+             *sc = dims_of_rank(s, r), *o = dims_of_rank(pv.outputs[0], r);
   if (!q || !kt || !v || !sc || !o) return std::nullopt;
   auto same = [](const Dim& a, const Dim& b) { return a.same_as(b); };
+  const size_t a = r - 2, b = r - 1;  // the matrix axes
   for (const auto* d : {kt, v, sc, o}) {
-    if (!same((*q)[0], (*d)[0]) || !same((*q)[1], (*d)[1])) return std::nullopt;
+    for (size_t i = 0; i < a; ++i) {
+      if (!same((*q)[i], (*d)[i])) return std::nullopt;
+    }
   }
-  if (!same((*q)[3], (*kt)[2]) || !same((*kt)[3], (*v)[2]) || !same((*sc)[2], (*q)[2]) || !same((*sc)[3], (*kt)[3]) ||
-      !same((*o)[2], (*q)[2]) || !same((*o)[3], (*v)[3])) {
+  if (!same((*q)[b], (*kt)[a]) || !same((*kt)[b], (*v)[a]) || !same((*sc)[a], (*q)[a]) || !same((*sc)[b], (*kt)[b]) ||
+      !same((*o)[a], (*q)[a]) || !same((*o)[b], (*v)[b])) {
     return std::nullopt;
   }
   const DType dt = m.q->type.dtype;
@@ -210,12 +221,12 @@ std::optional<Sdpa> match(const UseMap& u, const Node& pv) {
   }
   if (m.where) {  // the constant mask it becomes: f32, its dims the cond's, last one Sk
     const Type& ct = m.where->inputs[0]->type;
-    if (dt != DType::kFloat32 || !ct.has_rank() || !same(ct.shape->dims.back(), (*kt)[3])) return std::nullopt;
+    if (dt != DType::kFloat32 || !ct.has_rank() || !same(ct.shape->dims.back(), (*kt)[b])) return std::nullopt;
   }
   if (m.mask) {
     const Type& mt = m.mask->type;
-    if (mt.dtype != dt || !mt.has_rank() || mt.shape->dims.empty() || mt.shape->dims.size() > 4 ||
-        !same(mt.shape->dims.back(), (*kt)[3])) {
+    if (mt.dtype != dt || !mt.has_rank() || mt.shape->dims.empty() || mt.shape->dims.size() > r ||
+        !same(mt.shape->dims.back(), (*kt)[b])) {
       return std::nullopt;
     }
   }
@@ -266,41 +277,69 @@ Expected<bool> fuse_attention(Graph& g) {
     // K = K^T with its last two axes swapped: fold into K^T's Transpose when only the score
     // MatMul reads it, else a new Transpose.
     Value* k = nullptr;
-    const std::vector<Dim>& ktd = m->kt->type.shape->dims;
+    const size_t r = m->kt->type.shape->dims.size();
+    std::vector<int64_t> swap(r);  // identity with the last two axes swapped
+    for (size_t i = 0; i < r; ++i) swap[i] = int64_t(i);
+    std::swap(swap[r - 2], swap[r - 1]);
     Type kt_type = m->kt->type;
-    kt_type.shape->dims = {ktd[0], ktd[1], ktd[3], ktd[2]};
+    std::swap(kt_type.shape->dims[r - 2], kt_type.shape->dims[r - 1]);
     Node* tr = m->kt->producer;
     if (tr && tr->op == OpKind::kTranspose && tr->owner == &g && uses.num_uses(m->kt) == 1 && !uses.is_output(m->kt) &&
-        tr->attr_ints("perm").size() == 4) {
+        tr->attr_ints("perm").size() == r) {
       std::vector<int64_t> p = tr->attr_ints("perm");
-      if (p == std::vector<int64_t>{0, 1, 3, 2} && tr->inputs[0]->type == kt_type) {
+      if (p == swap && tr->inputs[0]->type == kt_type) {
         k = tr->inputs[0];  // K^T was a transpose of K itself (GPT-2): read K
         dead.push_back(tr);
       } else {
-        tr->attrs["perm"] = Attribute::of_ints({p[0], p[1], p[3], p[2]});
+        std::swap(p[r - 2], p[r - 1]);
+        tr->attrs["perm"] = Attribute::of_ints(p);
         m->kt->type = kt_type;
         k = m->kt;
       }
     } else {
       Node* t = g.add_node(OpKind::kTranspose, {m->kt}, 1, g.unique_name(m->kt->name + "_keys"));
-      t->attrs["perm"] = Attribute::of_ints({0, 1, 3, 2});
+      t->attrs["perm"] = Attribute::of_ints(swap);
       t->outputs[0]->type = kt_type;
       uses.add_node(t);
       k = t->outputs[0];
     }
+    const std::string base = pv->name.empty() ? pv->outputs[0]->name : pv->name;
     if (m->where) {
-      KILN_ASSIGN_OR_RETURN(m->mask, where_mask(g, uses, *m, pv->name.empty() ? pv->outputs[0]->name : pv->name));
+      KILN_ASSIGN_OR_RETURN(m->mask, where_mask(g, uses, *m, base));
     }
     std::vector<Value*> ins = {m->q, k, m->v};
+    // 3-D (bmm) attention: Attention's 4-D form with one batch, the B*H matrices as its heads; a
+    // mask broadcasts the same way right-aligned.
+    Value* axis0 = nullptr;
+    if (r == 3) {
+      KILN_ASSIGN_OR_RETURN(Tensor zero, Tensor::create(DType::kInt64, {1}));
+      zero.data<int64_t>()[0] = 0;
+      axis0 = g.add_constant(g.unique_name(base + "_axis0"), std::move(zero));
+      for (Value*& x : ins) {
+        Node* un = g.add_node(OpKind::kUnsqueeze, {x, axis0}, 1, g.unique_name(x->name + "_4d"));
+        un->outputs[0]->type = x->type;
+        un->outputs[0]->type.shape->dims.insert(un->outputs[0]->type.shape->dims.begin(), Dim(1));
+        uses.add_node(un);
+        x = un->outputs[0];
+      }
+    }
     if (m->mask) ins.push_back(m->mask);
+    Node* att = pv;
+    if (r == 3) {  // a new Attention node; pv becomes the Squeeze back to 3-D, keeping its output
+      att = g.add_node(OpKind::kAttention, ins, 1, g.unique_name(base + "_attention"));
+      att->outputs[0]->type = pv->outputs[0]->type;
+      att->outputs[0]->type.shape->dims.insert(att->outputs[0]->type.shape->dims.begin(), Dim(1));
+      uses.add_node(att);
+      ins = {att->outputs[0], axis0};
+    }
     for (size_t i = 0; i < 2; ++i) uses.set_input(pv, i, nullptr);
     pv->inputs.clear();
     pv->inputs.resize(ins.size(), nullptr);
     for (size_t i = 0; i < ins.size(); ++i) uses.set_input(pv, i, ins[i]);
-    pv->op = OpKind::kAttention;
     pv->attrs.clear();
-    pv->attrs["scale"] = Attribute::of_float(float(m->scale));
-    for (Node* a : m->absorbed) g.note_absorbed(*a, *pv);
+    pv->op = r == 3 ? OpKind::kSqueeze : OpKind::kAttention;
+    att->attrs["scale"] = Attribute::of_float(float(m->scale));
+    for (Node* a : m->absorbed) g.note_absorbed(*a, *att);
     dead.insert(dead.end(), m->absorbed.begin(), m->absorbed.end());
   }
   if (dead.empty()) return false;

@@ -137,6 +137,12 @@ const std::vector<Case> kCases = {
   {"onnx_attention_reshaped_mask", "graph g(%q: f32[1,2,8,64], %k: f32[1,2,8,64], %v: f32[1,2,8,64], %m: f32[8,8]) {\n"
    " %sh = const dense<i64[4]> [1, 1, 8, 8]\n %m4 = Reshape(%m, %sh) : f32[1,1,8,8]\n"
    " %y = Attention(%q, %k, %v, %m4) : f32[1,2,8,64]\n return %y\n}", {}, 1e-4, 2e-2, true, 4, "kernel attention (fused"},
+  // fuse-attention's form of a 3-D (bmm) attention: Q/K/V [B*H,S,D] unsqueezed to one batch, the
+  // output squeezed back; the kernel reads through the Unsqueezes.
+  {"attention_node_3d_bmm", "graph g(%q: f32[6,40,64], %k: f32[6,40,64], %v: f32[6,40,64], %m: f32[40,40]) {\n"
+   " %ax = const dense<i64[1]> [0]\n %q4 = Unsqueeze(%q, %ax) : f32[1,6,40,64]\n %k4 = Unsqueeze(%k, %ax) : f32[1,6,40,64]\n"
+   " %v4 = Unsqueeze(%v, %ax) : f32[1,6,40,64]\n %o = Attention(%q4, %k4, %v4, %m) {scale = 0.125} : f32[1,6,40,64]\n"
+   " %y = Squeeze(%o, %ax) : f32[6,40,64]\n return %y\n}", {}, 1e-4, 2e-2, true, 4, "kernel attention (fused"},
   {"linear_unaligned_bias", "graph g(%a: f32[3,5,64], %w: f32[64,33], %c: f32[33]) {\n %m = MatMul(%a, %w) : f32[3,5,33]\n %y = Add(%m, %c) : f32[3,5,33]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2},
   // GPT-2's LM head: an unaligned weight with no bias, the product being the graph output.
   {"linear_unaligned_output", "graph g(%a: f32[2,9,64], %w: f32[64,37]) {\n %y = MatMul(%a, %w) : f32[2,9,37]\n return %y\n}", {"w"}, 1e-4, 2e-2},

@@ -50,16 +50,6 @@ namespace kiln {
 
 namespace {
 
-bool is_float(DType t) {
-  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16 || t == DType::kFloat64;
-}
-
-std::optional<double> scalar_of(const Graph& g, const Value* v) {
-  const Tensor* t = constant_of(g, v);
-  if (!t || t->numel() != 1 || !dtype_is_float(t->dtype())) return std::nullopt;
-  return t->as_double(0);
-}
-
 // Mul(x, c), Mul(c, x) or Div(x, c) by a scalar constant, as the only reader of its output:
 // returns x and multiplies `scale` by c (or 1/c).
 Value* through_scalar(const UseMap& u, const Value* v, double& scale, std::vector<Node*>& absorbed) {

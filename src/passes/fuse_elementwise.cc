@@ -44,9 +44,9 @@ namespace {
 constexpr size_t kMaxGroupNodes = 64;   // a generated kernel's body stays small
 constexpr size_t kMaxGroupInputs = 16;  // kernel parameters
 
-bool is_float(DType t) { return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16; }
+bool is_kernel_float(DType t) { return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16; }
 bool is_int(DType t) { return t == DType::kInt32 || t == DType::kInt64; }
-bool fusible_dtype(DType t) { return is_float(t) || is_int(t) || t == DType::kBool; }
+bool fusible_dtype(DType t) { return is_kernel_float(t) || is_int(t) || t == DType::kBool; }
 
 bool is_compute_op(OpKind op) {
   return op == OpKind::kMatMul || op == OpKind::kGemm || op == OpKind::kConv || op == OpKind::kConvTranspose ||
@@ -87,8 +87,8 @@ Accepts accepts(const Node& n) {
 bool dtype_ok(Accepts a, DType t) {
   switch (a) {
     case Accepts::kNone: return false;
-    case Accepts::kFloat: return is_float(t);
-    case Accepts::kNumeric: return is_float(t) || is_int(t);
+    case Accepts::kFloat: return is_kernel_float(t);
+    case Accepts::kNumeric: return is_kernel_float(t) || is_int(t);
     case Accepts::kAny: return fusible_dtype(t);
     case Accepts::kBool: return t == DType::kBool;
   }

@@ -36,10 +36,6 @@ namespace kiln {
 
 namespace {
 
-bool is_float(DType t) {
-  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16 || t == DType::kFloat64;
-}
-
 struct Match {
   Value* x = nullptr;
   bool tanh = false;

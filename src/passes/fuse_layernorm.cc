@@ -42,10 +42,6 @@ namespace kiln {
 
 namespace {
 
-bool is_float(DType t) {
-  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16 || t == DType::kFloat64;
-}
-
 struct Norm {
   bool rms = false;
   Value* x = nullptr;
@@ -56,13 +52,6 @@ struct Norm {
   Node* last = nullptr;       // the node that becomes the normalization
   std::vector<Node*> absorbed;
 };
-
-// A one-element float constant, as a double.
-std::optional<double> scalar_of(const Graph& g, const Value* v) {
-  const Tensor* t = constant_of(g, v);
-  if (!t || t->numel() != 1 || !dtype_is_float(t->dtype())) return std::nullopt;
-  return t->as_double(0);
-}
 
 // Add(variance, eps) in either order; records both.
 Node* match_add_eps(const UseMap& u, const Value* v, Norm& n) {

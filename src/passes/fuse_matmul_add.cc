@@ -20,10 +20,6 @@ namespace kiln {
 
 namespace {
 
-bool is_float(DType t) {
-  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16 || t == DType::kFloat64;
-}
-
 size_t rank_or_zero(const Value* v) { return v->type.has_rank() ? v->type.shape->dims.size() : 0; }
 
 // The bias operand of an Add that reads m, when it is a per-column constant for n columns.

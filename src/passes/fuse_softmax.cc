@@ -27,10 +27,6 @@ namespace kiln {
 
 namespace {
 
-bool is_float(DType t) {
-  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16 || t == DType::kFloat64;
-}
-
 bool reduces_last(const Graph& g, const Node& reduce, size_t rank) {
   return kept_reduce_axis(g, reduce, rank) == int64_t(rank) - 1;
 }

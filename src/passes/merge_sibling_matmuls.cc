@@ -34,10 +34,6 @@ struct Member {
   Value* out = nullptr;      // what the rest of the graph reads: the Add's output, else the MatMul's
 };
 
-bool is_float(DType t) {
-  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16 || t == DType::kFloat64;
-}
-
 // The bias of the Add reading m alone, when it is a per-column constant of n elements.
 const Tensor* sole_bias(const Graph& g, const UseMap& uses, const Value* m, int64_t n, Node** add_out) {
   if (uses.num_uses(m) != 1 || uses.is_output(m) || !uses.uses(m)[0].node) return nullptr;

@@ -260,4 +260,14 @@ size_t erase_unused_constants(UseMap& uses, const std::vector<Value*>& candidate
   return dead.size();
 }
 
+bool is_float(DType t) {
+  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16 || t == DType::kFloat64;
+}
+
+std::optional<double> scalar_of(const Graph& g, const Value* v) {
+  const Tensor* t = constant_of(g, v);
+  if (!t || t->numel() != 1 || !dtype_is_float(t->dtype())) return std::nullopt;
+  return t->as_double(0);
+}
+
 }  // namespace kiln

@@ -87,6 +87,10 @@ class UseMap {
 Node* sole_producer(const UseMap& uses, const Value* v, OpKind op);
 // The `op` node of this graph that is v's only reader (one input of it), v not a graph output.
 Node* sole_reader(const UseMap& uses, const Value* v, OpKind op);
+// The float dtypes the fusions rewrite (f16, bf16, f32, f64).
+bool is_float(DType t);
+// A one-element float constant of this graph, as a double; nullopt for anything else.
+std::optional<double> scalar_of(const Graph& g, const Value* v);
 // True when v is a constant of one element (any shape: a broadcast shows in the result's type)
 // of a numeric dtype and within 1e-3 of `want`, relatively; 4e-3 for bf16, whose 8 significand
 // bits put a rounded constant (0.044715, 1/sqrt 2) up to 2e-3 away.

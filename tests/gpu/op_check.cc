@@ -143,6 +143,15 @@ const std::vector<Case> kCases = {
    " %ax = const dense<i64[1]> [0]\n %q4 = Unsqueeze(%q, %ax) : f32[1,6,40,64]\n %k4 = Unsqueeze(%k, %ax) : f32[1,6,40,64]\n"
    " %v4 = Unsqueeze(%v, %ax) : f32[1,6,40,64]\n %o = Attention(%q4, %k4, %v4, %m) {scale = 0.125} : f32[1,6,40,64]\n"
    " %y = Squeeze(%o, %ax) : f32[6,40,64]\n return %y\n}", {}, 1e-4, 2e-2, true, 4, "kernel attention (fused"},
+  // Heads x query blocks enough for one CTA per SM: 64-query CTAs (the cases above have few and
+  // take 16-query CTAs with each key tile split over four warps). A per-row mask with ragged keys;
+  // a BERT-style [B,1,1,Sk] mask with an odd key count (mask keys not pair-aligned).
+  {"onnx_attention_wide_rowmask", "graph g(%q: f32[4,12,150,64], %k: f32[4,12,150,64], %v: f32[4,12,150,64], %m: f32[1,1,150,150]) {\n"
+   " %y = Attention(%q, %k, %v, %m) {scale = 0.125} : f32[4,12,150,64]\n return %y\n}", {}, 1e-4, 2e-2, true, 4,
+   "kernel attention (fused", true, true},
+  {"onnx_attention_wide_oddkeys", "graph g(%q: f32[3,16,130,64], %k: f32[3,16,131,64], %v: f32[3,16,131,64], %m: f32[3,1,1,131]) {\n"
+   " %y = Attention(%q, %k, %v, %m) {scale = 0.125} : f32[3,16,130,64]\n return %y\n}", {}, 1e-4, 2e-2, true, 4,
+   "kernel attention (fused", true, true},
   {"linear_unaligned_bias", "graph g(%a: f32[3,5,64], %w: f32[64,33], %c: f32[33]) {\n %m = MatMul(%a, %w) : f32[3,5,33]\n %y = Add(%m, %c) : f32[3,5,33]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2},
   // GPT-2's LM head: an unaligned weight with no bias, the product being the graph output.
   {"linear_unaligned_output", "graph g(%a: f32[2,9,64], %w: f32[64,37]) {\n %y = MatMul(%a, %w) : f32[2,9,37]\n return %y\n}", {"w"}, 1e-4, 2e-2},

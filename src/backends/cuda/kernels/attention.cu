@@ -1,11 +1,13 @@
-// Fused attention (kernels.h), flash-attention-2 style: one CTA per (64 queries, head, batch),
-// four warps of 16 query rows. Per 64-key step, S = Q.K^T runs on tensor cores (mma.sync
-// m16n8k16, f32 accumulate) straight into registers; the online softmax (running max m, running
-// sum l, rescale of the f32 output accumulator by exp(m_old - m_new)) works on those registers,
-// a row's values spread over one quad of lanes; the probabilities are repacked in registers as
-// the A operand of O += P.V. K and V are staged in shared memory as [key][d] by cp.async, double
-// buffered so the next 64 keys stream in while this tile computes; K fragments are 32-bit shared
-// loads, V's (transposed) come from ldmatrix.trans; a 72-element pitch keeps both conflict-free.
+// Fused attention (kernels.h), flash-attention-2 style: a CTA of four warps per (query block, head,
+// batch). Per 64-key step, S = Q.K^T runs on tensor cores (mma.sync m16n8k16, f32 accumulate)
+// straight into registers; the online softmax (running max m, running sum l, rescale of the f32
+// output accumulator by exp(m_old - m_new)), in base 2, works on those registers, a row's values
+// spread over one quad of lanes; the probabilities are repacked in registers as the A operand of
+// O += P.V. K and V are staged in shared memory as [key][d] by cp.async, double buffered so the
+// next 64 keys stream in while this tile computes; K's fragments come from ldmatrix, V's
+// (transposed) from ldmatrix.trans; a 72-element pitch keeps both conflict-free. A query block is
+// 64 rows (a warp's 16 each) when the grid has at least a CTA per SM, else 16 rows with each key
+// tile split over the four warps, whose softmax states merge at the end (attention_kernel).
 // Nothing of size S x S reaches global memory; Q, K, V, O are addressed through strides, so
 // [B,S,H,D] projection outputs are consumed in place.
 // (Fragment layouts: mma.cuh.)
@@ -26,15 +28,6 @@ constexpr int kLd = kD + 8;         // shared pitch in elements (144 bytes: 36 w
 
 struct NoMask {};  // the mask type of a launch without one
 
-__device__ __forceinline__ float mask1(const float* p) { return *p; }
-__device__ __forceinline__ float mask1(const __half* p) { return __half2float(*p); }
-__device__ __forceinline__ float mask1(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ float2 mask2(const float* p) { return *reinterpret_cast<const float2*>(p); }
-__device__ __forceinline__ float2 mask2(const __half* p) { return __half22float2(*reinterpret_cast<const __half2*>(p)); }
-__device__ __forceinline__ float2 mask2(const __nv_bfloat16* p) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
-}
-
 __device__ __forceinline__ uint32_t pack(float lo, float hi, __half) {
   __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&h);
@@ -46,76 +39,167 @@ __device__ __forceinline__ uint32_t pack(float lo, float hi, __nv_bfloat16) {
 
 __device__ __forceinline__ uint32_t ld32(const void* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-// Starts copying 64 rows x kD from src (row stride `stride` elements) into tile[row][d]; rows past
-// count are zero-filled. Consecutive threads take consecutive 16-byte chunks of a row (coalesced).
+// Copies of 64 rows x kD into a [row][d] tile: thread x moves the 16-byte chunk x % 8 of rows
+// x / 8 + 16 i (i < 4), so consecutive threads take consecutive chunks of a row (coalesced). `src`
+// is this thread's first chunk (row x / 8 of the tile's first row), `stride` the source's row
+// stride; rows past `count` are zero-filled (their source address is never read).
+constexpr int kChunks = kD / 8;                   // 16-byte chunks per row
+constexpr int kRowsPerPass = kThreads / kChunks;  // rows one pass of the CTA covers
 template <class T>
 __device__ __forceinline__ void load_rows_async(T* tile, const T* src, int64_t stride, int count) {
-  constexpr int kChunks = kD / 8;  // 16-byte chunks per row
-  for (int idx = int(threadIdx.x); idx < kTile * kChunks; idx += kThreads) {
-    int row = idx / kChunks, ch = idx % kChunks;
-    bool in = row < count;
-    cp_async16(tile + row * kLd + ch * 8, in ? src + row * stride + ch * 8 : src, in ? 16 : 0);
+  const int r0 = int(threadIdx.x) / kChunks;
+  T* dst = tile + r0 * kLd + (int(threadIdx.x) % kChunks) * 8;
+#pragma unroll
+  for (int i = 0; i < kTile / kRowsPerPass; ++i) {
+    const bool in = r0 + i * kRowsPerPass < count;
+    cp_async16(dst + i * kRowsPerPass * kLd, in ? src + i * kRowsPerPass * stride : src, in ? 16 : 0);
   }
 }
 
-// M: the additive mask's element type, NoMask without one. `pairs`: the mask's keys are contiguous
-// and pair-aligned, so a lane's two adjacent keys are one 2-element load.
+// 2^x in one instruction (MUFU.EX2); 2^-inf = 0.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Read-only global loads as volatile asm: they stay where they are written, ahead of the K/V wait,
+// so their latency hides behind it (as plain loads the compiler sank them to their use under the
+// register cap; ncu, BERT b64: L1TEX-scoreboard stalls were half of all cycles).
+__device__ __forceinline__ uint16_t ldg16(const void* p) {
+  uint16_t r;
+  asm volatile("ld.global.nc.b16 %0, [%1];" : "=h"(r) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ uint32_t ldg32(const void* p) {
+  uint32_t r;
+  asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(r) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ uint2 ldg64(const void* p) {
+  uint2 r;
+  asm volatile("ld.global.nc.v2.b32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+}
+
+// A lane's two adjacent mask values as held between their load and their use: the 16-bit types
+// stay packed in one register (the f32 conversion happens at the use), f32 ones are two. Keys
+// that are not loaded read as 0.
+template <class M>
+struct MaskPair {
+  uint2 v;
+  __device__ __forceinline__ void load(const M* p, int64_t stride, bool lo, bool hi) {
+    v.x = lo ? ldg32(p) : 0u;
+    v.y = hi ? ldg32(p + stride) : 0u;
+  }
+  __device__ __forceinline__ void load2(const M* p) { v = ldg64(p); }
+  __device__ __forceinline__ float2 get() const { return make_float2(__uint_as_float(v.x), __uint_as_float(v.y)); }
+};
+template <class H, class H2>
+struct MaskPair16 {
+  uint32_t v;
+  __device__ __forceinline__ void load(const H* p, int64_t stride, bool lo, bool hi) {
+    const uint32_t a = lo ? ldg16(p) : 0u, b = hi ? ldg16(p + stride) : 0u;
+    v = a | (b << 16);
+  }
+  __device__ __forceinline__ void load2(const H* p) { v = ldg32(p); }
+  __device__ __forceinline__ float2 get() const {
+    const H2 h = *reinterpret_cast<const H2*>(&v);
+    if constexpr (std::is_same_v<H, __half>) return __half22float2(h);
+    else return __bfloat1622float2(h);
+  }
+};
+template <>
+struct MaskPair<__half> : MaskPair16<__half, __half2> {};
+template <>
+struct MaskPair<__nv_bfloat16> : MaskPair16<__nv_bfloat16, __nv_bfloat162> {};
+
+// A tile's additive mask for this lane: keys 2t, 2t+1 of the groups of 8 keys nt0 .. nt0 + N - 1,
+// rows g and g + 8. `mr` are the two rows' pointers at this tile's first key plus 2t keys; `lim`
+// keys of the tile are valid (>= kTile: all); keys past it read as 0 (their scores are -inf
+// anyway). kPairs: the keys are contiguous and pair-aligned (one 2-element load); `one_row`: both
+// rows read the same mask row (a mask broadcast over queries, as BERT's padding mask), loaded once.
+template <int N, bool kPairs, class M>
+__device__ __forceinline__ void load_mask(MaskPair<M> (&mk)[N][2], const M* const (&mr)[2], int64_t key_stride,
+                                          int nt0, int lim, int t, bool one_row) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int key = (nt0 + i) * 8 + 2 * t;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (r == 1 && one_row) {
+        mk[i][1] = mk[i][0];
+      } else if constexpr (kPairs) {
+        if (key < lim) mk[i][r].load2(mr[r] + (nt0 + i) * 8);
+        else mk[i][r].load(mr[r], 0, false, false);
+      } else {
+        mk[i][r].load(mr[r] + int64_t((nt0 + i) * 8) * key_stride, key_stride, key < lim, key + 1 < lim);
+      }
+    }
+  }
+}
+
+// M: the additive mask's element type, NoMask without one. kPairs: see load_mask.
+// kQW: warps along the queries (16 rows each); the other 4 / kQW warps split every key tile between
+// them (kKW groups of 64 / kKW keys) and their partial softmax states merge at the end. kQW = 4 (64
+// queries per CTA, every warp sees every key) when there are CTAs enough to fill the GPU; kQW = 1
+// for few heads x queries (batch 1: 12 heads x 2 tiles of 64 are 24 CTAs on 132 SMs), where the
+// per-warp chain of dependent steps over the keys is what takes the time.
 // Blocks per SM: the mask's registers make 4 spill; measured on the H100 (2026-11-23): masked
 // BERT/GPT-2 layers 46-48 us at 3 vs 50-53 us at 4, unmasked ViT 307 us at 4 vs 327 us at 3.
-template <class T, class M>
-__global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> ? 4 : 3) attention_kernel(const T* __restrict__ q, const T* __restrict__ k,
-                                                                const T* __restrict__ v, const void* __restrict__ mask,
-                                                                bool pairs, T* __restrict__ o, AttentionShape sh,
-                                                                float scale) {
+template <class T, class M, bool kPairs, int kQW>
+__global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> ? 4 : 3)
+    attention_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                     const void* __restrict__ mask, T* __restrict__ o, AttentionShape sh, float scale) {
   constexpr bool kMasked = !std::is_same_v<M, NoMask>;
+  constexpr int kKW = kWarps / kQW;         // warps sharing a query row block, each on its own keys
+  constexpr int kNT = kTile / 8 / kKW;      // groups of 8 keys per warp per tile
+  constexpr int kQRows = 16 * kQW;          // queries per CTA
+  static_assert(kNT % 2 == 0, "P.V takes keys 16 at a time");
   // K and V double-buffered: the next key tile streams in (cp.async) while this one is used.
   __shared__ __align__(16) T qs[kTile * kLd];
   __shared__ __align__(16) T ks[2][kTile * kLd];
   __shared__ __align__(16) T vs[2][kTile * kLd];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane >> 2, t = lane & 3;
-  const int b = int(blockIdx.z), h = int(blockIdx.y), q0 = int(blockIdx.x) * kTile;
-  const T* kb = k + b * sh.k[0] + h * sh.k[1];
-  const T* vb = v + b * sh.v[0] + h * sh.v[1];
-  load_rows_async(qs, q + b * sh.q[0] + h * sh.q[1] + q0 * sh.q[2], sh.q[2], min(kTile, sh.sq - q0));
-  load_rows_async(ks[0], kb, sh.k[2], min(kTile, sh.sk));
-  load_rows_async(vs[0], vb, sh.v[2], min(kTile, sh.sk));
+  const int qw = warp % kQW, kw = warp / kQW, nt0 = kw * kNT;
+  const int b = int(blockIdx.z), h = int(blockIdx.y), q0 = int(blockIdx.x) * kQRows;
+  // This thread's copy chunk of K/V row 0 (load_rows_async), advanced one tile per step.
+  const int r0 = int(threadIdx.x) / kChunks, c0 = (int(threadIdx.x) % kChunks) * 8;
+  const T* kp = k + b * sh.k[0] + h * sh.k[1] + r0 * sh.k[2] + c0;
+  const T* vp = v + b * sh.v[0] + h * sh.v[1] + r0 * sh.v[2] + c0;
+  load_rows_async(qs, q + b * sh.q[0] + h * sh.q[1] + (q0 + r0) * sh.q[2] + c0, sh.q[2],
+                  min(kQRows, sh.sq - q0));
+  load_rows_async(ks[0], kp, sh.k[2], min(kTile, sh.sk));
+  load_rows_async(vs[0], vp, sh.v[2], min(kTile, sh.sk));
   cp_async_commit();
-  const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
-  int64_t mrow[2];
-  for (int r = 0; r < 2; ++r) {  // rows past the end read row sq-1's mask (their results are dropped)
-    mrow[r] = int64_t(b) * sh.m[0] + int64_t(h) * sh.m[1] + int64_t(min(row[r], sh.sq - 1)) * sh.m[2];
+  const M* mr[2] = {};  // the lane's two rows of the mask at key 2t; rows past the end read row sq-1's
+  bool one_row = true;
+  if constexpr (kMasked) {
+    const M* mp = static_cast<const M*>(mask) + int64_t(b) * sh.m[0] + int64_t(h) * sh.m[1] + int64_t(2 * t) * sh.m[3];
+    for (int r = 0; r < 2; ++r) mr[r] = mp + int64_t(min(q0 + qw * 16 + g + 8 * r, sh.sq - 1)) * sh.m[2];
+    one_row = sh.m[2] == 0;
   }
   float acc[kD / 8][4] = {};  // O: 8 column tiles of 8
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // l: this lane's partial sums
+  // Running max and this lane's partial sums of rows g, g + 8.
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
   uint32_t qa[kD / 16][4];  // this warp's 16 query rows as A fragments, for the whole loop
   const int tiles = (sh.sk + kTile - 1) / kTile;
 
   for (int j = 0; j < tiles; ++j) {
-    const int j0 = j * kTile, buf = j & 1;
-    // This tile's mask values for the lane's keys (2t, 2t+1 of each 8) and rows (g, g+8), requested
-    // before the K/V wait so their latency hides behind it.
-    float2 mk[kTile / 8][2];
+    const int j0 = j * kTile, buf = j & 1, lim = sh.sk - j0;
+    // This tile's mask values, requested before the K/V wait so their latency hides behind it.
+    MaskPair<M> mk[kNT][2];
     if constexpr (kMasked) {
-      const M* mp = static_cast<const M*>(mask);
-#pragma unroll
-      for (int nt = 0; nt < kTile / 8; ++nt) {
-        const int key = j0 + nt * 8 + 2 * t;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const M* p = mp + mrow[r] + int64_t(key) * sh.m[3];
-          if (pairs) {
-            mk[nt][r] = key < sh.sk ? mask2(p) : make_float2(0.0f, 0.0f);
-          } else {
-            mk[nt][r].x = key < sh.sk ? mask1(p) : 0.0f;
-            mk[nt][r].y = key + 1 < sh.sk ? mask1(p + sh.m[3]) : 0.0f;
-          }
-        }
-      }
+      load_mask<kNT, kPairs>(mk, mr, sh.m[3], nt0, lim, t, one_row);
+      for (int r = 0; r < 2; ++r) mr[r] += int64_t(kTile) * sh.m[3];
     }
     if (j + 1 < tiles) {  // the next tile into the other buffer, freed by the last iteration's barrier
-      int next = min(kTile, sh.sk - j0 - kTile);
-      load_rows_async(ks[buf ^ 1], kb + (j0 + kTile) * sh.k[2], sh.k[2], next);
-      load_rows_async(vs[buf ^ 1], vb + (j0 + kTile) * sh.v[2], sh.v[2], next);
+      kp += kTile * sh.k[2];
+      vp += kTile * sh.v[2];
+      load_rows_async(ks[buf ^ 1], kp, sh.k[2], min(kTile, lim - kTile));
+      load_rows_async(vs[buf ^ 1], vp, sh.v[2], min(kTile, lim - kTile));
       cp_async_commit();
       cp_async_wait<1>();  // everything but that newest group has landed
     } else {
@@ -123,38 +207,51 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> ? 4 : 3) a
     }
     __syncthreads();
     if (j == 0) {
-      const T* qw = qs + warp * 16 * kLd;
+      const T* qwp = qs + qw * 16 * kLd;
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
-        qa[kk][0] = ld32(qw + g * kLd + kk * 16 + 2 * t);
-        qa[kk][1] = ld32(qw + (g + 8) * kLd + kk * 16 + 2 * t);
-        qa[kk][2] = ld32(qw + g * kLd + kk * 16 + 8 + 2 * t);
-        qa[kk][3] = ld32(qw + (g + 8) * kLd + kk * 16 + 8 + 2 * t);
+        qa[kk][0] = ld32(qwp + g * kLd + kk * 16 + 2 * t);
+        qa[kk][1] = ld32(qwp + (g + 8) * kLd + kk * 16 + 2 * t);
+        qa[kk][2] = ld32(qwp + g * kLd + kk * 16 + 8 + 2 * t);
+        qa[kk][3] = ld32(qwp + (g + 8) * kLd + kk * 16 + 8 + 2 * t);
       }
     }
     const T* kt = ks[buf];
     const T* vt = vs[buf];
 
-    float s[kTile / 8][4];  // S: 8 key tiles of 8
+    // S = Q . K^T over this warp's keys. K's B fragments (key-major: non-transposed) through
+    // ldmatrix, four 8x8 matrices at a time: 8 keys x d {0-7, 8-15, 16-23, 24-31} of a 32-wide half.
+    float s[kNT][4];
+    const T* krow = kt + (nt0 * 8 + (lane & 7)) * kLd + (lane >> 3) * 8;
 #pragma unroll
-    for (int nt = 0; nt < kTile / 8; ++nt) {
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-      const T* kr = kt + (nt * 8 + g) * kLd + 2 * t;
+    for (int i = 0; i < kNT; ++i) {
+      s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) mma(s[nt], qa[kk], ld32(kr + kk * 16), ld32(kr + kk * 16 + 8), T());
+      for (int kh = 0; kh < kD / 32; ++kh) {
+        uint32_t bk[4];
+        ldmatrix_x4(bk, krow + i * 8 * kLd + kh * 32);
+        mma(s[i], qa[2 * kh], bk[0], bk[1], T());
+        mma(s[i], qa[2 * kh + 1], bk[2], bk[3], T());
+      }
     }
+    // x = s * scale + mask; keys past the end -inf. The exponentials run in base 2:
+    // e^(x - m) = 2^(x log2(e) - m log2(e)), one FFMA and one MUFU.EX2 per score.
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int nt = 0; nt < kTile / 8; ++nt) {
+    for (int i = 0; i < kNT; ++i) {
+      float2 mv[2];
+      if constexpr (kMasked) {
+        mv[0] = mk[i][0].get();
+        mv[1] = mk[i][1].get();
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        int r = e >> 1, key = j0 + nt * 8 + 2 * t + (e & 1);
-        float x = -INFINITY;
-        if (key < sh.sk) {
-          x = s[nt][e] * scale;
-          if constexpr (kMasked) x += (e & 1) ? mk[nt][r].y : mk[nt][r].x;
-        }
-        s[nt][e] = x;
+        const int r = e >> 1;
+        float x;
+        if constexpr (kMasked) x = fmaf(s[i][e], scale, (e & 1) ? mv[r].y : mv[r].x);
+        else x = s[i][e] * scale;
+        if (lim < kTile && (nt0 + i) * 8 + 2 * t + (e & 1) >= lim) x = -INFINITY;
+        s[i][e] = x;
         mx[r] = fmaxf(mx[r], x);
       }
     }
@@ -164,17 +261,17 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> ? 4 : 3) a
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
       float m_new = fmaxf(m_run[r], mx[r]);
-      base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row masked so far stays all-zero
-      alpha[r] = __expf(m_run[r] - base[r]);
+      base[r] = m_new == -INFINITY ? 0.0f : -m_new * kLog2e;  // a row masked so far stays all-zero
+      alpha[r] = exp2_approx(fmaf(m_run[r], kLog2e, base[r]));
       m_run[r] = m_new;
       l_run[r] *= alpha[r];
     }
 #pragma unroll
-    for (int nt = 0; nt < kTile / 8; ++nt) {
+    for (int i = 0; i < kNT; ++i) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float p = __expf(s[nt][e] - base[e >> 1]);
-        s[nt][e] = p;
+        float p = exp2_approx(fmaf(s[i][e], kLog2e, base[e >> 1]));
+        s[i][e] = p;
         l_run[e >> 1] += p;
       }
     }
@@ -186,13 +283,13 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> ? 4 : 3) a
       acc[dt][3] *= alpha[1];
     }
 #pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {  // O += P . V, P straight from the S registers
+    for (int kk = 0; kk < kNT / 2; ++kk) {  // O += P . V, P straight from the S registers
       uint32_t pa[4] = {pack(s[2 * kk][0], s[2 * kk][1], T()), pack(s[2 * kk][2], s[2 * kk][3], T()),
                         pack(s[2 * kk + 1][0], s[2 * kk + 1][1], T()), pack(s[2 * kk + 1][2], s[2 * kk + 1][3], T())};
       // V's B fragments (key-major in shared memory) through ldmatrix.trans, two 8-wide d tiles at a time:
       // matrices {keys 0-7, keys 8-15} x {d tile 2dp, 2dp+1}.
       const int mi = lane >> 3;
-      const T* vrow = vt + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * kLd + (mi >> 1) * 8;
+      const T* vrow = vt + (nt0 * 8 + kk * 16 + (mi & 1) * 8 + (lane & 7)) * kLd + (mi >> 1) * 8;
 #pragma unroll
       for (int dp = 0; dp < kD / 16; ++dp) {
         uint32_t bv[4];
@@ -204,18 +301,73 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> ? 4 : 3) a
     __syncthreads();  // this buffer is refilled by the next iteration's prefetch
   }
 
-  float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float l = l_run[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    inv[r] = 1.0f / l;  // 0 / 0 = NaN for a fully masked row, as the unfused softmax gives
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
   }
+  if constexpr (kKW > 1) {
+    // Merge the key groups' states into the first group's warp: the others leave (m, l, O) in the
+    // K buffers (free after the loop's last barrier) as [slot][value][lane], conflict-free.
+    constexpr int kVals = 4 + kD / 2;
+    static_assert((kKW - 1) * kQW * kVals * 32 * sizeof(float) <= sizeof(ks), "merge scratch");
+    float* part = reinterpret_cast<float*>(&ks[0][0]);
+    if (kw > 0) {
+      float* my = part + ((kw - 1) * kQW + qw) * kVals * 32 + lane;
+      my[0] = m_run[0];
+      my[32] = m_run[1];
+      my[64] = l_run[0];
+      my[96] = l_run[1];
+#pragma unroll
+      for (int dt = 0; dt < kD / 8; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) my[(4 + dt * 4 + e) * 32] = acc[dt][e];
+    }
+    __syncthreads();
+    if (kw > 0) return;
+    float mo[kKW - 1][2];
+    float mtot[2] = {m_run[0], m_run[1]};
+#pragma unroll
+    for (int w = 0; w < kKW - 1; ++w) {
+      const float* ot = part + (w * kQW + qw) * kVals * 32 + lane;
+      mo[w][0] = ot[0];
+      mo[w][1] = ot[32];
+      mtot[0] = fmaxf(mtot[0], mo[w][0]);
+      mtot[1] = fmaxf(mtot[1], mo[w][1]);
+    }
+    // Weights 2^((m_w - M) log2 e); a group that saw only masked keys (m_w = -inf) weighs 0.
+    float f[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      f[r] = m_run[r] == -INFINITY ? 0.0f : exp2_approx((m_run[r] - mtot[r]) * kLog2e);
+      l_run[r] *= f[r];
+    }
+#pragma unroll
+    for (int dt = 0; dt < kD / 8; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[dt][e] *= f[e >> 1];
+#pragma unroll
+    for (int w = 0; w < kKW - 1; ++w) {
+      const float* ot = part + (w * kQW + qw) * kVals * 32 + lane;
+      float fw[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        fw[r] = mo[w][r] == -INFINITY ? 0.0f : exp2_approx((mo[w][r] - mtot[r]) * kLog2e);
+        l_run[r] += fw[r] * ot[(2 + r) * 32];
+      }
+#pragma unroll
+      for (int dt = 0; dt < kD / 8; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[dt][e] += fw[e >> 1] * ot[(4 + dt * 4 + e) * 32];
+    }
+  }
+
+  // 0 / 0 = NaN for a fully masked row, as the unfused softmax gives.
+  const float inv[2] = {1.0f / l_run[0], 1.0f / l_run[1]};
   // O goes out through this warp's 16 rows of qs (read only at j == 0, by this warp alone): the
   // fragments' 4-byte pieces become whole 16-byte chunks per lane, 128 contiguous bytes per row,
   // instead of half-used 32-byte sectors (ncu, BERT b64: 16 of 32 bytes per sector stored).
-  T* ow = qs + warp * 16 * kLd;
+  T* ow = qs + qw * 16 * kLd;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
 #pragma unroll
@@ -225,28 +377,50 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> ? 4 : 3) a
     }
   }
   __syncwarp();
-  constexpr int kChunks = kD / 8;  // 16-byte chunks per row
 #pragma unroll
   for (int i = lane; i < 16 * kChunks; i += 32) {
-    const int rr = i / kChunks, ch = i % kChunks, qrow = q0 + warp * 16 + rr;
+    const int rr = i / kChunks, ch = i % kChunks, qrow = q0 + qw * 16 + rr;
     if (qrow >= sh.sq) continue;
     *reinterpret_cast<uint4*>(o + b * sh.o[0] + h * sh.o[1] + int64_t(qrow) * sh.o[2] + ch * 8) =
         *reinterpret_cast<const uint4*>(ow + rr * kLd + ch * 8);
   }
 }
 
+template <class T, class M, bool kPairs, int kQW>
+cudaError_t launch_qw(const void* q, const void* k, const void* v, const void* mask, void* o, const AttentionShape& sh,
+                      float scale, cudaStream_t s) {
+  constexpr int rows = 16 * kQW;
+  dim3 grid(unsigned((sh.sq + rows - 1) / rows), unsigned(sh.h), unsigned(sh.b));
+  attention_kernel<T, M, kPairs, kQW><<<grid, kThreads, 0, s>>>(static_cast<const T*>(q), static_cast<const T*>(k),
+                                                               static_cast<const T*>(v), mask, static_cast<T*>(o), sh,
+                                                               scale);
+  return cudaGetLastError();
+}
+
+// 64 queries per CTA when that gives at least one CTA per SM, else 16 with the keys split four ways.
+bool few_ctas(const AttentionShape& sh) {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    sms = 132;
+  return int64_t(sh.b) * sh.h * ((sh.sq + kTile - 1) / kTile) < sms;
+}
+
+template <class T, class M, bool kPairs>
+cudaError_t launch_pairs(const void* q, const void* k, const void* v, const void* mask, void* o, const AttentionShape& sh,
+                         float scale, cudaStream_t s) {
+  if (few_ctas(sh)) return launch_qw<T, M, kPairs, 1>(q, k, v, mask, o, sh, scale, s);
+  return launch_qw<T, M, kPairs, kWarps>(q, k, v, mask, o, sh, scale, s);
+}
+
 template <class T, class M>
 cudaError_t launch(const void* q, const void* k, const void* v, const void* mask, void* o, const AttentionShape& sh,
                    float scale, cudaStream_t s) {
-  bool pairs = false;
   if constexpr (!std::is_same_v<M, NoMask>) {
-    pairs = sh.m[3] == 1 && sh.sk % 2 == 0 && sh.m[0] % 2 == 0 && sh.m[1] % 2 == 0 && sh.m[2] % 2 == 0 &&
-            reinterpret_cast<uintptr_t>(mask) % (2 * sizeof(M)) == 0;
+    const bool pairs = sh.m[3] == 1 && sh.sk % 2 == 0 && sh.m[0] % 2 == 0 && sh.m[1] % 2 == 0 && sh.m[2] % 2 == 0 &&
+                       reinterpret_cast<uintptr_t>(mask) % (2 * sizeof(M)) == 0;
+    if (pairs) return launch_pairs<T, M, true>(q, k, v, mask, o, sh, scale, s);
   }
-  dim3 grid(unsigned((sh.sq + kTile - 1) / kTile), unsigned(sh.h), unsigned(sh.b));
-  attention_kernel<T, M><<<grid, kThreads, 0, s>>>(static_cast<const T*>(q), static_cast<const T*>(k),
-                                                   static_cast<const T*>(v), mask, pairs, static_cast<T*>(o), sh, scale);
-  return cudaGetLastError();
+  return launch_pairs<T, M, false>(q, k, v, mask, o, sh, scale, s);
 }
 
 template <class T>

@@ -70,10 +70,50 @@ TEST_F(Codegen, BroadcastOperandsIndexThroughCoordinates) {
   EwKernelSpec spec{"kiln_ew", {4, 8}, {{k::DT::kBF16, {8, 1}}, {k::DT::kBF16, {0, 1}}, {k::DT::kI64, {1, 0}}}, k::DT::kBF16};
   auto src = generate_elementwise(*body, spec);
   ASSERT_TRUE(src) << src.status().message();
-  EXPECT_NE(src->find("c1 = rem % 8LL"), std::string::npos) << *src;
+  EXPECT_NE(src->find("const unsigned c1 = rem % 8u"), std::string::npos) << *src;  // 32-bit index math
   EXPECT_NE(src->find("in1[c1 * 1LL]"), std::string::npos) << *src;  // w: broadcast over rows
   EXPECT_NE(src->find("in2[c0 * 1LL]"), std::string::npos) << *src;  // n: broadcast over columns
   expect_compiles(*src);
+}
+
+// The packed variant: BERT's embedding sum (a contiguous operand and one broadcast over the batch)
+// over packs of 8 halves, and an operand broadcast along the last dim read once per pack.
+TEST_F(Codegen, PackedVariantReadsContiguousOperandsAsVectors) {
+  auto body = body_of(R"(graph b(%x: f16[2,4,16], %p: f16[4,16], %s: f16[2,4,1]) {
+    %a = Add(%x, %p) : f16[2,4,16]
+    %y = Mul(%a, %s) : f16[2,4,16]
+    return %y
+  })");
+  ASSERT_TRUE(body);
+  EwKernelSpec spec{"kiln_ew", {2, 4, 16}, {{k::DT::kF16, {64, 16, 1}}, {k::DT::kF16, {0, 16, 1}}, {k::DT::kF16, {4, 1, 0}}},
+                    k::DT::kF16};
+  EXPECT_EQ(ew_vector_width(spec), 8);
+  auto src = generate_elementwise(*body, spec);
+  ASSERT_TRUE(src) << src.status().message();
+  EXPECT_NE(src->find("kiln_ew_v("), std::string::npos) << *src;
+  EXPECT_NE(src->find("const P0 p0 = *reinterpret_cast<const P0*>(in0 + i);"), std::string::npos) << *src;
+  EXPECT_NE(src->find("const P1 p1 = *reinterpret_cast<const P1*>(in1 + c1 * 16LL + c2 * 1LL);"), std::string::npos) << *src;
+  EXPECT_NE(src->find("const unsigned short s2 = in2[c0 * 4LL + c1 * 1LL];"), std::string::npos) << *src;
+  EXPECT_NE(src->find("struct __align__(16) PO { unsigned short v[8]; };"), std::string::npos) << *src;
+  expect_compiles(*src);
+
+  // Not packed: a last dim that 8 does not divide, or an operand strided along it.
+  EwKernelSpec ragged{"kiln_ew", {2, 4, 12}, {{k::DT::kF16, {48, 12, 1}}, {k::DT::kF16, {0, 12, 1}}, {k::DT::kF16, {4, 1, 0}}},
+                      k::DT::kF16};
+  EXPECT_EQ(ew_vector_width(ragged), 1);
+  auto scalar = generate_elementwise(*body_of(R"(graph b(%x: f16[2,4,12], %p: f16[4,12], %s: f16[2,4,1]) {
+    %a = Add(%x, %p) : f16[2,4,12]
+    %y = Mul(%a, %s) : f16[2,4,12]
+    return %y
+  })"), ragged);
+  ASSERT_TRUE(scalar) << scalar.status().message();
+  EXPECT_EQ(scalar->find("kiln_ew_v("), std::string::npos) << *scalar;
+  EwKernelSpec strided = spec;
+  strided.inputs[0].strides = {64, 1, 4};  // a transposed operand
+  EXPECT_EQ(ew_vector_width(strided), 1);
+  EwKernelSpec f32out = spec;
+  f32out.out_dt = k::DT::kF32;
+  EXPECT_EQ(ew_vector_width(f32out), 4);
 }
 
 TEST_F(Codegen, EveryGeneratedOpCompiles) {

@@ -1,5 +1,6 @@
 #include "backends/cuda/codegen_elementwise.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <unordered_map>
@@ -214,6 +215,7 @@ Expected<std::string> generate_elementwise(const Graph& body, const EwKernelSpec
   for (size_t i = spec.dims.size(); i-- > 1;) contiguous[i - 1] = contiguous[i] * spec.dims[i];
 
   std::string params, loads;
+  std::vector<std::string> offsets;                     // each input's element offset of output element i
   std::unordered_map<const Value*, std::string> name;  // body value -> C expression / variable
   std::unordered_map<const Value*, CType> type;
   bool need_coords = false;
@@ -237,17 +239,22 @@ Expected<std::string> generate_elementwise(const Graph& body, const EwKernelSpec
       if (off.empty()) off = "0";
     }
     loads += fmt::format("    const {} v{} = {};\n", cname(*ct), i, load_expr(op.dt, fmt::format("in{}[{}]", i, off)));
+    offsets.push_back(off);
     name[v] = fmt::format("v{}", i);
     type[v] = *ct;
   }
   auto out_st = storage_of(spec.out_dt);
   if (!out_st) return KILN_ERROR(kUnsupported, "fused output dtype");
 
+  // 32-bit index math when the grid-stride loop cannot wrap (the launch has at most 132 * 16 blocks).
+  const bool narrow = numel < (int64_t{1} << 31);
+  const char* ix = narrow ? "unsigned" : "long long";
+  const char* sfx = narrow ? "u" : "LL";
   std::string coords;
   if (need_coords) {
-    coords += "    long long rem = i;\n";
+    coords += fmt::format("    {} rem = i;\n", ix);
     for (size_t d = spec.dims.size(); d-- > 0;) {
-      coords += fmt::format("    const long long c{} = rem % {}LL; rem /= {}LL;\n", d, spec.dims[d], spec.dims[d]);
+      coords += fmt::format("    const {} c{} = rem % {}{}; rem /= {}{};\n", ix, d, spec.dims[d], sfx, spec.dims[d], sfx);
     }
     coords += "    (void)rem;\n";
   }
@@ -298,11 +305,64 @@ Expected<std::string> generate_elementwise(const Graph& body, const EwKernelSpec
   std::string src = kPrelude;
   src += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({}{}* __restrict__ out) {{\n", kEwBlock, spec.name,
                      params, *out_st);
-  src += fmt::format("  for (long long i = (long long)blockIdx.x * {} + threadIdx.x; i < {}LL; i += (long long)gridDim.x * {}) {{\n",
-                     kEwBlock, numel, kEwBlock);
+  src += fmt::format("  for ({0} i = ({0})blockIdx.x * {1} + threadIdx.x; i < {2}{3}; i += ({0})gridDim.x * {1}) {{\n", ix,
+                     kEwBlock, numel, sfx);
   src += coords + loads + stmts;
   src += fmt::format("    out[i] = {};\n  }}\n}}\n", store_expr(spec.out_dt, res->second));
+
+  // The packed variant: a thread computes V consecutive outputs of the last dim. Inputs contiguous
+  // along it are read as one pack at the first element's offset (the coordinates are those of
+  // element i, c_last a multiple of V); inputs broadcast along it are read once per pack.
+  const int vw = ew_vector_width(spec);
+  if (vw > 1) {
+    std::string vloads, unpack;
+    const size_t last = spec.dims.size() - 1;
+    for (size_t i = 0; i < spec.inputs.size(); ++i) {
+      const EwOperand& op = spec.inputs[i];
+      const std::string st = *storage_of(op.dt);
+      const std::string ct = cname(*ctype_of(body.inputs[i]->type.dtype));
+      if (op.strides[last] == 1 && spec.dims[last] > 1) {
+        const int align = std::min(16, vw * k::dt_size(op.dt));
+        vloads += fmt::format("    struct __align__({}) P{} {{ {} v[{}]; }};\n    const P{} p{} = *reinterpret_cast<const P{}*>(in{} + {});\n",
+                              align, i, st, vw, i, i, i, i, offsets[i]);
+        unpack += fmt::format("      const {} v{} = {};\n", ct, i, load_expr(op.dt, fmt::format("p{}.v[e]", i)));
+      } else {
+        vloads += fmt::format("    const {} s{} = in{}[{}];\n", st, i, i, offsets[i]);
+        unpack += fmt::format("      const {} v{} = {};\n", ct, i, load_expr(op.dt, fmt::format("s{}", i)));
+      }
+    }
+    const int oalign = std::min(16, vw * k::dt_size(spec.out_dt));
+    src += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}_v({}{}* __restrict__ out) {{\n", kEwBlock,
+                       spec.name, params, *out_st);
+    src += fmt::format("  struct __align__({}) PO {{ {} v[{}]; }};\n", oalign, *out_st, vw);
+    src += fmt::format("  for ({0} p = ({0})blockIdx.x * {1} + threadIdx.x; p < {2}{3}; p += ({0})gridDim.x * {1}) {{\n", ix,
+                       kEwBlock, numel / vw, sfx);
+    src += fmt::format("    const {} i = p * {};\n", ix, vw);
+    src += coords + vloads + "    PO o;\n";
+    src += fmt::format("#pragma unroll\n    for (int e = 0; e < {}; ++e) {{\n", vw);
+    std::string body_stmts = stmts;  // the scalar statements, indented one more level
+    for (size_t pos = 0; (pos = body_stmts.find("    const ", pos)) != std::string::npos; pos += 12) body_stmts.insert(pos, "  ");
+    src += unpack + body_stmts;
+    src += fmt::format("      o.v[e] = {};\n    }}\n    *reinterpret_cast<PO*>(out + i) = o;\n  }}\n}}\n",
+                       store_expr(spec.out_dt, res->second));
+  }
   return src;
+}
+
+int ew_vector_width(const EwKernelSpec& spec) {
+  if (spec.dims.empty()) return 1;
+  const size_t last = spec.dims.size() - 1;
+  const int vw = std::min(8, std::max(1, 16 / k::dt_size(spec.out_dt)));
+  if (vw < 2 || spec.dims[last] % vw != 0) return 1;
+  for (const EwOperand& op : spec.inputs) {
+    if (op.strides.size() != spec.dims.size()) return 1;
+    if (op.strides[last] == 0 || spec.dims[last] == 1) continue;  // read once per pack
+    if (op.strides[last] != 1) return 1;
+    for (size_t d = 0; d < last; ++d) {
+      if (op.strides[d] % vw != 0) return 1;  // every pack starts aligned
+    }
+  }
+  return vw;
 }
 
 }  // namespace kiln::cuda

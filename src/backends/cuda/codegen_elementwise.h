@@ -7,6 +7,12 @@
 //   KILN_ASSIGN_OR_RETURN(std::string src, generate_elementwise(body, spec));
 //   // compile_cached(src) (nvrtc.h), then launch `spec.name` with (in0, ..., out) pointers.
 //
+// When ew_vector_width(spec) > 1 the source also defines `<name>_v`: the same body over packs of
+// that many consecutive outputs of the last dim, each thread loading the inputs that are contiguous
+// along it as one (up to 16-byte) vector and storing one vector; launch it over numel / width
+// threads when every such input pointer and the output are aligned to min(16, width x element
+// size) bytes (the scalar kernel otherwise).
+//
 // Shapes and strides are baked into the source (the divisions by constant dims become multiplies,
 // and the disk cache is keyed by the source, so each shape compiles once). The source includes no
 // header: 16-bit floats are converted with inline PTX, so NVRTC needs no toolkit include folder.
@@ -36,5 +42,10 @@ struct EwKernelSpec {
 inline constexpr int kEwBlock = 256;  // threads per block of the generated kernels
 
 Expected<std::string> generate_elementwise(const Graph& body, const EwKernelSpec& spec);
+
+// Outputs per thread of the packed variant: 16 bytes of the output type (at most 8), when the last
+// dim divides by it and every input is contiguous along it (with other strides that keep each pack
+// aligned) or broadcast over it; 1 otherwise.
+int ew_vector_width(const EwKernelSpec& spec);
 
 }  // namespace kiln::cuda

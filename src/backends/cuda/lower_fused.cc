@@ -53,23 +53,43 @@ Status lower_fused_elementwise(Lowering& L, const Node& n) {
     cudaGetLastError();
     KILN_UNSUPPORTED("its generated kernel did not load: {}", cudaGetErrorString(e));
   }
+  // The packed variant (codegen_elementwise.h), taken at launch when the pointers allow it.
+  const int vw = ew_vector_width(spec);
+  cudaKernel_t vkern = nullptr;
+  if (vw > 1 && cudaLibraryGetKernel(&vkern, lib->lib, (spec.name + "_v").c_str()) != cudaSuccess) {
+    cudaGetLastError();
+    vkern = nullptr;
+  }
+  std::vector<int> align;  // per input: the bytes its pointer must be aligned to for the packed kernel
+  const size_t last = spec.dims.empty() ? 0 : spec.dims.size() - 1;
+  for (const EwOperand& op : spec.inputs) {
+    const bool packed = vkern && op.strides[last] == 1 && spec.dims[last] > 1;
+    align.push_back(packed ? std::min(16, vw * k::dt_size(op.dt)) : 1);
+  }
+  const int out_align = std::min(16, std::max(1, vw * k::dt_size(spec.out_dt)));
   L.keep_alive.push_back(lib);  // unloaded with the engine
 
   const DevValue& y = L.define(out);
   Ref yr = y.ref;
   int64_t numel = 1;
   for (int64_t d : spec.dims) numel *= d;
-  const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>((numel + kEwBlock - 1) / kEwBlock, 132 * 16)));
-  std::string impl = fmt::format("generated kernel {} nodes ({:016x}, {})", body->nodes.size(), std::hash<std::string>{}(src),
-                                 ck->from_cache ? "from the disk cache" : "compiled by NVRTC");
+  auto grid_for = [](int64_t threads) {
+    return unsigned(std::max<int64_t>(1, std::min<int64_t>((threads + kEwBlock - 1) / kEwBlock, 132 * 16)));
+  };
+  const unsigned grid = grid_for(numel), vgrid = grid_for(vkern ? numel / vw : numel);
+  std::string impl = fmt::format("generated kernel {} nodes ({:016x}, {}{})", body->nodes.size(), std::hash<std::string>{}(src),
+                                 ck->from_cache ? "from the disk cache" : "compiled by NVRTC",
+                                 vkern ? fmt::format(", {} per thread when aligned", vw) : "");
   L.emit(&n, impl, reads, {yr.id}, [=](const RunCtx& c) -> Status {
     std::vector<void*> ptrs;
     for (const Ref& r : ins) ptrs.push_back(c.ptr(r));
     ptrs.push_back(c.ptr(yr));
     std::vector<void*> args;
     for (void*& p : ptrs) args.push_back(&p);
-    KILN_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<const void*>(kern), dim3(grid), dim3(kEwBlock), args.data(), 0,
-                                   c.stream));
+    bool packed = vkern != nullptr && reinterpret_cast<uintptr_t>(ptrs.back()) % uintptr_t(out_align) == 0;
+    for (size_t i = 0; packed && i < align.size(); ++i) packed = reinterpret_cast<uintptr_t>(ptrs[i]) % uintptr_t(align[i]) == 0;
+    KILN_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<const void*>(packed ? vkern : kern), dim3(packed ? vgrid : grid),
+                                   dim3(kEwBlock), args.data(), 0, c.stream));
     return Status::ok();
   });
   return Status::ok();

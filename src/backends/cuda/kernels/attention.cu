@@ -150,7 +150,7 @@ __device__ __forceinline__ void load_mask(MaskPair<M> (&mk)[N][2], const M* cons
 // Blocks per SM: the mask's registers make 4 spill; measured on the H100 (2026-11-23): masked
 // BERT/GPT-2 layers 46-48 us at 3 vs 50-53 us at 4, unmasked ViT 307 us at 4 vs 327 us at 3.
 template <class T, class M, bool kPairs, int kQW>
-__global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> ? 4 : 3)
+__global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> || kPairs ? 4 : 3)
     attention_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                      const void* __restrict__ mask, T* __restrict__ o, AttentionShape sh, float scale) {
   constexpr bool kMasked = !std::is_same_v<M, NoMask>;

@@ -147,8 +147,10 @@ __device__ __forceinline__ void load_mask(MaskPair<M> (&mk)[N][2], const M* cons
 // queries per CTA, every warp sees every key) when there are CTAs enough to fill the GPU; kQW = 1
 // for few heads x queries (batch 1: 12 heads x 2 tiles of 64 are 24 CTAs on 132 SMs), where the
 // per-warp chain of dependent steps over the keys is what takes the time.
-// Blocks per SM: the mask's registers make 4 spill; measured on the H100 (2026-11-23): masked
-// BERT/GPT-2 layers 46-48 us at 3 vs 50-53 us at 4, unmasked ViT 307 us at 4 vs 327 us at 3.
+// Blocks per SM: 4 (128 registers) without a mask and with pair-loaded masks (24 bytes spilled;
+// H100, 2026-11-24: BERT b64 3.269/3.295 -> 3.257/3.267 ms, b1 0.398/0.393 -> 0.388/0.386 against 3
+// blocks); 3 for element-wise masks, which spill 88 bytes at 4 (measured 2026-11-23 on the earlier
+// kernel: masked layers 46-48 us at 3 vs 50-53 us at 4; unmasked ViT 307 us at 4 vs 327 us at 3).
 template <class T, class M, bool kPairs, int kQW>
 __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> || kPairs ? 4 : 3)
     attention_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,

@@ -152,6 +152,18 @@ const std::vector<Case> kCases = {
   {"onnx_attention_wide_oddkeys", "graph g(%q: f32[3,16,130,64], %k: f32[3,16,131,64], %v: f32[3,16,131,64], %m: f32[3,1,1,131]) {\n"
    " %y = Attention(%q, %k, %v, %m) {scale = 0.125} : f32[3,16,130,64]\n return %y\n}", {}, 1e-4, 2e-2, true, 4,
    "kernel attention (fused", true, true},
+  // Masks near the float minimum (HF's finfo(bf16).min style; f16 builds round them to -inf, bf16
+  // builds keep them finite): right padding (16-query CTAs whose key groups see only masked keys) and
+  // left padding with 64-query CTAs (a first key tile all masked). Scores are rescaled from the
+  // masked running maximum, which must not overflow in the exponent's base change.
+  {"onnx_attention_min_mask_right", "graph g(%q: f32[1,2,20,64], %k: f32[1,2,64,64], %v: f32[1,2,64,64]) {\n"
+   " %m = const dense<f32[1,1,1,64]> [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38]\n"
+   " %y = Attention(%q, %k, %v, %m) {scale = 0.125} : f32[1,2,20,64]\n return %y\n}", {}, 1e-4, 2e-2, true, 4,
+   "kernel attention (fused", true, true},
+  {"onnx_attention_min_mask_left", "graph g(%q: f32[12,12,64,64], %k: f32[12,12,128,64], %v: f32[12,12,128,64]) {\n"
+   " %m = const dense<f32[1,1,1,128]> [-3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, -3.3e38, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]\n"
+   " %y = Attention(%q, %k, %v, %m) {scale = 0.125} : f32[12,12,64,64]\n return %y\n}", {}, 1e-4, 2e-2, true, 4,
+   "kernel attention (fused", true, true},
   {"linear_unaligned_bias", "graph g(%a: f32[3,5,64], %w: f32[64,33], %c: f32[33]) {\n %m = MatMul(%a, %w) : f32[3,5,33]\n %y = Add(%m, %c) : f32[3,5,33]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2},
   // GPT-2's LM head: an unaligned weight with no bias, the product being the graph output.
   {"linear_unaligned_output", "graph g(%a: f32[2,9,64], %w: f32[64,37]) {\n %y = MatMul(%a, %w) : f32[2,9,37]\n return %y\n}", {"w"}, 1e-4, 2e-2},

@@ -1,7 +1,7 @@
 // Fused attention (kernels.h), flash-attention-2 style: a CTA of four warps per (query block, head,
 // batch). Per 64-key step, S = Q.K^T runs on tensor cores (mma.sync m16n8k16, f32 accumulate)
 // straight into registers; the online softmax (running max m, running sum l, rescale of the f32
-// output accumulator by exp(m_old - m_new)), in base 2, works on those registers, a row's values
+// output accumulator by exp(m_old - m_new)) works on those registers, a row's values
 // spread over one quad of lanes; the probabilities are repacked in registers as the A operand of
 // O += P.V. K and V are staged in shared memory as [key][d] by cp.async, double buffered so the
 // next 64 keys stream in while this tile computes; K's fragments come from ldmatrix, V's
@@ -236,8 +236,10 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> || kPairs 
         mma(s[i], qa[2 * kh + 1], bk[2], bk[3], T());
       }
     }
-    // x = s * scale + mask; keys past the end -inf. The exponentials run in base 2:
-    // e^(x - m) = 2^(x log2(e) - m log2(e)), one FFMA and one MUFU.EX2 per score.
+    // x = s * scale + mask; keys past the end -inf. e^(x - m) = 2^((x - m) log2(e)), one MUFU.EX2
+    // per score. Not as 2^(x log2(e) - m log2(e)) (one instruction less): m log2(e) overflows to inf
+    // for masks near the float minimum (HF's finfo(bf16/f32).min, -3.4e38), and a key group that
+    // saw only such keys would then turn its row into NaN.
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int i = 0; i < kNT; ++i) {
@@ -263,8 +265,8 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> || kPairs 
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
       float m_new = fmaxf(m_run[r], mx[r]);
-      base[r] = m_new == -INFINITY ? 0.0f : -m_new * kLog2e;  // a row masked so far stays all-zero
-      alpha[r] = exp2_approx(fmaf(m_run[r], kLog2e, base[r]));
+      base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row masked so far stays all-zero
+      alpha[r] = exp2_approx((m_run[r] - base[r]) * kLog2e);
       m_run[r] = m_new;
       l_run[r] *= alpha[r];
     }
@@ -272,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> || kPairs 
     for (int i = 0; i < kNT; ++i) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float p = exp2_approx(fmaf(s[i][e], kLog2e, base[e >> 1]));
+        float p = exp2_approx((s[i][e] - base[e >> 1]) * kLog2e);
         s[i][e] = p;
         l_run[e >> 1] += p;
       }

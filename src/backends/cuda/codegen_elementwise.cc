@@ -259,7 +259,12 @@ Expected<std::string> generate_elementwise(const Graph& body, const EwKernelSpec
     coords += "    (void)rem;\n";
   }
 
-  std::string stmts;
+  std::vector<std::string> stmts;  // one line each, indented where the kernel places them
+  auto indented = [&](const char* pad) {
+    std::string out;
+    for (const std::string& st : stmts) out += pad + st;
+    return out;
+  };
   int tmp = 0;
   for (const auto& np : body.nodes) {
     const Node& n = *np;
@@ -295,7 +300,7 @@ Expected<std::string> generate_elementwise(const Graph& body, const EwKernelSpec
     if (n.op != OpKind::kCast && o->type.dtype == DType::kFloat16) e = "kh2f(kf2h(" + e + "))";
     if (n.op != OpKind::kCast && o->type.dtype == DType::kBFloat16) e = "kb2f(kf2b(" + e + "))";
     const std::string t = fmt::format("t{}", tmp++);
-    stmts += fmt::format("    const {} {} = ({}){};\n", cname(*out), t, cname(*out), e);
+    stmts.push_back(fmt::format("const {} {} = ({}){};\n", cname(*out), t, cname(*out), e));
     name[o] = t;
     type[o] = *out;
   }
@@ -307,7 +312,7 @@ Expected<std::string> generate_elementwise(const Graph& body, const EwKernelSpec
                      params, *out_st);
   src += fmt::format("  for ({0} i = ({0})blockIdx.x * {1} + threadIdx.x; i < {2}{3}; i += ({0})gridDim.x * {1}) {{\n", ix,
                      kEwBlock, numel, sfx);
-  src += coords + loads + stmts;
+  src += coords + loads + indented("    ");
   src += fmt::format("    out[i] = {};\n  }}\n}}\n", store_expr(spec.out_dt, res->second));
 
   // The packed variant: a thread computes V consecutive outputs of the last dim. Inputs contiguous
@@ -316,13 +321,11 @@ Expected<std::string> generate_elementwise(const Graph& body, const EwKernelSpec
   const int vw = ew_vector_width(spec);
   if (vw > 1) {
     std::string vloads, unpack;
-    const size_t last = spec.dims.size() - 1;
     for (size_t i = 0; i < spec.inputs.size(); ++i) {
       const EwOperand& op = spec.inputs[i];
       const std::string st = *storage_of(op.dt);
       const std::string ct = cname(*ctype_of(body.inputs[i]->type.dtype));
-      if (op.strides[last] == 1 && spec.dims[last] > 1) {
-        const int align = std::min(16, vw * k::dt_size(op.dt));
+      if (const int align = ew_pack_alignment(spec, i); align > 0) {
         vloads += fmt::format("    struct __align__({}) P{} {{ {} v[{}]; }};\n    const P{} p{} = *reinterpret_cast<const P{}*>(in{} + {});\n",
                               align, i, st, vw, i, i, i, i, offsets[i]);
         unpack += fmt::format("      const {} v{} = {};\n", ct, i, load_expr(op.dt, fmt::format("p{}.v[e]", i)));
@@ -340,13 +343,20 @@ Expected<std::string> generate_elementwise(const Graph& body, const EwKernelSpec
     src += fmt::format("    const {} i = p * {};\n", ix, vw);
     src += coords + vloads + "    PO o;\n";
     src += fmt::format("#pragma unroll\n    for (int e = 0; e < {}; ++e) {{\n", vw);
-    std::string body_stmts = stmts;  // the scalar statements, indented one more level
-    for (size_t pos = 0; (pos = body_stmts.find("    const ", pos)) != std::string::npos; pos += 12) body_stmts.insert(pos, "  ");
-    src += unpack + body_stmts;
+    src += unpack + indented("      ");
     src += fmt::format("      o.v[e] = {};\n    }}\n    *reinterpret_cast<PO*>(out + i) = o;\n  }}\n}}\n",
                        store_expr(spec.out_dt, res->second));
   }
   return src;
+}
+
+int ew_pack_alignment(const EwKernelSpec& spec, size_t input) {
+  const int vw = ew_vector_width(spec);
+  if (vw < 2) return 0;
+  const EwOperand& op = spec.inputs[input];
+  const size_t last = spec.dims.size() - 1;
+  if (op.strides[last] != 1 || spec.dims[last] == 1) return 0;  // broadcast along the last dim
+  return std::min(16, vw * k::dt_size(op.dt));
 }
 
 int ew_vector_width(const EwKernelSpec& spec) {

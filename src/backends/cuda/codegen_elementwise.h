@@ -48,4 +48,9 @@ Expected<std::string> generate_elementwise(const Graph& body, const EwKernelSpec
 // aligned) or broadcast over it; 1 otherwise.
 int ew_vector_width(const EwKernelSpec& spec);
 
+// The alignment in bytes that input `input`'s pointer needs for the packed variant, which reads it as
+// one vector per pack; 0 when it is read once per pack (broadcast along the last dim) or there is
+// no packed variant.
+int ew_pack_alignment(const EwKernelSpec& spec, size_t input);
+
 }  // namespace kiln::cuda

@@ -61,11 +61,7 @@ Status lower_fused_elementwise(Lowering& L, const Node& n) {
     vkern = nullptr;
   }
   std::vector<int> align;  // per input: the bytes its pointer must be aligned to for the packed kernel
-  const size_t last = spec.dims.empty() ? 0 : spec.dims.size() - 1;
-  for (const EwOperand& op : spec.inputs) {
-    const bool packed = vkern && op.strides[last] == 1 && spec.dims[last] > 1;
-    align.push_back(packed ? std::min(16, vw * k::dt_size(op.dt)) : 1);
-  }
+  for (size_t i = 0; i < spec.inputs.size(); ++i) align.push_back(std::max(1, ew_pack_alignment(spec, i)));
   const int out_align = std::min(16, std::max(1, vw * k::dt_size(spec.out_dt)));
   L.keep_alive.push_back(lib);  // unloaded with the engine
 

@@ -402,12 +402,7 @@ cudaError_t launch_qw(const void* q, const void* k, const void* v, const void* m
 }
 
 // 64 queries per CTA when that gives at least one CTA per SM, else 16 with the keys split four ways.
-bool few_ctas(const AttentionShape& sh) {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    sms = 132;
-  return int64_t(sh.b) * sh.h * ((sh.sq + kTile - 1) / kTile) < sms;
-}
+bool few_ctas(const AttentionShape& sh) { return int64_t(sh.b) * sh.h * ((sh.sq + kTile - 1) / kTile) < sm_count(); }
 
 template <class T, class M, bool kPairs>
 cudaError_t launch_pairs(const void* q, const void* k, const void* v, const void* mask, void* o, const AttentionShape& sh,

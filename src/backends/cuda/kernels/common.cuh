@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -141,6 +142,21 @@ inline unsigned grid_for(int64_t work, int block = kBlock) {
   int64_t g = (work + block - 1) / block;
   if (g > kMaxGrid) g = kMaxGrid;
   return static_cast<unsigned>(g < 1 ? 1 : g);
+}
+
+// The current device's SM count, read once per device (launchers size grids by it; the attribute
+// query is not free on every launch of an uncaptured forward). 132 (an H100) when it cannot be read.
+inline int sm_count() {
+  constexpr int kDevices = 64;
+  static std::atomic<int> cache[kDevices] = {};  // 0: not read yet (racing first reads store the same value)
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kDevices) return 132;
+  int n = cache[dev].load(std::memory_order_relaxed);
+  if (n == 0) {
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
+    cache[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
 }
 
 __device__ __forceinline__ int64_t global_tid() {

@@ -317,12 +317,11 @@ cudaError_t norm_impl(DT dt, const void* x, const void* scale, const void* bias,
           layer_norm_long_kernel<1><<<row_grid<1>(rows), kRowBlock, 0, s>>>(xt, st, bt, yt, rows, cols, eps, rms);
       } else {
         auto early = layer_norm_kernel<kTpr, kV, kE, T, true>;
-        int per_sm = 0, dev = 0, sms = 0;
-        const bool resident = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, early, row_block<kTpr>(), 0) ==
-                                  cudaSuccess &&
-                              cudaGetDevice(&dev) == cudaSuccess &&
-                              cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-                              int64_t{row_grid<kTpr>(rows)} <= int64_t{per_sm} * sms;
+        static const int per_sm = [&] {  // blocks of `early` per SM: fixed by the kernel and the build's arch
+          int n = 0;
+          return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, early, row_block<kTpr>(), 0) == cudaSuccess ? n : 0;
+        }();
+        const bool resident = int64_t{row_grid<kTpr>(rows)} <= int64_t{per_sm} * sm_count();
         (resident ? early : layer_norm_kernel<kTpr, kV, kE, T, false>)<<<row_grid<kTpr>(rows), row_block<kTpr>(), 0, s>>>(
             xt, st, bt, yt, rows, cols, eps, rms);
       }

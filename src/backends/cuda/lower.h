@@ -102,8 +102,8 @@ struct Scratch {
   ~Scratch() { if (p) cudaFree(p); }
 };
 
-// The small-M GEMM kernel's fastest configuration for a shape (lower_gemm_small.cc); ms is the sum
-// of three cold-L2 launches, < 0 when none could run.
+// The small-M GEMM kernel's fastest configuration for a shape (lower_gemm_small.cc); ms per launch
+// as tuning.h times it, < 0 when none could run.
 struct GemmSmallChoice {
   int bn = 0, split = 0;
   float ms = -1;

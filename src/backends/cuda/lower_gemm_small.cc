@@ -5,9 +5,9 @@
 // give 12-36 CTAs for N = 768-2304, so the weights stream through a fraction of the SMs (BERT-base
 // b1 on the H100: ~0.5 TB/s). The small-M kernel puts one CTA on every SM by splitting K across
 // a thread-block cluster. Which is faster depends on the shape, so every configuration that fits
-// (64- or 32-column slices, 1-8 K slices) is timed at build against cuBLASLt's best, each launch
-// from a cold L2 as in the model (pick_lt_algo's method), and the kernel is used only when it
-// wins. The weight is transposed once on the host (Wt[N,K]) and uploaded beside the original.
+// (64- or 32-column slices, 1-8 K slices) is timed at build against cuBLASLt's best by
+// pick_lt_algo's method (tuning.h: in a captured graph, weights cold in L2), and the kernel is used
+// only when it wins. The weight is transposed once on the host (Wt[N,K]) and uploaded beside the original.
 //
 // Status (2026-11-23, H100): it loses on every BERT-base b1 shape (e.g. 128x2304x768: 12.1 us vs
 // cuBLASLt's 8.2 us; ncu: ~7% occupancy, 8% of DRAM bandwidth: every CTA re-reads all 128 rows
@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "backends/cuda/lower.h"
+#include "backends/cuda/tuning.h"
 
 namespace kiln::cuda {
 
@@ -43,22 +44,18 @@ Expected<Ref> transposed_weight(Lowering& L, const DevValue* b, const GemmShape&
   return r;
 }
 
-// The fastest configuration (its ms summed over three cold-L2 launches, as pick_lt_algo sums them).
+// The fastest configuration, timed as pick_lt_algo times cuBLASLt's candidates (tuning.h): ms per
+// launch inside a captured graph, each launch's weight cold in L2.
 GemmSmallChoice time_small(const GemmShape& s, const Epilogue& ep, k::DT dt, int act, bool any_grid) {
   GemmSmallChoice best;
   const size_t eb = 2;
-  int l2 = 0;
-  cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0);
-  const size_t flush_bytes = std::max<size_t>(size_t(l2) * 2, 1 << 20);
-  Scratch a, w, d, c, bias, flush;
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  bool ok = cudaMalloc(&a.p, eb * size_t(s.m * s.k)) == cudaSuccess && cudaMalloc(&w.p, eb * size_t(s.n * s.k)) == cudaSuccess &&
+  RotatingCopies w(eb * size_t(s.n * s.k));
+  Scratch a, d, c, bias;
+  bool ok = w.ok() && cudaMalloc(&a.p, eb * size_t(s.m * s.k)) == cudaSuccess &&
             cudaMalloc(&d.p, eb * size_t(s.m * s.n)) == cudaSuccess && cudaMalloc(&c.p, eb * size_t(s.m * s.n)) == cudaSuccess &&
-            cudaMalloc(&bias.p, eb * size_t(s.n)) == cudaSuccess && cudaMalloc(&flush.p, flush_bytes) == cudaSuccess &&
+            cudaMalloc(&bias.p, eb * size_t(s.n)) == cudaSuccess &&
             cudaMemset(a.p, 0x3c, eb * size_t(s.m * s.k)) == cudaSuccess &&
-            cudaMemset(w.p, 0x3c, eb * size_t(s.n * s.k)) == cudaSuccess &&
-            cudaMemset(c.p, 0x3c, eb * size_t(s.m * s.n)) == cudaSuccess && cudaMemset(bias.p, 0x3c, eb * size_t(s.n)) == cudaSuccess &&
-            cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess;
+            cudaMemset(c.p, 0x3c, eb * size_t(s.m * s.n)) == cudaSuccess && cudaMemset(bias.p, 0x3c, eb * size_t(s.n)) == cudaSuccess;
   for (int bn : {64, 32}) {
     if (!ok || k::gemm_small_prepare(dt, bn) != cudaSuccess) break;
     for (int split = 1; split <= 8; ++split) {
@@ -67,7 +64,6 @@ GemmSmallChoice time_small(const GemmShape& s, const Epilogue& ep, k::DT dt, int
       if (!any_grid && (ctas < 16 || ctas > 1056)) continue;  // far from one CTA per SM: not worth timing
       k::GemmSmallArgs g;
       g.a = a.p;
-      g.wt = w.p;
       g.bias = ep.bias ? bias.p : nullptr;
       g.c = ep.c ? c.p : nullptr;
       g.d = d.p;
@@ -79,21 +75,19 @@ GemmSmallChoice time_small(const GemmShape& s, const Epilogue& ep, k::DT dt, int
       g.act = act;
       g.alpha = ep.alpha;
       g.beta = ep.c ? ep.beta : 0.0f;
-      if (k::gemm_small(dt, g, nullptr) != cudaSuccess) continue;  // warm-up
-      float total = 0;
-      bool ran = true;
-      for (int r = 0; r < 3 && ran; ++r) {
-        float ms = 0;
-        ran = cudaMemsetAsync(flush.p, r, flush_bytes, nullptr) == cudaSuccess && cudaEventRecord(e0, nullptr) == cudaSuccess &&
-              k::gemm_small(dt, g, nullptr) == cudaSuccess && cudaEventRecord(e1, nullptr) == cudaSuccess &&
-              cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess;
-        total += ms;
+      auto launch = [&](int i, cudaStream_t stream) {
+        k::GemmSmallArgs gi = g;
+        gi.wt = w.copy(i);
+        return k::gemm_small(dt, gi, stream) == cudaSuccess;
+      };
+      if (!launch(0, nullptr) || cudaDeviceSynchronize() != cudaSuccess) {  // a configuration that cannot run
+        cudaGetLastError();
+        continue;
       }
-      if (ran && (best.ms < 0 || total < best.ms)) best = {bn, split, total};
+      const float ms = time_in_graph(w.launches(), launch);
+      if (ms > 0 && (best.ms < 0 || ms < best.ms)) best = {bn, split, ms};
     }
   }
-  if (e0) cudaEventDestroy(e0);
-  if (e1) cudaEventDestroy(e1);
   cudaDeviceSynchronize();
   cudaGetLastError();  // a configuration that failed to launch is simply not chosen
   return best;
@@ -118,7 +112,7 @@ Expected<bool> try_emit_gemm_small(Lowering& L, const Node& n, const DevValue* a
   const int bn = it->second.bn, split = it->second.split;
   const float ms = it->second.ms;
   if (ms < 0 || (mode == 0 && ms >= lt_ms)) {  // cuBLASLt is as fast: keep the library
-    if (ms > 0) *lost = fmt::format("; small-M kernel {:.1f} us ({} columns, split-k {})", 1000.0f * ms / 3, bn, split);
+    if (ms > 0) *lost = fmt::format("; small-M kernel {:.1f} us ({} columns, split-k {})", 1000.0f * ms, bn, split);
     return false;
   }
   KILN_CUDA_TRY(k::gemm_small_prepare(dt, bn));
@@ -134,8 +128,8 @@ Expected<bool> try_emit_gemm_small(Lowering& L, const Node& n, const DevValue* a
                                  "{:.1f} us{})",
                                  dt == k::DT::kF16 ? "fp16" : "bf16", s.m, s.n, s.k, has_bias ? " +bias" : "",
                                  has_c ? (ep.beta == 1.0f && ep.alpha == 1.0f ? " +residual" : " +C") : "",
-                                 ep.act.empty() ? "" : " +" + ep.act, bn, split, 1000.0f * ms / 3,
-                                 lt_ms > 0 ? fmt::format(" vs cuBLASLt {:.1f} us", 1000.0f * lt_ms / 3) : "");
+                                 ep.act.empty() ? "" : " +" + ep.act, bn, split, 1000.0f * ms,
+                                 lt_ms > 0 ? fmt::format(" vs cuBLASLt {:.1f} us", 1000.0f * lt_ms) : "");
   L.emit(&n, impl, reads, {y.id}, [=](const RunCtx& c) -> Status {
     k::GemmSmallArgs g;
     g.a = c.ptr(ar);

@@ -108,11 +108,12 @@ cudaError_t softmax(DT dt, const void* x, void* y, int64_t rows, int64_t cols, b
 
 // LayerNorm over the last axis of x viewed as [rows, cols]: y = (x - mean) / sqrt(var + eps) *
 // scale + bias; scale and bias ([cols], same dtype as x; bias may be null). mean/var biased, f32.
-cudaError_t layer_norm(DT dt, const void* x, const void* scale, const void* bias, void* y, int64_t rows, int64_t cols,
-                       float eps, cudaStream_t s);
+// y_dt: y's dtype, dt or (x half) kF32, so that a half model's f32 output needs no cast pass.
+cudaError_t layer_norm(DT dt, const void* x, const void* scale, const void* bias, void* y, DT y_dt, int64_t rows,
+                       int64_t cols, float eps, cudaStream_t s);
 
 // RMSNorm-style variant (no mean subtraction): y = x / sqrt(mean(x^2) + eps) * scale.
-cudaError_t rms_norm(DT dt, const void* x, const void* scale, void* y, int64_t rows, int64_t cols, float eps,
+cudaError_t rms_norm(DT dt, const void* x, const void* scale, void* y, DT y_dt, int64_t rows, int64_t cols, float eps,
                      cudaStream_t s);
 
 // Reduce the middle axis of x viewed as [outer, n, inner] -> y [outer, inner].

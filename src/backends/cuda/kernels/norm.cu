@@ -50,6 +50,21 @@ __device__ __forceinline__ void load_row(const T* __restrict__ row, int64_t cols
   }
 }
 
+// Stores V f32 values as pack q of a row of Y: one Pack<Y, V> when Y is the input's type, 16-byte
+// pieces otherwise (an f32 output of a half LayerNorm: 32 bytes per pack, rows 16-byte aligned).
+template <int V, class Y>
+__device__ __forceinline__ void store_pack(Y* __restrict__ row, int64_t q, const float (&o)[V]) {
+  constexpr int kPer = 16 / int(sizeof(Y)) < V ? 16 / int(sizeof(Y)) : V;  // elements per piece
+  static_assert(V % kPer == 0, "pack splits into whole pieces");
+#pragma unroll
+  for (int c = 0; c < V / kPer; ++c) {
+    Pack<Y, kPer> pk;
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) pk.v[e] = from_f<Y>(o[c * kPer + e]);
+    reinterpret_cast<Pack<Y, kPer>*>(row + q * V)[c] = pk;
+  }
+}
+
 // row[c] = f(v[c], c) for every valid column; f returns f32.
 template <int TPR, int V, int E, class T, class F>
 __device__ __forceinline__ void store_row(T* __restrict__ row, int64_t cols, int lane, const float (&v)[E], F f) {
@@ -98,10 +113,11 @@ __global__ void __launch_bounds__(TPR == 32 ? 32 * kWarpRowsPerBlock : TPR)
 // rows) 9.8 us early vs 8.1 us late per kernel (ncu), 3.28 vs 3.26 ms per forward; batch 1 (128
 // rows) 0.383-0.389 early vs 0.394-0.397 ms late. The launcher takes early while every row's
 // group can be resident at once.
-template <int TPR, int V, int E, class T, bool kEarly>
+// Y: the output's type, T or (a half LayerNorm whose output is the model's f32 output) float.
+template <int TPR, int V, int E, class T, bool kEarly, class Y>
 __global__ void __launch_bounds__(TPR == 32 ? 32 * kWarpRowsPerBlock : TPR)
     layer_norm_kernel(const T* __restrict__ x, const T* __restrict__ scale, const T* __restrict__ bias,
-                      T* __restrict__ y, int64_t rows, int64_t cols, float eps, bool rms) {
+                      Y* __restrict__ y, int64_t rows, int64_t cols, float eps, bool rms) {
   __shared__ float smem[32];
   const RowGroup<TPR> g;
   const float inv_cols = 1.f / static_cast<float>(cols);
@@ -146,13 +162,13 @@ __global__ void __launch_bounds__(TPR == 32 ? 32 * kWarpRowsPerBlock : TPR)
       const int64_t q = static_cast<int64_t>(p) * TPR + g.lane;
       if (q * V >= cols) continue;
       if constexpr (!kEarly) load_affine(p);
-      Pack<T, V> o;
+      float o[V];
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const float n = (v[p * V + e] - mean) * rstd * to_f(sp[p].v[e]);
-        o.v[e] = from_f<T>(bias != nullptr ? n + to_f(bp[p].v[e]) : n);
+        o[e] = bias != nullptr ? n + to_f(bp[p].v[e]) : n;
       }
-      reinterpret_cast<Pack<T, V>*>(y + r * cols)[q] = o;
+      store_pack<V>(y + r * cols, q, o);
     }
   }
 }
@@ -198,16 +214,16 @@ __global__ void __launch_bounds__(kRowBlock)
   }
 }
 
-template <int V, class T>
+template <int V, class T, class Y>
 __global__ void __launch_bounds__(kRowBlock)
     layer_norm_long_kernel(const T* __restrict__ x, const T* __restrict__ scale, const T* __restrict__ bias,
-                           T* __restrict__ y, int64_t rows, int64_t cols, float eps, bool rms) {
+                           Y* __restrict__ y, int64_t rows, int64_t cols, float eps, bool rms) {
   __shared__ float smem[32];
   const float inv_cols = 1.f / static_cast<float>(cols);
   const int64_t packs = cols / V;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const auto* xr = reinterpret_cast<const Pack<T, V>*>(x + r * cols);
-    auto* yr = reinterpret_cast<Pack<T, V>*>(y + r * cols);
+    Y* yr = y + r * cols;
     float mean = 0.f;
     if (!rms) {
       float sum = 0.f;
@@ -230,14 +246,14 @@ __global__ void __launch_bounds__(kRowBlock)
     const float rstd = rsqrtf(group_reduce<kRowBlock, false>(sq, smem) * inv_cols + eps);
     for (int64_t q = threadIdx.x; q < packs; q += blockDim.x) {
       const Pack<T, V> p = xr[q];
-      Pack<T, V> o;
+      float o[V];
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const int64_t c = q * V + e;
         const float n = (to_f(p.v[e]) - mean) * rstd * to_f(scale[c]);
-        o.v[e] = from_f<T>(bias != nullptr ? n + to_f(bias[c]) : n);
+        o[e] = bias != nullptr ? n + to_f(bias[c]) : n;
       }
-      yr[q] = o;
+      store_pack<V>(yr, q, o);
     }
   }
 }
@@ -296,37 +312,45 @@ constexpr int row_block() {
   return TPR == 32 ? 32 * kWarpRowsPerBlock : TPR;
 }
 
-cudaError_t norm_impl(DT dt, const void* x, const void* scale, const void* bias, void* y, int64_t rows, int64_t cols,
-                      float eps, bool rms, cudaStream_t s) {
+template <class T, class Y>
+cudaError_t launch_norm(const T* xt, const T* st, const T* bt, Y* yt, int64_t rows, int64_t cols, float eps, bool rms,
+                        bool vec, cudaStream_t s) {
+  return pick_row_config<T>(cols, vec, [&](auto tpr, auto v, auto e) {
+    constexpr int kTpr = decltype(tpr)::value, kV = decltype(v)::value, kE = decltype(e)::value;
+    if constexpr (kTpr == 0) {
+      if (vec)
+        layer_norm_long_kernel<16 / sizeof(T)><<<row_grid<1>(rows), kRowBlock, 0, s>>>(xt, st, bt, yt, rows, cols, eps, rms);
+      else
+        layer_norm_long_kernel<1><<<row_grid<1>(rows), kRowBlock, 0, s>>>(xt, st, bt, yt, rows, cols, eps, rms);
+    } else {
+      auto early = layer_norm_kernel<kTpr, kV, kE, T, true, Y>;
+      static const int per_sm = [&] {  // blocks of `early` per SM: fixed by the kernel and the build's arch
+        int n = 0;
+        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, early, row_block<kTpr>(), 0) == cudaSuccess ? n : 0;
+      }();
+      const bool resident = int64_t{row_grid<kTpr>(rows)} <= int64_t{per_sm} * sm_count();
+      (resident ? early : layer_norm_kernel<kTpr, kV, kE, T, false, Y>)<<<row_grid<kTpr>(rows), row_block<kTpr>(), 0, s>>>(
+          xt, st, bt, yt, rows, cols, eps, rms);
+    }
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t norm_impl(DT dt, const void* x, const void* scale, const void* bias, void* y, DT y_dt, int64_t rows,
+                      int64_t cols, float eps, bool rms, cudaStream_t s) {
   if (rows < 0 || cols < 0 || scale == nullptr) return cudaErrorInvalidValue;
+  if (y_dt != dt && (y_dt != DT::kF32 || (dt != DT::kF16 && dt != DT::kBF16))) return cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return cudaSuccess;
   return dispatch_f32ish(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const auto* xt = static_cast<const T*>(x);
     const auto* st = static_cast<const T*>(scale);
     const auto* bt = static_cast<const T*>(bias);
-    auto* yt = static_cast<T*>(y);
     const bool vec = rows_vectorizable<T>(cols, {x, y, scale, bias});
-    return pick_row_config<T>(cols, vec, [&](auto tpr, auto v, auto e) {
-      constexpr int kTpr = decltype(tpr)::value, kV = decltype(v)::value, kE = decltype(e)::value;
-      if constexpr (kTpr == 0) {
-        if (vec)
-          layer_norm_long_kernel<16 / sizeof(T)>
-              <<<row_grid<1>(rows), kRowBlock, 0, s>>>(xt, st, bt, yt, rows, cols, eps, rms);
-        else
-          layer_norm_long_kernel<1><<<row_grid<1>(rows), kRowBlock, 0, s>>>(xt, st, bt, yt, rows, cols, eps, rms);
-      } else {
-        auto early = layer_norm_kernel<kTpr, kV, kE, T, true>;
-        static const int per_sm = [&] {  // blocks of `early` per SM: fixed by the kernel and the build's arch
-          int n = 0;
-          return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, early, row_block<kTpr>(), 0) == cudaSuccess ? n : 0;
-        }();
-        const bool resident = int64_t{row_grid<kTpr>(rows)} <= int64_t{per_sm} * sm_count();
-        (resident ? early : layer_norm_kernel<kTpr, kV, kE, T, false>)<<<row_grid<kTpr>(rows), row_block<kTpr>(), 0, s>>>(
-            xt, st, bt, yt, rows, cols, eps, rms);
-      }
-      return cudaGetLastError();
-    });
+    if constexpr (kIsHalfLike<T>) {
+      if (y_dt == DT::kF32) return launch_norm(xt, st, bt, static_cast<float*>(y), rows, cols, eps, rms, vec, s);
+    }
+    return launch_norm(xt, st, bt, static_cast<T*>(y), rows, cols, eps, rms, vec, s);
   });
 }
 
@@ -373,14 +397,14 @@ cudaError_t softmax(DT dt, const void* x, void* y, int64_t rows, int64_t cols, b
   });
 }
 
-cudaError_t layer_norm(DT dt, const void* x, const void* scale, const void* bias, void* y, int64_t rows, int64_t cols,
-                       float eps, cudaStream_t s) {
-  return norm_impl(dt, x, scale, bias, y, rows, cols, eps, /*rms=*/false, s);
+cudaError_t layer_norm(DT dt, const void* x, const void* scale, const void* bias, void* y, DT y_dt, int64_t rows,
+                       int64_t cols, float eps, cudaStream_t s) {
+  return norm_impl(dt, x, scale, bias, y, y_dt, rows, cols, eps, /*rms=*/false, s);
 }
 
-cudaError_t rms_norm(DT dt, const void* x, const void* scale, void* y, int64_t rows, int64_t cols, float eps,
+cudaError_t rms_norm(DT dt, const void* x, const void* scale, void* y, DT y_dt, int64_t rows, int64_t cols, float eps,
                      cudaStream_t s) {
-  return norm_impl(dt, x, scale, nullptr, y, rows, cols, eps, /*rms=*/true, s);
+  return norm_impl(dt, x, scale, nullptr, y, y_dt, rows, cols, eps, /*rms=*/true, s);
 }
 
 cudaError_t channel_affine(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t outer,

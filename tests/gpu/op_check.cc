@@ -76,12 +76,13 @@ const std::vector<Case> kCases = {
   {"softmax_wide", "graph g(%x: f32[2,3000]) {\n %y = Softmax(%x) {axis = 1} : f32[2,3000]\n return %y\n}", {}, 1e-5, 5e-3},
   {"log_softmax", "graph g(%x: f32[5,40]) {\n %y = LogSoftmax(%x) {axis = 1} : f32[5,40]\n return %y\n}"},
   {"layer_norm", "graph g(%x: f32[4,10,768], %s: f32[768], %b: f32[768]) {\n %y = LayerNormalization(%x, %s, %b) {axis = -1, epsilon = 1e-05} : f32[4,10,768]\n return %y\n}", {"s", "b"}, 1e-4, 2e-2},
-  // Half builds write an unread f32 output straight from the LayerNorm kernel (lower_norm.cc): the
-  // unvectorized rows, the multi-pass kernel and RMSNorm that way, and an output that is also read
-  // (stays half, cast at the end).
-  {"layer_norm_odd_cols", "graph g(%x: f32[3,5,77], %s: f32[77], %b: f32[77]) {\n %y = LayerNormalization(%x, %s, %b) {axis = -1, epsilon = 1e-05} : f32[3,5,77]\n return %y\n}", {"s", "b"}, 1e-4, 2e-2},
-  {"layer_norm_long_rows", "graph g(%x: f32[3,20000], %s: f32[20000], %b: f32[20000]) {\n %y = LayerNormalization(%x, %s, %b) {axis = -1, epsilon = 1e-05} : f32[3,20000]\n return %y\n}", {"s", "b"}, 1e-4, 2e-2},
-  {"rms_norm", "graph g(%x: f32[4,10,768], %s: f32[768]) {\n %y = RMSNormalization(%x, %s) {axis = -1, epsilon = 1e-05} : f32[4,10,768]\n return %y\n}", {"s"}, 1e-4, 2e-2},
+  // Half builds write an unread f32 output straight from the LayerNorm kernel (lower_norm.cc; the
+  // half_impl field checks that path was taken): unvectorized rows, the multi-pass kernel with and
+  // without packs, RMSNorm; and an output that is also read (stays half, cast at the end).
+  {"layer_norm_odd_cols", "graph g(%x: f32[3,5,77], %s: f32[77], %b: f32[77]) {\n %y = LayerNormalization(%x, %s, %b) {axis = -1, epsilon = 1e-05} : f32[3,5,77]\n return %y\n}", {"s", "b"}, 1e-4, 2e-2, true, 4, "(f32 output)"},
+  {"layer_norm_long_rows", "graph g(%x: f32[3,20000], %s: f32[20000], %b: f32[20000]) {\n %y = LayerNormalization(%x, %s, %b) {axis = -1, epsilon = 1e-05} : f32[3,20000]\n return %y\n}", {"s", "b"}, 1e-4, 2e-2, true, 4, "(f32 output)"},
+  {"layer_norm_long_odd_rows", "graph g(%x: f32[2,9001], %s: f32[9001], %b: f32[9001]) {\n %y = LayerNormalization(%x, %s, %b) {axis = -1, epsilon = 1e-05} : f32[2,9001]\n return %y\n}", {"s", "b"}, 1e-4, 2e-2, true, 4, "(f32 output)"},
+  {"rms_norm", "graph g(%x: f32[4,10,768], %s: f32[768]) {\n %y = RMSNormalization(%x, %s) {axis = -1, epsilon = 1e-05} : f32[4,10,768]\n return %y\n}", {"s"}, 1e-4, 2e-2, true, 4, "(f32 output)"},
   {"layer_norm_output_also_read", "graph g(%x: f32[4,10,768], %s: f32[768], %b: f32[768]) {\n %y = LayerNormalization(%x, %s, %b) {axis = -1, epsilon = 1e-05} : f32[4,10,768]\n %z = Relu(%y) : f32[4,10,768]\n return %y, %z\n}", {"s", "b"}, 1e-4, 2e-2},
   {"reduce_mean_last", "graph g(%x: f32[6,50]) {\n %a = const dense<i64[1]> [-1]\n %y = ReduceMean(%x, %a) {keepdims = 1} : f32[6,1]\n return %y\n}"},
   {"reduce_sum_mid", "graph g(%x: f32[3,40,5]) {\n %a = const dense<i64[1]> [1]\n %y = ReduceSum(%x, %a) {keepdims = 0} : f32[3,5]\n return %y\n}", {}, 1e-4, 2e-2},

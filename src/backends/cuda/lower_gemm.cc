@@ -141,12 +141,10 @@ Expected<cublasLtMatmulAlgo_t> pick_lt_algo(Lowering& L, cublasLtMatmulDesc_t de
     // together outgrow half of it: then the forward streams them through DRAM as well (BERT b64's
     // FFN-down, 50 MB in: timed with A and C hot, the chosen tile was ~5 us slower per launch
     // in the model than the one the all-cold timing chose).
-    int l2 = 0;
-    if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0) != cudaSuccess || l2 <= 0) l2 = 50 << 20;
     const size_t a_bytes = span(s.m, s.k, s.stride_a), b_bytes = span(s.k, s.n, s.stride_b),
                  d_bytes = span(s.m, s.n, s.stride_d);
-    const bool cold = a_bytes + b_bytes + (ep.c ? 2 : 1) * d_bytes > size_t(l2) / 2;
-    RotatingCopies b(b_bytes), a(a_bytes, cold), c(ep.c ? d_bytes : 1, cold);
+    const bool cold = operands_outgrow_l2(a_bytes + b_bytes + (ep.c ? 2 : 1) * d_bytes);
+    RotatingCopies b(b_bytes), a(a_bytes, cold), c(ep.c ? d_bytes : 1, cold && ep.c);
     const int launches = std::max({a.launches(), b.launches(), c.launches()});
     Scratch d, bias;
     bool ok = b.ok() && a.ok() && c.ok() && cudaMalloc(&d.p, d_bytes) == cudaSuccess &&
@@ -175,8 +173,15 @@ Expected<cublasLtMatmulAlgo_t> pick_lt_algo(Lowering& L, cublasLtMatmulDesc_t de
         best = algo;
       }
     }
-    cudaDeviceSynchronize();
-    cudaGetLastError();  // a failed scratch allocation is not an error: the heuristic's choice stands
+    // A failed scratch allocation is not an error (the heuristic's choice stands, the report shows no
+    // time); a candidate that broke the context is: later steps would fail far from the cause.
+    if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
+      cudaGetLastError();
+      if (cudaDeviceSynchronize() != cudaSuccess) {
+        return KILN_ERROR(kInternal, "timing cuBLASLt algorithms for m={} n={} k={} broke the CUDA context: {}", s.m, s.n,
+                          s.k, cudaGetErrorString(e));
+      }
+    }
     best_timed_ms = best_ms;
   }
   L.gemm_algos[key] = best;

@@ -45,17 +45,16 @@ Expected<Ref> transposed_weight(Lowering& L, const DevValue* b, const GemmShape&
 }
 
 // The fastest configuration, timed as pick_lt_algo times cuBLASLt's candidates (tuning.h): ms per
-// launch inside a captured graph, each launch's weight cold in L2.
+// launch inside a captured graph, the weight cold in L2, the activations too when they are large.
 GemmSmallChoice time_small(const GemmShape& s, const Epilogue& ep, k::DT dt, int act, bool any_grid) {
   GemmSmallChoice best;
-  const size_t eb = 2;
-  RotatingCopies w(eb * size_t(s.n * s.k));
-  Scratch a, d, c, bias;
-  bool ok = w.ok() && cudaMalloc(&a.p, eb * size_t(s.m * s.k)) == cudaSuccess &&
-            cudaMalloc(&d.p, eb * size_t(s.m * s.n)) == cudaSuccess && cudaMalloc(&c.p, eb * size_t(s.m * s.n)) == cudaSuccess &&
-            cudaMalloc(&bias.p, eb * size_t(s.n)) == cudaSuccess &&
-            cudaMemset(a.p, 0x3c, eb * size_t(s.m * s.k)) == cudaSuccess &&
-            cudaMemset(c.p, 0x3c, eb * size_t(s.m * s.n)) == cudaSuccess && cudaMemset(bias.p, 0x3c, eb * size_t(s.n)) == cudaSuccess;
+  const size_t eb = 2, a_bytes = eb * size_t(s.m * s.k), w_bytes = eb * size_t(s.n * s.k), d_bytes = eb * size_t(s.m * s.n);
+  const bool cold = operands_outgrow_l2(a_bytes + w_bytes + (ep.c ? 2 : 1) * d_bytes);
+  RotatingCopies w(w_bytes), a(a_bytes, cold), c(ep.c ? d_bytes : 1, cold && ep.c);
+  const int launches = std::max({w.launches(), a.launches(), c.launches()});
+  Scratch d, bias;
+  bool ok = w.ok() && a.ok() && c.ok() && cudaMalloc(&d.p, d_bytes) == cudaSuccess &&
+            cudaMalloc(&bias.p, eb * size_t(s.n)) == cudaSuccess && cudaMemset(bias.p, 0x3c, eb * size_t(s.n)) == cudaSuccess;
   for (int bn : {64, 32}) {
     if (!ok || k::gemm_small_prepare(dt, bn) != cudaSuccess) break;
     for (int split = 1; split <= 8; ++split) {
@@ -63,9 +62,7 @@ GemmSmallChoice time_small(const GemmShape& s, const Epilogue& ep, k::DT dt, int
       const int64_t ctas = s.n / bn * split * ((s.m + 127) / 128);
       if (!any_grid && (ctas < 16 || ctas > 1056)) continue;  // far from one CTA per SM: not worth timing
       k::GemmSmallArgs g;
-      g.a = a.p;
       g.bias = ep.bias ? bias.p : nullptr;
-      g.c = ep.c ? c.p : nullptr;
       g.d = d.p;
       g.m = s.m;
       g.n = s.n;
@@ -77,14 +74,16 @@ GemmSmallChoice time_small(const GemmShape& s, const Epilogue& ep, k::DT dt, int
       g.beta = ep.c ? ep.beta : 0.0f;
       auto launch = [&](int i, cudaStream_t stream) {
         k::GemmSmallArgs gi = g;
+        gi.a = a.copy(i);
         gi.wt = w.copy(i);
+        gi.c = ep.c ? c.copy(i) : nullptr;
         return k::gemm_small(dt, gi, stream) == cudaSuccess;
       };
       if (!launch(0, nullptr) || cudaDeviceSynchronize() != cudaSuccess) {  // a configuration that cannot run
         cudaGetLastError();
         continue;
       }
-      const float ms = time_in_graph(w.launches(), launch);
+      const float ms = time_in_graph(launches, launch);
       if (ms > 0 && (best.ms < 0 || ms < best.ms)) best = {bn, split, ms};
     }
   }

@@ -6,11 +6,26 @@
 
 namespace kiln::cuda {
 
+namespace {
+
+size_t l2_bytes() {
+  int dev = 0, l2 = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess ||
+      l2 <= 0) {
+    cudaGetLastError();
+    l2 = 50 << 20;  // an H100's
+  }
+  return size_t(l2);
+}
+
+}  // namespace
+
+bool operands_outgrow_l2(size_t bytes) { return bytes > l2_bytes() / 2; }
+
 RotatingCopies::RotatingCopies(size_t bytes, bool cold) {
-  int l2 = 0;
-  if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0) != cudaSuccess || l2 <= 0) l2 = 50 << 20;
+  const size_t l2 = l2_bytes();
   pitch_ = std::max<size_t>((bytes + 255) / 256 * 256, 256);
-  const size_t want = (2 * size_t(l2) + pitch_ - 1) / pitch_;
+  const size_t want = (2 * l2 + pitch_ - 1) / pitch_;
   copies_ = cold ? int(std::clamp<size_t>(want, 1, 64)) : 1;
   if (cudaMalloc(&base_, pitch_ * size_t(copies_)) != cudaSuccess ||
       cudaMemset(base_, 0x3c, pitch_ * size_t(copies_)) != cudaSuccess) {
@@ -25,6 +40,7 @@ RotatingCopies::~RotatingCopies() {
 }
 
 float time_in_graph(int launches, const std::function<bool(int, cudaStream_t)>& launch) {
+  if (launches <= 0) return -1;
   cudaStream_t s = nullptr;
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;

@@ -19,8 +19,9 @@
 namespace kiln::cuda {
 
 // Device copies of a `bytes`-byte operand filled with 0x3c bytes (1.06 in fp16). `cold`: as many
-// as make cycling through them read at least twice the L2 (at most 64), so that each launch of a
-// timed sequence reads its operand from DRAM as a forward reads its weights; otherwise one copy,
+// as make cycling through them read twice the L2, at most 64, so that each launch of a timed
+// sequence reads its operand from DRAM as a forward reads its weights (operands under 2 x L2 / 64,
+// 1.6 MB on the H100, cycle through less than that and stay partly in L2); otherwise one copy,
 // which stays in L2 as far as it fits (an activation the previous kernel just wrote). ok() is
 // false when the allocation failed.
 class RotatingCopies {
@@ -43,10 +44,16 @@ class RotatingCopies {
   int copies_ = 1;
 };
 
+// Whether a product's activations are cold in a forward: its operands together (bytes) outgrow
+// half the L2, so the kernels before it have streamed them through DRAM rather than left them in
+// L2 (pick_lt_algo and time_small time such products with the activations rotating too).
+bool operands_outgrow_l2(size_t bytes);
+
 // Captures launch(0..launches-1) on a private stream into one graph, replays it until the clocks
-// have settled (at least 4 replays and 2 ms), and returns the median of the last three replays
-// divided by `launches`: milliseconds per launch. -1 when a launch or the capture fails (the
-// candidate is then not chosen; the CUDA error state is cleared).
+// have settled (4 replays and 2 ms, or 64 replays), and returns the median of the last three
+// replays divided by `launches`: milliseconds per launch. -1 when a launch or the capture fails
+// (the candidate is then not chosen; a non-sticky CUDA error is cleared, a sticky one stays for
+// the caller's next call to report).
 float time_in_graph(int launches, const std::function<bool(int, cudaStream_t)>& launch);
 
 }  // namespace kiln::cuda

@@ -136,18 +136,11 @@ Expected<cublasLtMatmulAlgo_t> pick_lt_algo(Lowering& L, cublasLtMatmulDesc_t de
     auto span = [&](int64_t rows, int64_t cols, int64_t stride) {
       return eb * size_t(s.batch > 1 && stride > 0 ? s.batch * stride : rows * cols);
     };
-    // Our B is the weight in a model's products: cold. The activations (A, the residual C) were
-    // written by the kernels just before and are still in L2, unless the product's operands
-    // together outgrow half of it: then the forward streams them through DRAM as well (BERT b64's
-    // FFN-down, 50 MB in: timed with A and C hot, the chosen tile was ~5 us slower per launch
-    // in the model than the one the all-cold timing chose).
-    const size_t a_bytes = span(s.m, s.k, s.stride_a), b_bytes = span(s.k, s.n, s.stride_b),
-                 d_bytes = span(s.m, s.n, s.stride_d);
-    const bool cold = operands_outgrow_l2(a_bytes + b_bytes + (ep.c ? 2 : 1) * d_bytes);
-    RotatingCopies b(b_bytes), a(a_bytes, cold), c(ep.c ? d_bytes : 1, cold && ep.c);
-    const int launches = std::max({a.launches(), b.launches(), c.launches()});
+    // Our B is the product's weight (tuning.h ProductOperands).
+    const size_t d_bytes = span(s.m, s.n, s.stride_d);
+    ProductOperands op(span(s.m, s.k, s.stride_a), span(s.k, s.n, s.stride_b), d_bytes, ep.c != nullptr);
     Scratch d, bias;
-    bool ok = b.ok() && a.ok() && c.ok() && cudaMalloc(&d.p, d_bytes) == cudaSuccess &&
+    bool ok = op.ok() && cudaMalloc(&d.p, d_bytes) == cudaSuccess &&
               cudaMalloc(&bias.p, eb * size_t(s.n)) == cudaSuccess &&
               cudaMemset(d.p, 0, d_bytes) == cudaSuccess &&
               cudaMemset(bias.p, 0, eb * size_t(s.n)) == cudaSuccess;
@@ -159,29 +152,17 @@ Expected<cublasLtMatmulAlgo_t> pick_lt_algo(Lowering& L, cublasLtMatmulDesc_t de
     for (const cublasLtMatmulAlgo_t& algo : cands) {
       if (!ok) break;
       auto launch = [&](int i, cudaStream_t stream) {
-        return cublasLtMatmul(L.lt, desc, &alpha, b.copy(i), la, a.copy(i), lb, &beta, ep.c ? c.copy(i) : d.p, ld, d.p, ld, &algo,
-                              L.build_workspace, ws, stream) == CUBLAS_STATUS_SUCCESS;
+        return cublasLtMatmul(L.lt, desc, &alpha, op.w.copy(i), la, op.a.copy(i), lb, &beta, ep.c ? op.c.copy(i) : d.p, ld,
+                              d.p, ld, &algo, L.build_workspace, ws, stream) == CUBLAS_STATUS_SUCCESS;
       };
-      // An algorithm that refuses these operands is skipped before it is captured.
-      if (!launch(0, nullptr) || cudaDeviceSynchronize() != cudaSuccess) {
-        cudaGetLastError();
-        continue;
-      }
-      const float ms = time_in_graph(launches, launch);
+      const float ms = time_in_graph(op.launches, launch);  // -1: the algorithm refuses these operands
       if (ms > 0 && (best_ms < 0 || ms < best_ms)) {
         best_ms = ms;
         best = algo;
       }
     }
-    // A failed scratch allocation is not an error (the heuristic's choice stands, the report shows no
-    // time); a candidate that broke the context is: later steps would fail far from the cause.
-    if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
-      cudaGetLastError();
-      if (cudaDeviceSynchronize() != cudaSuccess) {
-        return KILN_ERROR(kInternal, "timing cuBLASLt algorithms for m={} n={} k={} broke the CUDA context: {}", s.m, s.n,
-                          s.k, cudaGetErrorString(e));
-      }
-    }
+    // A failed scratch allocation is not an error: the heuristic's choice stands, the report shows no time.
+    KILN_RETURN_IF_ERROR(finish_timing(fmt::format("cuBLASLt algorithms for m={} n={} k={}", s.m, s.n, s.k)));
     best_timed_ms = best_ms;
   }
   L.gemm_algos[key] = best;

@@ -46,14 +46,12 @@ Expected<Ref> transposed_weight(Lowering& L, const DevValue* b, const GemmShape&
 
 // The fastest configuration, timed as pick_lt_algo times cuBLASLt's candidates (tuning.h): ms per
 // launch inside a captured graph, the weight cold in L2, the activations too when they are large.
-GemmSmallChoice time_small(const GemmShape& s, const Epilogue& ep, k::DT dt, int act, bool any_grid) {
+Expected<GemmSmallChoice> time_small(const GemmShape& s, const Epilogue& ep, k::DT dt, int act, bool any_grid) {
   GemmSmallChoice best;
-  const size_t eb = 2, a_bytes = eb * size_t(s.m * s.k), w_bytes = eb * size_t(s.n * s.k), d_bytes = eb * size_t(s.m * s.n);
-  const bool cold = operands_outgrow_l2(a_bytes + w_bytes + (ep.c ? 2 : 1) * d_bytes);
-  RotatingCopies w(w_bytes), a(a_bytes, cold), c(ep.c ? d_bytes : 1, cold && ep.c);
-  const int launches = std::max({w.launches(), a.launches(), c.launches()});
+  const size_t eb = 2, d_bytes = eb * size_t(s.m * s.n);
+  ProductOperands op(eb * size_t(s.m * s.k), eb * size_t(s.n * s.k), d_bytes, ep.c != nullptr);
   Scratch d, bias;
-  bool ok = w.ok() && a.ok() && c.ok() && cudaMalloc(&d.p, d_bytes) == cudaSuccess &&
+  bool ok = op.ok() && cudaMalloc(&d.p, d_bytes) == cudaSuccess &&
             cudaMalloc(&bias.p, eb * size_t(s.n)) == cudaSuccess && cudaMemset(bias.p, 0x3c, eb * size_t(s.n)) == cudaSuccess;
   for (int bn : {64, 32}) {
     if (!ok || k::gemm_small_prepare(dt, bn) != cudaSuccess) break;
@@ -74,21 +72,16 @@ GemmSmallChoice time_small(const GemmShape& s, const Epilogue& ep, k::DT dt, int
       g.beta = ep.c ? ep.beta : 0.0f;
       auto launch = [&](int i, cudaStream_t stream) {
         k::GemmSmallArgs gi = g;
-        gi.a = a.copy(i);
-        gi.wt = w.copy(i);
-        gi.c = ep.c ? c.copy(i) : nullptr;
+        gi.a = op.a.copy(i);
+        gi.wt = op.w.copy(i);
+        gi.c = ep.c ? op.c.copy(i) : nullptr;
         return k::gemm_small(dt, gi, stream) == cudaSuccess;
       };
-      if (!launch(0, nullptr) || cudaDeviceSynchronize() != cudaSuccess) {  // a configuration that cannot run
-        cudaGetLastError();
-        continue;
-      }
-      const float ms = time_in_graph(launches, launch);
+      const float ms = time_in_graph(op.launches, launch);  // -1: a configuration that cannot run
       if (ms > 0 && (best.ms < 0 || ms < best.ms)) best = {bn, split, ms};
     }
   }
-  cudaDeviceSynchronize();
-  cudaGetLastError();  // a configuration that failed to launch is simply not chosen
+  KILN_RETURN_IF_ERROR(finish_timing(fmt::format("the small-M kernel for m={} n={} k={}", s.m, s.n, s.k)));
   return best;
 }
 
@@ -107,7 +100,10 @@ Expected<bool> try_emit_gemm_small(Lowering& L, const Node& n, const DevValue* a
   }
   const std::string key = fmt::format("{} {} {} {} {} {} {}", s.m, s.n, s.k, int(dt), act, ep.bias != nullptr, ep.c != nullptr);
   auto it = L.gemm_small_choices.find(key);
-  if (it == L.gemm_small_choices.end()) it = L.gemm_small_choices.emplace(key, time_small(s, ep, dt, act, mode == 1)).first;
+  if (it == L.gemm_small_choices.end()) {
+    KILN_ASSIGN_OR_RETURN(GemmSmallChoice timed, time_small(s, ep, dt, act, mode == 1));
+    it = L.gemm_small_choices.emplace(key, timed).first;
+  }
   const int bn = it->second.bn, split = it->second.split;
   const float ms = it->second.ms;
   if (ms < 0 || (mode == 0 && ms >= lt_ms)) {  // cuBLASLt is as fast: keep the library

@@ -20,8 +20,6 @@ size_t l2_bytes() {
 
 }  // namespace
 
-bool operands_outgrow_l2(size_t bytes) { return bytes > l2_bytes() / 2; }
-
 RotatingCopies::RotatingCopies(size_t bytes, bool cold) {
   const size_t l2 = l2_bytes();
   pitch_ = std::max<size_t>((bytes + 255) / 256 * 256, 256);
@@ -39,6 +37,24 @@ RotatingCopies::~RotatingCopies() {
   if (base_) cudaFree(base_);
 }
 
+ProductOperands::ProductOperands(size_t a_bytes, size_t w_bytes, size_t d_bytes, bool has_c)
+    : cold_activations(a_bytes + w_bytes + (has_c ? 2 : 1) * d_bytes > l2_bytes() / 2),
+      a(a_bytes, cold_activations),
+      w(w_bytes),
+      c(has_c ? d_bytes : 1, cold_activations && has_c),
+      launches(std::max({a.launches(), w.launches(), c.launches()})) {}
+
+Status finish_timing(const std::string& what) {
+  if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
+    cudaGetLastError();
+    if (cudaDeviceSynchronize() != cudaSuccess) {
+      return KILN_ERROR(kInternal, "timing {} broke the CUDA context: {}", what, cudaGetErrorString(e));
+    }
+  }
+  cudaGetLastError();
+  return Status::ok();
+}
+
 float time_in_graph(int launches, const std::function<bool(int, cudaStream_t)>& launch) {
   if (launches <= 0) return -1;
   cudaStream_t s = nullptr;
@@ -47,7 +63,8 @@ float time_in_graph(int launches, const std::function<bool(int, cudaStream_t)>& 
   cudaEvent_t e0 = nullptr, e1 = nullptr;
   float result = -1;
   bool ok = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess && cudaEventCreate(&e0) == cudaSuccess &&
-            cudaEventCreate(&e1) == cudaSuccess && cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+            cudaEventCreate(&e1) == cudaSuccess && launch(0, s) && cudaStreamSynchronize(s) == cudaSuccess &&
+            cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
   if (ok) {
     bool launched = true;
     for (int i = 0; i < launches && launched; ++i) launched = launch(i, s);

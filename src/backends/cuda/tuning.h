@@ -1,10 +1,13 @@
 // Build-time timing of library and kiln kernels as they run inside a forward (pick_lt_algo,
 // time_small): back to back, captured in one CUDA graph, each launch's weight cold in L2.
 //
-//   RotatingCopies w(bytes_of_weight);            // enough copies to stream ~2x the L2 from DRAM
-//   float ms = time_in_graph(w.launches(), [&](int i, cudaStream_t s) {
-//     return my_gemm(a, w.copy(i), d, s) == cudaSuccess;
-//   });
+//   ProductOperands op(a_bytes, w_bytes, d_bytes, has_residual);
+//   for (each candidate) {
+//     float ms = time_in_graph(op.launches, [&](int i, cudaStream_t s) {
+//       return my_gemm(op.a.copy(i), op.w.copy(i), d, s) == cudaSuccess;
+//     });
+//   }
+//   KILN_RETURN_IF_ERROR(finish_timing("my_gemm m=.."));
 //
 // Timing one launch between two events (the method before 2026-11-24) counts the launch latency
 // the graph hides and is noisy at a few microseconds: per-shape choices moved from build to build
@@ -15,6 +18,9 @@
 
 #include <cstddef>
 #include <functional>
+#include <string>
+
+#include "support/status.h"
 
 namespace kiln::cuda {
 
@@ -44,16 +50,31 @@ class RotatingCopies {
   int copies_ = 1;
 };
 
-// Whether a product's activations are cold in a forward: its operands together (bytes) outgrow
-// half the L2, so the kernels before it have streamed them through DRAM rather than left them in
-// L2 (pick_lt_algo and time_small time such products with the activations rotating too).
-bool operands_outgrow_l2(size_t bytes);
+// The operands of a product D = A . W (+ C) for timing. The weight is cold: a model's weights do not
+// fit the L2. The activations (A, the residual C) were written by the kernels just before and are
+// still in L2, unless the operands together outgrow half of it: then the forward streams them
+// through DRAM as well, and they rotate too (BERT b64's FFN-down, 50 MB in: timed with A and C hot,
+// the chosen tile was ~5 us per launch slower in the model than the one all-cold timing chose).
+// c is a 256-byte stand-in without a residual. launches: every rotating operand's copies once.
+struct ProductOperands {
+  ProductOperands(size_t a_bytes, size_t w_bytes, size_t d_bytes, bool has_c);
+  bool ok() const { return a.ok() && w.ok() && c.ok(); }
+
+  const bool cold_activations;
+  RotatingCopies a, w, c;
+  const int launches;
+};
 
 // Captures launch(0..launches-1) on a private stream into one graph, replays it until the clocks
 // have settled (4 replays and 2 ms, or 64 replays), and returns the median of the last three
-// replays divided by `launches`: milliseconds per launch. -1 when a launch or the capture fails
-// (the candidate is then not chosen; a non-sticky CUDA error is cleared, a sticky one stays for
-// the caller's next call to report).
+// replays divided by `launches`: milliseconds per launch. Launch 0 runs once first, outside the
+// graph: a candidate that refuses its operands is not captured. -1 when a launch or the capture
+// fails (the candidate is then not chosen; a non-sticky CUDA error is cleared, a sticky one stays
+// for finish_timing).
 float time_in_graph(int launches, const std::function<bool(int, cudaStream_t)>& launch);
+
+// After timing `what`'s candidates: an error if one of them broke the CUDA context (later steps
+// would otherwise fail far from the cause), ok with any other error cleared.
+Status finish_timing(const std::string& what);
 
 }  // namespace kiln::cuda

@@ -7,6 +7,7 @@
 //   kiln_gpu_op_check [--seed S] [--filter SUBSTRING] [--precision fp32|fp16|bf16|all]
 // Prints one line per (case, precision) and then `N passed, M failed`; exit 1 on any failure.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -31,6 +32,7 @@ struct Case {
   bool autotune = true;               // false: heuristics, so that a timing-guarded lowering is taken
   bool fp32_on_cpu = false;           // fp32 builds may run the op on the CPU (its kernel is half-only)
   int gemm_small = 0;                 // BuildOptions::gemm_small (1: the small-M kernel wherever it applies)
+  const char* small_config = nullptr;  // KILN_GEMM_SMALL_CONFIG during the build: that slice width x K split only
 };
 
 // clang-format off
@@ -98,6 +100,18 @@ const std::vector<Case> kCases = {
    " %c = const dense<f32[]> [0.125]\n %ss = Mul(%s, %c) : f32[2,3,70,70]\n %sm = Add(%ss, %m) : f32[2,3,70,70]\n"
    " %p = Softmax(%sm) {axis = -1} : f32[2,3,70,70]\n %o = MatMul(%p, %vt) : f32[2,3,70,64]\n"
    " %y = Transpose(%o) {perm = [0, 2, 1, 3]} : f32[2,70,3,64]\n return %y\n}", {}, 1e-4, 2e-2, true, 4, "kernel attention"},
+  // A [B,1,1,S] mask whose rows are 16-byte multiples: staged in shared memory with the K/V tiles
+  // (kRow), two full key tiles; and a mask broadcast over batch and heads with a ragged last tile
+  // (34 keys: a 16-byte chunk partly past the end, zero-filled).
+  {"attention_bert_rowmask", "graph g(%q: f32[2,128,3,64], %k: f32[2,128,3,64], %v: f32[2,128,3,64], %m: f32[2,1,1,128]) {\n"
+   " %qt = Transpose(%q) {perm = [0, 2, 1, 3]} : f32[2,3,128,64]\n %kt = Transpose(%k) {perm = [0, 2, 3, 1]} : f32[2,3,64,128]\n"
+   " %vt = Transpose(%v) {perm = [0, 2, 1, 3]} : f32[2,3,128,64]\n %s = MatMul(%qt, %kt) : f32[2,3,128,128]\n"
+   " %c = const dense<f32[]> [0.125]\n %ss = Mul(%s, %c) : f32[2,3,128,128]\n %sm = Add(%ss, %m) : f32[2,3,128,128]\n"
+   " %p = Softmax(%sm) {axis = -1} : f32[2,3,128,128]\n %o = MatMul(%p, %vt) : f32[2,3,128,64]\n"
+   " %y = Transpose(%o) {perm = [0, 2, 1, 3]} : f32[2,128,3,64]\n return %y\n}", {}, 1e-4, 2e-2, true, 4, "kernel attention"},
+  {"onnx_attention_rowmask_ragged", "graph g(%q: f32[2,4,50,64], %k: f32[2,4,98,64], %v: f32[2,4,98,64], %m: f32[1,1,1,98]) {\n"
+   " %y = Attention(%q, %k, %v, %m) {scale = 0.125} : f32[2,4,50,64]\n return %y\n}", {}, 1e-4, 2e-2, true, 4,
+   "kernel attention (fused", true, true},
   // Cross attention (sq != sk, several key steps), Div scale, a Cast, no mask, out [B,H,Sq,D].
   {"attention_cross", "graph g(%q: f32[1,33,2,64], %k: f32[1,150,2,64], %v: f32[1,150,2,64]) {\n"
    " %qt = Transpose(%q) {perm = [0, 2, 1, 3]} : f32[1,2,33,64]\n %kt = Transpose(%k) {perm = [0, 2, 3, 1]} : f32[1,2,64,150]\n"
@@ -214,6 +228,18 @@ const std::vector<Case> kCases = {
    {"w", "c"}, 1e-4, 2e-2, true, 4, "kernel gemm_small", true, false, 1},
   {"gemm_small_transb", "graph g(%a: f32[64,128], %w: f32[160,128], %c: f32[160]) {\n"
    " %y = Gemm(%a, %w, %c) {transB = 1} : f32[64,160]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2, true, 4, "kernel gemm_small", true, false, 1},
+  // Each slice width with a given K split: 128 columns over a 4-CTA cluster; 32 columns with the
+  // whole K=640 in one CTA (10 steps: more than the kernel waits for by count); 64 columns over 8
+  // CTAs with 50 rows (the warps of rows 64-127 idle) and a residual.
+  {"gemm_small_128x4", "graph g(%a: f32[128,512], %w: f32[512,256], %c: f32[256]) {\n %m = MatMul(%a, %w) : f32[128,256]\n"
+   " %x = Add(%m, %c) : f32[128,256]\n %y = Gelu(%x) {approximate = \"tanh\"} : f32[128,256]\n return %y\n}",
+   {"w", "c"}, 1e-4, 2e-2, true, 4, "slices of 128 columns, split-k 4", true, false, 1, "128x4"},
+  {"gemm_small_32x1_long_k", "graph g(%a: f32[96,640], %w: f32[640,64], %c: f32[64]) {\n %m = MatMul(%a, %w) : f32[96,64]\n"
+   " %y = Add(%m, %c) : f32[96,64]\n return %y\n}",
+   {"w", "c"}, 1e-4, 2e-2, true, 4, "slices of 32 columns, split-k 1", true, false, 1, "32x1"},
+  {"gemm_small_64x8_few_rows", "graph g(%a: f32[1,50,1024], %w: f32[1024,128], %r: f32[1,50,128]) {\n"
+   " %m = MatMul(%a, %w) : f32[1,50,128]\n %y = Add(%m, %r) : f32[1,50,128]\n return %y\n}",
+   {"w"}, 1e-4, 2e-2, true, 4, "slices of 64 columns, split-k 8", true, false, 1, "64x8"},
   // FusedElementwise (the fuse-elementwise pass's node): one NVRTC-generated kernel. BERT's mask
   // chain (int64 in, additive float mask out) and a broadcast Where/Greater/Gelu chain.
   {"fused_bert_mask", "graph g(%mask: i64[2,1,1,40]) {\n %y = ai.kiln.FusedElementwise(%mask) {body = graph b(%mi: i64[2,1,1,40]) {\n"
@@ -336,7 +362,10 @@ Status run_case(const Case& c, cuda::Precision prec, uint64_t seed, double* err,
   bo.poison = true;
   bo.autotune = c.autotune;
   bo.gemm_small = c.gemm_small;
-  KILN_ASSIGN_OR_RETURN(auto engine, cuda::Engine::build(*g, bo));
+  if (c.small_config) setenv("KILN_GEMM_SMALL_CONFIG", c.small_config, 1);
+  auto built = cuda::Engine::build(*g, bo);
+  if (c.small_config) unsetenv("KILN_GEMM_SMALL_CONFIG");
+  KILN_ASSIGN_OR_RETURN(auto engine, std::move(built));
   bool impl_seen = false;
   for (const auto& p : engine->report().nodes) {
     if (p.device == "cpu" && !(c.fp32_on_cpu && prec == cuda::Precision::kFp32)) {

@@ -3,18 +3,29 @@
 //
 // At M = 128 a layer's GEMMs read ~14 MB of weights and almost nothing else, yet cuBLASLt's tiles
 // give 12-36 CTAs for N = 768-2304, so the weights stream through a fraction of the SMs (BERT-base
-// b1 on the H100: ~0.5 TB/s). The small-M kernel puts one CTA on every SM by splitting K across
-// a thread-block cluster. Which is faster depends on the shape, so every configuration that fits
-// (64- or 32-column slices, 1-8 K slices) is timed at build against cuBLASLt's best by
-// pick_lt_algo's method (tuning.h: in a captured graph, weights cold in L2), and the kernel is used
-// only when it wins. The weight is transposed once on the host (Wt[N,K]) and uploaded beside the original.
+// b1 on the H100: ~0.7 TB/s). The small-M kernel puts one CTA on every SM by splitting K across
+// a thread-block cluster, holds each CTA's whole slice in shared memory, and requests its weight
+// slice before waiting for the previous kernel (programmatic dependent launch). Which is faster
+// depends on the shape, so every configuration that fits (32-, 64- or 128-column slices, 1-8 K
+// slices) is timed at build against cuBLASLt's best by pick_lt_algo's method (tuning.h: in a
+// captured graph, weights cold in L2), and the kernel is used only where it wins. The weight is
+// transposed once on the host (Wt[N,K]) and uploaded beside the original.
 //
-// Status (2026-11-23, H100): it loses on every BERT-base b1 shape (e.g. 128x2304x768: 12.1 us vs
-// cuBLASLt's 8.2 us; ncu: ~7% occupancy, 8% of DRAM bandwidth: every CTA re-reads all 128 rows
-// of A from L2 for a 32-64 column slice, and the K steps per CTA are too few to hide latency), so
-// BuildOptions::gemm_small is off by default; the op harness forces it so it stays correct.
-// Next: wider slices (BN 128-256, fewer A re-reads), TMA loads, PDL to overlap the prologue.
+// Status (2026-11-24, H100, graph-timed as above): it loses on every BERT-base b1 shape, so
+// BuildOptions::gemm_small is off by default and the op harness forces it to keep it correct. Best
+// configurations 8.7 / 6.9 / 9.6 / 9.6 us (QKV / attention out / FFN up / FFN down) against cuBLASLt's
+// 4.6 / 4.5 / 5.6 / 7.6 us. Variants that skip stages place the time (128x2304x768 in 128-column
+// slices x 4): launching the empty cluster grid 1.7 us, the partial-tile write and cluster barrier
+// 1.3 us, the DSMEM reduction with the epilogue 2.7 us, the loads ~1 us, mma.sync ~1.3 us. Launch,
+// barrier and reduction alone cost what cuBLASLt's whole product does: split-K across a cluster
+// cannot win at these sizes, and mma.sync runs at half wgmma's rate. What could: wgmma + TMA
+// without a cross-CTA reduction, which needs about one CTA per 128x(N/132) output slice.
+//
+// Knobs for experiments on a GPU machine: KILN_GEMM_SMALL=1 forces the kernel wherever it applies,
+// -1 keeps it off; KILN_GEMM_SMALL_CONFIG=BNxS times only that configuration (the op harness uses
+// it to cover each slice width); KILN_GEMM_SMALL_PDL=0 launches without programmatic serialization.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -26,6 +37,19 @@ namespace kiln::cuda {
 namespace {
 
 int act_code(const std::string& act) { return act.empty() ? 0 : act == "relu" ? 1 : act == "gelu" ? 2 : -1; }
+
+bool pdl_enabled() {
+  const char* e = std::getenv("KILN_GEMM_SMALL_PDL");
+  return !(e && *e && std::atoi(e) == 0);
+}
+
+// KILN_GEMM_SMALL_CONFIG=BNxS: only that configuration is a candidate.
+bool config_allowed(int bn, int split) {
+  const char* e = std::getenv("KILN_GEMM_SMALL_CONFIG");
+  if (!e || !*e) return true;
+  int want_bn = 0, want_split = 0;
+  return std::sscanf(e, "%dx%d", &want_bn, &want_split) == 2 && want_bn == bn && want_split == split;
+}
 
 // The weight as Wt[N,K] in the device dtype: a Gemm with transB already holds it so; a [K,N]
 // constant is transposed on the host once per weight.
@@ -53,12 +77,12 @@ Expected<GemmSmallChoice> time_small(const GemmShape& s, const Epilogue& ep, k::
   Scratch d, bias;
   bool ok = op.ok() && cudaMalloc(&d.p, d_bytes) == cudaSuccess &&
             cudaMalloc(&bias.p, eb * size_t(s.n)) == cudaSuccess && cudaMemset(bias.p, 0x3c, eb * size_t(s.n)) == cudaSuccess;
-  for (int bn : {64, 32}) {
+  for (int bn : {128, 64, 32}) {
     if (!ok || k::gemm_small_prepare(dt, bn) != cudaSuccess) break;
     for (int split = 1; split <= 8; ++split) {
-      if (!k::gemm_small_supported(dt, s.m, s.n, s.k, bn, split)) continue;
+      if (!k::gemm_small_supported(dt, s.m, s.n, s.k, bn, split) || !config_allowed(bn, split)) continue;
       const int64_t ctas = s.n / bn * split * ((s.m + 127) / 128);
-      if (!any_grid && (ctas < 16 || ctas > 1056)) continue;  // far from one CTA per SM: not worth timing
+      if (!any_grid && (ctas < 16 || ctas > 264)) continue;  // far from one CTA per SM: not worth timing
       k::GemmSmallArgs g;
       g.bias = ep.bias ? bias.p : nullptr;
       g.d = d.p;
@@ -70,6 +94,7 @@ Expected<GemmSmallChoice> time_small(const GemmShape& s, const Epilogue& ep, k::
       g.act = act;
       g.alpha = ep.alpha;
       g.beta = ep.c ? ep.beta : 0.0f;
+      g.pdl = pdl_enabled();
       auto launch = [&](int i, cudaStream_t stream) {
         k::GemmSmallArgs gi = g;
         gi.a = op.a.copy(i);
@@ -119,6 +144,7 @@ Expected<bool> try_emit_gemm_small(Lowering& L, const Node& n, const DevValue* a
   if (has_bias && !bias.weight) reads.push_back(bias.id);
   const int64_t m = s.m, nn = s.n, kk = s.k;
   const float alpha = ep.alpha, beta = has_c ? ep.beta : 0.0f;
+  const bool pdl = pdl_enabled();
   std::string impl = fmt::format("kernel gemm_small {} m={} n={} k={}{}{}{} (slices of {} columns, split-k {} in a cluster; "
                                  "{:.1f} us{})",
                                  dt == k::DT::kF16 ? "fp16" : "bf16", s.m, s.n, s.k, has_bias ? " +bias" : "",
@@ -140,6 +166,7 @@ Expected<bool> try_emit_gemm_small(Lowering& L, const Node& n, const DevValue* a
     g.act = act;
     g.alpha = alpha;
     g.beta = beta;
+    g.pdl = pdl;
     return cuda_status(k::gemm_small(dt, g, c.stream), "gemm_small");
   });
   return true;

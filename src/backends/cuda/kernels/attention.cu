@@ -95,6 +95,7 @@ struct MaskPair {
     v.y = hi ? ldg32(p + stride) : 0u;
   }
   __device__ __forceinline__ void load2(const M* p) { v = ldg64(p); }
+  __device__ __forceinline__ void load_shared(const M* p) { v = *reinterpret_cast<const uint2*>(p); }
   __device__ __forceinline__ float2 get() const { return make_float2(__uint_as_float(v.x), __uint_as_float(v.y)); }
 };
 template <class H, class H2>
@@ -105,6 +106,7 @@ struct MaskPair16 {
     v = a | (b << 16);
   }
   __device__ __forceinline__ void load2(const H* p) { v = ldg32(p); }
+  __device__ __forceinline__ void load_shared(const H* p) { v = *reinterpret_cast<const uint32_t*>(p); }
   __device__ __forceinline__ float2 get() const {
     const H2 h = *reinterpret_cast<const H2*>(&v);
     if constexpr (std::is_same_v<H, __half>) return __half22float2(h);
@@ -141,7 +143,12 @@ __device__ __forceinline__ void load_mask(MaskPair<M> (&mk)[N][2], const M* cons
   }
 }
 
-// M: the additive mask's element type, NoMask without one. kPairs: see load_mask.
+// M: the additive mask's element type, NoMask without one. kPairs: see load_mask. kRow: the mask is
+// one row of contiguous keys per (batch, head), broadcast over the queries (BERT's padding mask), and
+// each tile's piece of it is staged in shared memory by the K/V copies instead of read by every lane
+// from global memory: those loads' latency, and the registers that held their values across the K/V
+// wait (spilled at 4 blocks/SM), were about half of all stall cycles (ncu, BERT b64, 2026-11-24:
+// long-scoreboard 4.9 of 10.6 cycles per instruction, 16 local loads per warp).
 // kQW: warps along the queries (16 rows each); the other 4 / kQW warps split every key tile between
 // them (kKW groups of 64 / kKW keys) and their partial softmax states merge at the end. kQW = 4 (64
 // queries per CTA, every warp sees every key) when there are CTAs enough to fill the GPU; kQW = 1
@@ -151,7 +158,7 @@ __device__ __forceinline__ void load_mask(MaskPair<M> (&mk)[N][2], const M* cons
 // H100, 2026-11-24: BERT b64 3.269/3.295 -> 3.257/3.267 ms, b1 0.398/0.393 -> 0.388/0.386 against 3
 // blocks); 3 for element-wise masks, which spill 88 bytes at 4 (measured 2026-11-23 on the earlier
 // kernel: masked layers 46-48 us at 3 vs 50-53 us at 4; unmasked ViT 307 us at 4 vs 327 us at 3).
-template <class T, class M, bool kPairs, int kQW>
+template <class T, class M, bool kPairs, int kQW, bool kRow>
 __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> || kPairs ? 4 : 3)
     attention_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                      const void* __restrict__ mask, T* __restrict__ o, AttentionShape sh, float scale) {
@@ -164,9 +171,12 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> || kPairs 
   __shared__ __align__(16) T qs[kTile * kLd];
   __shared__ __align__(16) T ks[2][kTile * kLd];
   __shared__ __align__(16) T vs[2][kTile * kLd];
+  constexpr int kRowBytes = kRow ? kTile * int(sizeof(M)) : 16;
+  __shared__ __align__(16) unsigned char ms[2][kRowBytes];  // kRow: the tile's mask values
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane >> 2, t = lane & 3;
   const int qw = warp % kQW, kw = warp / kQW, nt0 = kw * kNT;
   const int b = int(blockIdx.z), h = int(blockIdx.y), q0 = int(blockIdx.x) * kQRows;
+  pdl_launch_dependents();  // the output projection (gemm_small) may start streaming its weight
   // This thread's copy chunk of K/V row 0 (load_rows_async), advanced one tile per step.
   const int r0 = int(threadIdx.x) / kChunks, c0 = (int(threadIdx.x) % kChunks) * 8;
   const T* kp = k + b * sh.k[0] + h * sh.k[1] + r0 * sh.k[2] + c0;
@@ -175,10 +185,23 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> || kPairs 
                   min(kQRows, sh.sq - q0));
   load_rows_async(ks[0], kp, sh.k[2], min(kTile, sh.sk));
   load_rows_async(vs[0], vp, sh.v[2], min(kTile, sh.sk));
+  // kRow: the mask's 16-byte chunks of keys [key0, key0 + kTile), those at or past `lim` keys zero-filled.
+  const M* mrow = nullptr;
+  auto load_mask_row = [&](unsigned char* dst, int key0, int lim) {
+    if constexpr (kRow) {
+      constexpr int kPer = 16 / int(sizeof(M));
+      const int c = int(threadIdx.x), valid = min(kPer, lim - c * kPer);
+      if (c < kTile / kPer) cp_async16(dst + c * 16, valid > 0 ? mrow + key0 + c * kPer : mrow, valid > 0 ? valid * int(sizeof(M)) : 0);
+    }
+  };
+  if constexpr (kRow) {
+    mrow = static_cast<const M*>(mask) + int64_t(b) * sh.m[0] + int64_t(h) * sh.m[1];
+    load_mask_row(ms[0], 0, sh.sk);
+  }
   cp_async_commit();
   const M* mr[2] = {};  // the lane's two rows of the mask at key 2t; rows past the end read row sq-1's
   bool one_row = true;
-  if constexpr (kMasked) {
+  if constexpr (kMasked && !kRow) {
     const M* mp = static_cast<const M*>(mask) + int64_t(b) * sh.m[0] + int64_t(h) * sh.m[1] + int64_t(2 * t) * sh.m[3];
     for (int r = 0; r < 2; ++r) mr[r] = mp + int64_t(min(q0 + qw * 16 + g + 8 * r, sh.sq - 1)) * sh.m[2];
     one_row = sh.m[2] == 0;
@@ -193,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> || kPairs 
     const int j0 = j * kTile, buf = j & 1, lim = sh.sk - j0;
     // This tile's mask values, requested before the K/V wait so their latency hides behind it.
     MaskPair<M> mk[kNT][2];
-    if constexpr (kMasked) {
+    if constexpr (kMasked && !kRow) {
       load_mask<kNT, kPairs>(mk, mr, sh.m[3], nt0, lim, t, one_row);
       for (int r = 0; r < 2; ++r) mr[r] += int64_t(kTile) * sh.m[3];
     }
@@ -202,6 +225,7 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> || kPairs 
       vp += kTile * sh.v[2];
       load_rows_async(ks[buf ^ 1], kp, sh.k[2], min(kTile, lim - kTile));
       load_rows_async(vs[buf ^ 1], vp, sh.v[2], min(kTile, lim - kTile));
+      load_mask_row(ms[buf ^ 1], j0 + kTile, lim - kTile);
       cp_async_commit();
       cp_async_wait<1>();  // everything but that newest group has landed
     } else {
@@ -244,7 +268,11 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> || kPairs 
 #pragma unroll
     for (int i = 0; i < kNT; ++i) {
       float2 mv[2];
-      if constexpr (kMasked) {
+      if constexpr (kRow) {
+        MaskPair<M> p;
+        p.load_shared(reinterpret_cast<const M*>(ms[buf]) + (nt0 + i) * 8 + 2 * t);
+        mv[0] = mv[1] = p.get();
+      } else if constexpr (kMasked) {
         mv[0] = mk[i][0].get();
         mv[1] = mk[i][1].get();
       }
@@ -390,12 +418,12 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> || kPairs 
   }
 }
 
-template <class T, class M, bool kPairs, int kQW>
+template <class T, class M, bool kPairs, int kQW, bool kRow>
 cudaError_t launch_qw(const void* q, const void* k, const void* v, const void* mask, void* o, const AttentionShape& sh,
                       float scale, cudaStream_t s) {
   constexpr int rows = 16 * kQW;
   dim3 grid(unsigned((sh.sq + rows - 1) / rows), unsigned(sh.h), unsigned(sh.b));
-  attention_kernel<T, M, kPairs, kQW><<<grid, kThreads, 0, s>>>(static_cast<const T*>(q), static_cast<const T*>(k),
+  attention_kernel<T, M, kPairs, kQW, kRow><<<grid, kThreads, 0, s>>>(static_cast<const T*>(q), static_cast<const T*>(k),
                                                                static_cast<const T*>(v), mask, static_cast<T*>(o), sh,
                                                                scale);
   return cudaGetLastError();
@@ -404,11 +432,11 @@ cudaError_t launch_qw(const void* q, const void* k, const void* v, const void* m
 // 64 queries per CTA when that gives at least one CTA per SM, else 16 with the keys split four ways.
 bool few_ctas(const AttentionShape& sh) { return int64_t(sh.b) * sh.h * ((sh.sq + kTile - 1) / kTile) < sm_count(); }
 
-template <class T, class M, bool kPairs>
+template <class T, class M, bool kPairs, bool kRow = false>
 cudaError_t launch_pairs(const void* q, const void* k, const void* v, const void* mask, void* o, const AttentionShape& sh,
                          float scale, cudaStream_t s) {
-  if (few_ctas(sh)) return launch_qw<T, M, kPairs, 1>(q, k, v, mask, o, sh, scale, s);
-  return launch_qw<T, M, kPairs, kWarps>(q, k, v, mask, o, sh, scale, s);
+  if (few_ctas(sh)) return launch_qw<T, M, kPairs, 1, kRow>(q, k, v, mask, o, sh, scale, s);
+  return launch_qw<T, M, kPairs, kWarps, kRow>(q, k, v, mask, o, sh, scale, s);
 }
 
 template <class T, class M>
@@ -417,6 +445,10 @@ cudaError_t launch(const void* q, const void* k, const void* v, const void* mask
   if constexpr (!std::is_same_v<M, NoMask>) {
     const bool pairs = sh.m[3] == 1 && sh.sk % 2 == 0 && sh.m[0] % 2 == 0 && sh.m[1] % 2 == 0 && sh.m[2] % 2 == 0 &&
                        reinterpret_cast<uintptr_t>(mask) % (2 * sizeof(M)) == 0;
+    // One row per (batch, head) whose 16-byte chunks can be copied as they are: staged (kRow).
+    const bool row = pairs && sh.m[2] == 0 && (sh.m[0] * int64_t(sizeof(M))) % 16 == 0 &&
+                     (sh.m[1] * int64_t(sizeof(M))) % 16 == 0 && reinterpret_cast<uintptr_t>(mask) % 16 == 0;
+    if (row) return launch_pairs<T, M, true, true>(q, k, v, mask, o, sh, scale, s);
     if (pairs) return launch_pairs<T, M, true>(q, k, v, mask, o, sh, scale, s);
   }
   return launch_pairs<T, M, false>(q, k, v, mask, o, sh, scale, s);

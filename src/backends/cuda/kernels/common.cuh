@@ -164,6 +164,14 @@ __device__ __forceinline__ int64_t global_tid() {
 }
 __device__ __forceinline__ int64_t global_threads() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
+// Programmatic dependent launch (Hopper). A kernel launched with the programmatic-serialization
+// attribute may start before the kernel ahead of it in the stream has finished; it must call
+// pdl_wait() before it reads anything that kernel wrote or writes anything it reads (a no-op when
+// the launch had no such attribute). pdl_launch_dependents() lets such a follower start early; it
+// is only a scheduling hint, the follower's pdl_wait() still waits for this whole grid.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
 // V elements moved as one aligned vector access (16 bytes of input where the pointers allow).
 template <class T, int V>
 struct alignas(sizeof(T) * V) Pack {

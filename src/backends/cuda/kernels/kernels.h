@@ -181,10 +181,13 @@ cudaError_t attention(DT dt, const void* q, const void* k, const void* v, const 
 
 // D[M,N] = act(alpha * A[M,K] . Wt[N,K]^T + beta * C[M,N] + bias[N]), row-major, contiguous; kF16 or
 // kBF16, f32 accumulation; act 0 none, 1 relu, 2 gelu (tanh form, as cuBLASLt's epilogue). The grid
-// is N/bn column slices x `split` K slices (a thread-block cluster that sums its partials through
-// distributed shared memory) x ceil(M/128) row blocks. bias and c may be null. For M up to 512;
-// pointers 16-byte aligned. gemm_small_prepare once per (dt, bn) before the first launch (it raises
-// the kernel's shared-memory limit; not a stream operation, so outside graph capture).
+// is N/bn column slices (bn 32, 64 or 128) x `split` K slices (a thread-block cluster that sums its
+// partials through distributed shared memory) x ceil(M/128) row blocks; each CTA holds its whole K
+// slice of both operands in shared memory (gemm_small_supported says whether it fits). bias and c
+// may be null. For M up to 512; pointers 16-byte aligned. `pdl`: launched with programmatic stream
+// serialization, so it may start (and stream its weight slice) while the kernel before it in the
+// stream finishes. gemm_small_prepare once per (dt, bn) before the first launch (it raises the
+// kernel's shared-memory limit; not a stream operation, so outside graph capture).
 struct GemmSmallArgs {
   const void* a = nullptr;
   const void* wt = nullptr;
@@ -194,6 +197,7 @@ struct GemmSmallArgs {
   int64_t m = 0, n = 0, k = 0;
   int bn = 64, split = 1, act = 0;
   float alpha = 1, beta = 0;
+  bool pdl = true;
 };
 bool gemm_small_supported(DT dt, int64_t m, int64_t n, int64_t k, int bn, int split);
 cudaError_t gemm_small_prepare(DT dt, int bn);

@@ -119,6 +119,7 @@ __global__ void __launch_bounds__(TPR == 32 ? 32 * kWarpRowsPerBlock : TPR)
     layer_norm_kernel(const T* __restrict__ x, const T* __restrict__ scale, const T* __restrict__ bias,
                       Y* __restrict__ y, int64_t rows, int64_t cols, float eps, bool rms) {
   __shared__ float smem[32];
+  pdl_launch_dependents();  // the next GEMM (gemm_small) may start streaming its weight
   const RowGroup<TPR> g;
   const float inv_cols = 1.f / static_cast<float>(cols);
   for (int64_t r = g.first; r < rows; r += g.step) {
@@ -219,6 +220,7 @@ __global__ void __launch_bounds__(kRowBlock)
     layer_norm_long_kernel(const T* __restrict__ x, const T* __restrict__ scale, const T* __restrict__ bias,
                            Y* __restrict__ y, int64_t rows, int64_t cols, float eps, bool rms) {
   __shared__ float smem[32];
+  pdl_launch_dependents();
   const float inv_cols = 1.f / static_cast<float>(cols);
   const int64_t packs = cols / V;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {

@@ -108,10 +108,14 @@ const std::vector<Case> kCases = {
    " %vt = Transpose(%v) {perm = [0, 2, 1, 3]} : f32[2,3,128,64]\n %s = MatMul(%qt, %kt) : f32[2,3,128,128]\n"
    " %c = const dense<f32[]> [0.125]\n %ss = Mul(%s, %c) : f32[2,3,128,128]\n %sm = Add(%ss, %m) : f32[2,3,128,128]\n"
    " %p = Softmax(%sm) {axis = -1} : f32[2,3,128,128]\n %o = MatMul(%p, %vt) : f32[2,3,128,64]\n"
-   " %y = Transpose(%o) {perm = [0, 2, 1, 3]} : f32[2,128,3,64]\n return %y\n}", {}, 1e-4, 2e-2, true, 4, "kernel attention"},
+   " %y = Transpose(%o) {perm = [0, 2, 1, 3]} : f32[2,128,3,64]\n return %y\n}", {}, 1e-4, 2e-2, true, 4, "+row mask"},
   {"onnx_attention_rowmask_ragged", "graph g(%q: f32[2,4,50,64], %k: f32[2,4,98,64], %v: f32[2,4,98,64], %m: f32[1,1,1,98]) {\n"
    " %y = Attention(%q, %k, %v, %m) {scale = 0.125} : f32[2,4,50,64]\n return %y\n}", {}, 1e-4, 2e-2, true, 4,
-   "kernel attention (fused", true, true},
+   "+row mask", true, true},
+  // The same with 64-query CTAs (192 of them: every warp sees every key).
+  {"onnx_attention_rowmask_ragged_wide", "graph g(%q: f32[8,12,128,64], %k: f32[8,12,98,64], %v: f32[8,12,98,64], %m: f32[1,1,1,98]) {\n"
+   " %y = Attention(%q, %k, %v, %m) {scale = 0.125} : f32[8,12,128,64]\n return %y\n}", {}, 1e-4, 2e-2, true, 4,
+   "+row mask", true, true},
   // Cross attention (sq != sk, several key steps), Div scale, a Cast, no mask, out [B,H,Sq,D].
   {"attention_cross", "graph g(%q: f32[1,33,2,64], %k: f32[1,150,2,64], %v: f32[1,150,2,64]) {\n"
    " %qt = Transpose(%q) {perm = [0, 2, 1, 3]} : f32[1,2,33,64]\n %kt = Transpose(%k) {perm = [0, 2, 3, 1]} : f32[1,2,64,150]\n"

@@ -441,7 +441,8 @@ Status lower_attention(Lowering& L, const Node& root, const AttentionMatch& m) {
   if (has_mask) reads.push_back(mr.weight ? -1 : mr.id);
   L.emit(&root,
          fmt::format("kernel attention (fused, b={} h={} sq={} sk={} d={}{}{})", m.b, m.h, m.sq, m.sk, m.d,
-                     has_mask ? " +mask" : "", m.out_perm.empty() ? "" : ", output transposed"),
+                     !has_mask ? "" : k::attention_row_mask(sh, mdt) ? " +row mask" : " +mask",
+                     m.out_perm.empty() ? "" : ", output transposed"),
          reads, {yr.id}, [=](const RunCtx& c) {
            auto at = [&](Ref r, size_t off) { return static_cast<const char*>(c.ptr(r)) + off; };
            return cuda_status(k::attention(dt, at(qr, qo), at(kr, ko), at(vr, vo), has_mask ? c.ptr(mr) : nullptr, mdt,

@@ -94,7 +94,10 @@ Expected<GemmSmallChoice> time_small(const GemmShape& s, const Epilogue& ep, k::
       g.act = act;
       g.alpha = ep.alpha;
       g.beta = ep.c ? ep.beta : 0.0f;
-      g.pdl = pdl_enabled();
+      // Without programmatic serialization: back to back, each launch would stream its weight during
+      // the one before, an overlap cuBLASLt's timing does not get and a model's other kernels mostly
+      // do not give. (The 2026-11-24 numbers above were taken with it: the kernel lost even so.)
+      g.pdl = false;
       auto launch = [&](int i, cudaStream_t stream) {
         k::GemmSmallArgs gi = g;
         gi.a = op.a.copy(i);

@@ -122,7 +122,7 @@ struct MaskPair<__nv_bfloat16> : MaskPair16<__nv_bfloat16, __nv_bfloat162> {};
 // rows g and g + 8. `mr` are the two rows' pointers at this tile's first key plus 2t keys; `lim`
 // keys of the tile are valid (>= kTile: all); keys past it read as 0 (their scores are -inf
 // anyway). kPairs: the keys are contiguous and pair-aligned (one 2-element load); `one_row`: both
-// rows read the same mask row (a mask broadcast over queries, as BERT's padding mask), loaded once.
+// rows read the same mask row (a mask broadcast over queries), loaded once.
 template <int N, bool kPairs, class M>
 __device__ __forceinline__ void load_mask(MaskPair<M> (&mk)[N][2], const M* const (&mr)[2], int64_t key_stride,
                                           int nt0, int lim, int t, bool one_row) {
@@ -144,11 +144,12 @@ __device__ __forceinline__ void load_mask(MaskPair<M> (&mk)[N][2], const M* cons
 }
 
 // M: the additive mask's element type, NoMask without one. kPairs: see load_mask. kRow: the mask is
-// one row of contiguous keys per (batch, head), broadcast over the queries (BERT's padding mask), and
-// each tile's piece of it is staged in shared memory by the K/V copies instead of read by every lane
-// from global memory: those loads' latency, and the registers that held their values across the K/V
-// wait (spilled at 4 blocks/SM), were about half of all stall cycles (ncu, BERT b64, 2026-11-24:
-// long-scoreboard 4.9 of 10.6 cycles per instruction, 16 local loads per warp).
+// one row of contiguous keys per (batch, head), broadcast over the queries (a [B,1,1,Sk] padding
+// mask), and each tile's piece of it is staged in shared memory by the K/V copies instead of read by
+// every lane from global memory (the report says "+row mask"). Not measured on a model: BERT as
+// exported by transformers 5 reaches the kernel with per-query mask strides ("+mask"), so it takes
+// the per-lane loads (ncu, BERT b64, 2026-11-24: long-scoreboard stalls 4.9 of 10.6 cycles per
+// instruction; 16 local loads per warp from spills at 4 blocks/SM).
 // kQW: warps along the queries (16 rows each); the other 4 / kQW warps split every key tile between
 // them (kKW groups of 64 / kKW keys) and their partial softmax states merge at the end. kQW = 4 (64
 // queries per CTA, every warp sees every key) when there are CTAs enough to fill the GPU; kQW = 1
@@ -439,6 +440,12 @@ cudaError_t launch_pairs(const void* q, const void* k, const void* v, const void
   return launch_qw<T, M, kPairs, kWarps, kRow>(q, k, v, mask, o, sh, scale, s);
 }
 
+// A mask broadcast over the queries with contiguous keys, its (batch, head) rows 16-byte multiples apart.
+bool row_mask_strides(const AttentionShape& sh, size_t elem_bytes) {
+  const int64_t e = int64_t(elem_bytes);
+  return sh.m[3] == 1 && sh.m[2] == 0 && sh.sk % 2 == 0 && (sh.m[0] * e) % 16 == 0 && (sh.m[1] * e) % 16 == 0;
+}
+
 template <class T, class M>
 cudaError_t launch(const void* q, const void* k, const void* v, const void* mask, void* o, const AttentionShape& sh,
                    float scale, cudaStream_t s) {
@@ -446,8 +453,7 @@ cudaError_t launch(const void* q, const void* k, const void* v, const void* mask
     const bool pairs = sh.m[3] == 1 && sh.sk % 2 == 0 && sh.m[0] % 2 == 0 && sh.m[1] % 2 == 0 && sh.m[2] % 2 == 0 &&
                        reinterpret_cast<uintptr_t>(mask) % (2 * sizeof(M)) == 0;
     // One row per (batch, head) whose 16-byte chunks can be copied as they are: staged (kRow).
-    const bool row = pairs && sh.m[2] == 0 && (sh.m[0] * int64_t(sizeof(M))) % 16 == 0 &&
-                     (sh.m[1] * int64_t(sizeof(M))) % 16 == 0 && reinterpret_cast<uintptr_t>(mask) % 16 == 0;
+    const bool row = pairs && row_mask_strides(sh, sizeof(M)) && reinterpret_cast<uintptr_t>(mask) % 16 == 0;
     if (row) return launch_pairs<T, M, true, true>(q, k, v, mask, o, sh, scale, s);
     if (pairs) return launch_pairs<T, M, true>(q, k, v, mask, o, sh, scale, s);
   }
@@ -469,6 +475,10 @@ cudaError_t launch_masked(const void* q, const void* k, const void* v, const voi
 }  // namespace
 
 bool attention_supported(DT dt, int head_dim) { return (dt == DT::kF16 || dt == DT::kBF16) && head_dim == kD; }
+
+bool attention_row_mask(const AttentionShape& sh, DT mask_dt) {
+  return (mask_dt == DT::kF16 || mask_dt == DT::kBF16 || mask_dt == DT::kF32) && row_mask_strides(sh, size_t(dt_size(mask_dt)));
+}
 
 cudaError_t attention(DT dt, const void* q, const void* k, const void* v, const void* mask, DT mask_dt, void* o,
                       const AttentionShape& sh, float scale, cudaStream_t s) {

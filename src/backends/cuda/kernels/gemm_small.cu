@@ -252,7 +252,7 @@ cudaError_t prepare_dt(int bn) {
 }  // namespace
 
 bool gemm_small_supported(DT dt, int64_t m, int64_t n, int64_t k, int bn, int split) {
-  return (dt == DT::kF16 || dt == DT::kBF16) && (bn == 32 || bn == 64 || bn == 128) && m >= 1 && m <= 4 * kBM &&
+  return (dt == DT::kF16 || dt == DT::kBF16) && (bn == 32 || bn == 64 || bn == 128) && m >= 1 && m <= 4 * kBM && k > 0 &&
          n % bn == 0 && split >= 1 && split <= 8 && k % (int64_t{split} * kBK) == 0 &&
          smem_bytes(bn, k / split) <= kMaxSmem && n / bn <= 65535 && k <= (int64_t{1} << 30) &&
          m * n <= (int64_t{1} << 31) && m * k <= (int64_t{1} << 31) && n * k <= (int64_t{1} << 31);

@@ -174,6 +174,9 @@ struct AttentionShape {
   int64_t m[4];                    // mask strides {b, h, i, j}
 };
 bool attention_supported(DT dt, int head_dim);
+// Whether a mask of mask_dt with sh's strides is read as one row per (batch, head), staged in shared
+// memory with the K/V tiles (kernels/attention.cu kRow); the mask pointer must also be 16-byte aligned.
+bool attention_row_mask(const AttentionShape& sh, DT mask_dt);
 cudaError_t attention(DT dt, const void* q, const void* k, const void* v, const void* mask, DT mask_dt, void* o,
                       const AttentionShape& sh, float scale, cudaStream_t s);
 

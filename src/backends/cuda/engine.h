@@ -30,7 +30,7 @@ struct BuildOptions {
   bool poison = false;             // tests: fill each session's arena with NaN bytes before use
   // The small-M GEMM kernel (lower_gemm_small.cc): 0 where its build-time timing beats cuBLASLt's
   // (autotune only), 1 wherever it applies (tests), -1 never. Off by default: on the H100 it loses
-  // to cuBLASLt on every BERT-base batch-1 shape (2026-11-24, timed in graphs: 6.9-9.6 us against
+  // to cuBLASLt on every BERT-base batch-1 shape (2026-11-24, timed in graphs: 7.2-9.6 us against
   // 4.5-7.6 us; where the time goes: lower_gemm_small.cc). KILN_GEMM_SMALL=0|1 overrides for experiments.
   int gemm_small = -1;
 };

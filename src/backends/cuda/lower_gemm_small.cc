@@ -13,8 +13,8 @@
 //
 // Status (2026-11-24, H100, graph-timed as above): it loses on every BERT-base b1 shape, so
 // BuildOptions::gemm_small is off by default and the op harness forces it to keep it correct. Best
-// configurations 8.7 / 6.9 / 9.6 / 9.6 us (QKV / attention out / FFN up / FFN down) against cuBLASLt's
-// 4.6 / 4.5 / 5.6 / 7.6 us. Variants that skip stages place the time (128x2304x768 in 128-column
+// configurations 8.7 / 7.2 / 9.6 / 9.6 us (QKV / attention out / FFN up / FFN down) against cuBLASLt's
+// 4.6 / 4.5 / 5.6 / 7.6 us (BERT-base b1; GPT-2's attention out 6.9 us). Variants that skip stages place the time (128x2304x768 in 128-column
 // slices x 4): launching the empty cluster grid 1.7 us, the partial-tile write and cluster barrier
 // 1.3 us, the DSMEM reduction with the epilogue 2.7 us, the loads ~1 us, mma.sync ~1.3 us. Launch,
 // barrier and reduction alone cost what cuBLASLt's whole product does: split-K across a cluster

@@ -452,8 +452,8 @@ cudaError_t launch(const void* q, const void* k, const void* v, const void* mask
   if constexpr (!std::is_same_v<M, NoMask>) {
     const bool pairs = sh.m[3] == 1 && sh.sk % 2 == 0 && sh.m[0] % 2 == 0 && sh.m[1] % 2 == 0 && sh.m[2] % 2 == 0 &&
                        reinterpret_cast<uintptr_t>(mask) % (2 * sizeof(M)) == 0;
-    // One row per (batch, head) whose 16-byte chunks can be copied as they are: staged (kRow).
-    const bool row = pairs && row_mask_strides(sh, sizeof(M)) && reinterpret_cast<uintptr_t>(mask) % 16 == 0;
+    // One row per (batch, head) whose 16-byte chunks can be copied as they are: staged (kRow). Implies `pairs`.
+    const bool row = row_mask_strides(sh, sizeof(M)) && reinterpret_cast<uintptr_t>(mask) % 16 == 0;
     if (row) return launch_pairs<T, M, true, true>(q, k, v, mask, o, sh, scale, s);
     if (pairs) return launch_pairs<T, M, true>(q, k, v, mask, o, sh, scale, s);
   }

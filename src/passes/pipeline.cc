@@ -39,6 +39,11 @@ std::vector<Pass> default_pipeline() {
       // runs it as one flash-attention kernel reading Q/K/V through their views. Needs the Softmax
       // above; before fuse-elementwise, which would otherwise be free to take the scale and mask.
       {"fuse-attention", "decomposed scaled-dot-product attention -> Attention", fuse_attention},
+      // A padding mask broadcast to [B,1,S,S] through constants that do not vary along the
+      // queries becomes [B,1,1,S]: one row per batch, which the attention kernel stages in shared
+      // memory. Needs the Attention nodes above and folded constants; before fuse-elementwise,
+      // which would hide the chain in a FusedElementwise body.
+      {"narrow-masks", "attention masks constant along the queries -> one row per key", narrow_masks},
       // Needs Conv -> BatchNormalization adjacent (canonicalize) and constant weights (folded).
       // Before fuse-matmul-add, which would hide a MatMul that a BatchNormalization follows.
       {"fold-batchnorm", "fold inference BatchNormalization into the Conv/Gemm/MatMul before it",

@@ -33,6 +33,7 @@ struct Case {
   bool fp32_on_cpu = false;           // fp32 builds may run the op on the CPU (its kernel is half-only)
   int gemm_small = 0;                 // BuildOptions::gemm_small (1: the small-M kernel wherever it applies)
   const char* small_config = nullptr;  // KILN_GEMM_SMALL_CONFIG during the build: that slice width x K split only
+  size_t l2_prefetch = 0;             // BuildOptions::l2_prefetch_bytes; > 0: the engine must plan prefetches
 };
 
 // clang-format off
@@ -244,6 +245,11 @@ const std::vector<Case> kCases = {
   {"gemm_small_64x8_few_rows", "graph g(%a: f32[1,50,1024], %w: f32[1024,128], %r: f32[1,50,128]) {\n"
    " %m = MatMul(%a, %w) : f32[1,50,128]\n %y = Add(%m, %r) : f32[1,50,128]\n return %y\n}",
    {"w"}, 1e-4, 2e-2, true, 4, "slices of 64 columns, split-k 8", true, false, 1, "64x8"},
+  // L2 prefetch of streamed weights (prefetch.cc): three small-M GEMMs whose weights go in two groups
+  // of 1 MiB, fetched on a side stream that joins the graph at its end.
+  {"l2_prefetch_gemm_chain", "graph g(%a: f32[16,512], %w1: f32[512,512], %w2: f32[512,512], %w3: f32[512,384]) {\n"
+   " %x = MatMul(%a, %w1) : f32[16,512]\n %y = MatMul(%x, %w2) : f32[16,512]\n %z = MatMul(%y, %w3) : f32[16,384]\n"
+   " return %z\n}", {"w1", "w2", "w3"}, 1e-4, 2e-2, true, 4, nullptr, true, false, 0, nullptr, size_t(1) << 20},
   // FusedElementwise (the fuse-elementwise pass's node): one NVRTC-generated kernel. BERT's mask
   // chain (int64 in, additive float mask out) and a broadcast Where/Greater/Gelu chain.
   {"fused_bert_mask", "graph g(%mask: i64[2,1,1,40]) {\n %y = ai.kiln.FusedElementwise(%mask) {body = graph b(%mi: i64[2,1,1,40]) {\n"
@@ -366,10 +372,14 @@ Status run_case(const Case& c, cuda::Precision prec, uint64_t seed, double* err,
   bo.poison = true;
   bo.autotune = c.autotune;
   bo.gemm_small = c.gemm_small;
+  bo.l2_prefetch_bytes = c.l2_prefetch;
   if (c.small_config) setenv("KILN_GEMM_SMALL_CONFIG", c.small_config, 1);
   auto built = cuda::Engine::build(*g, bo);
   if (c.small_config) unsetenv("KILN_GEMM_SMALL_CONFIG");
   KILN_ASSIGN_OR_RETURN(auto engine, std::move(built));
+  if (c.l2_prefetch && engine->report().l2_prefetches == 0) {
+    return KILN_ERROR(kInternal, "{}: no L2 prefetch planned", cuda::precision_name(prec));
+  }
   bool impl_seen = false;
   for (const auto& p : engine->report().nodes) {
     if (p.device == "cpu" && !(c.fp32_on_cpu && prec == cuda::Precision::kFp32)) {

@@ -248,6 +248,7 @@ Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptio
   }
   KILN_RETURN_IF_ERROR(lower_outputs(L, *e));
   plan(L, *e);
+  plan_l2_prefetch(L);
   KILN_RETURN_IF_ERROR(e->upload_weights());
   e->finish_report(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   return std::shared_ptr<Engine>(e);

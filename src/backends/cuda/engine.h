@@ -33,6 +33,12 @@ struct BuildOptions {
   // to cuBLASLt on every BERT-base batch-1 shape (2026-11-24, timed in graphs: 7.2-9.6 us against
   // 4.5-7.6 us; where the time goes: lower_gemm_small.cc). KILN_GEMM_SMALL=0|1 overrides for experiments.
   int gemm_small = -1;
+  // Weights of GEMMs that read more weight than activation bytes (small batches) fetched into L2 on
+  // a side stream one group ahead (prefetch.cc), in groups of up to this many bytes; 0: none.
+  // KILN_L2_PREFETCH_MB overrides. Off by default: with 16 MiB, batch 1 on the H100 (2026-11-24,
+  // two calls, 4 alternating rounds) BERT-base -1..-3% and GPT-2 -1..-3%, but ViT-B/16 +1..+4%
+  // and ResNet-50 unchanged; 32 MiB was slower on every model.
+  size_t l2_prefetch_bytes = 0;
 };
 
 // Where one ONNX node ended up and why.
@@ -51,6 +57,8 @@ struct BuildReport {
   size_t arena_peak = 0, arena_naive = 0, arena_lower_bound = 0;
   size_t workspace_bytes = 0;
   int steps = 0;            // executed steps per forward (launch groups)
+  int l2_prefetches = 0;    // side-stream L2 prefetch launches per forward
+  size_t l2_prefetch_bytes = 0;  // weight bytes they fetch
   int cpu_steps = 0;        // steps that run on the host (break graph capture)
   bool cuda_graph = false;  // whether sessions capture a graph
   std::string no_graph_reason;

@@ -67,7 +67,18 @@ struct Step {
   bool host = false;            // synchronizes with the host (CPU fallback): no graph capture
   std::vector<int> reads, writes;  // arena buffer ids, for liveness
   int bad_index_slot = -1;      // index into RunCtx::bad_index, when the step checks indices
+  // A weight the step streams once per forward that outweighs the activations it reads and writes
+  // (a GEMM at small batch): plan_l2_prefetch fetches it into L2 ahead of the step. id < 0: none.
+  Ref streamed{true, -1};
+  size_t streamed_bytes = 0;
   StepFn fn;
+};
+
+// Weights fetched into L2 by one side-stream launch issued as step `before` starts (prefetch.cc).
+struct L2Prefetch {
+  size_t before = 0;
+  std::vector<std::pair<Ref, size_t>> ranges;  // (weight, bytes)
+  size_t bytes = 0;
 };
 
 // Makes a k::NdStrides from dims and strides (rank <= kMaxRank, checked by the caller).
@@ -156,6 +167,7 @@ class Lowering {
 
   // Results, read by the engine after lowering.
   std::vector<Step> steps;
+  std::vector<L2Prefetch> prefetches;      // in step order (plan_l2_prefetch)
   std::vector<size_t> buffer_bytes;        // per arena buffer id
   std::vector<std::vector<char>> weight_data;  // per weight id, host bytes to upload
   std::vector<NodePlacement> placements;
@@ -229,6 +241,11 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
 // (lower_gemm_small.cc).
 Expected<bool> try_emit_gemm_small(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s,
                                    const Epilogue& ep, Ref y, k::DT dt, float lt_ms, std::string* lost);
+
+// Plans L2 prefetches of the steps' streamed weights (prefetch.cc), after lowering: consecutive
+// streamed weights are grouped up to L.options().l2_prefetch_bytes, and each group is fetched while
+// the previous group's first step runs.
+void plan_l2_prefetch(Lowering& L);
 
 // Convenience for lowering functions.
 #define KILN_UNSUPPORTED(...) return KILN_ERROR(kUnsupported, __VA_ARGS__)

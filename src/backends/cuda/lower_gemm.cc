@@ -241,6 +241,14 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
                                  c.workspace, c.workspace_bytes, c.stream));
     return Status::ok();
   });
+  // A weight operand larger than the activations read and written (small batch) is worth fetching
+  // into L2 ahead of the GEMM (prefetch.cc).
+  const DevValue* w = b->ref.weight ? b : a->ref.weight ? a : nullptr;
+  const size_t act = (w == b ? a->bytes() : b->bytes()) + size_t(s.m * s.n * s.batch) * size_t(k::dt_size(dt));
+  if (w && w->bytes() > act) {
+    L.steps.back().streamed = w->ref;
+    L.steps.back().streamed_bytes = w->bytes();
+  }
   return Status::ok();
 }
 

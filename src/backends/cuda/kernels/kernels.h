@@ -206,6 +206,20 @@ bool gemm_small_supported(DT dt, int64_t m, int64_t n, int64_t k, int bn, int sp
 cudaError_t gemm_small_prepare(DT dt, int bn);
 cudaError_t gemm_small(DT dt, const GemmSmallArgs& g, cudaStream_t s);
 
+// ---- L2 prefetch ----------------------------------------------------------------------------------
+
+// Asks L2 to fetch byte ranges of global memory that a later kernel will stream (sm_90 bulk
+// prefetch: a hint with no completion and no effect on any result). Each range's pointer and size
+// must be multiples of 16. The grid is small (at most kMaxBlocks CTAs of one warp) so that it runs
+// beside the kernels of the main stream.
+struct L2Ranges {
+  static constexpr int kMax = 8;
+  const void* p[kMax] = {};
+  unsigned long long bytes[kMax] = {};
+  int n = 0;
+};
+cudaError_t l2_prefetch(const L2Ranges& r, cudaStream_t s);
+
 // ---- generators ----------------------------------------------------------------------------------
 
 // y[i] = value for n elements of dt (value converted from double).

@@ -138,6 +138,8 @@ int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt) {
   if (!inputs) return fail(inputs.status());
   auto runner = make_runner(g, eng);
   if (!runner) return fail(runner.status());
+  // The engine timed below: build-time autotuning may choose differently from one build to the next.
+  if (opt.report) std::printf("%s", (*runner)->report().c_str());
   auto times = (*runner)->bench(*inputs, opt.warmup, opt.iterations);
   if (!times) return fail(times.status());
   int64_t batch = opt.batch;

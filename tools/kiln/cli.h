@@ -68,6 +68,7 @@ struct BenchOptions {
   std::string json;
   uint64_t seed = 0;
   bool profile = false;              // also time each step once (no graph) and print the top ones
+  bool report = false;               // print the engine's build report (each node's kernel) first
 };
 
 struct InspectOptions {

@@ -134,6 +134,7 @@ int main(int argc, char** argv) {
   be->add_option("--json", bench.json, "write the results as JSON");
   be->add_option("--seed", bench.seed, "seed of the random inputs")->default_val(0);
   be->add_flag("--profile", bench.profile, "GPU: also time each step once and print the slowest");
+  be->add_flag("--report", bench.report, "GPU: print the timed engine's placement report (autotuned choices) first");
 
   try {
     app.parse(argc, argv);

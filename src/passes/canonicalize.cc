@@ -243,6 +243,39 @@ bool match_sum1(const UseMap& u, const Node& n) {
 bool match_sum2(const UseMap&, const Node& n) { return n.inputs.size() == 2 && n.inputs[0] && n.inputs[1]; }
 void apply_sum2(UseMap&, Node& n) { n.op = OpKind::kAdd; }
 
+// Gather along an axis of size n with constant indices 0, 1, .., n-1 in order (any index shape)
+// reads every element once, in memory order: the result is data reshaped. transformers 5 gathers
+// BERT's padding mask this way (indices b * S + j over the flattened [B*S, 1] mask); as a Reshape
+// it is free on the GPU and lets the mask's Cast join the elementwise kernel after it.
+bool match_gather_arange(const UseMap& u, const Node& n) {
+  if (n.inputs.size() != 2 || !n.inputs[0] || !n.has_output(0) || !static_dims(n.outputs[0])) return false;
+  const auto r = rank_of(n.inputs[0]);
+  const auto data = static_dims(n.inputs[0]);
+  const Tensor* idx = constant_of(u.graph(), n.inputs[1]);
+  if (!r || !data || !idx || !dtype_is_int(idx->dtype())) return false;
+  int64_t axis = n.attr_int("axis", 0);
+  if (axis < 0) axis += int64_t(*r);
+  if (axis < 0 || axis >= int64_t(*r)) return false;
+  const int64_t len = (*data)[size_t(axis)];
+  const std::vector<int64_t> v = idx->to_int_vector();
+  if (int64_t(v.size()) != len) return false;
+  for (int64_t i = 0; i < len; ++i) {
+    if (v[size_t(i)] != i && v[size_t(i)] != i - len) return false;
+  }
+  return true;
+}
+void apply_gather_arange(UseMap& u, Node& n) {
+  const std::vector<int64_t> dims = *static_dims(n.outputs[0]);
+  Graph& g = u.graph();
+  Value* shape = g.add_constant(g.unique_name(n.outputs[0]->name + "_shape"),
+                                Tensor::from_vector<int64_t>(dims, {int64_t(dims.size())}));
+  Value* idx = n.inputs[1];
+  u.set_input(&n, 1, shape);
+  n.op = OpKind::kReshape;
+  n.attrs.clear();
+  erase_unused_constants(u, {idx});
+}
+
 const Rule kRules[] = {
     {OpKind::kIdentity, "Identity(x) -> x", match_input0, apply_input0},
     {OpKind::kDropout, "Dropout(x) -> x in inference, mask unread", match_dropout, apply_input0},
@@ -262,6 +295,8 @@ const Rule kRules[] = {
     {OpKind::kUnsqueeze, "Unsqueeze(Squeeze(x, a), a) -> x", match_unsqueeze_squeeze, apply_inner_input0},
     {OpKind::kSum, "Sum(x) -> x", match_sum1, apply_input0},
     {OpKind::kSum, "Sum(a, b) -> Add(a, b)", match_sum2, apply_sum2},
+    {OpKind::kGather, "Gather(x, [0, 1, .., n-1] along an axis of n) -> Reshape(x, result shape)", match_gather_arange,
+     apply_gather_arange},
 };
 
 }  // namespace

@@ -248,7 +248,10 @@ void apply_sum2(UseMap&, Node& n) { n.op = OpKind::kAdd; }
 // BERT's padding mask this way (indices b * S + j over the flattened [B*S, 1] mask); as a Reshape
 // it is free on the GPU and lets the mask's Cast join the elementwise kernel after it.
 bool match_gather_arange(const UseMap& u, const Node& n) {
-  if (n.inputs.size() != 2 || !n.inputs[0] || !n.has_output(0) || !static_dims(n.outputs[0])) return false;
+  if (n.inputs.size() != 2 || !n.inputs[0] || !n.has_output(0)) return false;
+  const auto out = static_dims(n.outputs[0]);
+  // A 0 in a Reshape target copies the input's dim (allowzero = 0): empty results are left alone.
+  if (!out || std::find(out->begin(), out->end(), 0) != out->end()) return false;
   const auto r = rank_of(n.inputs[0]);
   const auto data = static_dims(n.inputs[0]);
   const Tensor* idx = constant_of(u.graph(), n.inputs[1]);
@@ -257,8 +260,8 @@ bool match_gather_arange(const UseMap& u, const Node& n) {
   if (axis < 0) axis += int64_t(*r);
   if (axis < 0 || axis >= int64_t(*r)) return false;
   const int64_t len = (*data)[size_t(axis)];
+  if (idx->numel() != len) return false;
   const std::vector<int64_t> v = idx->to_int_vector();
-  if (int64_t(v.size()) != len) return false;
   for (int64_t i = 0; i < len; ++i) {
     if (v[size_t(i)] != i && v[size_t(i)] != i - len) return false;
   }

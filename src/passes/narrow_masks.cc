@@ -63,6 +63,7 @@ bool uniform_along(const Tensor& t, size_t axis) {
   for (size_t i = 0; i < axis; ++i) outer *= size_t(t.dims()[i]);
   for (size_t i = axis + 1; i < t.dims().size(); ++i) inner *= size_t(t.dims()[i]);
   const size_t n = size_t(t.dims()[axis]);
+  if (n == 0) return false;
   const auto* p = static_cast<const unsigned char*>(t.raw());
   for (size_t o = 0; o < outer; ++o) {
     const unsigned char* first = p + o * n * inner;
@@ -117,7 +118,7 @@ bool invariant(const UseMap& u, Value* v, size_t from_end, Node* reader, size_t 
 std::optional<Plan> plan_for(const UseMap& u, Value* m) {
   if (!m || !m->type.has_rank() || m->type.shape->dims.size() < 2 || u.is_output(m)) return std::nullopt;
   const Dim& q = m->type.shape->dims[m->type.shape->dims.size() - 2];
-  if (!q.is_static() || q.value() == 1) return std::nullopt;
+  if (!q.is_static() || q.value() <= 1) return std::nullopt;
   for (const Use& use : u.uses(m)) {
     if (use.body || !use.node || use.node->op != OpKind::kAttention || use.input != 3) return std::nullopt;
   }

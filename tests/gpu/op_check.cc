@@ -245,11 +245,13 @@ const std::vector<Case> kCases = {
   {"gemm_small_64x8_few_rows", "graph g(%a: f32[1,50,1024], %w: f32[1024,128], %r: f32[1,50,128]) {\n"
    " %m = MatMul(%a, %w) : f32[1,50,128]\n %y = Add(%m, %r) : f32[1,50,128]\n return %y\n}",
    {"w"}, 1e-4, 2e-2, true, 4, "slices of 64 columns, split-k 8", true, false, 1, "64x8"},
-  // L2 prefetch of streamed weights (prefetch.cc): three small-M GEMMs whose weights go in two groups
-  // of 1 MiB, fetched on a side stream that joins the graph at its end.
+  // L2 prefetch of streamed weights (prefetch.cc): three small-M GEMMs whose weights go in groups of
+  // up to 1 MiB (two in half builds, three in f32), fetched on a side stream that joins the graph at
+  // its end. (KILN_L2_PREFETCH_MB in the environment overrides the case's budget.)
+  // (Tanh between them keeps fp16 in range: three products over K = 512 of random values overflow it.)
   {"l2_prefetch_gemm_chain", "graph g(%a: f32[16,512], %w1: f32[512,512], %w2: f32[512,512], %w3: f32[512,384]) {\n"
-   " %x = MatMul(%a, %w1) : f32[16,512]\n %y = MatMul(%x, %w2) : f32[16,512]\n %z = MatMul(%y, %w3) : f32[16,384]\n"
-   " return %z\n}", {"w1", "w2", "w3"}, 1e-4, 2e-2, true, 4, nullptr, true, false, 0, nullptr, size_t(1) << 20},
+   " %x = MatMul(%a, %w1) : f32[16,512]\n %tx = Tanh(%x) : f32[16,512]\n %y = MatMul(%tx, %w2) : f32[16,512]\n"
+   " %ty = Tanh(%y) : f32[16,512]\n %z = MatMul(%ty, %w3) : f32[16,384]\n return %z\n}", {"w1", "w2", "w3"}, 1e-4, 2e-2, true, 4, nullptr, true, false, 0, nullptr, size_t(1) << 20},
   // FusedElementwise (the fuse-elementwise pass's node): one NVRTC-generated kernel. BERT's mask
   // chain (int64 in, additive float mask out) and a broadcast Where/Greater/Gelu chain.
   {"fused_bert_mask", "graph g(%mask: i64[2,1,1,40]) {\n %y = ai.kiln.FusedElementwise(%mask) {body = graph b(%mi: i64[2,1,1,40]) {\n"
@@ -273,12 +275,14 @@ const std::vector<Case> kCases = {
   // Few input channels in half builds: the input is transformed to 8 or 16 channels (space-to-depth
   // for stride 2), built without autotuning so that the timing guard cannot skip the transform.
   // ResNet's stem: 7x7/2, pads 3 -> 4x4/1 over 12 (16) channels.
-  {"conv_rgb_stem", "graph g(%x: f32[2,3,20,20], %w: f32[16,3,7,7], %b: f32[16]) {\n %c = Conv(%x, %w, %b) {pads = [3, 3, 3, 3], strides = [2, 2]} : f32[2,16,10,10]\n %y = Relu(%c) : f32[2,16,10,10]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2, true, 4, "space_to_depth_nhwc (3 -> 16 channels, block 2)", false},
+  // The image computed by a node (not a graph input): space-to-depth copies its 16-bit values.
+  {"conv_rgb_stem_computed_input", "graph g(%x: f32[2,3,20,20], %w: f32[16,3,7,7], %b: f32[16]) {\n %a = Abs(%x) : f32[2,3,20,20]\n %c = Conv(%a, %w, %b) {pads = [3, 3, 3, 3], strides = [2, 2]} : f32[2,16,10,10]\n %y = Relu(%c) : f32[2,16,10,10]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2, true, 4, "space_to_depth_nhwc (3 -> 16 channels, block 2)", false},
+  {"conv_rgb_stem", "graph g(%x: f32[2,3,20,20], %w: f32[16,3,7,7], %b: f32[16]) {\n %c = Conv(%x, %w, %b) {pads = [3, 3, 3, 3], strides = [2, 2]} : f32[2,16,10,10]\n %y = Relu(%c) : f32[2,16,10,10]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2, true, 4, "space_to_depth_nhwc (3 -> 16 channels, block 2, from the f32 input)", false},
   // One channel, TensorFlow-style SAME padding (one more at the end), odd sizes: 3x3/2 -> 2x2/1 over 4 (8) channels.
-  {"conv_one_channel_same", "graph g(%x: f32[3,1,9,9], %w: f32[8,1,3,3]) {\n %y = Conv(%x, %w) {pads = [0, 0, 1, 1], strides = [2, 2]} : f32[3,8,4,4]\n return %y\n}", {"w"}, 1e-4, 2e-2, true, 4, "space_to_depth_nhwc (1 -> 8 channels, block 2)", false},
+  {"conv_one_channel_same", "graph g(%x: f32[3,1,9,9], %w: f32[8,1,3,3]) {\n %y = Conv(%x, %w) {pads = [0, 0, 1, 1], strides = [2, 2]} : f32[3,8,4,4]\n return %y\n}", {"w"}, 1e-4, 2e-2, true, 4, "space_to_depth_nhwc (1 -> 8 channels, block 2, from the f32 input)", false},
   // Stride 1 (and an odd pad at stride 2 elsewhere): channels padded to 8, padding moved into the transform.
-  {"conv_rgb_stride1", "graph g(%x: f32[2,3,11,13], %w: f32[8,3,3,3], %b: f32[8]) {\n %y = Conv(%x, %w, %b) {pads = [1, 1, 1, 2]} : f32[2,8,11,14]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2, true, 4, "space_to_depth_nhwc (3 -> 8 channels, block 1)", false},
-  {"conv_rgb_odd_pad", "graph g(%x: f32[1,4,15,15], %w: f32[8,4,5,5]) {\n %y = Conv(%x, %w) {pads = [1, 1, 1, 1], strides = [2, 2]} : f32[1,8,7,7]\n return %y\n}", {"w"}, 1e-4, 2e-2, true, 4, "space_to_depth_nhwc (4 -> 16 channels, block 2)", false},
+  {"conv_rgb_stride1", "graph g(%x: f32[2,3,11,13], %w: f32[8,3,3,3], %b: f32[8]) {\n %y = Conv(%x, %w, %b) {pads = [1, 1, 1, 2]} : f32[2,8,11,14]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2, true, 4, "space_to_depth_nhwc (3 -> 8 channels, block 1, from the f32 input)", false},
+  {"conv_rgb_odd_pad", "graph g(%x: f32[1,4,15,15], %w: f32[8,4,5,5]) {\n %y = Conv(%x, %w) {pads = [1, 1, 1, 1], strides = [2, 2]} : f32[1,8,7,7]\n return %y\n}", {"w"}, 1e-4, 2e-2, true, 4, "space_to_depth_nhwc (4 -> 16 channels, block 2, from the f32 input)", false},
   {"conv_patchify", "graph g(%x: f32[2,3,32,32], %w: f32[16,3,8,8], %b: f32[16]) {\n %y = Conv(%x, %w, %b) {kernel_shape = [8, 8], strides = [8, 8]} : f32[2,16,4,4]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2, true, 4, "patches"},
   {"clip_into_depthwise", "graph g(%x: f32[2,32,9,9], %w: f32[32,1,3,3], %b: f32[32]) {\n %lo = const dense<f32[]> [-0.3]\n %hi = const dense<f32[]> [0.4]\n %xc = Clip(%x, %lo, %hi) : f32[2,32,9,9]\n %c = Conv(%xc, %w, %b) {group = 32, pads = [1, 1, 1, 1]} : f32[2,32,9,9]\n %y = Relu(%c) : f32[2,32,9,9]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2, true, 4, "(input clip)"},
   {"depthwise_s2_relu", "graph g(%x: f32[2,24,15,15], %w: f32[24,1,3,3]) {\n %c = Conv(%x, %w) {group = 24, pads = [1, 1, 1, 1], strides = [2, 2]} : f32[2,24,8,8]\n %y = Relu(%c) : f32[2,24,8,8]\n return %y\n}", {"w"}, 1e-4, 2e-2},

@@ -2,6 +2,7 @@
 // The order matters: folding first (shape arithmetic must be host constants before the lowering
 // reads Reshape targets or Slice bounds), then lowering in topological order (fusions look
 // ahead at single consumers), then planning (lifetimes come from the emitted steps).
+#include <algorithm>
 #include <chrono>
 
 #include "backends/cuda/device.h"
@@ -126,6 +127,7 @@ Status lower_inputs(Lowering& L, EngineImpl& e) {
     k::DT want = L.device_dt(v->type.dtype).value();
     if (want == *kdt) continue;
     DevValue staged = stage;
+    L.staged_inputs[v] = staged;
     const DevValue& d = L.define(v, Layout::kRowMajor, want);
     int64_t n = d.numel();
     Ref s = staged.ref, o = d.ref;
@@ -134,8 +136,28 @@ Status lower_inputs(Lowering& L, EngineImpl& e) {
            {s.id}, {o.id}, [=](const RunCtx& c) {
              return cuda_status(k::cast(from, want, c.ptr(s), c.ptr(o), n, c.stream), "cast (input)");
            });
+    L.steps.back().drop_if_unread = true;
   }
   return Status::ok();
+}
+
+// Drops conversion steps whose output no later step reads and no output hands out (every reader
+// of a converted input took the staged value itself).
+void drop_unread_steps(Lowering& L, const EngineImpl& e) {
+  std::vector<bool> read(L.buffer_bytes.size(), false);
+  for (const DevValue& d : e.output_stage) {
+    if (!d.ref.weight) read[size_t(d.ref.id)] = true;
+  }
+  std::vector<Step> kept;
+  for (size_t i = L.steps.size(); i-- > 0;) {  // backwards: readers are seen before writers
+    Step& s = L.steps[i];
+    const bool unread = std::none_of(s.writes.begin(), s.writes.end(), [&](int b) { return read[size_t(b)]; });
+    if (s.drop_if_unread && unread) continue;
+    for (int b : s.reads) read[size_t(b)] = true;
+    kept.push_back(std::move(s));
+  }
+  std::reverse(kept.begin(), kept.end());
+  L.steps = std::move(kept);
 }
 
 Status lower_outputs(Lowering& L, EngineImpl& e) {
@@ -247,6 +269,7 @@ Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptio
     L.place(&n, "cpu", "cpu kernel", s.message());
   }
   KILN_RETURN_IF_ERROR(lower_outputs(L, *e));
+  drop_unread_steps(L, *e);
   plan(L, *e);
   plan_l2_prefetch(L);
   KILN_RETURN_IF_ERROR(e->upload_weights());

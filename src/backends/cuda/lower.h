@@ -71,6 +71,7 @@ struct Step {
   // (a GEMM at small batch): plan_l2_prefetch fetches it into L2 ahead of the step. id < 0: none.
   Ref streamed{true, -1};
   size_t streamed_bytes = 0;
+  bool drop_if_unread = false;  // a conversion (an input's cast) that no later step may need
   StepFn fn;
 };
 
@@ -172,6 +173,9 @@ class Lowering {
   std::vector<std::vector<char>> weight_data;  // per weight id, host bytes to upload
   std::vector<NodePlacement> placements;
   std::unordered_map<const Value*, DevValue> values;
+  // Graph inputs converted to the build's dtype by a first step: the value as the host staged it
+  // (a lowering that reads it directly, like the f32 image of space-to-depth, saves the pass).
+  std::unordered_map<const Value*, DevValue> staged_inputs;
   std::unordered_map<const Node*, Replacement> replacements;  // root node -> pattern
   std::unordered_map<const Node*, InputClip> input_clips;     // depthwise Conv -> its fused input Clip
   int bad_index_slots() const { return bad_index_slots_; }

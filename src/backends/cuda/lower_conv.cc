@@ -164,18 +164,25 @@ Expected<Tensor> small_channel_filter(const Tensor& w, const SmallC& p) {
 Expected<const DevValue*> space_to_depth(Lowering& L, const Node& n, const Value* xv, const SmallC& pl) {
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(xv));
   if (x->dims.size() != 4 || k::dt_size(x->dt) != 2) return KILN_ERROR(kInternal, "{}: space-to-depth of {}", n.describe(), xv->name);
+  const k::DT out_dt = x->dt;
+  // A graph input staged in f32 (the model's image) is read as the host wrote it and converted
+  // here; its cast step then has no reader left and is dropped (engine.cc).
+  auto staged = L.staged_inputs.find(xv);
+  const DevValue* src = staged != L.staged_inputs.end() && staged->second.dt == k::DT::kF32 ? &staged->second : x;
   auto* p = new DevValue(*x);
   L.keep_alive.emplace_back(p, [](void* q) { delete static_cast<DevValue*>(q); });
   p->layout = Layout::kNHWC;
   p->dims = {x->dims[0], pl.cp, pl.ho, pl.wo};
   p->ref = Ref{false, L.scratch(p->bytes())};
-  std::vector<int64_t> xs = x->strides();  // logical [n, c, h, w] order
+  std::vector<int64_t> xs = src->strides();  // logical [n, c, h, w] order
   k::SpaceToDepthShape sh{x->dims[0], x->dims[1], x->dims[2], x->dims[3], xs[0], xs[1], xs[2], xs[3],
                           pl.block, pl.top, pl.left, pl.ho, pl.wo, pl.cp};
-  Ref xr = x->ref, pr = p->ref;
-  L.emit(&n, fmt::format("kernel space_to_depth_nhwc ({} -> {} channels, block {})", sh.c, sh.cp, sh.block), {read_id(x)},
-         {pr.id}, [=](const RunCtx& c) {
-           return cuda_status(k::space_to_depth_nhwc(c.ptr(xr), sh, c.ptr(pr), c.stream), "space_to_depth_nhwc");
+  Ref xr = src->ref, pr = p->ref;
+  const k::DT in_dt = src->dt;
+  L.emit(&n, fmt::format("kernel space_to_depth_nhwc ({} -> {} channels, block {}{})", sh.c, sh.cp, sh.block,
+                         in_dt != out_dt ? ", from the f32 input" : ""),
+         {read_id(src)}, {pr.id}, [=](const RunCtx& c) {
+           return cuda_status(k::space_to_depth_nhwc(c.ptr(xr), in_dt, sh, c.ptr(pr), out_dt, c.stream), "space_to_depth_nhwc");
          });
   return static_cast<const DevValue*>(p);
 }

@@ -245,9 +245,10 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
   // into L2 ahead of the GEMM (prefetch.cc).
   const DevValue* w = b->ref.weight ? b : a->ref.weight ? a : nullptr;
   const size_t act = (w == b ? a->bytes() : b->bytes()) + size_t(s.m * s.n * s.batch) * size_t(k::dt_size(dt));
-  if (w && w->bytes() > act) {
+  if (w && w->bytes() > act) {  // (the residual input is not counted: an estimate of what dominates)
     L.steps.back().streamed = w->ref;
-    L.steps.back().streamed_bytes = w->bytes();
+    // The uploaded bytes, so that a prefetch never runs past the weight (its view may be smaller).
+    L.steps.back().streamed_bytes = std::min(w->bytes(), L.weight_data[size_t(w->ref.id)].size());
   }
   return Status::ok();
 }

@@ -193,6 +193,9 @@ class CudaSession : public Session {
   // The side stream rejoins the main one (graph capture requires it; it also keeps a forward's
   // prefetches from overlapping the next forward's inputs being staged).
   Status join_prefetches(size_t launched) {
+    if (launched != e_->lowering->prefetches.size()) {  // plan_l2_prefetch orders them by step
+      return KILN_ERROR(kInternal, "{} of {} L2 prefetches launched", launched, e_->lowering->prefetches.size());
+    }
     if (launched == 0) return Status::ok();
     KILN_CUDA_TRY(cudaEventRecord(join_, side_));
     KILN_CUDA_TRY(cudaStreamWaitEvent(stream_, join_));

@@ -146,7 +146,7 @@ struct DepthwiseShape {
 cudaError_t depthwise_conv2d_nhwc(DT dt, const void* x, const void* filter, const void* bias, void* y,
                                   const DepthwiseShape& sh, int act, float lo, float hi, cudaStream_t s);
 
-// A 16-bit (fp16/bf16) image x[n, c, h, w] at element strides sn, sc, sh, sw (any layout) copied
+// An image x[n, c, h, w] (fp16, bf16 or f32) at element strides sn, sc, sh, sw (any layout) copied
 // to y [n, ho, wo, cp] (cp 8 or 16, y 16-byte aligned) with
 //   y[n, Y, X, (dy * block + dx) * c + ch] = x[n, ch, Y * block + dy - top, X * block + dx - left]
 // (zero outside the image), channels from block * block * c on zero. block 1 and top = left = 0
@@ -157,7 +157,9 @@ struct SpaceToDepthShape {
   int64_t block, top, left;
   int64_t ho, wo, cp;
 };
-cudaError_t space_to_depth_nhwc(const void* x, const SpaceToDepthShape& sh, void* y, cudaStream_t s);
+// x_dt: y_dt, or kF32 (converted while copying: a model's f32 input image needs no cast pass);
+// y_dt kF16 or kBF16.
+cudaError_t space_to_depth_nhwc(const void* x, DT x_dt, const SpaceToDepthShape& sh, void* y, DT y_dt, cudaStream_t s);
 
 // ---- attention -----------------------------------------------------------------------------------
 
@@ -210,7 +212,7 @@ cudaError_t gemm_small(DT dt, const GemmSmallArgs& g, cudaStream_t s);
 
 // Asks L2 to fetch byte ranges of global memory that a later kernel will stream (sm_90 bulk
 // prefetch: a hint with no completion and no effect on any result). Each range's pointer and size
-// must be multiples of 16. The grid is small (at most kMaxBlocks CTAs of one warp) so that it runs
+// must be multiples of 16. The grid is small (at most 32 CTAs of one warp) so that it runs
 // beside the kernels of the main stream.
 struct L2Ranges {
   static constexpr int kMax = 8;

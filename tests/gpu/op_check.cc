@@ -288,6 +288,11 @@ const std::vector<Case> kCases = {
   {"depthwise_s2_relu", "graph g(%x: f32[2,24,15,15], %w: f32[24,1,3,3]) {\n %c = Conv(%x, %w) {group = 24, pads = [1, 1, 1, 1], strides = [2, 2]} : f32[2,24,8,8]\n %y = Relu(%c) : f32[2,24,8,8]\n return %y\n}", {"w"}, 1e-4, 2e-2},
   {"depthwise_odd_channels", "graph g(%x: f32[2,6,9,9], %w: f32[6,1,3,3], %b: f32[6]) {\n %y = Conv(%x, %w, %b) {group = 6, pads = [1, 1, 1, 1]} : f32[2,6,9,9]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2},
   {"maxpool", "graph g(%x: f32[2,4,17,17]) {\n %y = MaxPool(%x) {kernel_shape = [3, 3], pads = [1, 1, 1, 1], strides = [2, 2]} : f32[2,4,9,9]\n return %y\n}"},
+  // 8 channels or more in half builds: kiln's NHWC kernel (pads at both edges, a 2x3 window, stride 1 x 2).
+  {"maxpool_nhwc_kernel", "graph g(%x: f32[2,16,17,18]) {\n %y = MaxPool(%x) {kernel_shape = [3, 3], pads = [1, 1, 1, 1], strides = [2, 2]} : f32[2,16,9,9]\n return %y\n}",
+   {}, 1e-4, 1e-2, true, 4, "kernel max_pool_nhwc"},
+  {"maxpool_nhwc_rect", "graph g(%x: f32[1,24,7,9]) {\n %y = MaxPool(%x) {kernel_shape = [2, 3], pads = [1, 1, 1, 1], strides = [1, 2]} : f32[1,24,8,5]\n return %y\n}",
+   {}, 1e-4, 1e-2, true, 4, "kernel max_pool_nhwc"},
   {"avgpool", "graph g(%x: f32[2,4,16,16]) {\n %y = AveragePool(%x) {kernel_shape = [2, 2], strides = [2, 2]} : f32[2,4,8,8]\n return %y\n}"},
   {"global_avgpool", "graph g(%x: f32[2,64,7,7]) {\n %y = GlobalAveragePool(%x) : f32[2,64,1,1]\n return %y\n}"},
   {"conv_then_transpose", "graph g(%x: f32[1,4,6,6], %w: f32[8,4,3,3]) {\n %c = Conv(%x, %w) : f32[1,8,4,4]\n %y = Transpose(%c) {perm = [0, 2, 3, 1]} : f32[1,4,4,8]\n return %y\n}", {"w"}, 1e-4, 2e-2},

@@ -658,6 +658,19 @@ Status lower_pool(Lowering& L, const Node& n) {
   }
   Layout lay = L.half() ? Layout::kNHWC : Layout::kRowMajor;
   KILN_ASSIGN_OR_RETURN(const DevValue* x, lay == Layout::kNHWC ? L.nhwc(xv) : L.rowmajor(xv));
+  if (n.op == OpKind::kMaxPool && lay == Layout::kNHWC && x->dims[1] % 8 == 0 && k::dt_size(x->dt) == 2) {
+    // kiln's kernel: cuDNN's NHWC max pooling took 0.29 ms for ResNet-50's at batch 256 (411 MB in,
+    // 103 MB out: 1.7x its memory time).
+    k::PoolShape ps{int(x->dims[0]), int(x->dims[2]), int(x->dims[3]), int(x->dims[1]), int(yd_dims[2]), int(yd_dims[3]),
+                    int(ks[0]), int(ks[1]), int(st[0]), int(st[1]), (*pads)[0], (*pads)[1]};
+    const DevValue& y = L.define(n.outputs[0], lay);
+    Ref xr = x->ref, yr = y.ref;
+    k::DT pdt = x->dt;
+    L.emit(&n, "kernel max_pool_nhwc", {read_id(x)}, {yr.id}, [=](const RunCtx& c) {
+      return cuda_status(k::max_pool_nhwc(pdt, c.ptr(xr), ps, c.ptr(yr), c.stream), "max_pool_nhwc");
+    });
+    return Status::ok();
+  }
   KILN_ASSIGN_OR_RETURN(auto xd, tensor_desc(L, x->dims, *dt, lay));
   KILN_ASSIGN_OR_RETURN(auto yd, tensor_desc(L, yd_dims, *dt, lay));
   cudnnPoolingDescriptor_t pd = nullptr;

@@ -227,4 +227,55 @@ cudaError_t depthwise_conv2d_nhwc(DT dt, const void* x, const void* filter, cons
   });
 }
 
+namespace {
+
+// One thread per 8 channels of one output pixel: 16-byte loads of the window's pixels (NHWC keeps a
+// pixel's channels contiguous, so a warp reads whole 128-byte lines), the maximum in pairs. Pads
+// never win (skipped); NaN does not propagate, as cuDNN's CUDNN_NOT_PROPAGATE_NAN.
+template <class T, class T2>
+__global__ void max_pool_nhwc_kernel(const T* __restrict__ x, PoolShape s, T* __restrict__ y, int total) {
+  const int c8 = s.c / 8;
+  for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < total; i += int(gridDim.x * blockDim.x)) {
+    const int cv = i % c8, t = i / c8, q = t % s.q, t2 = t / s.q, p = t2 % s.p, n = t2 / s.p;
+    T2 m[4];
+    const T2 lowest = T2{T(-INFINITY), T(-INFINITY)};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) m[e] = lowest;
+    const int h0 = p * s.sh - s.ph, w0 = q * s.sw - s.pw;
+    for (int r = 0; r < s.kh; ++r) {
+      const int h = h0 + r;
+      if (h < 0 || h >= s.h) continue;
+      for (int k = 0; k < s.kw; ++k) {
+        const int w = w0 + k;
+        if (w < 0 || w >= s.w) continue;
+        const uint4 v = *reinterpret_cast<const uint4*>(x + ((int64_t(n) * s.h + h) * s.w + w) * s.c + cv * 8);
+        const T2* pv = reinterpret_cast<const T2*>(&v);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) m[e] = __hmax2(m[e], pv[e]);
+      }
+    }
+    *reinterpret_cast<uint4*>(y + ((int64_t(n) * s.p + p) * s.q + q) * s.c + cv * 8) = *reinterpret_cast<const uint4*>(m);
+  }
+}
+
+}  // namespace
+
+cudaError_t max_pool_nhwc(DT dt, const void* x, const PoolShape& s, void* y, cudaStream_t st) {
+  if ((dt != DT::kF16 && dt != DT::kBF16) || s.c % 8 != 0 || s.kh < 1 || s.kw < 1 || s.sh < 1 || s.sw < 1 ||
+      reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(y) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t total = int64_t(s.n) * s.p * s.q * (s.c / 8);
+  if (total == 0) return cudaSuccess;
+  if (total >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  if (dt == DT::kF16) {
+    max_pool_nhwc_kernel<__half, __half2><<<grid_for(total), kBlock, 0, st>>>(static_cast<const __half*>(x), s,
+                                                                           static_cast<__half*>(y), int(total));
+  } else {
+    max_pool_nhwc_kernel<__nv_bfloat16, __nv_bfloat162><<<grid_for(total), kBlock, 0, st>>>(
+        static_cast<const __nv_bfloat16*>(x), s, static_cast<__nv_bfloat16*>(y), int(total));
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace kiln::cuda::k

@@ -161,6 +161,14 @@ struct SpaceToDepthShape {
 // y_dt kF16 or kBF16.
 cudaError_t space_to_depth_nhwc(const void* x, DT x_dt, const SpaceToDepthShape& sh, void* y, DT y_dt, cudaStream_t s);
 
+// 2-D max pooling in NHWC, 16-bit (kF16, kBF16), c % 8 == 0, x and y 16-byte aligned: y[n, p, q, c]
+// is the maximum of x[n, p * sh - ph + r, q * sw - pw + k, c] over the window's pixels inside the
+// image (pads never win; NaN does not propagate). y is [n, p, q, c].
+struct PoolShape {
+  int n, h, w, c, p, q, kh, kw, sh, sw, ph, pw;
+};
+cudaError_t max_pool_nhwc(DT dt, const void* x, const PoolShape& s, void* y, cudaStream_t st);
+
 // ---- attention -----------------------------------------------------------------------------------
 
 // Fused scaled-dot-product attention, one pass (flash-attention style online softmax):

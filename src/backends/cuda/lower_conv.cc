@@ -201,13 +201,15 @@ struct AlgoChoice {
 };
 
 // Find's ranking comes from a run or two of each algorithm in isolation, and it is not stable for
-// short convolutions: on the H100 (2026-11-24) one ResNet-50 b1 build in eight took IMPLICIT_GEMM
-// for layer2.0's 3x3/2 convolution, and the forward ran 0.490 instead of 0.336 ms. Where Find's
-// best is under kRetimeBelowMs, the two best by Find and IMPLICIT_PRECOMP_GEMM (which the fused
-// identity path needs) are timed again as the forward runs them (tuning.h: launches back to back
-// in a graph, the weight cold); those times decide. Longer convolutions keep Find's choice: its
-// timing is steady there, and re-timing them all took ResNet-50's b256 build from 7 to 25 s.
-constexpr float kRetimeBelowMs = 0.05f;
+// small convolutions: on the H100 (2026-11-24) one ResNet-50 b1 build in eight took IMPLICIT_GEMM
+// for layer2.0's 3x3/2 convolution, and the forward ran 0.490 instead of 0.336 ms. Where x and y
+// together are at most kRetimeBytes, the two best by Find and IMPLICIT_PRECOMP_GEMM (which the
+// fused identity path needs) are timed again as the forward runs them (tuning.h: launches back to
+// back in a graph, the weight cold); those times decide. Re-timed: 12 of 12 b1 builds 0.329-0.334
+// ms. Larger convolutions keep Find's choice: re-timing them all took ResNet-50's b256 build from 7
+// to 25 s for the same forward time. (Gating on Find's own time instead, under 50 us, missed: 4 of
+// 8 b1 builds were slow again, Find's times for those convolutions being what is unreliable.)
+constexpr size_t kRetimeBytes = size_t(64) << 20;
 void retime(Lowering& L, cudnnTensorDescriptor_t xd, void* x, cudnnFilterDescriptor_t wd, size_t wb,
             cudnnConvolutionDescriptor_t cd, cudnnTensorDescriptor_t yd, void* y, AlgoChoice& r) {
   std::vector<cudnnConvolutionFwdAlgo_t> cands(r.ranked.begin(), r.ranked.begin() + std::min<size_t>(2, r.ranked.size()));
@@ -274,7 +276,7 @@ Expected<AlgoChoice> pick_algo(Lowering& L, cudnnTensorDescriptor_t xd, cudnnFil
         if (perf[i].algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) r.precomp_ms = perf[i].time;
       }
       if (chosen) {
-        if (r.ms < kRetimeBelowMs) retime(L, xd, x.p, wd, wb, cd, yd, y.p, r);
+        if (xb + yb <= kRetimeBytes) retime(L, xd, x.p, wd, wb, cd, yd, y.p, r);
         return r;
       }
     }

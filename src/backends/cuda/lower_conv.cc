@@ -205,18 +205,19 @@ struct AlgoChoice {
 // for layer2.0's 3x3/2 convolution, and the forward ran 0.490 instead of 0.336 ms. Where x and y
 // together are at most kRetimeBytes, the two best by Find and IMPLICIT_PRECOMP_GEMM (which the
 // fused identity path needs) are timed again as the forward runs them (tuning.h: launches back to
-// back in a graph, the weight cold); those times decide. Re-timed: 12 of 12 b1 builds 0.329-0.334
+// back in a graph, the weight cold); those times decide. Re-timed so: 10 of 10 b1 builds 0.327-0.329
 // ms. Larger convolutions keep Find's choice: re-timing them all took ResNet-50's b256 build from 7
 // to 25 s for the same forward time. (Gating on Find's own time instead, under 50 us, missed: 4 of
 // 8 b1 builds were slow again, Find's times for those convolutions being what is unreliable.)
 constexpr size_t kRetimeBytes = size_t(64) << 20;
-void retime(Lowering& L, cudnnTensorDescriptor_t xd, void* x, cudnnFilterDescriptor_t wd, size_t wb,
-            cudnnConvolutionDescriptor_t cd, cudnnTensorDescriptor_t yd, void* y, AlgoChoice& r) {
+// A failed scratch allocation keeps Find's choice; an error only when timing broke the context.
+Status retime(Lowering& L, cudnnTensorDescriptor_t xd, void* x, cudnnFilterDescriptor_t wd, size_t wb,
+              cudnnConvolutionDescriptor_t cd, cudnnTensorDescriptor_t yd, void* y, AlgoChoice& r) {
   std::vector<cudnnConvolutionFwdAlgo_t> cands(r.ranked.begin(), r.ranked.begin() + std::min<size_t>(2, r.ranked.size()));
   const auto precomp = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
   if (r.precomp_ms >= 0 && std::find(cands.begin(), cands.end(), precomp) == cands.end()) cands.push_back(precomp);
   RotatingCopies w(wb);  // filled with 0x3c bytes, as Find's filter
-  if (!w.ok()) return;
+  if (!w.ok()) return Status::ok();
   std::vector<std::pair<float, cudnnConvolutionFwdAlgo_t>> timed;
   for (cudnnConvolutionFwdAlgo_t a : cands) {
     size_t ws = 0;
@@ -233,7 +234,8 @@ void retime(Lowering& L, cudnnTensorDescriptor_t xd, void* x, cudnnFilterDescrip
     if (ms > 0) timed.emplace_back(ms, a);
   }
   cudnnSetStream(L.dnn, nullptr);
-  if (!finish_timing("cuDNN convolution algorithms") || timed.empty()) return;
+  KILN_RETURN_IF_ERROR(finish_timing("cuDNN convolution algorithms"));
+  if (timed.empty()) return Status::ok();
   std::sort(timed.begin(), timed.end(), [](const auto& p, const auto& q) { return p.first < q.first; });
   r.algo = timed[0].second;
   r.ms = timed[0].first;
@@ -248,6 +250,7 @@ void retime(Lowering& L, cudnnTensorDescriptor_t xd, void* x, cudnnFilterDescrip
     if (std::find(ranked.begin(), ranked.end(), a) == ranked.end()) ranked.push_back(a);
   }
   r.ranked = std::move(ranked);
+  return Status::ok();
 }
 
 // Times the forward algorithms on scratch buffers; falls back to the heuristic on failure.
@@ -276,7 +279,7 @@ Expected<AlgoChoice> pick_algo(Lowering& L, cudnnTensorDescriptor_t xd, cudnnFil
         if (perf[i].algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) r.precomp_ms = perf[i].time;
       }
       if (chosen) {
-        if (xb + yb <= kRetimeBytes) retime(L, xd, x.p, wd, wb, cd, yd, y.p, r);
+        if (xb + yb <= kRetimeBytes) KILN_RETURN_IF_ERROR(retime(L, xd, x.p, wd, wb, cd, yd, y.p, r));
         return r;
       }
     }

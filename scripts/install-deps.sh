@@ -19,3 +19,26 @@ if ! $PY -c "import onnx, numpy, sys; sys.exit(0 if onnx.__version__ == '1.23.2'
   echo "install-deps: installing PyPI packages: onnx==1.23.2 numpy"
   $PY -m pip install -q onnx==1.23.2 numpy 2>/dev/null || $PY -m pip install -q --break-system-packages onnx==1.23.2 numpy
 fi
+# CUTLASS 3 headers (Hopper GEMM kernels in src/backends/cuda/kernels/gemm_sm90.cu), from NVIDIA's
+# PyPI wheel: only its include/ tree is used, unpacked into third_party/ (not in git).
+CUTLASS_VER=4.2.0.0
+CUTLASS_DIR="$(cd "$(dirname "$0")/.." && pwd)/third_party/cutlass-$CUTLASS_VER"
+if [ ! -f "$CUTLASS_DIR/include/cutlass/cutlass.h" ]; then
+  echo "install-deps: fetching CUTLASS $CUTLASS_VER headers (nvidia-cutlass wheel) into $CUTLASS_DIR"
+  tmp=$(mktemp -d)
+  $PY -m pip download -q --no-deps "nvidia-cutlass==$CUTLASS_VER" -d "$tmp"
+  $PY - "$tmp"/nvidia_cutlass-*.whl "$CUTLASS_DIR" <<'PYEOF'
+import sys, zipfile, os
+whl, dest = sys.argv[1], sys.argv[2]
+prefix = "cutlass_library/source/include/"
+with zipfile.ZipFile(whl) as z:
+    names = [n for n in z.namelist() if n.startswith(prefix) and not n.endswith("/")]
+    for n in names:
+        out = os.path.join(dest + ".part", "include", n[len(prefix):])
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out, "wb") as f:
+            f.write(z.read(n))
+os.replace(dest + ".part", dest)
+PYEOF
+  rm -rf "$tmp"
+fi

@@ -34,7 +34,31 @@ struct Case {
   int gemm_small = 0;                 // BuildOptions::gemm_small (1: the small-M kernel wherever it applies)
   const char* small_config = nullptr;  // KILN_GEMM_SMALL_CONFIG during the build: that slice width x K split only
   size_t l2_prefetch = 0;             // BuildOptions::l2_prefetch_bytes; > 0: the engine must plan prefetches
+  int gemm_sm90 = 0;                  // BuildOptions::gemm_sm90 (1: the Hopper GEMM wherever it applies;
+                                      // half_impl is then required of fp16 builds only, the kernel's dtype)
+  const char* sm90_tile = nullptr;    // KILN_GEMM_SM90_TILE during the build: that tile width only
 };
+
+// A BERT-like encoder layer: 64 tokens, hidden 192, 3 heads of 64, FFN 384 (gemm_sm90 cases).
+const char* kSm90Layer =
+    "graph g(%x: f32[1,64,192], %m: f32[1,1,1,64], %wqkv: f32[192,576], %bqkv: f32[576], %wo: f32[192,192], %bo: f32[192],"
+    " %g1: f32[192], %e1: f32[192], %w1: f32[192,384], %b1: f32[384], %w2: f32[384,192], %b2: f32[192], %g2: f32[192],"
+    " %e2: f32[192]) {\n"
+    " %p = MatMul(%x, %wqkv) : f32[1,64,576]\n %qkv = Add(%p, %bqkv) : f32[1,64,576]\n"
+    " %sp = const dense<i64[3]> [192, 192, 192]\n"
+    " %a, %b, %c = Split(%qkv, %sp) {axis = -1} : f32[1,64,192], f32[1,64,192], f32[1,64,192]\n"
+    " %sh = const dense<i64[4]> [1, 64, 3, 64]\n %ar = Reshape(%a, %sh) : f32[1,64,3,64]\n"
+    " %br = Reshape(%b, %sh) : f32[1,64,3,64]\n %cr = Reshape(%c, %sh) : f32[1,64,3,64]\n"
+    " %q = Transpose(%ar) {perm = [0, 2, 1, 3]} : f32[1,3,64,64]\n %k = Transpose(%br) {perm = [0, 2, 1, 3]} : f32[1,3,64,64]\n"
+    " %v = Transpose(%cr) {perm = [0, 2, 1, 3]} : f32[1,3,64,64]\n"
+    " %o = Attention(%q, %k, %v, %m) {scale = 0.05} : f32[1,3,64,64]\n %t = Transpose(%o) {perm = [0, 2, 1, 3]} : f32[1,64,3,64]\n"
+    " %s2 = const dense<i64[3]> [1, 64, 192]\n %att = Reshape(%t, %s2) : f32[1,64,192]\n"
+    " %po = MatMul(%att, %wo) : f32[1,64,192]\n %pb = Add(%po, %bo) : f32[1,64,192]\n %r1 = Add(%pb, %x) : f32[1,64,192]\n"
+    " %h = LayerNormalization(%r1, %g1, %e1) {axis = -1} : f32[1,64,192]\n"
+    " %f = MatMul(%h, %w1) : f32[1,64,384]\n %fb = Add(%f, %b1) : f32[1,64,384]\n"
+    " %fg = Gelu(%fb) {approximate = \"tanh\"} : f32[1,64,384]\n"
+    " %d = MatMul(%fg, %w2) : f32[1,64,192]\n %db = Add(%d, %b2) : f32[1,64,192]\n %r2 = Add(%db, %h) : f32[1,64,192]\n"
+    " %y = LayerNormalization(%r2, %g2, %e2) {axis = -1} : f32[1,64,192]\n return %y\n}";
 
 // clang-format off
 const std::vector<Case> kCases = {
@@ -245,6 +269,26 @@ const std::vector<Case> kCases = {
   {"gemm_small_64x8_few_rows", "graph g(%a: f32[1,50,1024], %w: f32[1024,128], %r: f32[1,50,128]) {\n"
    " %m = MatMul(%a, %w) : f32[1,50,128]\n %y = Add(%m, %r) : f32[1,50,128]\n return %y\n}",
    {"w"}, 1e-4, 2e-2, true, 4, "slices of 64 columns, split-k 8", true, false, 1, "64x8"},
+  // The Hopper GEMM (lower_gemm_sm90.cc), forced: a transformer layer (QKV product, fused attention
+  // with a row mask, output projection + residual, LayerNorm, FFN with GELU, residual, LayerNorm),
+  // where the attention and both LayerNorms follow a gemm_sm90 step and so are launched with
+  // programmatic serialization; 64 rows, both tiles. (Tolerance: the bf16 build, on cuBLASLt, is
+  // 0.09-0.11 off over the layer; fp16 0.009.)
+  {"gemm_sm90_layer_tile64", kSm90Layer,
+   {"wqkv", "bqkv", "wo", "bo", "g1", "e1", "w1", "b1", "w2", "b2", "g2", "e2"}, 1e-4, 4e-2, true, 4,
+   "kernel gemm_sm90|layer_norm (programmatic launch)|, programmatic launch)", true, false, 0, nullptr, 0, 1, "64"},
+  {"gemm_sm90_layer_tile32", kSm90Layer,
+   {"wqkv", "bqkv", "wo", "bo", "g1", "e1", "w1", "b1", "w2", "b2", "g2", "e2"}, 1e-4, 4e-2, true, 4,
+   "tile 64x32x64|layer_norm (programmatic launch)|, programmatic launch)", true, false, 0, nullptr, 0, 1, "32"},
+  // Gemm with transB (the weight transposed to [K,N] at build), 37 rows and N = 160 (partial tiles
+  // in both), K = 200 (a partial K tile); a residual with GELU and no bias.
+  {"gemm_sm90_transb_ragged", "graph g(%a: f32[37,200], %w: f32[160,200], %c: f32[160]) {\n"
+   " %y = Gemm(%a, %w, %c) {transB = 1} : f32[37,160]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2, true, 4,
+   "kernel gemm_sm90 fp16 m=37 n=160 k=200 +bias", true, false, 0, nullptr, 0, 1, "64"},
+  {"gemm_sm90_residual_gelu_no_bias", "graph g(%a: f32[1,50,256], %w: f32[256,96], %r: f32[1,50,96]) {\n"
+   " %m = MatMul(%a, %w) : f32[1,50,96]\n %x = Add(%m, %r) : f32[1,50,96]\n"
+   " %y = Gelu(%x) {approximate = \"tanh\"} : f32[1,50,96]\n return %y\n}",
+   {"w"}, 1e-4, 2e-2, true, 4, "m=50 n=96 k=256 +residual +gelu", true, false, 0, nullptr, 0, 1, "32"},
   // L2 prefetch of streamed weights (prefetch.cc): three small-M GEMMs whose weights go in groups of
   // up to 1 MiB (two in half builds, three in f32), fetched on a side stream that joins the graph at
   // its end. (KILN_L2_PREFETCH_MB in the environment overrides the case's budget.)
@@ -382,22 +426,33 @@ Status run_case(const Case& c, cuda::Precision prec, uint64_t seed, double* err,
   bo.autotune = c.autotune;
   bo.gemm_small = c.gemm_small;
   bo.l2_prefetch_bytes = c.l2_prefetch;
+  bo.gemm_sm90 = c.gemm_sm90;
   if (c.small_config) setenv("KILN_GEMM_SMALL_CONFIG", c.small_config, 1);
+  if (c.sm90_tile) setenv("KILN_GEMM_SM90_TILE", c.sm90_tile, 1);
   auto built = cuda::Engine::build(*g, bo);
   if (c.small_config) unsetenv("KILN_GEMM_SMALL_CONFIG");
+  if (c.sm90_tile) unsetenv("KILN_GEMM_SM90_TILE");
   KILN_ASSIGN_OR_RETURN(auto engine, std::move(built));
   if (c.l2_prefetch && engine->report().l2_prefetches == 0) {
     return KILN_ERROR(kInternal, "{}: no L2 prefetch planned", cuda::precision_name(prec));
   }
-  bool impl_seen = false;
+  // half_impl: every '|'-separated piece must appear in some node's implementation.
+  std::vector<std::string> impls;
+  for (std::string rest = c.half_impl ? c.half_impl : ""; !rest.empty();) {
+    const size_t bar = rest.find('|');
+    impls.push_back(rest.substr(0, bar));
+    rest = bar == std::string::npos ? "" : rest.substr(bar + 1);
+  }
+  std::vector<bool> impl_seen(impls.size(), false);
   for (const auto& p : engine->report().nodes) {
     if (p.device == "cpu" && !(c.fp32_on_cpu && prec == cuda::Precision::kFp32)) {
       return KILN_ERROR(kInternal, "{} ran on the CPU: {}", p.node, p.why);
     }
-    if (c.half_impl && p.impl.find(c.half_impl) != std::string::npos) impl_seen = true;
+    for (size_t i = 0; i < impls.size(); ++i) impl_seen[i] = impl_seen[i] || p.impl.find(impls[i]) != std::string::npos;
   }
-  if (c.half_impl && prec != cuda::Precision::kFp32 && !impl_seen) {
-    return KILN_ERROR(kInternal, "no node was lowered to '{}'", c.half_impl);
+  const bool impl_required = c.gemm_sm90 ? prec == cuda::Precision::kFp16 : prec != cuda::Precision::kFp32;
+  for (size_t i = 0; i < impls.size() && impl_required; ++i) {
+    if (!impl_seen[i]) return KILN_ERROR(kInternal, "no node was lowered to '{}'", impls[i]);
   }
   KILN_ASSIGN_OR_RETURN(auto session, engine->new_session());
   KILN_ASSIGN_OR_RETURN(auto got, session->run(inputs));

@@ -33,6 +33,10 @@ struct BuildOptions {
   // to cuBLASLt on every BERT-base batch-1 shape (2026-11-24, timed in graphs: 7.2-9.6 us against
   // 4.5-7.6 us; where the time goes: lower_gemm_small.cc). KILN_GEMM_SMALL=0|1 overrides for experiments.
   int gemm_small = -1;
+  // The Hopper GEMM (lower_gemm_sm90.cc: CUTLASS kernels with programmatic dependent launch, fp16,
+  // up to 2048 rows): 0 where its build-time timing beats cuBLASLt's (autotune only), 1 wherever it
+  // applies (tests), -1 never. KILN_GEMM_SM90=0|1|-1 overrides.
+  int gemm_sm90 = 0;
   // Weights of GEMMs that read more weight than activation bytes (small batches) fetched into L2 on
   // a side stream one group ahead (prefetch.cc), in groups of up to this many bytes; 0: none.
   // KILN_L2_PREFETCH_MB overrides. Off by default: with 16 MiB, batch 1 on the H100 (2026-11-24,

@@ -72,6 +72,10 @@ struct Step {
   Ref streamed{true, -1};
   size_t streamed_bytes = 0;
   bool drop_if_unread = false;  // a conversion (an input's cast) that no later step may need
+  // The step's kernel lets its dependents launch before it ends (griddepcontrol.launch_dependents:
+  // gemm_sm90). A kernel emitted right after it that waits with griddepcontrol.wait (LayerNorm,
+  // attention) is then launched with programmatic serialization (Lowering::follows_trigger).
+  bool triggers_dependents = false;
   StepFn fn;
 };
 
@@ -158,6 +162,9 @@ class Lowering {
   void emit(const Node* n, std::string impl, std::vector<int> reads, std::vector<int> writes, StepFn fn,
             bool host = false);
   int new_bad_index_slot() { return bad_index_slots_++; }
+  // Whether the last emitted step triggers its dependents early (Step::triggers_dependents): a
+  // kernel emitted now gains from programmatic serialization, if it waits before its first access.
+  bool follows_trigger() const { return !steps.empty() && steps.back().triggers_dependents; }
   void mark_fused(const Node* n, const Node* into);  // n needs no step of its own
   bool is_fused(const Node* n) const { return fused_.count(n) != 0; }
   const Node* fused_into(const Node* n) const {
@@ -189,6 +196,8 @@ class Lowering {
   std::map<std::string, float> gemm_algo_ms;                // the chosen algorithm's timing (autotuned)
   std::map<std::string, GemmSmallChoice> gemm_small_choices;  // timed per shape + epilogue
   std::map<int, Ref> transposed_weights;                   // weight id -> its [N,K] copy (small-M kernel)
+  std::map<std::string, GemmSmallChoice> gemm_sm90_choices;  // Hopper GEMM tile, timed per shape + epilogue
+  std::map<int, Ref> weights_kn;                           // [N,K] weight id -> its [K,N] copy (Hopper GEMM)
 
  private:
   const Graph& g_;
@@ -245,6 +254,17 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
 // (lower_gemm_small.cc).
 Expected<bool> try_emit_gemm_small(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s,
                                    const Epilogue& ep, Ref y, k::DT dt, float lt_ms, std::string* lost);
+
+// After emitting a product of activation act_in and weight w (read as `as_read`: w itself or a
+// re-laid-out copy of it): a weight larger than the activations read and written (small batch) is
+// worth fetching into L2 ahead of the step (prefetch.cc), so the step records it.
+void mark_streamed_weight(Lowering& L, const DevValue* act_in, const DevValue* w, Ref as_read, const GemmShape& s,
+                          k::DT dt);
+
+// The Hopper GEMM (CUTLASS, programmatic dependent launch) instead of cuBLASLt, on the same terms
+// as try_emit_gemm_small (lower_gemm_sm90.cc); its step triggers its dependents early.
+Expected<bool> try_emit_gemm_sm90(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s,
+                                  const Epilogue& ep, Ref y, k::DT dt, float lt_ms, std::string* lost);
 
 // Plans L2 prefetches of the steps' streamed weights (prefetch.cc), after lowering: consecutive
 // streamed weights are grouped up to L.options().l2_prefetch_bytes, and each group is fetched while

@@ -439,10 +439,11 @@ Status lower_attention(Lowering& L, const Node& root, const AttentionMatch& m) {
   size_t qo = size_t(m.q.view.offset()) * eb, ko = size_t(m.k.view.offset()) * eb, vo = size_t(m.v.view.offset()) * eb;
   std::vector<int> reads = {qr.weight ? -1 : qr.id, kr.weight ? -1 : kr.id, vr.weight ? -1 : vr.id};
   if (has_mask) reads.push_back(mr.weight ? -1 : mr.id);
+  sh.pdl = L.follows_trigger();
   L.emit(&root,
-         fmt::format("kernel attention (fused, b={} h={} sq={} sk={} d={}{}{})", m.b, m.h, m.sq, m.sk, m.d,
+         fmt::format("kernel attention (fused, b={} h={} sq={} sk={} d={}{}{}{})", m.b, m.h, m.sq, m.sk, m.d,
                      !has_mask ? "" : k::attention_row_mask(sh, mdt) ? " +row mask" : " +mask",
-                     m.out_perm.empty() ? "" : ", output transposed"),
+                     m.out_perm.empty() ? "" : ", output transposed", sh.pdl ? ", programmatic launch" : ""),
          reads, {yr.id}, [=](const RunCtx& c) {
            auto at = [&](Ref r, size_t off) { return static_cast<const char*>(c.ptr(r)) + off; };
            return cuda_status(k::attention(dt, at(qr, qo), at(kr, ko), at(vr, vo), has_mask ? c.ptr(mr) : nullptr, mdt,

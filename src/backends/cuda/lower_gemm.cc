@@ -211,9 +211,13 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
   KILN_ASSIGN_OR_RETURN(cublasLtMatmulAlgo_t algo, pick_lt_algo(L, desc, la, lb, ld, s, ep, dt, key));
   auto timed = L.gemm_algo_ms.find(key);
   const float lt_ms = timed == L.gemm_algo_ms.end() ? -1.0f : timed->second;
-  std::string small_lost;
+  // The small-M kernel first: it is off unless forced (tests, experiments), and then it must win.
+  std::string small_lost, sm90_lost;
   KILN_ASSIGN_OR_RETURN(bool small, try_emit_gemm_small(L, n, a, b, s, ep, y, dt, lt_ms, &small_lost));
   if (small) return Status::ok();
+  KILN_ASSIGN_OR_RETURN(bool sm90, try_emit_gemm_sm90(L, n, a, b, s, ep, y, dt, lt_ms, &sm90_lost));
+  if (sm90) return Status::ok();
+  small_lost = sm90_lost + small_lost;
   Ref ar = a->ref, br = b->ref, bias = ep.bias ? ep.bias->ref : Ref{}, cr = ep.c ? ep.c->ref : Ref{};
   bool has_bias = ep.bias != nullptr, has_c = ep.c != nullptr;
   float alpha = ep.alpha, beta = has_c ? ep.beta : 0.0f;
@@ -241,16 +245,19 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
                                  c.workspace, c.workspace_bytes, c.stream));
     return Status::ok();
   });
-  // A weight operand larger than the activations read and written (small batch) is worth fetching
-  // into L2 ahead of the GEMM (prefetch.cc).
   const DevValue* w = b->ref.weight ? b : a->ref.weight ? a : nullptr;
-  const size_t act = (w == b ? a->bytes() : b->bytes()) + size_t(s.m * s.n * s.batch) * size_t(k::dt_size(dt));
-  if (w && w->bytes() > act) {  // (the residual input is not counted: an estimate of what dominates)
-    L.steps.back().streamed = w->ref;
-    // The uploaded bytes, so that a prefetch never runs past the weight (its view may be smaller).
-    L.steps.back().streamed_bytes = std::min(w->bytes(), L.weight_data[size_t(w->ref.id)].size());
-  }
+  if (w) mark_streamed_weight(L, w == b ? a : b, w, w->ref, s, dt);
   return Status::ok();
+}
+
+void mark_streamed_weight(Lowering& L, const DevValue* act_in, const DevValue* w, Ref as_read, const GemmShape& s,
+                          k::DT dt) {
+  // (the residual input is not counted: an estimate of what dominates)
+  const size_t act = act_in->bytes() + size_t(s.m * s.n * s.batch) * size_t(k::dt_size(dt));
+  if (w->bytes() <= act) return;
+  L.steps.back().streamed = as_read;
+  // The uploaded bytes, so that a prefetch never runs past the weight (its view may be smaller).
+  L.steps.back().streamed_bytes = std::min(w->bytes(), L.weight_data[size_t(as_read.id)].size());
 }
 
 namespace {

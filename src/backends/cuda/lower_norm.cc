@@ -64,13 +64,16 @@ Status lower_layer_norm(Lowering& L, const Node& n) {
   const DevValue& y = L.define(out, Layout::kRowMajor, y_dt);
   Ref xr = x->ref, sr = scale->ref, yr = y.ref, br = bias ? bias->ref : Ref{};
   bool has_bias = bias != nullptr;
-  L.emit(&n, fmt::format("kernel {}{}", rms ? "rms_norm" : "layer_norm", y_dt != dt ? " (f32 output)" : ""),
+  const bool pdl = L.follows_trigger();
+  L.emit(&n, fmt::format("kernel {}{}{}", rms ? "rms_norm" : "layer_norm", y_dt != dt ? " (f32 output)" : "",
+                         pdl ? " (programmatic launch)" : ""),
          {read_id(x), read_id(scale), bias ? read_id(bias) : -1}, {yr.id}, [=](const RunCtx& c) {
            if (rms) {
-             return cuda_status(k::rms_norm(dt, c.ptr(xr), c.ptr(sr), c.ptr(yr), y_dt, rows, cols, eps, c.stream), "rms_norm");
+             return cuda_status(k::rms_norm(dt, c.ptr(xr), c.ptr(sr), c.ptr(yr), y_dt, rows, cols, eps, c.stream, pdl),
+                               "rms_norm");
            }
            return cuda_status(k::layer_norm(dt, c.ptr(xr), c.ptr(sr), has_bias ? c.ptr(br) : nullptr, c.ptr(yr), y_dt,
-                                            rows, cols, eps, c.stream), "layer_norm");
+                                            rows, cols, eps, c.stream, pdl), "layer_norm");
          });
   return Status::ok();
 }

@@ -177,7 +177,8 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> || kPairs 
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane >> 2, t = lane & 3;
   const int qw = warp % kQW, kw = warp / kQW, nt0 = kw * kNT;
   const int b = int(blockIdx.z), h = int(blockIdx.y), q0 = int(blockIdx.x) * kQRows;
-  pdl_launch_dependents();  // the output projection (gemm_small) may start streaming its weight
+  pdl_wait();               // launched with programmatic serialization: q, k, v are the previous kernel's
+  pdl_launch_dependents();  // the output projection may start (and stream its weight)
   // This thread's copy chunk of K/V row 0 (load_rows_async), advanced one tile per step.
   const int r0 = int(threadIdx.x) / kChunks, c0 = (int(threadIdx.x) % kChunks) * 8;
   const T* kp = k + b * sh.k[0] + h * sh.k[1] + r0 * sh.k[2] + c0;
@@ -424,10 +425,8 @@ cudaError_t launch_qw(const void* q, const void* k, const void* v, const void* m
                       float scale, cudaStream_t s) {
   constexpr int rows = 16 * kQW;
   dim3 grid(unsigned((sh.sq + rows - 1) / rows), unsigned(sh.h), unsigned(sh.b));
-  attention_kernel<T, M, kPairs, kQW, kRow><<<grid, kThreads, 0, s>>>(static_cast<const T*>(q), static_cast<const T*>(k),
-                                                               static_cast<const T*>(v), mask, static_cast<T*>(o), sh,
-                                                               scale);
-  return cudaGetLastError();
+  return launch_pdl(sh.pdl, attention_kernel<T, M, kPairs, kQW, kRow>, grid, dim3(kThreads), s, static_cast<const T*>(q),
+                    static_cast<const T*>(k), static_cast<const T*>(v), mask, static_cast<T*>(o), sh, scale);
 }
 
 // 64 queries per CTA when that gives at least one CTA per SM, else 16 with the keys split four ways.

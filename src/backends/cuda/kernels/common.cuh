@@ -172,6 +172,23 @@ __device__ __forceinline__ int64_t global_threads() { return static_cast<int64_t
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
+// kern<<<grid, block, 0, s>>>(args...), with programmatic stream serialization when `pdl`: the
+// kernel may then start while the previous one in the stream finishes, so it must call pdl_wait()
+// before its first access to memory that kernel writes or reads.
+template <class... P, class... A>
+cudaError_t launch_pdl(bool pdl, void (*kern)(P...), dim3 grid, dim3 block, cudaStream_t s, A... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kern, args...);
+}
+
 // V elements moved as one aligned vector access (16 bytes of input where the pointers allow).
 template <class T, int V>
 struct alignas(sizeof(T) * V) Pack {

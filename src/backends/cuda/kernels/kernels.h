@@ -109,12 +109,14 @@ cudaError_t softmax(DT dt, const void* x, void* y, int64_t rows, int64_t cols, b
 // LayerNorm over the last axis of x viewed as [rows, cols]: y = (x - mean) / sqrt(var + eps) *
 // scale + bias; scale and bias ([cols], same dtype as x; bias may be null). mean/var biased, f32.
 // y_dt: y's dtype, dt or (x half) kF32, so that a half model's f32 output needs no cast pass.
+// pdl: launched with programmatic stream serialization (the kernel waits for the previous one before
+// it reads x), worth it after a kernel that lets its dependents launch early (gemm_sm90).
 cudaError_t layer_norm(DT dt, const void* x, const void* scale, const void* bias, void* y, DT y_dt, int64_t rows,
-                       int64_t cols, float eps, cudaStream_t s);
+                       int64_t cols, float eps, cudaStream_t s, bool pdl = false);
 
 // RMSNorm-style variant (no mean subtraction): y = x / sqrt(mean(x^2) + eps) * scale.
 cudaError_t rms_norm(DT dt, const void* x, const void* scale, void* y, DT y_dt, int64_t rows, int64_t cols, float eps,
-                     cudaStream_t s);
+                     cudaStream_t s, bool pdl = false);
 
 // Reduce the middle axis of x viewed as [outer, n, inner] -> y [outer, inner].
 // Dtypes: kF32, kF16, kBF16 (f32 accumulation); kSum/kMax/kMin also kI64, kI32.
@@ -182,6 +184,7 @@ struct AttentionShape {
   int b, h, sq, sk, d;
   int64_t q[3], k[3], v[3], o[3];  // {batch, head, sequence} strides
   int64_t m[4];                    // mask strides {b, h, i, j}
+  bool pdl = false;                // launch with programmatic stream serialization (see layer_norm)
 };
 bool attention_supported(DT dt, int head_dim);
 // Whether a mask of mask_dt with sh's strides is read as one row per (batch, head), staged in shared
@@ -215,6 +218,32 @@ struct GemmSmallArgs {
 bool gemm_small_supported(DT dt, int64_t m, int64_t n, int64_t k, int bn, int split);
 cudaError_t gemm_small_prepare(DT dt, int bn);
 cudaError_t gemm_small(DT dt, const GemmSmallArgs& g, cudaStream_t s);
+
+// ---- Hopper GEMM (kernels_cutlass/gemm_sm90.cu, CUTLASS 3 collectives) ----------------------------
+
+// D[M,N] = act(alpha * A[M,K] . B[K,N] + beta * C[M,N] + bias[N]): A row-major with leading
+// dimension lda, B, C and D row-major and contiguous; kF16 only, f32 accumulation; act 0 none, 2
+// gelu (tanh form, as cuBLASLt's epilogue). CTA tile 64 x bn x 64 (bn 32 or 64), TMA loads, wgmma.
+// bias and c may be null; pointers 16-byte aligned, N, K and lda multiples of 8. `pdl`: launched
+// with programmatic stream serialization; the kernel waits for the previous one before its first
+// load and lets the next one launch when its main loop is done. gemm_sm90_prepare once per (bn,
+// act) before the first launch, outside graph capture. gemm_sm90_available() is false when kiln was
+// built without the CUTLASS headers (every other call then fails).
+struct GemmSm90Args {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  const void* bias = nullptr;
+  const void* c = nullptr;
+  void* d = nullptr;
+  int64_t m = 0, n = 0, k = 0, lda = 0;
+  int bn = 64, act = 0;
+  float alpha = 1, beta = 0;
+  bool pdl = true;
+};
+bool gemm_sm90_available();
+bool gemm_sm90_supported(DT dt, const GemmSm90Args& g);
+cudaError_t gemm_sm90_prepare(DT dt, int bn, int act);
+cudaError_t gemm_sm90(DT dt, const GemmSm90Args& g, cudaStream_t s);
 
 // ---- L2 prefetch ----------------------------------------------------------------------------------
 

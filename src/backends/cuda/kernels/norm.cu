@@ -119,7 +119,8 @@ __global__ void __launch_bounds__(TPR == 32 ? 32 * kWarpRowsPerBlock : TPR)
     layer_norm_kernel(const T* __restrict__ x, const T* __restrict__ scale, const T* __restrict__ bias,
                       Y* __restrict__ y, int64_t rows, int64_t cols, float eps, bool rms) {
   __shared__ float smem[32];
-  pdl_launch_dependents();  // the next GEMM (gemm_small) may start streaming its weight
+  pdl_wait();               // launched with programmatic serialization: x is the previous kernel's
+  pdl_launch_dependents();  // the next GEMM may start (and stream its weight)
   const RowGroup<TPR> g;
   const float inv_cols = 1.f / static_cast<float>(cols);
   for (int64_t r = g.first; r < rows; r += g.step) {
@@ -220,6 +221,7 @@ __global__ void __launch_bounds__(kRowBlock)
     layer_norm_long_kernel(const T* __restrict__ x, const T* __restrict__ scale, const T* __restrict__ bias,
                            Y* __restrict__ y, int64_t rows, int64_t cols, float eps, bool rms) {
   __shared__ float smem[32];
+  pdl_wait();
   pdl_launch_dependents();
   const float inv_cols = 1.f / static_cast<float>(cols);
   const int64_t packs = cols / V;
@@ -316,14 +318,14 @@ constexpr int row_block() {
 
 template <class T, class Y>
 cudaError_t launch_norm(const T* xt, const T* st, const T* bt, Y* yt, int64_t rows, int64_t cols, float eps, bool rms,
-                        bool vec, cudaStream_t s) {
+                        bool vec, bool pdl, cudaStream_t s) {
   return pick_row_config<T>(cols, vec, [&](auto tpr, auto v, auto e) {
     constexpr int kTpr = decltype(tpr)::value, kV = decltype(v)::value, kE = decltype(e)::value;
     if constexpr (kTpr == 0) {
-      if (vec)
-        layer_norm_long_kernel<16 / sizeof(T)><<<row_grid<1>(rows), kRowBlock, 0, s>>>(xt, st, bt, yt, rows, cols, eps, rms);
-      else
-        layer_norm_long_kernel<1><<<row_grid<1>(rows), kRowBlock, 0, s>>>(xt, st, bt, yt, rows, cols, eps, rms);
+      return vec ? launch_pdl(pdl, layer_norm_long_kernel<16 / sizeof(T), T, Y>, row_grid<1>(rows), kRowBlock, s, xt, st, bt,
+                              yt, rows, cols, eps, rms)
+                 : launch_pdl(pdl, layer_norm_long_kernel<1, T, Y>, row_grid<1>(rows), kRowBlock, s, xt, st, bt, yt, rows,
+                              cols, eps, rms);
     } else {
       auto early = layer_norm_kernel<kTpr, kV, kE, T, true, Y>;
       static const int per_sm = [&] {  // blocks of `early` per SM: fixed by the kernel and the build's arch
@@ -331,15 +333,14 @@ cudaError_t launch_norm(const T* xt, const T* st, const T* bt, Y* yt, int64_t ro
         return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, early, row_block<kTpr>(), 0) == cudaSuccess ? n : 0;
       }();
       const bool resident = int64_t{row_grid<kTpr>(rows)} <= int64_t{per_sm} * sm_count();
-      (resident ? early : layer_norm_kernel<kTpr, kV, kE, T, false, Y>)<<<row_grid<kTpr>(rows), row_block<kTpr>(), 0, s>>>(
-          xt, st, bt, yt, rows, cols, eps, rms);
+      return launch_pdl(pdl, resident ? early : layer_norm_kernel<kTpr, kV, kE, T, false, Y>, row_grid<kTpr>(rows),
+                        row_block<kTpr>(), s, xt, st, bt, yt, rows, cols, eps, rms);
     }
-    return cudaGetLastError();
   });
 }
 
 cudaError_t norm_impl(DT dt, const void* x, const void* scale, const void* bias, void* y, DT y_dt, int64_t rows,
-                      int64_t cols, float eps, bool rms, cudaStream_t s) {
+                      int64_t cols, float eps, bool rms, bool pdl, cudaStream_t s) {
   if (rows < 0 || cols < 0 || scale == nullptr) return cudaErrorInvalidValue;
   if (y_dt != dt && (y_dt != DT::kF32 || (dt != DT::kF16 && dt != DT::kBF16))) return cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return cudaSuccess;
@@ -350,9 +351,9 @@ cudaError_t norm_impl(DT dt, const void* x, const void* scale, const void* bias,
     const auto* bt = static_cast<const T*>(bias);
     const bool vec = rows_vectorizable<T>(cols, {x, y, scale, bias});
     if constexpr (kIsHalfLike<T>) {
-      if (y_dt == DT::kF32) return launch_norm(xt, st, bt, static_cast<float*>(y), rows, cols, eps, rms, vec, s);
+      if (y_dt == DT::kF32) return launch_norm(xt, st, bt, static_cast<float*>(y), rows, cols, eps, rms, vec, pdl, s);
     }
-    return launch_norm(xt, st, bt, static_cast<T*>(y), rows, cols, eps, rms, vec, s);
+    return launch_norm(xt, st, bt, static_cast<T*>(y), rows, cols, eps, rms, vec, pdl, s);
   });
 }
 
@@ -400,13 +401,13 @@ cudaError_t softmax(DT dt, const void* x, void* y, int64_t rows, int64_t cols, b
 }
 
 cudaError_t layer_norm(DT dt, const void* x, const void* scale, const void* bias, void* y, DT y_dt, int64_t rows,
-                       int64_t cols, float eps, cudaStream_t s) {
-  return norm_impl(dt, x, scale, bias, y, y_dt, rows, cols, eps, /*rms=*/false, s);
+                       int64_t cols, float eps, cudaStream_t s, bool pdl) {
+  return norm_impl(dt, x, scale, bias, y, y_dt, rows, cols, eps, /*rms=*/false, pdl, s);
 }
 
 cudaError_t rms_norm(DT dt, const void* x, const void* scale, void* y, DT y_dt, int64_t rows, int64_t cols, float eps,
-                     cudaStream_t s) {
-  return norm_impl(dt, x, scale, nullptr, y, y_dt, rows, cols, eps, /*rms=*/true, s);
+                     cudaStream_t s, bool pdl) {
+  return norm_impl(dt, x, scale, nullptr, y, y_dt, rows, cols, eps, /*rms=*/true, pdl, s);
 }
 
 cudaError_t channel_affine(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t outer,

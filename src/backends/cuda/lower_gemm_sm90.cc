@@ -1,0 +1,150 @@
+// Few-row products with a constant weight on kiln's Hopper GEMM (kernels_cutlass/gemm_sm90.cu:
+// CUTLASS 3 TMA + wgmma kernels with programmatic dependent launch) instead of cuBLASLt, when the
+// build-time timing says so.
+//
+// The kernel's edge over cuBLASLt is not its product but its launch: cuBLASLt's kernels cannot be
+// launched with programmatic serialization, so every one of them starts only after the previous
+// kernel has drained, and at batch 1 (BERT-base: M = 128, 4.5-7.7 us per GEMM) the ~1-2 us gap is a
+// large share of each product. gemm_sm90 becomes resident during the previous kernel, waits only
+// before its first load, and lets the next kernel (LayerNorm, attention, or another GEMM, launched
+// with programmatic serialization when they follow it: Step::triggers_dependents) do the same.
+// The candidates (CTA tiles 64x32 and 64x64) are timed by pick_lt_algo's method (tuning.h: back to
+// back in a captured graph, weights cold in L2) with programmatic serialization on, which is how
+// they run after a kernel that triggers its dependents; they replace cuBLASLt only where faster.
+//
+// Knobs for experiments on a GPU machine: KILN_GEMM_SM90=1 forces the kernel wherever it applies
+// (the op harness: BuildOptions::gemm_sm90 = 1), -1 keeps it off.
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/cuda/lower.h"
+#include "backends/cuda/tuning.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+// 0 none, 2 gelu (the kernel's two epilogue activations); -1 for anything else.
+int act_code(const std::string& act) { return act.empty() ? 0 : act == "gelu" ? 2 : -1; }
+
+// The weight as B[K,N] row-major in the device dtype: a MatMul's [K,N] constant as it is, a Gemm
+// with transB's [N,K] transposed on the host once per weight.
+Expected<Ref> weight_kn(Lowering& L, const DevValue* b, const GemmShape& s) {
+  if (!s.trans_b) return b->ref;
+  if (auto it = L.weights_kn.find(b->ref.id); it != L.weights_kn.end()) return it->second;
+  const std::vector<char>& host = L.weight_data.at(size_t(b->ref.id));
+  if (host.size() != size_t(s.k * s.n) * 2) return KILN_ERROR(kInternal, "weight of {} bytes for a {}x{} product", host.size(), s.k, s.n);
+  std::vector<uint16_t> src(size_t(s.k * s.n)), dst(size_t(s.k * s.n));
+  std::memcpy(src.data(), host.data(), host.size());
+  for (int64_t r = 0; r < s.n; ++r) {
+    for (int64_t c = 0; c < s.k; ++c) dst[size_t(c * s.n + r)] = src[size_t(r * s.k + c)];
+  }
+  KILN_ASSIGN_OR_RETURN(Ref r, L.upload_raw(dst.data(), dst.size() * 2));
+  L.weights_kn[b->ref.id] = r;
+  return r;
+}
+
+// The fastest tile, timed as pick_lt_algo times cuBLASLt's candidates; bn = 0 when none ran.
+Expected<GemmSmallChoice> time_sm90(const GemmShape& s, const Epilogue& ep, k::DT dt, int act, int only_bn) {
+  GemmSmallChoice best;
+  const size_t eb = 2, d_bytes = eb * size_t(s.m * s.n);
+  ProductOperands op(eb * size_t(s.m * s.k), eb * size_t(s.n * s.k), d_bytes, ep.c != nullptr);
+  Scratch d, bias;
+  bool ok = op.ok() && cudaMalloc(&d.p, d_bytes) == cudaSuccess &&
+            cudaMalloc(&bias.p, eb * size_t(s.n)) == cudaSuccess && cudaMemset(bias.p, 0x3c, eb * size_t(s.n)) == cudaSuccess;
+  for (int bn : {32, 64}) {
+    if (!ok || (only_bn && bn != only_bn) || k::gemm_sm90_prepare(dt, bn, act) != cudaSuccess) continue;
+    k::GemmSm90Args g;
+    g.bias = ep.bias ? bias.p : nullptr;
+    g.d = d.p;
+    g.m = s.m;
+    g.n = s.n;
+    g.k = s.k;
+    g.lda = s.k;
+    g.bn = bn;
+    g.act = act;
+    g.alpha = ep.alpha;
+    g.beta = ep.c ? ep.beta : 0.0f;
+    g.pdl = true;
+    auto launch = [&](int i, cudaStream_t stream) {
+      k::GemmSm90Args gi = g;
+      gi.a = op.a.copy(i);
+      gi.b = op.w.copy(i);
+      gi.c = ep.c ? op.c.copy(i) : nullptr;
+      return k::gemm_sm90(dt, gi, stream) == cudaSuccess;
+    };
+    const float ms = time_in_graph(op.launches, launch);  // -1: a tile that cannot run
+    if (ms > 0 && (best.ms < 0 || ms < best.ms)) best = {bn, 1, ms};
+  }
+  KILN_RETURN_IF_ERROR(finish_timing(fmt::format("the Hopper GEMM for m={} n={} k={}", s.m, s.n, s.k)));
+  return best;
+}
+
+}  // namespace
+
+Expected<bool> try_emit_gemm_sm90(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s,
+                                  const Epilogue& ep, Ref y, k::DT dt, float lt_ms, std::string* lost) {
+  const int act = act_code(ep.act);
+  int mode = L.options().gemm_sm90;
+  if (const char* e = std::getenv("KILN_GEMM_SM90"); e && *e) mode = std::atoi(e) > 0 ? 1 : std::atoi(e) < 0 ? -1 : 0;
+  // Few rows only: at large M the launch gap is a small share and cuBLASLt's tiles are the faster.
+  constexpr int64_t kMaxRows = 2048;
+  if (mode < 0 || !k::gemm_sm90_available() || (mode == 0 && (!L.options().autotune || lt_ms <= 0)) || act < 0 ||
+      dt != k::DT::kF16 || s.batch != 1 || s.trans_a || !b->ref.weight || b->dt != dt || a->dt != dt ||
+      (mode == 0 && s.m > kMaxRows) || s.n % 8 != 0 || s.k % 8 != 0 || (ep.bias && ep.bias->dt != dt) ||
+      (ep.c && (ep.c->dt != dt || ep.c->numel() != s.m * s.n))) {
+    return false;
+  }
+  const std::string key = fmt::format("{} {} {} {} {} {} {}", s.m, s.n, s.k, int(dt), act, ep.bias != nullptr, ep.c != nullptr);
+  auto it = L.gemm_sm90_choices.find(key);
+  if (it == L.gemm_sm90_choices.end()) {
+    int only_bn = 0;  // KILN_GEMM_SM90_TILE=32|64: time only that tile (the op harness covers both)
+    if (const char* e = std::getenv("KILN_GEMM_SM90_TILE"); e && *e) only_bn = std::atoi(e);
+    KILN_ASSIGN_OR_RETURN(GemmSmallChoice timed, time_sm90(s, ep, dt, act, only_bn));
+    it = L.gemm_sm90_choices.emplace(key, timed).first;
+  }
+  const int bn = it->second.bn;
+  const float ms = it->second.ms;
+  if (ms < 0 || (mode == 0 && ms >= lt_ms)) {  // cuBLASLt is as fast: keep the library
+    if (ms > 0) *lost = fmt::format("; Hopper GEMM {:.1f} us (tile 64x{})", 1000.0f * ms, bn);
+    return false;
+  }
+  KILN_CUDA_TRY(k::gemm_sm90_prepare(dt, bn, act));
+  KILN_ASSIGN_OR_RETURN(Ref wkn, weight_kn(L, b, s));
+  Ref ar = a->ref, bias = ep.bias ? ep.bias->ref : Ref{}, cr = ep.c ? ep.c->ref : Ref{};
+  const bool has_bias = ep.bias != nullptr, has_c = ep.c != nullptr;
+  std::vector<int> reads = {a->ref.weight ? -1 : a->ref.id};
+  if (has_c && !cr.weight) reads.push_back(cr.id);
+  if (has_bias && !bias.weight) reads.push_back(bias.id);
+  const int64_t m = s.m, nn = s.n, kk = s.k;
+  const float alpha = ep.alpha, beta = has_c ? ep.beta : 0.0f;
+  std::string impl = fmt::format("kernel gemm_sm90 fp16 m={} n={} k={}{}{}{} (CUTLASS TMA+wgmma, tile 64x{}x64, programmatic "
+                                 "launch; {:.1f} us{})",
+                                 s.m, s.n, s.k, has_bias ? " +bias" : "",
+                                 has_c ? (ep.beta == 1.0f && ep.alpha == 1.0f ? " +residual" : " +C") : "",
+                                 ep.act.empty() ? "" : " +" + ep.act, bn, 1000.0f * ms,
+                                 lt_ms > 0 ? fmt::format(" vs cuBLASLt {:.1f} us", 1000.0f * lt_ms) : "");
+  L.emit(&n, impl, reads, {y.id}, [=](const RunCtx& c) -> Status {
+    k::GemmSm90Args g;
+    g.a = c.ptr(ar);
+    g.b = c.ptr(wkn);
+    g.bias = has_bias ? c.ptr(bias) : nullptr;
+    g.c = has_c ? c.ptr(cr) : nullptr;
+    g.d = c.ptr(y);
+    g.m = m;
+    g.n = nn;
+    g.k = kk;
+    g.lda = kk;
+    g.bn = bn;
+    g.act = act;
+    g.alpha = alpha;
+    g.beta = beta;
+    g.pdl = true;
+    return cuda_status(k::gemm_sm90(dt, g, c.stream), "gemm_sm90");
+  });
+  L.steps.back().triggers_dependents = true;
+  mark_streamed_weight(L, a, b, wkn, s, dt);
+  return true;
+}
+
+}  // namespace kiln::cuda

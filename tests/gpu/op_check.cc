@@ -34,8 +34,7 @@ struct Case {
   int gemm_small = 0;                 // BuildOptions::gemm_small (1: the small-M kernel wherever it applies)
   const char* small_config = nullptr;  // KILN_GEMM_SMALL_CONFIG during the build: that slice width x K split only
   size_t l2_prefetch = 0;             // BuildOptions::l2_prefetch_bytes; > 0: the engine must plan prefetches
-  int gemm_sm90 = 0;                  // BuildOptions::gemm_sm90 (1: the Hopper GEMM wherever it applies;
-                                      // half_impl is then required of fp16 builds only, the kernel's dtype)
+  int gemm_sm90 = 0;                  // BuildOptions::gemm_sm90 (1: the Hopper GEMM wherever it applies)
   const char* sm90_tile = nullptr;    // KILN_GEMM_SM90_TILE during the build: that tile width only
 };
 
@@ -284,7 +283,7 @@ const std::vector<Case> kCases = {
   // in both), K = 200 (a partial K tile); a residual with GELU and no bias.
   {"gemm_sm90_transb_ragged", "graph g(%a: f32[37,200], %w: f32[160,200], %c: f32[160]) {\n"
    " %y = Gemm(%a, %w, %c) {transB = 1} : f32[37,160]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2, true, 4,
-   "kernel gemm_sm90 fp16 m=37 n=160 k=200 +bias", true, false, 0, nullptr, 0, 1, "64"},
+   "kernel gemm_sm90|m=37 n=160 k=200 +bias", true, false, 0, nullptr, 0, 1, "64"},
   {"gemm_sm90_residual_gelu_no_bias", "graph g(%a: f32[1,50,256], %w: f32[256,96], %r: f32[1,50,96]) {\n"
    " %m = MatMul(%a, %w) : f32[1,50,96]\n %x = Add(%m, %r) : f32[1,50,96]\n"
    " %y = Gelu(%x) {approximate = \"tanh\"} : f32[1,50,96]\n return %y\n}",
@@ -450,8 +449,7 @@ Status run_case(const Case& c, cuda::Precision prec, uint64_t seed, double* err,
     }
     for (size_t i = 0; i < impls.size(); ++i) impl_seen[i] = impl_seen[i] || p.impl.find(impls[i]) != std::string::npos;
   }
-  const bool impl_required = c.gemm_sm90 ? prec == cuda::Precision::kFp16 : prec != cuda::Precision::kFp32;
-  for (size_t i = 0; i < impls.size() && impl_required; ++i) {
+  for (size_t i = 0; i < impls.size() && prec != cuda::Precision::kFp32; ++i) {
     if (!impl_seen[i]) return KILN_ERROR(kInternal, "no node was lowered to '{}'", impls[i]);
   }
   KILN_ASSIGN_OR_RETURN(auto session, engine->new_session());

@@ -33,7 +33,7 @@ struct BuildOptions {
   // to cuBLASLt on every BERT-base batch-1 shape (2026-11-24, timed in graphs: 7.2-9.6 us against
   // 4.5-7.6 us; where the time goes: lower_gemm_small.cc). KILN_GEMM_SMALL=0|1 overrides for experiments.
   int gemm_small = -1;
-  // The Hopper GEMM (lower_gemm_sm90.cc: CUTLASS kernels with programmatic dependent launch, fp16,
+  // The Hopper GEMM (lower_gemm_sm90.cc: CUTLASS kernels with programmatic dependent launch, 16-bit,
   // up to 2048 rows): 0 where its build-time timing beats cuBLASLt's (autotune only), 1 wherever it
   // applies (tests), -1 never. KILN_GEMM_SM90=0|1|-1 overrides.
   int gemm_sm90 = 0;

@@ -255,6 +255,11 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
 Expected<bool> try_emit_gemm_small(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s,
                                    const Epilogue& ep, Ref y, k::DT dt, float lt_ms, std::string* lost);
 
+// The 16-bit weight w, held on the host as a row-major [rows, cols] matrix, transposed to [cols, rows]
+// and uploaded once; `cache` maps w's id to the copy (the small-M kernel wants Wt[N,K], the Hopper
+// GEMM B[K,N]).
+Expected<Ref> transposed_weight(Lowering& L, const DevValue* w, int64_t rows, int64_t cols, std::map<int, Ref>& cache);
+
 // After emitting a product of activation act_in and weight w (read as `as_read`: w itself or a
 // re-laid-out copy of it): a weight larger than the activations read and written (small batch) is
 // worth fetching into L2 ahead of the step (prefetch.cc), so the step records it.

@@ -5,6 +5,7 @@
 // [K,M] one. So D = A.B (row-major) is computed as D^T = B^T . A^T (column-major): cuBLASLt's
 // "A" is our B, its "B" is our A, m = N, n = M, and the bias vector runs along m = N.
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 
 #include "backends/cuda/lower.h"
@@ -248,6 +249,22 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
   const DevValue* w = b->ref.weight ? b : a->ref.weight ? a : nullptr;
   if (w) mark_streamed_weight(L, w == b ? a : b, w, w->ref, s, dt);
   return Status::ok();
+}
+
+Expected<Ref> transposed_weight(Lowering& L, const DevValue* w, int64_t rows, int64_t cols, std::map<int, Ref>& cache) {
+  if (auto it = cache.find(w->ref.id); it != cache.end()) return it->second;
+  const std::vector<char>& host = L.weight_data.at(size_t(w->ref.id));
+  if (host.size() != size_t(rows * cols) * 2) {
+    return KILN_ERROR(kInternal, "weight of {} bytes for a {}x{} matrix of 16-bit elements", host.size(), rows, cols);
+  }
+  std::vector<uint16_t> src(size_t(rows * cols)), dst(size_t(rows * cols));
+  std::memcpy(src.data(), host.data(), host.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) dst[size_t(c * rows + r)] = src[size_t(r * cols + c)];
+  }
+  KILN_ASSIGN_OR_RETURN(Ref t, L.upload_raw(dst.data(), dst.size() * 2));
+  cache[w->ref.id] = t;
+  return t;
 }
 
 void mark_streamed_weight(Lowering& L, const DevValue* act_in, const DevValue* w, Ref as_read, const GemmShape& s,

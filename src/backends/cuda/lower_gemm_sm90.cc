@@ -15,7 +15,6 @@
 // Knobs for experiments on a GPU machine: KILN_GEMM_SM90=1 forces the kernel wherever it applies
 // (the op harness: BuildOptions::gemm_sm90 = 1), -1 keeps it off.
 #include <cstdlib>
-#include <cstring>
 
 #include "backends/cuda/lower.h"
 #include "backends/cuda/tuning.h"
@@ -31,17 +30,7 @@ int act_code(const std::string& act) { return act.empty() ? 0 : act == "gelu" ? 
 // with transB's [N,K] transposed on the host once per weight.
 Expected<Ref> weight_kn(Lowering& L, const DevValue* b, const GemmShape& s) {
   if (!s.trans_b) return b->ref;
-  if (auto it = L.weights_kn.find(b->ref.id); it != L.weights_kn.end()) return it->second;
-  const std::vector<char>& host = L.weight_data.at(size_t(b->ref.id));
-  if (host.size() != size_t(s.k * s.n) * 2) return KILN_ERROR(kInternal, "weight of {} bytes for a {}x{} product", host.size(), s.k, s.n);
-  std::vector<uint16_t> src(size_t(s.k * s.n)), dst(size_t(s.k * s.n));
-  std::memcpy(src.data(), host.data(), host.size());
-  for (int64_t r = 0; r < s.n; ++r) {
-    for (int64_t c = 0; c < s.k; ++c) dst[size_t(c * s.n + r)] = src[size_t(r * s.k + c)];
-  }
-  KILN_ASSIGN_OR_RETURN(Ref r, L.upload_raw(dst.data(), dst.size() * 2));
-  L.weights_kn[b->ref.id] = r;
-  return r;
+  return transposed_weight(L, b, s.n, s.k, L.weights_kn);
 }
 
 // The fastest tile, timed as pick_lt_algo times cuBLASLt's candidates; bn = 0 when none ran.
@@ -90,7 +79,7 @@ Expected<bool> try_emit_gemm_sm90(Lowering& L, const Node& n, const DevValue* a,
   // Few rows only: at large M the launch gap is a small share and cuBLASLt's tiles are the faster.
   constexpr int64_t kMaxRows = 2048;
   if (mode < 0 || !k::gemm_sm90_available() || (mode == 0 && (!L.options().autotune || lt_ms <= 0)) || act < 0 ||
-      dt != k::DT::kF16 || s.batch != 1 || s.trans_a || !b->ref.weight || b->dt != dt || a->dt != dt ||
+      (dt != k::DT::kF16 && dt != k::DT::kBF16) || s.batch != 1 || s.trans_a || !b->ref.weight || b->dt != dt || a->dt != dt ||
       (mode == 0 && s.m > kMaxRows) || s.n % 8 != 0 || s.k % 8 != 0 || (ep.bias && ep.bias->dt != dt) ||
       (ep.c && (ep.c->dt != dt || ep.c->numel() != s.m * s.n))) {
     return false;
@@ -118,9 +107,9 @@ Expected<bool> try_emit_gemm_sm90(Lowering& L, const Node& n, const DevValue* a,
   if (has_bias && !bias.weight) reads.push_back(bias.id);
   const int64_t m = s.m, nn = s.n, kk = s.k;
   const float alpha = ep.alpha, beta = has_c ? ep.beta : 0.0f;
-  std::string impl = fmt::format("kernel gemm_sm90 fp16 m={} n={} k={}{}{}{} (CUTLASS TMA+wgmma, tile 64x{}x64, programmatic "
+  std::string impl = fmt::format("kernel gemm_sm90 {} m={} n={} k={}{}{}{} (CUTLASS TMA+wgmma, tile 64x{}x64, programmatic "
                                  "launch; {:.1f} us{})",
-                                 s.m, s.n, s.k, has_bias ? " +bias" : "",
+                                 dt == k::DT::kF16 ? "fp16" : "bf16", s.m, s.n, s.k, has_bias ? " +bias" : "",
                                  has_c ? (ep.beta == 1.0f && ep.alpha == 1.0f ? " +residual" : " +C") : "",
                                  ep.act.empty() ? "" : " +" + ep.act, bn, 1000.0f * ms,
                                  lt_ms > 0 ? fmt::format(" vs cuBLASLt {:.1f} us", 1000.0f * lt_ms) : "");

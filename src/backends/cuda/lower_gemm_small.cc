@@ -27,7 +27,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 #include "backends/cuda/lower.h"
 #include "backends/cuda/tuning.h"
@@ -53,19 +52,9 @@ bool config_allowed(int bn, int split) {
 
 // The weight as Wt[N,K] in the device dtype: a Gemm with transB already holds it so; a [K,N]
 // constant is transposed on the host once per weight.
-Expected<Ref> transposed_weight(Lowering& L, const DevValue* b, const GemmShape& s) {
+Expected<Ref> weight_nk(Lowering& L, const DevValue* b, const GemmShape& s) {
   if (s.trans_b) return b->ref;
-  if (auto it = L.transposed_weights.find(b->ref.id); it != L.transposed_weights.end()) return it->second;
-  const std::vector<char>& host = L.weight_data.at(size_t(b->ref.id));
-  if (host.size() != size_t(s.k * s.n) * 2) return KILN_ERROR(kInternal, "weight of {} bytes for a {}x{} product", host.size(), s.k, s.n);
-  std::vector<uint16_t> src(size_t(s.k * s.n)), dst(size_t(s.k * s.n));
-  std::memcpy(src.data(), host.data(), host.size());
-  for (int64_t r = 0; r < s.k; ++r) {
-    for (int64_t c = 0; c < s.n; ++c) dst[size_t(c * s.k + r)] = src[size_t(r * s.n + c)];
-  }
-  KILN_ASSIGN_OR_RETURN(Ref r, L.upload_raw(dst.data(), dst.size() * 2));
-  L.transposed_weights[b->ref.id] = r;
-  return r;
+  return transposed_weight(L, b, s.k, s.n, L.transposed_weights);
 }
 
 // The fastest configuration, timed as pick_lt_algo times cuBLASLt's candidates (tuning.h): ms per
@@ -139,7 +128,7 @@ Expected<bool> try_emit_gemm_small(Lowering& L, const Node& n, const DevValue* a
     return false;
   }
   KILN_CUDA_TRY(k::gemm_small_prepare(dt, bn));
-  KILN_ASSIGN_OR_RETURN(Ref wt, transposed_weight(L, b, s));
+  KILN_ASSIGN_OR_RETURN(Ref wt, weight_nk(L, b, s));
   Ref ar = a->ref, bias = ep.bias ? ep.bias->ref : Ref{}, cr = ep.c ? ep.c->ref : Ref{};
   const bool has_bias = ep.bias != nullptr, has_c = ep.c != nullptr;
   std::vector<int> reads = {a->ref.weight ? -1 : a->ref.id};

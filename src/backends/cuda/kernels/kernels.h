@@ -222,7 +222,7 @@ cudaError_t gemm_small(DT dt, const GemmSmallArgs& g, cudaStream_t s);
 // ---- Hopper GEMM (kernels_cutlass/gemm_sm90.cu, CUTLASS 3 collectives) ----------------------------
 
 // D[M,N] = act(alpha * A[M,K] . B[K,N] + beta * C[M,N] + bias[N]): A row-major with leading
-// dimension lda, B, C and D row-major and contiguous; kF16 only, f32 accumulation; act 0 none, 2
+// dimension lda, B, C and D row-major and contiguous; kF16 or kBF16, f32 accumulation; act 0 none, 2
 // gelu (tanh form, as cuBLASLt's epilogue). CTA tile 64 x bn x 64 (bn 32 or 64), TMA loads, wgmma.
 // bias and c may be null; pointers 16-byte aligned, N, K and lda multiples of 8. `pdl`: launched
 // with programmatic stream serialization; the kernel waits for the previous one before its first

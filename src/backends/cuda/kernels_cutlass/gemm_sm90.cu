@@ -8,7 +8,7 @@
 // that a CUDA graph still pays (experiment on the H100, 2026-11-24: 12 layers of the four products
 // with LayerNorms, 72 kernels, 311 us with cuBLASLt's best per shape vs 275 us with these).
 //
-// Instantiated for fp16 with f32 accumulation, B as a row-major [K, N] matrix (the ONNX MatMul
+// Instantiated for fp16 and bf16 with f32 accumulation, B as a row-major [K, N] matrix (the ONNX MatMul
 // weight as exported), CTA tiles 64 x {32, 64} x 64, activation none or GELU (tanh form, as
 // cuBLASLt's epilogue). Compiled only when the CUTLASS headers were found (scripts/install-deps.sh);
 // otherwise gemm_sm90_available() is false and the lowering keeps cuBLASLt.
@@ -30,19 +30,17 @@ namespace kiln::cuda::k {
 #ifdef KILN_HAVE_CUTLASS
 namespace {
 
-using Half = cutlass::half_t;
-
-template <int BN, template <class> class Act>
+template <class E, int BN, template <class> class Act>
 struct Sm90Gemm {
   using Tile = cute::Shape<cute::_64, cute::Int<BN>, cute::_64>;
   using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<Act, Half, float, Half, Half>;
+  using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<Act, E, float, E, E>;
   using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster, cutlass::epilogue::collective::EpilogueTileAuto,
-      float, float, Half, cutlass::layout::RowMajor, 8, Half, cutlass::layout::RowMajor, 8,
+      float, float, E, cutlass::layout::RowMajor, 8, E, cutlass::layout::RowMajor, 8,
       cutlass::epilogue::TmaWarpSpecialized, Fusion>::CollectiveOp;
   using Main = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Half, cutlass::layout::RowMajor, 8, Half,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E, cutlass::layout::RowMajor, 8, E,
       cutlass::layout::RowMajor, 8, float, Tile, Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epi::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecialized>::CollectiveOp;
@@ -64,14 +62,14 @@ struct Sm90Gemm {
     cute::get<0>(sc) = g.n;
     SD sd{};
     cute::get<0>(sd) = g.n;
-    const Half* c = static_cast<const Half*>(g.c ? g.c : g.d);  // not read when beta is 0
+    const E* c = static_cast<const E*>(g.c ? g.c : g.d);  // not read when beta is 0
     typename Adapter::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
                                      {int(g.m), int(g.n), int(g.k), 1},
-                                     {static_cast<const Half*>(g.a), sa, static_cast<const Half*>(g.b), sb},
-                                     {{}, c, sc, static_cast<Half*>(g.d), sd}};
+                                     {static_cast<const E*>(g.a), sa, static_cast<const E*>(g.b), sb},
+                                     {{}, c, sc, static_cast<E*>(g.d), sd}};
     args.epilogue.thread.alpha = g.alpha;
     args.epilogue.thread.beta = g.c ? g.beta : 0.0f;
-    args.epilogue.thread.bias_ptr = static_cast<const Half*>(g.bias);  // null: no bias
+    args.epilogue.thread.bias_ptr = static_cast<const E*>(g.bias);  // null: no bias
     return args;
   }
 
@@ -94,26 +92,35 @@ struct Sm90Gemm {
   }
 };
 
-template <template <class> class Act, class F>
+template <class E, template <class> class Act, class F>
 cudaError_t with_tile(int bn, F f) {
   switch (bn) {
-    case 32: return f(Sm90Gemm<32, Act>{});
-    case 64: return f(Sm90Gemm<64, Act>{});
+    case 32: return f(Sm90Gemm<E, 32, Act>{});
+    case 64: return f(Sm90Gemm<E, 64, Act>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <class E, class F>
+cudaError_t with_act(int act, int bn, F f) {
+  switch (act) {
+    case 0: return with_tile<E, cutlass::epilogue::thread::Identity>(bn, f);
+    case 2: return with_tile<E, cutlass::epilogue::thread::GELU_taylor>(bn, f);
     default: return cudaErrorInvalidValue;
   }
 }
 
 template <class F>
-cudaError_t dispatch(const GemmSm90Args& g, F f) {
-  switch (g.act) {
-    case 0: return with_tile<cutlass::epilogue::thread::Identity>(g.bn, f);
-    case 2: return with_tile<cutlass::epilogue::thread::GELU_taylor>(g.bn, f);
+cudaError_t dispatch(DT dt, int act, int bn, F f) {
+  switch (dt) {
+    case DT::kF16: return with_act<cutlass::half_t>(act, bn, f);
+    case DT::kBF16: return with_act<cutlass::bfloat16_t>(act, bn, f);
     default: return cudaErrorInvalidValue;
   }
 }
 
 bool shape_ok(DT dt, const GemmSm90Args& g) {
-  if (dt != DT::kF16 || (g.bn != 32 && g.bn != 64) || (g.act != 0 && g.act != 2)) return false;
+  if ((dt != DT::kF16 && dt != DT::kBF16) || (g.bn != 32 && g.bn != 64) || (g.act != 0 && g.act != 2)) return false;
   if (g.m < 1 || g.n < 8 || g.k < 8 || g.n % 8 || g.k % 8 || g.lda < g.k || g.lda % 8) return false;
   if (g.m > (int64_t{1} << 30) || g.n > (int64_t{1} << 30) || g.k > (int64_t{1} << 30)) return false;
   for (const void* p : {g.a, g.b, g.bias, g.c, static_cast<const void*>(g.d)}) {
@@ -128,21 +135,17 @@ bool gemm_sm90_available() { return true; }
 
 bool gemm_sm90_supported(DT dt, const GemmSm90Args& g) {
   if (!shape_ok(dt, g)) return false;
-  return dispatch(g, [&](auto k) { return decltype(k)::supported(g) ? cudaSuccess : cudaErrorInvalidValue; }) ==
-         cudaSuccess;
+  return dispatch(dt, g.act, g.bn,
+                  [&](auto k) { return decltype(k)::supported(g) ? cudaSuccess : cudaErrorInvalidValue; }) == cudaSuccess;
 }
 
 cudaError_t gemm_sm90_prepare(DT dt, int bn, int act) {
-  GemmSm90Args g;
-  g.bn = bn;
-  g.act = act;
-  if (dt != DT::kF16) return cudaErrorInvalidValue;
-  return dispatch(g, [](auto k) { return decltype(k)::prepare(); });
+  return dispatch(dt, act, bn, [](auto k) { return decltype(k)::prepare(); });
 }
 
 cudaError_t gemm_sm90(DT dt, const GemmSm90Args& g, cudaStream_t s) {
   if (!shape_ok(dt, g)) return cudaErrorInvalidValue;
-  return dispatch(g, [&](auto k) { return decltype(k)::launch(g, s); });
+  return dispatch(dt, g.act, g.bn, [&](auto k) { return decltype(k)::launch(g, s); });
 }
 
 #else  // built without the CUTLASS headers: the lowering keeps cuBLASLt

@@ -26,16 +26,18 @@ CUTLASS_DIR="$(cd "$(dirname "$0")/.." && pwd)/third_party/cutlass-$CUTLASS_VER"
 if [ ! -f "$CUTLASS_DIR/include/cutlass/cutlass.h" ]; then
   echo "install-deps: fetching CUTLASS $CUTLASS_VER headers (nvidia-cutlass wheel) into $CUTLASS_DIR"
   tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  rm -rf "$CUTLASS_DIR" "$CUTLASS_DIR.part"  # a partial earlier attempt
   # Not fatal: without the headers kiln still builds, with cuBLASLt for every GEMM (CMake warns).
-  if ! $PY -m pip download -q --no-deps "nvidia-cutlass==$CUTLASS_VER" -d "$tmp"; then
-    echo "install-deps: WARNING: could not download nvidia-cutlass $CUTLASS_VER; building without the Hopper GEMM kernels (re-run scripts/install-deps.sh, then cmake)"
-  else
-  $PY - "$tmp"/nvidia_cutlass-*.whl "$CUTLASS_DIR" <<'PYEOF'
+  if ! $PY -m pip download -q --no-deps --only-binary=:all: "nvidia-cutlass==$CUTLASS_VER" -d "$tmp" ||
+     ! $PY - "$tmp"/nvidia_cutlass-*.whl "$CUTLASS_DIR" <<'PYEOF'
 import sys, zipfile, os
 whl, dest = sys.argv[1], sys.argv[2]
 prefix = "cutlass_library/source/include/"
 with zipfile.ZipFile(whl) as z:
     names = [n for n in z.namelist() if n.startswith(prefix) and not n.endswith("/")]
+    if not any(n.endswith("cutlass/cutlass.h") for n in names):
+        sys.exit(f"{whl}: no {prefix}cutlass/cutlass.h")
     for n in names:
         out = os.path.join(dest + ".part", "include", n[len(prefix):])
         os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -43,6 +45,8 @@ with zipfile.ZipFile(whl) as z:
             f.write(z.read(n))
 os.replace(dest + ".part", dest)
 PYEOF
+  then
+    rm -rf "$CUTLASS_DIR.part"
+    echo "install-deps: WARNING: could not fetch nvidia-cutlass $CUTLASS_VER; building without the Hopper GEMM kernels (re-run scripts/install-deps.sh, then cmake)"
   fi
-  rm -rf "$tmp"
 fi

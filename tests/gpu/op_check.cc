@@ -275,7 +275,7 @@ const std::vector<Case> kCases = {
   // 0.09-0.11 off over the layer; fp16 0.009.)
   {"gemm_sm90_layer_tile64", kSm90Layer,
    {"wqkv", "bqkv", "wo", "bo", "g1", "e1", "w1", "b1", "w2", "b2", "g2", "e2"}, 1e-4, 4e-2, true, 4,
-   "kernel gemm_sm90|layer_norm (programmatic launch)|, programmatic launch)", true, false, 0, nullptr, 0, 1, "64"},
+   "tile 64x64x64|layer_norm (programmatic launch)|, programmatic launch)", true, false, 0, nullptr, 0, 1, "64"},
   {"gemm_sm90_layer_tile32", kSm90Layer,
    {"wqkv", "bqkv", "wo", "bo", "g1", "e1", "w1", "b1", "w2", "b2", "g2", "e2"}, 1e-4, 4e-2, true, 4,
    "tile 64x32x64|layer_norm (programmatic launch)|, programmatic launch)", true, false, 0, nullptr, 0, 1, "32"},
@@ -283,11 +283,12 @@ const std::vector<Case> kCases = {
   // in both), K = 200 (a partial K tile); a residual with GELU and no bias.
   {"gemm_sm90_transb_ragged", "graph g(%a: f32[37,200], %w: f32[160,200], %c: f32[160]) {\n"
    " %y = Gemm(%a, %w, %c) {transB = 1} : f32[37,160]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2, true, 4,
-   "kernel gemm_sm90|m=37 n=160 k=200 +bias", true, false, 0, nullptr, 0, 1, "64"},
+   "m=37 n=160 k=200 +bias (CUTLASS", true, false, 0, nullptr, 0, 1, "64"},
   {"gemm_sm90_residual_gelu_no_bias", "graph g(%a: f32[1,50,256], %w: f32[256,96], %r: f32[1,50,96]) {\n"
    " %m = MatMul(%a, %w) : f32[1,50,96]\n %x = Add(%m, %r) : f32[1,50,96]\n"
    " %y = Gelu(%x) {approximate = \"tanh\"} : f32[1,50,96]\n return %y\n}",
-   {"w"}, 1e-4, 2e-2, true, 4, "m=50 n=96 k=256 +residual +gelu", true, false, 0, nullptr, 0, 1, "32"},
+   {"w"}, 1e-4, 2e-2, true, 4, "kernel gemm_sm90|m=50 n=96 k=256 +residual +gelu (CUTLASS|tile 64x32x64", true, false, 0,
+   nullptr, 0, 1, "32"},
   // L2 prefetch of streamed weights (prefetch.cc): three small-M GEMMs whose weights go in groups of
   // up to 1 MiB (two in half builds, three in f32), fetched on a side stream that joins the graph at
   // its end. (KILN_L2_PREFETCH_MB in the environment overrides the case's budget.)
@@ -440,6 +441,7 @@ Status run_case(const Case& c, cuda::Precision prec, uint64_t seed, double* err,
   for (std::string rest = c.half_impl ? c.half_impl : ""; !rest.empty();) {
     const size_t bar = rest.find('|');
     impls.push_back(rest.substr(0, bar));
+    if (impls.back().empty()) return KILN_ERROR(kInternal, "case {}: an empty piece in half_impl", c.name);
     rest = bar == std::string::npos ? "" : rest.substr(bar + 1);
   }
   std::vector<bool> impl_seen(impls.size(), false);

@@ -73,8 +73,9 @@ struct Step {
   size_t streamed_bytes = 0;
   bool drop_if_unread = false;  // a conversion (an input's cast) that no later step may need
   // The step's kernel lets its dependents launch before it ends (griddepcontrol.launch_dependents:
-  // gemm_sm90). A kernel emitted right after it that waits with griddepcontrol.wait (LayerNorm,
-  // attention) is then launched with programmatic serialization (Lowering::follows_trigger).
+  // gemm_sm90, LayerNorm, attention). A kernel emitted right after it that waits with
+  // griddepcontrol.wait (LayerNorm, attention) is then launched with programmatic serialization, and
+  // gemm_sm90 is timed with the launch overlap it will get (Lowering::follows_trigger).
   bool triggers_dependents = false;
   StepFn fn;
 };

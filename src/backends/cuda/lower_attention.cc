@@ -450,6 +450,7 @@ Status lower_attention(Lowering& L, const Node& root, const AttentionMatch& m) {
                                            c.ptr(yr), sh, scale, c.stream),
                               "attention");
          });
+  L.steps.back().triggers_dependents = true;  // the kernel calls pdl_launch_dependents() early
   return Status::ok();
 }
 

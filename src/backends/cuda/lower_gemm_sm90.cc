@@ -9,8 +9,9 @@
 // before its first load, and lets the next kernel (LayerNorm, attention, or another GEMM, launched
 // with programmatic serialization when they follow it: Step::triggers_dependents) do the same.
 // The candidates (CTA tiles 64x32 and 64x64) are timed by pick_lt_algo's method (tuning.h: back to
-// back in a captured graph, weights cold in L2) with programmatic serialization on, which is how
-// they run after a kernel that triggers its dependents; they replace cuBLASLt only where faster.
+// back in a captured graph, weights cold in L2), with programmatic serialization on when the step
+// before triggers its dependents (then the launches overlap as they will in the forward) and off
+// otherwise (cuBLASLt's terms); they replace cuBLASLt only where faster.
 //
 // Knobs for experiments on a GPU machine: KILN_GEMM_SM90=1 forces the kernel wherever it applies
 // (the op harness: BuildOptions::gemm_sm90 = 1), -1 keeps it off.
@@ -34,7 +35,7 @@ Expected<Ref> weight_kn(Lowering& L, const DevValue* b, const GemmShape& s) {
 }
 
 // The fastest tile, timed as pick_lt_algo times cuBLASLt's candidates; bn = 0 when none ran.
-Expected<GemmSmallChoice> time_sm90(const GemmShape& s, const Epilogue& ep, k::DT dt, int act, int only_bn) {
+Expected<GemmSmallChoice> time_sm90(const GemmShape& s, const Epilogue& ep, k::DT dt, int act, int only_bn, bool overlap) {
   GemmSmallChoice best;
   const size_t eb = 2, d_bytes = eb * size_t(s.m * s.n);
   ProductOperands op(eb * size_t(s.m * s.k), eb * size_t(s.n * s.k), d_bytes, ep.c != nullptr);
@@ -54,7 +55,7 @@ Expected<GemmSmallChoice> time_sm90(const GemmShape& s, const Epilogue& ep, k::D
     g.act = act;
     g.alpha = ep.alpha;
     g.beta = ep.c ? ep.beta : 0.0f;
-    g.pdl = true;
+    g.pdl = overlap;
     auto launch = [&](int i, cudaStream_t stream) {
       k::GemmSm90Args gi = g;
       gi.a = op.a.copy(i);
@@ -84,12 +85,14 @@ Expected<bool> try_emit_gemm_sm90(Lowering& L, const Node& n, const DevValue* a,
       (ep.c && (ep.c->dt != dt || ep.c->numel() != s.m * s.n))) {
     return false;
   }
-  const std::string key = fmt::format("{} {} {} {} {} {} {}", s.m, s.n, s.k, int(dt), act, ep.bias != nullptr, ep.c != nullptr);
+  const bool overlap = L.follows_trigger();
+  const std::string key =
+      fmt::format("{} {} {} {} {} {} {} {}", s.m, s.n, s.k, int(dt), act, ep.bias != nullptr, ep.c != nullptr, overlap);
   auto it = L.gemm_sm90_choices.find(key);
   if (it == L.gemm_sm90_choices.end()) {
     int only_bn = 0;  // KILN_GEMM_SM90_TILE=32|64: time only that tile (the op harness covers both)
     if (const char* e = std::getenv("KILN_GEMM_SM90_TILE"); e && *e) only_bn = std::atoi(e);
-    KILN_ASSIGN_OR_RETURN(GemmSmallChoice timed, time_sm90(s, ep, dt, act, only_bn));
+    KILN_ASSIGN_OR_RETURN(GemmSmallChoice timed, time_sm90(s, ep, dt, act, only_bn, overlap));
     it = L.gemm_sm90_choices.emplace(key, timed).first;
   }
   const int bn = it->second.bn;

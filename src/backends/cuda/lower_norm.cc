@@ -75,6 +75,7 @@ Status lower_layer_norm(Lowering& L, const Node& n) {
            return cuda_status(k::layer_norm(dt, c.ptr(xr), c.ptr(sr), has_bias ? c.ptr(br) : nullptr, c.ptr(yr), y_dt,
                                             rows, cols, eps, c.stream, pdl), "layer_norm");
          });
+  L.steps.back().triggers_dependents = true;  // the kernels call pdl_launch_dependents() first
   return Status::ok();
 }
 

@@ -224,7 +224,8 @@ cudaError_t gemm_small(DT dt, const GemmSmallArgs& g, cudaStream_t s);
 // D[M,N] = act(alpha * A[M,K] . B[K,N] + beta * C[M,N] + bias[N]): A row-major with leading
 // dimension lda, B, C and D row-major and contiguous; kF16 or kBF16, f32 accumulation; act 0 none, 2
 // gelu (tanh form, as cuBLASLt's epilogue). CTA tile 64 x bn x 64 (bn 32 or 64), TMA loads, wgmma.
-// bias and c may be null; pointers 16-byte aligned, N, K and lda multiples of 8. `pdl`: launched
+// bias and c may be null; pointers 16-byte aligned, N, K and lda multiples of 8 (else
+// cudaErrorInvalidValue: these are what the TMA descriptors need). `pdl`: launched
 // with programmatic stream serialization; the kernel waits for the previous one before its first
 // load and lets the next one launch when its main loop is done. gemm_sm90_prepare once per (bn,
 // act) before the first launch, outside graph capture. gemm_sm90_available() is false when kiln was
@@ -241,7 +242,6 @@ struct GemmSm90Args {
   bool pdl = true;
 };
 bool gemm_sm90_available();
-bool gemm_sm90_supported(DT dt, const GemmSm90Args& g);
 cudaError_t gemm_sm90_prepare(DT dt, int bn, int act);
 cudaError_t gemm_sm90(DT dt, const GemmSm90Args& g, cudaStream_t s);
 

@@ -73,8 +73,6 @@ struct Sm90Gemm {
     return args;
   }
 
-  static bool supported(const GemmSm90Args& g) { return Adapter::can_implement(arguments(g)) == cutlass::Status::kSuccess; }
-
   static cudaError_t prepare() {
     return cudaFuncSetAttribute(cutlass::device_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 int(Kernel::SharedStorageSize));
@@ -82,13 +80,20 @@ struct Sm90Gemm {
 
   // No workspace (a non-persistent kernel without split-K); the parameters (with the TMA
   // descriptors) are built on the host for each launch, which graph capture records once.
+  // Launched here rather than by the adapter, which swallows the launch's error code.
   static cudaError_t launch(const GemmSm90Args& g, cudaStream_t s) {
     typename Kernel::Params params = Kernel::to_underlying_arguments(arguments(g), nullptr);
-    if (Adapter::run(params, s, nullptr, g.pdl) != cutlass::Status::kSuccess) {
-      cudaError_t e = cudaGetLastError();
-      return e == cudaSuccess ? cudaErrorLaunchFailure : e;
-    }
-    return cudaGetLastError();
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = Adapter::get_grid_shape(params);
+    cfg.blockDim = Kernel::get_block_shape();
+    cfg.dynamicSmemBytes = size_t(Kernel::SharedStorageSize);
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = g.pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, cutlass::device_kernel<Kernel>, params);
   }
 };
 
@@ -133,12 +138,6 @@ bool shape_ok(DT dt, const GemmSm90Args& g) {
 
 bool gemm_sm90_available() { return true; }
 
-bool gemm_sm90_supported(DT dt, const GemmSm90Args& g) {
-  if (!shape_ok(dt, g)) return false;
-  return dispatch(dt, g.act, g.bn,
-                  [&](auto k) { return decltype(k)::supported(g) ? cudaSuccess : cudaErrorInvalidValue; }) == cudaSuccess;
-}
-
 cudaError_t gemm_sm90_prepare(DT dt, int bn, int act) {
   return dispatch(dt, act, bn, [](auto k) { return decltype(k)::prepare(); });
 }
@@ -151,7 +150,6 @@ cudaError_t gemm_sm90(DT dt, const GemmSm90Args& g, cudaStream_t s) {
 #else  // built without the CUTLASS headers: the lowering keeps cuBLASLt
 
 bool gemm_sm90_available() { return false; }
-bool gemm_sm90_supported(DT, const GemmSm90Args&) { return false; }
 cudaError_t gemm_sm90_prepare(DT, int, int) { return cudaErrorNotSupported; }
 cudaError_t gemm_sm90(DT, const GemmSm90Args&, cudaStream_t) { return cudaErrorNotSupported; }
 

@@ -20,6 +20,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/engine.h"
 #include "backends/cuda/kernels/kernels.h"
+#include "backends/cuda/tuning.h"
 
 namespace kiln::cuda {
 
@@ -120,7 +121,7 @@ struct Scratch {
 };
 
 // The small-M GEMM kernel's fastest configuration for a shape (lower_gemm_small.cc); ms per launch
-// as tuning.h times it, < 0 when none could run.
+// as tuning.h times it, < 0 when none could run. (The Hopper GEMM's choice uses it too, split 1.)
 struct GemmSmallChoice {
   int bn = 0, split = 0;
   float ms = -1;
@@ -244,6 +245,19 @@ struct Epilogue {
   std::string act;                 // "", "relu", "gelu"
   const DevValue* c = nullptr;     // full [m,n] addend (Gemm's C), scaled by beta
   float alpha = 1, beta = 0;
+};
+
+// Build-time timing scratch for kiln's 16-bit product kernels on shape s (time_small, time_sm90):
+// the rotating operands (tuning.h), an output and a bias of 1.06s. ok() is false when an allocation
+// failed (the candidates are then not timed).
+struct ProductScratch {
+  ProductScratch(const GemmShape& s, bool has_c);
+  bool ok() const { return ok_; }
+  ProductOperands op;
+  Scratch d, bias;
+
+ private:
+  bool ok_ = false;
 };
 
 Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s,

@@ -213,12 +213,13 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
   auto timed = L.gemm_algo_ms.find(key);
   const float lt_ms = timed == L.gemm_algo_ms.end() ? -1.0f : timed->second;
   // The small-M kernel first: it is off unless forced (tests, experiments), and then it must win.
+  // lost: what the timed kernels that lost to cuBLASLt measured, for the report.
   std::string small_lost, sm90_lost;
   KILN_ASSIGN_OR_RETURN(bool small, try_emit_gemm_small(L, n, a, b, s, ep, y, dt, lt_ms, &small_lost));
   if (small) return Status::ok();
   KILN_ASSIGN_OR_RETURN(bool sm90, try_emit_gemm_sm90(L, n, a, b, s, ep, y, dt, lt_ms, &sm90_lost));
   if (sm90) return Status::ok();
-  small_lost = sm90_lost + small_lost;
+  const std::string lost = sm90_lost + small_lost;
   Ref ar = a->ref, br = b->ref, bias = ep.bias ? ep.bias->ref : Ref{}, cr = ep.c ? ep.c->ref : Ref{};
   bool has_bias = ep.bias != nullptr, has_c = ep.c != nullptr;
   float alpha = ep.alpha, beta = has_c ? ep.beta : 0.0f;
@@ -231,7 +232,7 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
                                  ep.c ? (ep.beta == 1.0f && ep.alpha == 1.0f ? " +residual" : " +C") : "",
                                  ep.act.empty() ? "" : " +" + ep.act) +
                      " (" + describe_algo(algo) +
-                     (lt_ms > 0 ? fmt::format(", {:.1f} us{}", 1000.0f * lt_ms, small_lost) : "") + ")";
+                     (lt_ms > 0 ? fmt::format(", {:.1f} us{}", 1000.0f * lt_ms, lost) : "") + ")";
   std::mutex* mu = new std::mutex;  // the bias pointer lives in the shared descriptor
   L.keep_alive.emplace_back(mu, [](void* p) { delete static_cast<std::mutex*>(p); });
   L.emit(&n, impl, reads, {y.id}, [=](const RunCtx& c) -> Status {
@@ -249,6 +250,13 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
   const DevValue* w = b->ref.weight ? b : a->ref.weight ? a : nullptr;
   if (w) mark_streamed_weight(L, w == b ? a : b, w, w->ref, s, dt);
   return Status::ok();
+}
+
+ProductScratch::ProductScratch(const GemmShape& s, bool has_c)
+    : op(2 * size_t(s.m * s.k), 2 * size_t(s.n * s.k), 2 * size_t(s.m * s.n), has_c) {
+  const size_t d_bytes = 2 * size_t(s.m * s.n), bias_bytes = 2 * size_t(s.n);
+  ok_ = op.ok() && cudaMalloc(&d.p, d_bytes) == cudaSuccess && cudaMalloc(&bias.p, bias_bytes) == cudaSuccess &&
+        cudaMemset(bias.p, 0x3c, bias_bytes) == cudaSuccess;
 }
 
 Expected<Ref> transposed_weight(Lowering& L, const DevValue* w, int64_t rows, int64_t cols, std::map<int, Ref>& cache) {

@@ -37,16 +37,12 @@ Expected<Ref> weight_kn(Lowering& L, const DevValue* b, const GemmShape& s) {
 // The fastest tile, timed as pick_lt_algo times cuBLASLt's candidates; bn = 0 when none ran.
 Expected<GemmSmallChoice> time_sm90(const GemmShape& s, const Epilogue& ep, k::DT dt, int act, int only_bn, bool overlap) {
   GemmSmallChoice best;
-  const size_t eb = 2, d_bytes = eb * size_t(s.m * s.n);
-  ProductOperands op(eb * size_t(s.m * s.k), eb * size_t(s.n * s.k), d_bytes, ep.c != nullptr);
-  Scratch d, bias;
-  bool ok = op.ok() && cudaMalloc(&d.p, d_bytes) == cudaSuccess &&
-            cudaMalloc(&bias.p, eb * size_t(s.n)) == cudaSuccess && cudaMemset(bias.p, 0x3c, eb * size_t(s.n)) == cudaSuccess;
+  ProductScratch t(s, ep.c != nullptr);
   for (int bn : {32, 64}) {
-    if (!ok || (only_bn && bn != only_bn) || k::gemm_sm90_prepare(dt, bn, act) != cudaSuccess) continue;
+    if (!t.ok() || (only_bn && bn != only_bn) || k::gemm_sm90_prepare(dt, bn, act) != cudaSuccess) continue;
     k::GemmSm90Args g;
-    g.bias = ep.bias ? bias.p : nullptr;
-    g.d = d.p;
+    g.bias = ep.bias ? t.bias.p : nullptr;
+    g.d = t.d.p;
     g.m = s.m;
     g.n = s.n;
     g.k = s.k;
@@ -58,12 +54,12 @@ Expected<GemmSmallChoice> time_sm90(const GemmShape& s, const Epilogue& ep, k::D
     g.pdl = overlap;
     auto launch = [&](int i, cudaStream_t stream) {
       k::GemmSm90Args gi = g;
-      gi.a = op.a.copy(i);
-      gi.b = op.w.copy(i);
-      gi.c = ep.c ? op.c.copy(i) : nullptr;
+      gi.a = t.op.a.copy(i);
+      gi.b = t.op.w.copy(i);
+      gi.c = ep.c ? t.op.c.copy(i) : nullptr;
       return k::gemm_sm90(dt, gi, stream) == cudaSuccess;
     };
-    const float ms = time_in_graph(op.launches, launch);  // -1: a tile that cannot run
+    const float ms = time_in_graph(t.op.launches, launch);  // -1: a tile that cannot run
     if (ms > 0 && (best.ms < 0 || ms < best.ms)) best = {bn, 1, ms};
   }
   KILN_RETURN_IF_ERROR(finish_timing(fmt::format("the Hopper GEMM for m={} n={} k={}", s.m, s.n, s.k)));

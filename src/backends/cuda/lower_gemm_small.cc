@@ -61,20 +61,16 @@ Expected<Ref> weight_nk(Lowering& L, const DevValue* b, const GemmShape& s) {
 // launch inside a captured graph, the weight cold in L2, the activations too when they are large.
 Expected<GemmSmallChoice> time_small(const GemmShape& s, const Epilogue& ep, k::DT dt, int act, bool any_grid) {
   GemmSmallChoice best;
-  const size_t eb = 2, d_bytes = eb * size_t(s.m * s.n);
-  ProductOperands op(eb * size_t(s.m * s.k), eb * size_t(s.n * s.k), d_bytes, ep.c != nullptr);
-  Scratch d, bias;
-  bool ok = op.ok() && cudaMalloc(&d.p, d_bytes) == cudaSuccess &&
-            cudaMalloc(&bias.p, eb * size_t(s.n)) == cudaSuccess && cudaMemset(bias.p, 0x3c, eb * size_t(s.n)) == cudaSuccess;
+  ProductScratch t(s, ep.c != nullptr);
   for (int bn : {128, 64, 32}) {
-    if (!ok || k::gemm_small_prepare(dt, bn) != cudaSuccess) break;
+    if (!t.ok() || k::gemm_small_prepare(dt, bn) != cudaSuccess) break;
     for (int split = 1; split <= 8; ++split) {
       if (!k::gemm_small_supported(dt, s.m, s.n, s.k, bn, split) || !config_allowed(bn, split)) continue;
       const int64_t ctas = s.n / bn * split * ((s.m + 127) / 128);
       if (!any_grid && (ctas < 16 || ctas > 264)) continue;  // far from one CTA per SM: not worth timing
       k::GemmSmallArgs g;
-      g.bias = ep.bias ? bias.p : nullptr;
-      g.d = d.p;
+      g.bias = ep.bias ? t.bias.p : nullptr;
+      g.d = t.d.p;
       g.m = s.m;
       g.n = s.n;
       g.k = s.k;
@@ -89,12 +85,12 @@ Expected<GemmSmallChoice> time_small(const GemmShape& s, const Epilogue& ep, k::
       g.pdl = false;
       auto launch = [&](int i, cudaStream_t stream) {
         k::GemmSmallArgs gi = g;
-        gi.a = op.a.copy(i);
-        gi.wt = op.w.copy(i);
-        gi.c = ep.c ? op.c.copy(i) : nullptr;
+        gi.a = t.op.a.copy(i);
+        gi.wt = t.op.w.copy(i);
+        gi.c = ep.c ? t.op.c.copy(i) : nullptr;
         return k::gemm_small(dt, gi, stream) == cudaSuccess;
       };
-      const float ms = time_in_graph(op.launches, launch);  // -1: a configuration that cannot run
+      const float ms = time_in_graph(t.op.launches, launch);  // -1: a configuration that cannot run
       if (ms > 0 && (best.ms < 0 || ms < best.ms)) best = {bn, split, ms};
     }
   }

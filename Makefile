@@ -7,7 +7,7 @@ CMAKE_ARGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 ONNX123    := $(BUILD)/onnx-1.23-node
 DEPS_STAMP := $(BUILD)/.deps-stamp
 
-.PHONY: all deps build demo test unit conformance errors fuzz clean
+.PHONY: all deps build demo test unit conformance errors engines examples fuzz clean
 
 all: build
 
@@ -43,10 +43,24 @@ conformance: build $(ONNX123)/.stamp
 errors: build
 	bash tests/error/run.sh $(BUILD)/kiln
 
+# Engine files through the CLI: build, save, load, run bit-identically, and every kind of damage
+# named (tests/engine/run.sh).
+engines: build
+	bash tests/engine/run.sh $(BUILD)/kiln
+
+# The public API as a user meets it: install kiln, build examples/ against the installed package
+# with find_package(kiln), and run it on the CPU.
+examples: build
+	cmake --install $(BUILD) --prefix $(abspath $(BUILD))/install >/dev/null
+	cmake -S examples -B $(BUILD)/examples -DCMAKE_PREFIX_PATH=$(abspath $(BUILD))/install >/dev/null
+	cmake --build $(BUILD)/examples -j $(JOBS)
+	$(BUILD)/examples/classify models/efficientnet-lite0/model.onnx models/efficientnet-lite0/chelsea.npy \
+	  $(BUILD)/examples/efficientnet-lite0.kiln cpu
+
 fuzz: $(DEPS_STAMP)
 	bash tests/fuzz/run.sh $(BUILD)-fuzz 60
 
-test: unit conformance errors fuzz
+test: unit conformance errors engines examples fuzz
 	@echo "make test: all checks passed"
 
 clean:

@@ -4,6 +4,7 @@
 // Placement (which backend runs which node, with copies between) is decided above this layer.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,12 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_cpu_backend();
+
+// One node on the CPU reference kernels (a plan's host steps run through this): `ins` per node
+// input (null: omitted); `outer` resolves values of n's graph that its subgraph bodies read.
+// Each output is checked against its inferred type.
+using ValueLookup = std::function<const Data*(const Value*)>;
+Expected<std::vector<Data>> run_node_on_cpu(const Node& n, std::vector<const Data*> ins, const ValueLookup& outer);
 
 // Checks run-time inputs against the graph's declared inputs: count, kind, dtype, rank, static
 // dims, and that each symbolic dim has one value across all inputs. Errors name the input.

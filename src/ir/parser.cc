@@ -169,7 +169,7 @@ struct Scope {
 
 class Parser {
  public:
-  explicit Parser(std::vector<Token> toks) : t_(std::move(toks)) {}
+  explicit Parser(std::vector<Token> toks, ParseOptions opt = {}) : t_(std::move(toks)), opt_(opt) {}
 
   Status expect_end() {
     if (cur().kind != Tok::kEnd) return expected("end of input");
@@ -271,6 +271,12 @@ class Parser {
     ++p_;
     KILN_RETURN_IF_ERROR(punct(">"));
     const Token& start = cur();
+    if (cur().kind == Tok::kEllipsis && !opt_.zero_elided_tensors) {  // the caller supplies the data
+      ++p_;
+      KILN_ASSIGN_OR_RETURN(int64_t numel, checked_numel(dims));
+      (void)numel;
+      return Tensor::view(*dt, dims, nullptr, nullptr);
+    }
     auto made = Tensor::create(*dt, dims);
     if (!made) return error(start, made.status().message());
     Tensor t = std::move(*made);
@@ -726,12 +732,13 @@ class Parser {
 
   std::vector<Token> t_;
   size_t p_ = 0;
+  ParseOptions opt_;
 };
 
 template <typename T, typename F>
-Expected<T> parse_whole(std::string_view text, F&& f) {
+Expected<T> parse_whole(std::string_view text, F&& f, ParseOptions opt = {}) {
   KILN_ASSIGN_OR_RETURN(std::vector<Token> toks, Lexer(text).run());
-  Parser p(std::move(toks));
+  Parser p(std::move(toks), opt);
   KILN_ASSIGN_OR_RETURN(T v, f(p));
   KILN_RETURN_IF_ERROR(p.expect_end());
   return v;
@@ -739,12 +746,15 @@ Expected<T> parse_whole(std::string_view text, F&& f) {
 
 }  // namespace
 
-Expected<std::unique_ptr<Graph>> parse_graph(std::string_view text) {
-  return parse_whole<std::unique_ptr<Graph>>(text, [](Parser& p) -> Expected<std::unique_ptr<Graph>> {
-    auto g = std::make_unique<Graph>();
-    KILN_RETURN_IF_ERROR(p.graph(g.get(), nullptr));
-    return g;
-  });
+Expected<std::unique_ptr<Graph>> parse_graph(std::string_view text, const ParseOptions& options) {
+  return parse_whole<std::unique_ptr<Graph>>(
+      text,
+      [](Parser& p) -> Expected<std::unique_ptr<Graph>> {
+        auto g = std::make_unique<Graph>();
+        KILN_RETURN_IF_ERROR(p.graph(g.get(), nullptr));
+        return g;
+      },
+      options);
 }
 
 Expected<Type> parse_type(std::string_view text) {

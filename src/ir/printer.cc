@@ -78,14 +78,14 @@ class Printer {
       if (i) out_ += ", ";
       if (!v) { out_ += "_"; continue; }
       out_ += value_ref(v) + ": " + print_type(v->type);
-      if (v->constant) out_ += " = " + print_tensor(*v->constant, opt_);
+      if (v->constant) out_ += " = " + constant(*v);
     }
     out_ += ") {\n";
     const std::string pad(size_t(indent + 2), ' ');
     // Constants have no place in the node order; they come first, in the order they were added.
     for (const auto& v : g.values) {
       if (v->producer || !v->constant || inputs.count(v.get())) continue;
-      out_ += pad + value_ref(v.get()) + " = const " + print_tensor(*v->constant, opt_);
+      out_ += pad + value_ref(v.get()) + " = const " + constant(*v);
       Type own = Type::tensor(v->constant->dtype(), Shape::of(v->constant->dims()));
       if (!(v->type == own)) out_ += " : " + print_type(v->type);
       out_ += "\n";
@@ -98,6 +98,16 @@ class Printer {
     out_ += pad + "return";
     for (size_t i = 0; i < g.outputs.size(); ++i) out_ += (i ? ", " : " ") + value_ref(g.outputs[i]);
     out_ += "\n" + std::string(size_t(indent), ' ') + "}";
+  }
+
+  std::string constant(const Value& v) {
+    if (opt_.elided_constants && opt_.elided_constants->count(&v)) {
+      PrintOptions elide = opt_;
+      elide.max_inline_elements = -1;
+      elide.elide_large_tensors = true;
+      return print_tensor(*v.constant, elide);
+    }
+    return print_tensor(*v.constant, opt_);
   }
 
   void node(const Node& n, int indent) {

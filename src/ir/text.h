@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 
 #include "ir/graph.h"
 #include "support/status.h"
@@ -31,6 +32,15 @@ struct PrintOptions {
   // Print `@name` after each node. Off for goldens that should not depend on generated names;
   // nodes then parse back with empty names.
   bool print_node_names = true;
+  // Constants whose data travels elsewhere (an engine file's weights): printed as `...` whatever
+  // their size. Tensor-valued attributes are not affected.
+  const std::unordered_set<const Value*>* elided_constants = nullptr;
+};
+
+struct ParseOptions {
+  // `...` data reads back as zeros; false leaves such tensors without storage (Tensor::defined()
+  // is false) for a caller that fills them in (the engine-file reader).
+  bool zero_elided_tensors = true;
 };
 
 std::string print_graph(const Graph& g, const PrintOptions& options = {});
@@ -40,7 +50,7 @@ std::string print_type(const Type& t);
 std::string print_tensor(const Tensor& t, const PrintOptions& options = {});
 
 // Errors are kInvalidModel with "line:column: expected ..., got ...".
-Expected<std::unique_ptr<Graph>> parse_graph(std::string_view text);
+Expected<std::unique_ptr<Graph>> parse_graph(std::string_view text, const ParseOptions& options = {});
 Expected<Type> parse_type(std::string_view text);
 // A dimension expression through Dim arithmetic: "2*N+1", "(N+1)/(2)", "max(N,M)", "\"odd name\"",
 // "?" (unknown). Printing the result gives the canonical form of the expression.

@@ -10,28 +10,33 @@
 #include <string_view>
 #include <type_traits>
 
+#include "kiln/dtype.h"
 #include "support/float_types.h"
 
 namespace kiln {
 
-enum class DType : uint8_t {
-#define KILN_DTYPE(e, T, code, name) e,
+// DType is public (include/kiln/dtype.h); its enumerators must follow dtypes.def's order.
+#define KILN_DTYPE(e, T, code, name) e##_position_,
+enum class DTypeDefOrder_ {
+#include "support/dtypes.def"
+};
+#undef KILN_DTYPE
+#define KILN_DTYPE(e, T, code, name) \
+  static_assert(int(DType::e) == int(DTypeDefOrder_::e##_position_), "include/kiln/dtype.h out of order: " #e);
 #include "support/dtypes.def"
 #undef KILN_DTYPE
-};
 
 inline constexpr int kNumDTypes = 0
 #define KILN_DTYPE(e, T, code, name) +1
 #include "support/dtypes.def"
 #undef KILN_DTYPE
     ;
+static_assert(int(DType::kInt2) + 1 == kNumDTypes, "include/kiln/dtype.h and dtypes.def differ in length");
 
-std::string_view dtype_name(DType t);                       // "f32"
 std::optional<DType> dtype_from_name(std::string_view name);
 std::optional<DType> dtype_from_onnx(int32_t onnx_code);    // TensorProto.DataType
 int32_t dtype_to_onnx(DType t);
 std::string_view dtype_onnx_name(DType t);                  // "FLOAT", for messages
-size_t dtype_size(DType t);                                 // bytes per element in memory
 int dtype_bits(DType t);                                    // bits per element in ONNX files (4 for int4)
 bool dtype_is_float(DType t);                               // f64 f32 f16 bf16 f8*
 bool dtype_is_int(DType t);                                 // signed or unsigned integer

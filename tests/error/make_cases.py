@@ -322,8 +322,8 @@ def runtime_cases():
         add(name, rt + args + ["--output-dir", "{D}/out"], expect, check="absent:{D}/out")
     # --batch on a model whose batch is fixed, and a batch that is not a positive number: no artifact.
     for name, args, expect in [
-        ("build_batch_fixed", ["build", "{T}/rt/model.onnx", "--batch", "4"], "--batch 4;input 'x';fixed batch of 2"),
-        ("bench_batch_fixed", ["bench", "{T}/rt/model.onnx", "--batch", "4"], "--batch 4;input 'x';fixed batch of 2"),
+        ("build_batch_fixed", ["build", "{T}/rt/model.onnx", "--batch", "4"], "batch 4;input 'x';fixed batch of 2"),
+        ("bench_batch_fixed", ["bench", "{T}/rt/model.onnx", "--batch", "4"], "batch 4;input 'x';fixed batch of 2"),
         ("build_batch_zero", ["build", "{T}/rt/model.onnx", "--batch", "0"], "--batch"),
         ("bench_batch_negative", ["bench", "{T}/rt/model.onnx", "--batch", "-2"], "--batch"),
     ]:

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Build and run the libFuzzer targets: the ONNX importer and graph passes
 # (tests/fuzz/fuzz_import.cc), the .npy reader that `kiln run --input` uses
-# (tests/fuzz/fuzz_npy.cc), and models run on the CPU backend (tests/fuzz/fuzz_run.cc).
+# (tests/fuzz/fuzz_npy.cc), models run on the CPU backend (tests/fuzz/fuzz_run.cc), and the engine
+# file loader (tests/fuzz/fuzz_engine.cc, seeded from tests/fuzz/corpus-engine).
 #
 #   bash tests/fuzz/run.sh [BUILD_DIR] [SECONDS]      (make fuzz: BUILD_DIR=build-fuzz, 60 s)
 #
 # Configures BUILD_DIR with clang and ASan+UBSan+libFuzzer instrumentation, builds only the fuzz
 # targets, seeds the importer's corpus from Debian's libonnx-testdata and the reader's with .npy
 # files of every dtype numpy writes, replays earlier findings, then fuzzes the importer for SECONDS
-# and the reader and the CPU runs for a quarter of that each. Exits non-zero on any finding
+# and the reader, the CPU runs and the engine loader for a quarter of that each. Exits non-zero on any finding
 # (crash, sanitizer report, leak, timeout, OOM); the inputs are kept in BUILD_DIR/artifacts
 # (importer), BUILD_DIR/artifacts-npy and BUILD_DIR/artifacts-run. Re-running reuses the build and
 # the grown corpora. tests/fuzz/corpus holds committed regression models, read by the importer and
@@ -18,6 +19,7 @@
 #   tests/kiln_fuzz_import   the importer fuzzer (replay one input: tests/kiln_fuzz_import FILE)
 #   tests/kiln_fuzz_npy      the .npy reader fuzzer (likewise)
 #   tests/kiln_fuzz_run      the CPU run fuzzer (likewise)
+#   tests/kiln_fuzz_engine   the engine-file loader fuzzer (likewise)
 #   fuzz-seeds/, npy-seeds/  seeds (regenerated each run; the run target shares fuzz-seeds/)
 #   fuzz-corpus/, npy-corpus/, run-corpus/  the corpora libFuzzer grows (kept between runs)
 #   artifacts/, artifacts-npy/, artifacts-run/  crash-*, leak-*, timeout-*, oom-*; fixed/ below once they pass
@@ -59,8 +61,8 @@ cmake -S "$ROOT" -B "$BUILD" \
   echo "fuzz: cmake configure failed (log: $BUILD/fuzz-configure.log)" >&2
   exit 2
 }
-cmake --build "$BUILD" --target kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run -j "$(nproc)"
-for t in kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run; do
+cmake --build "$BUILD" --target kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run kiln_fuzz_engine -j "$(nproc)"
+for t in kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run kiln_fuzz_engine; do
   [[ -x "$BUILD/tests/$t" ]] || { echo "fuzz: $BUILD/tests/$t was not built" >&2; exit 2; }
 done
 
@@ -206,12 +208,14 @@ fuzz_target() {
   return 1
 }
 
-NPY_CORPUS="$BUILD/npy-corpus" RUN_CORPUS="$BUILD/run-corpus"
-mkdir -p "$NPY_CORPUS" "$RUN_CORPUS"
+NPY_CORPUS="$BUILD/npy-corpus" RUN_CORPUS="$BUILD/run-corpus" ENGINE_CORPUS="$BUILD/engine-corpus"
+mkdir -p "$NPY_CORPUS" "$RUN_CORPUS" "$ENGINE_CORPUS"
 QUARTER=$(( DURATION / 4 > 5 ? DURATION / 4 : 5 ))
 status=0
 fuzz_target kiln_fuzz_import "$DURATION" "$ARTIFACTS" "$BUILD/fuzz.log" "$CORPUS" "$SEEDS" "${EXTRA_CORPORA[@]}" || status=1
 fuzz_target kiln_fuzz_npy "$QUARTER" "$BUILD/artifacts-npy" "$BUILD/fuzz-npy.log" "$NPY_CORPUS" "$NPY_SEEDS" || status=1
 fuzz_target kiln_fuzz_run "$QUARTER" "$BUILD/artifacts-run" "$BUILD/fuzz-run.log" "$RUN_CORPUS" "$SEEDS" \
   "${EXTRA_CORPORA[@]}" || status=1
+fuzz_target kiln_fuzz_engine "$QUARTER" "$BUILD/artifacts-engine" "$BUILD/fuzz-engine.log" "$ENGINE_CORPUS" \
+  "$ROOT/tests/fuzz/corpus-engine" || status=1
 exit "$status"

@@ -7,7 +7,6 @@
 //   kiln_gpu_op_check [--seed S] [--filter SUBSTRING] [--precision fp32|fp16|bf16|all]
 // Prints one line per (case, precision) and then `N passed, M failed`; exit 1 on any failure.
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -31,11 +30,8 @@ struct Case {
   const char* half_impl = nullptr;    // half builds must place some node on an impl containing this
   bool autotune = true;               // false: heuristics, so that a timing-guarded lowering is taken
   bool fp32_on_cpu = false;           // fp32 builds may run the op on the CPU (its kernel is half-only)
-  int gemm_small = 0;                 // BuildOptions::gemm_small (1: the small-M kernel wherever it applies)
-  const char* small_config = nullptr;  // KILN_GEMM_SMALL_CONFIG during the build: that slice width x K split only
-  size_t l2_prefetch = 0;             // BuildOptions::l2_prefetch_bytes; > 0: the engine must plan prefetches
   int gemm_sm90 = 0;                  // BuildOptions::gemm_sm90 (1: the Hopper GEMM wherever it applies)
-  const char* sm90_tile = nullptr;    // KILN_GEMM_SM90_TILE during the build: that tile width only
+  int gemm_sm90_tile = 0;             // BuildOptions::gemm_sm90_tile (> 0: that tile width only)
 };
 
 // A BERT-like encoder layer: 64 tokens, hidden 192, 3 heads of 64, FFN 384 (gemm_sm90 cases).
@@ -242,32 +238,6 @@ const std::vector<Case> kCases = {
   {"linear_split_k_gelu", "graph g(%a: f32[8,4096], %w: f32[4096,64], %c: f32[64]) {\n %m = MatMul(%a, %w) : f32[8,64]\n"
    " %x = Add(%m, %c) : f32[8,64]\n %y = Gelu(%x) {approximate = \"tanh\"} : f32[8,64]\n return %y\n}",
    {"w", "c"}, 1e-4, 2e-2, true, 4, "split-k"},
-  // The small-M split-K cluster kernel (forced; in models it is taken where timing says it wins):
-  // BERT's FC1 at batch 1 scaled down (bias + GELU), a row count that is no multiple of 16, and
-  // rows over two row blocks with a residual C; the weight transposed at build.
-  {"gemm_small_bias_gelu", "graph g(%a: f32[128,256], %w: f32[256,192], %c: f32[192]) {\n %m = MatMul(%a, %w) : f32[128,192]\n"
-   " %x = Add(%m, %c) : f32[128,192]\n %y = Gelu(%x) {approximate = \"tanh\"} : f32[128,192]\n return %y\n}",
-   {"w", "c"}, 1e-4, 2e-2, true, 4, "kernel gemm_small", true, false, 1},
-  {"gemm_small_odd_rows_relu", "graph g(%a: f32[1,37,512], %w: f32[512,96], %c: f32[96]) {\n %m = MatMul(%a, %w) : f32[1,37,96]\n"
-   " %x = Add(%m, %c) : f32[1,37,96]\n %y = Relu(%x) : f32[1,37,96]\n return %y\n}",
-   {"w", "c"}, 1e-4, 2e-2, true, 4, "kernel gemm_small", true, false, 1},
-  {"gemm_small_residual_two_blocks", "graph g(%a: f32[200,384], %w: f32[384,64], %c: f32[64], %r: f32[200,64]) {\n"
-   " %m = MatMul(%a, %w) : f32[200,64]\n %x = Add(%m, %c) : f32[200,64]\n %y = Add(%x, %r) : f32[200,64]\n return %y\n}",
-   {"w", "c"}, 1e-4, 2e-2, true, 4, "kernel gemm_small", true, false, 1},
-  {"gemm_small_transb", "graph g(%a: f32[64,128], %w: f32[160,128], %c: f32[160]) {\n"
-   " %y = Gemm(%a, %w, %c) {transB = 1} : f32[64,160]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2, true, 4, "kernel gemm_small", true, false, 1},
-  // Each slice width with a given K split: 128 columns over a 4-CTA cluster; 32 columns with the
-  // whole K=640 in one CTA (10 steps: more than the kernel waits for by count); 64 columns over 8
-  // CTAs with 50 rows (the warps of rows 64-127 idle) and a residual.
-  {"gemm_small_128x4", "graph g(%a: f32[128,512], %w: f32[512,256], %c: f32[256]) {\n %m = MatMul(%a, %w) : f32[128,256]\n"
-   " %x = Add(%m, %c) : f32[128,256]\n %y = Gelu(%x) {approximate = \"tanh\"} : f32[128,256]\n return %y\n}",
-   {"w", "c"}, 1e-4, 2e-2, true, 4, "slices of 128 columns, split-k 4", true, false, 1, "128x4"},
-  {"gemm_small_32x1_long_k", "graph g(%a: f32[96,640], %w: f32[640,64], %c: f32[64]) {\n %m = MatMul(%a, %w) : f32[96,64]\n"
-   " %y = Add(%m, %c) : f32[96,64]\n return %y\n}",
-   {"w", "c"}, 1e-4, 2e-2, true, 4, "slices of 32 columns, split-k 1", true, false, 1, "32x1"},
-  {"gemm_small_64x8_few_rows", "graph g(%a: f32[1,50,1024], %w: f32[1024,128], %r: f32[1,50,128]) {\n"
-   " %m = MatMul(%a, %w) : f32[1,50,128]\n %y = Add(%m, %r) : f32[1,50,128]\n return %y\n}",
-   {"w"}, 1e-4, 2e-2, true, 4, "slices of 64 columns, split-k 8", true, false, 1, "64x8"},
   // The Hopper GEMM (lower_gemm_sm90.cc), forced: a transformer layer (QKV product, fused attention
   // with a row mask, output projection + residual, LayerNorm, FFN with GELU, residual, LayerNorm),
   // where the attention and both LayerNorms follow a gemm_sm90 step and so are launched with
@@ -275,27 +245,20 @@ const std::vector<Case> kCases = {
   // 0.09-0.11 off over the layer; fp16 0.009.)
   {"gemm_sm90_layer_tile64", kSm90Layer,
    {"wqkv", "bqkv", "wo", "bo", "g1", "e1", "w1", "b1", "w2", "b2", "g2", "e2"}, 1e-4, 4e-2, true, 4,
-   "tile 64x64x64|layer_norm (programmatic launch)|, programmatic launch)", true, false, 0, nullptr, 0, 1, "64"},
+   "tile 64x64x64|layer_norm (programmatic launch)|, programmatic launch)", true, false, 1, 64},
   {"gemm_sm90_layer_tile32", kSm90Layer,
    {"wqkv", "bqkv", "wo", "bo", "g1", "e1", "w1", "b1", "w2", "b2", "g2", "e2"}, 1e-4, 4e-2, true, 4,
-   "tile 64x32x64|layer_norm (programmatic launch)|, programmatic launch)", true, false, 0, nullptr, 0, 1, "32"},
+   "tile 64x32x64|layer_norm (programmatic launch)|, programmatic launch)", true, false, 1, 32},
   // Gemm with transB (the weight transposed to [K,N] at build), 37 rows and N = 160 (partial tiles
   // in both), K = 200 (a partial K tile); a residual with GELU and no bias.
   {"gemm_sm90_transb_ragged", "graph g(%a: f32[37,200], %w: f32[160,200], %c: f32[160]) {\n"
    " %y = Gemm(%a, %w, %c) {transB = 1} : f32[37,160]\n return %y\n}", {"w", "c"}, 1e-4, 2e-2, true, 4,
-   "m=37 n=160 k=200 +bias (CUTLASS", true, false, 0, nullptr, 0, 1, "64"},
+   "m=37 n=160 k=200 +bias (CUTLASS", true, false, 1, 64},
   {"gemm_sm90_residual_gelu_no_bias", "graph g(%a: f32[1,50,256], %w: f32[256,96], %r: f32[1,50,96]) {\n"
    " %m = MatMul(%a, %w) : f32[1,50,96]\n %x = Add(%m, %r) : f32[1,50,96]\n"
    " %y = Gelu(%x) {approximate = \"tanh\"} : f32[1,50,96]\n return %y\n}",
-   {"w"}, 1e-4, 2e-2, true, 4, "kernel gemm_sm90|m=50 n=96 k=256 +residual +gelu (CUTLASS|tile 64x32x64", true, false, 0,
-   nullptr, 0, 1, "32"},
-  // L2 prefetch of streamed weights (prefetch.cc): three small-M GEMMs whose weights go in groups of
-  // up to 1 MiB (two in half builds, three in f32), fetched on a side stream that joins the graph at
-  // its end. (KILN_L2_PREFETCH_MB in the environment overrides the case's budget.)
-  // (Tanh between them keeps fp16 in range: three products over K = 512 of random values overflow it.)
-  {"l2_prefetch_gemm_chain", "graph g(%a: f32[16,512], %w1: f32[512,512], %w2: f32[512,512], %w3: f32[512,384]) {\n"
-   " %x = MatMul(%a, %w1) : f32[16,512]\n %tx = Tanh(%x) : f32[16,512]\n %y = MatMul(%tx, %w2) : f32[16,512]\n"
-   " %ty = Tanh(%y) : f32[16,512]\n %z = MatMul(%ty, %w3) : f32[16,384]\n return %z\n}", {"w1", "w2", "w3"}, 1e-4, 2e-2, true, 4, nullptr, true, false, 0, nullptr, size_t(1) << 20},
+   {"w"}, 1e-4, 2e-2, true, 4, "kernel gemm_sm90|m=50 n=96 k=256 +residual +gelu (CUTLASS|tile 64x32x64", true, false, 1,
+   32},
   // FusedElementwise (the fuse-elementwise pass's node): one NVRTC-generated kernel. BERT's mask
   // chain (int64 in, additive float mask out) and a broadcast Where/Greater/Gelu chain.
   {"fused_bert_mask", "graph g(%mask: i64[2,1,1,40]) {\n %y = ai.kiln.FusedElementwise(%mask) {body = graph b(%mi: i64[2,1,1,40]) {\n"
@@ -424,18 +387,9 @@ Status run_case(const Case& c, cuda::Precision prec, uint64_t seed, double* err,
   bo.precision = prec;
   bo.poison = true;
   bo.autotune = c.autotune;
-  bo.gemm_small = c.gemm_small;
-  bo.l2_prefetch_bytes = c.l2_prefetch;
   bo.gemm_sm90 = c.gemm_sm90;
-  if (c.small_config) setenv("KILN_GEMM_SMALL_CONFIG", c.small_config, 1);
-  if (c.sm90_tile) setenv("KILN_GEMM_SM90_TILE", c.sm90_tile, 1);
-  auto built = cuda::Engine::build(*g, bo);
-  if (c.small_config) unsetenv("KILN_GEMM_SMALL_CONFIG");
-  if (c.sm90_tile) unsetenv("KILN_GEMM_SM90_TILE");
-  KILN_ASSIGN_OR_RETURN(auto engine, std::move(built));
-  if (c.l2_prefetch && engine->report().l2_prefetches == 0) {
-    return KILN_ERROR(kInternal, "{}: no L2 prefetch planned", cuda::precision_name(prec));
-  }
+  bo.gemm_sm90_tile = c.gemm_sm90_tile;
+  KILN_ASSIGN_OR_RETURN(auto engine, cuda::Engine::build(*g, bo));
   // half_impl: every '|'-separated piece must appear in some node's implementation.
   std::vector<std::string> impls;
   for (std::string rest = c.half_impl ? c.half_impl : ""; !rest.empty();) {

@@ -10,6 +10,7 @@
 
 #include "frontend/onnx/importer.h"
 #include "ir/tensor.h"
+#include "kiln/engine.h"
 
 namespace kiln::cli {
 
@@ -82,45 +83,33 @@ int compare_main(const LoadOptions& load, const RunOptions& run, const CompareOp
 int build_main(LoadOptions load, const EngineOptions& eng, const BuildCliOptions& opt);
 int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt);
 
-// A compiled model ready to run: the CUDA engine + a session, or the CPU reference executable.
-class Runner {
- public:
-  virtual ~Runner() = default;
-  virtual Expected<std::vector<Data>> run(const std::vector<Data>& inputs) = 0;
-  // Milliseconds per forward (CUDA events on the GPU, wall clock on the CPU).
-  virtual Expected<std::vector<double>> bench(const std::vector<Data>& inputs, int warmup, int iterations) = 0;
-  virtual std::string name() const = 0;
-  virtual std::string report() const { return ""; }
-  virtual size_t device_bytes() const { return 0; }
-  virtual double build_ms() const { return 0; }
-  // Per-step times of one step-by-step forward (GPU only; empty elsewhere).
-  virtual Expected<std::vector<std::pair<std::string, double>>> profile(const std::vector<Data>&) {
-    return std::vector<std::pair<std::string, double>>{};
-  }
-};
-// Runs the default pass pipeline on g first (both engines), then builds the engine.
-Expected<std::unique_ptr<Runner>> make_runner(Graph& g, const EngineOptions& opt);
+// The engine `load.model` names: an engine file is loaded (nothing is rebuilt; --shapes, --batch,
+// --device and the precision flags must agree with how it was built), an ONNX model is built with
+// the options (engine_open.cc).
+Expected<Engine> open_engine(const LoadOptions& load, const EngineOptions& eng, int64_t batch);
+// Whether `path` holds an engine file (by its first bytes, whatever its name).
+bool is_engine_file(const std::string& path);
 
 // ---- shared helpers (common.cc) ---------------------------------------------------------------
 
-// Imports the model with the --shapes bindings applied.
+// Imports the model with the --shapes bindings applied (inspect).
 Expected<Model> load_model(const LoadOptions& load);
-// Graph inputs that need data (initializers that are also inputs have defaults).
-std::vector<const Value*> runtime_inputs(const Graph& g);
 // "x:1x3x224x224" -> {"x", {1,3,224,224}}; "x:" (a scalar) -> {"x", {}}.
 Expected<std::pair<std::string, std::vector<int64_t>>> parse_shape_flag(const std::string& flag);
 // A file name for a tensor name: characters outside [A-Za-z0-9._-] become '_'.
 std::string file_name_for(const std::string& tensor_name);
-// A random tensor for a declared input type (fails if a dim is not static).
-Expected<Tensor> random_input(const Value& v, uint64_t seed);
-// Checks a user-given tensor against the declared input type (dtype, rank, static dims).
-Status check_input_tensor(const Value& v, const Tensor& t, const std::string& source);
-// Input data in graph-input order: --input files, else DIR/<file_name_for(name)>.npy when
-// inputs_dir is given, else random data with --random-inputs; each checked against the model.
-Expected<std::vector<Data>> gather_inputs(const Graph& g, const RunOptions& opt, const std::string& inputs_dir);
-// Runs g (warmup + iterations times) on the best backend; per-iteration times in times_ms.
-Expected<std::vector<Data>> execute(Graph& g, const std::vector<Data>& inputs, int warmup, int iterations,
-                                    std::vector<double>* times_ms, const EngineOptions& eng, std::string* backend);
+// "f32[?,3,224,224]": an engine input or output as messages show it.
+std::string info_string(const TensorInfo& t);
+// A random tensor for an engine input (fails if a dim is not fixed).
+Expected<Tensor> random_input(const TensorInfo& v, uint64_t seed);
+// Checks a user-given tensor against an engine input (dtype, rank, fixed dims).
+Status check_input_tensor(const TensorInfo& v, const Tensor& t, const std::string& source);
+// Input data in engine-input order: --input files, else DIR/<file_name_for(name)>.npy when
+// inputs_dir is given, else random data with --random-inputs; each checked against the engine.
+Expected<std::vector<Tensor>> gather_inputs(const Engine& e, const RunOptions& opt, const std::string& inputs_dir);
+// Views of tensors kiln holds, for Session::run; and a session's output as a kiln Tensor.
+std::vector<TensorView> views(const std::vector<Tensor>& tensors);
+Tensor from_host(HostTensor t);
 double percentile(std::vector<double> v, double p);
 // Prints "kiln: error: <message>" to stderr and returns 1.
 int fail(const Status& s);

@@ -42,12 +42,6 @@ Expected<Model> load_model(const LoadOptions& load) {
   return import_onnx_file(load.model, opt);
 }
 
-std::vector<const Value*> runtime_inputs(const Graph& g) {
-  std::vector<const Value*> r;
-  for (const Value* v : g.inputs) r.push_back(v);
-  return r;
-}
-
 std::string file_name_for(const std::string& tensor_name) {
   std::string s = tensor_name;
   for (char& c : s) {
@@ -59,20 +53,22 @@ std::string file_name_for(const std::string& tensor_name) {
   return s;
 }
 
-Expected<Tensor> random_input(const Value& v, uint64_t seed) {
-  if (!v.type.is_tensor() || !v.type.shape) {
-    return KILN_ERROR(kInvalidArgument, "input '{}' is {}: --random-inputs needs a tensor of known rank", v.name,
-                      v.type.to_string());
-  }
+std::string info_string(const TensorInfo& t) {
+  std::string s = std::string(dtype_name(t.dtype)) + "[";
+  for (size_t i = 0; i < t.shape.size(); ++i) s += (i ? "," : "") + (t.shape[i] < 0 ? std::string("?") : std::to_string(t.shape[i]));
+  return s + "]";
+}
+
+Expected<Tensor> random_input(const TensorInfo& v, uint64_t seed) {
   std::vector<int64_t> dims;
-  for (const Dim& d : v.type.shape->dims) {
-    if (!d.is_static()) {
+  for (int64_t d : v.shape) {
+    if (d < 0) {
       return KILN_ERROR(kInvalidArgument, "input '{}' has shape {}: bind its dims with --shapes {}:{}", v.name,
-                        v.type.shape->to_string(), v.name, "1x...");
+                        info_string(v), v.name, "1x...");
     }
-    dims.push_back(d.value());
+    dims.push_back(d);
   }
-  KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(v.type.dtype, dims));
+  KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(v.dtype, dims));
   // One stream per input, so adding an input does not change the others' values.
   std::seed_seq seq{seed, uint64_t(std::hash<std::string>{}(v.name))};
   std::mt19937_64 rng(seq);
@@ -90,27 +86,38 @@ Expected<Tensor> random_input(const Value& v, uint64_t seed) {
   return t;
 }
 
-Status check_input_tensor(const Value& v, const Tensor& t, const std::string& source) {
-  const Type& ty = v.type;
-  if (!ty.is_tensor()) return Status::ok();
-  if (t.dtype() != ty.dtype) {
-    return KILN_ERROR(kInvalidArgument, "input '{}' ({}): got {} but the model expects {}", v.name, source,
-                      t.summary(), ty.to_string());
+Status check_input_tensor(const TensorInfo& v, const Tensor& t, const std::string& source) {
+  if (t.dtype() != v.dtype) {
+    return KILN_ERROR(kInvalidArgument, "input '{}' ({}): got {} but the model expects {}", v.name, source, t.summary(),
+                      info_string(v));
   }
-  if (ty.shape) {
-    if (ty.shape->rank() != t.rank()) {
-      return KILN_ERROR(kInvalidArgument, "input '{}' ({}): got shape {} but the model expects {}", v.name, source,
-                        dims_to_string(t.dims()), ty.shape->to_string());
-    }
-    for (size_t i = 0; i < t.rank(); ++i) {
-      const Dim& d = ty.shape->dims[i];
-      if (d.is_static() && d.value() != t.dim(i)) {
-        return KILN_ERROR(kInvalidArgument, "input '{}' ({}): got shape {} but the model expects {} (dim {})", v.name,
-                          source, dims_to_string(t.dims()), ty.shape->to_string(), i);
-      }
+  if (v.shape.size() != t.rank()) {
+    return KILN_ERROR(kInvalidArgument, "input '{}' ({}): got shape {} but the model expects {}", v.name, source,
+                      dims_to_string(t.dims()), info_string(v));
+  }
+  for (size_t i = 0; i < t.rank(); ++i) {
+    if (v.shape[i] >= 0 && v.shape[i] != t.dim(i)) {
+      return KILN_ERROR(kInvalidArgument, "input '{}' ({}): got shape {} but the model expects {} (dim {})", v.name,
+                        source, dims_to_string(t.dims()), info_string(v), i);
     }
   }
   return Status::ok();
+}
+
+std::vector<TensorView> views(const std::vector<Tensor>& tensors) {
+  std::vector<TensorView> v;
+  for (const Tensor& t : tensors) v.push_back(TensorView{t.dtype(), t.dims(), const_cast<void*>(t.raw()), false});
+  return v;
+}
+
+Tensor from_host(HostTensor t) {
+  auto keep = std::make_shared<HostTensor>(std::move(t));
+  if (keep->dtype() == DType::kString) {  // Tensor views cannot hold strings: copy them
+    Tensor s = Tensor::create(DType::kString, keep->shape()).value();
+    for (int64_t i = 0; i < s.numel(); ++i) s.data<std::string>()[i] = keep->data<std::string>()[i];
+    return s;
+  }
+  return Tensor::view(keep->dtype(), keep->shape(), keep, keep->raw());
 }
 
 }  // namespace kiln::cli

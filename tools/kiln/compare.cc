@@ -54,28 +54,30 @@ Stats compare_values(const Tensor& want, const Tensor& got, double rtol, double 
 int compare_main(const LoadOptions& load, const RunOptions& run, const CompareOptions& opt, const EngineOptions& eng) {
   namespace fs = std::filesystem;
   if (!(opt.rtol >= 0) || !(opt.atol >= 0)) return fail(KILN_ERROR(kInvalidArgument, "--rtol and --atol must be >= 0"));
-  auto m = load_model(load);
-  if (!m) return fail(m.status());
-  Graph& g = *m->graph;
-  auto inputs = gather_inputs(g, run, opt.inputs_dir);
+  auto engine = open_engine(load, eng, 0);
+  if (!engine) return fail(engine.status());
+  auto inputs = gather_inputs(*engine, run, opt.inputs_dir);
   if (!inputs) return fail(inputs.status());
   // Read every reference before running, so a missing file fails fast.
   std::vector<Tensor> refs;
-  for (const Value* o : g.outputs) {
-    std::string path = (fs::path(opt.reference_dir) / (file_name_for(o->name) + ".npy")).string();
+  for (const TensorInfo& o : engine->outputs()) {
+    std::string path = (fs::path(opt.reference_dir) / (file_name_for(o.name) + ".npy")).string();
     auto t = read_npy(path);
-    if (!t) return fail(t.status().with_context(fmt::format("reference for output '{}'", o->name)));
+    if (!t) return fail(t.status().with_context(fmt::format("reference for output '{}'", o.name)));
     refs.push_back(std::move(*t));
   }
-  std::string backend;
-  auto outs = execute(g, *inputs, 0, 1, nullptr, eng, &backend);
-  if (!outs) return fail(outs.status());
-  std::printf("backend: %s\n", backend.c_str());
+  auto session = engine->create_session();
+  if (!session) return fail(session.status());
+  auto host = session->run(views(*inputs));
+  if (!host) return fail(host.status());
+  std::vector<Data> outs;
+  for (HostTensor& h : *host) outs.emplace_back(from_host(std::move(h)));
+  std::printf("backend: %s\n", engine->device() == Device::kCuda ? "cuda" : "cpu");
   bool all_ok = true;
   std::printf("%-28s %-16s %12s %12s %10s  %s\n", "output", "shape", "max_abs", "max_rel", "cosine", "result");
-  for (size_t i = 0; i < g.outputs.size(); ++i) {
-    const std::string& name = g.outputs[i]->name;
-    const Data& d = (*outs)[i];
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const std::string& name = engine->outputs()[i].name;
+    const Data& d = outs[i];
     const Tensor& want = refs[i];
     std::string verdict;
     if (!d.is_tensor()) {

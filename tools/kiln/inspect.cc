@@ -1,10 +1,13 @@
-// `kiln inspect model.onnx [--ir] [--dot FILE]`: what a model takes and gives, and what it is made of.
+// `kiln inspect model.onnx [--ir] [--dot FILE]`: what a model takes and gives, and what it is made of;
+// `kiln inspect model.kiln`: how an engine was built and what it runs on.
 #include <fstream>
+#include <iterator>
 #include <map>
 
 #include "cli.h"
 #include "ir/dot.h"
 #include "ir/text.h"
+#include "runtime/engine_file.h"
 
 namespace kiln::cli {
 
@@ -42,7 +45,42 @@ std::string human_bytes(int64_t b) {
 
 }  // namespace
 
+namespace {
+
+// An engine file: what it was built from and for, read from its header without loading it (so it
+// works on any machine, GPU engine or not); the file's checksum is verified all the same.
+int inspect_engine(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return fail(KILN_ERROR(kIo, "{}: cannot open", path));
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  auto meta = read_engine_meta(bytes, path);
+  if (!meta) return fail(meta.status());
+  const nlohmann::json& j = *meta;
+  std::printf("engine:    %s (%.1f MiB, format %u, kiln %s)\n", path.c_str(), double(bytes.size()) / (1 << 20),
+              j.value("format_version", 0u), j.value("kiln_version", std::string("?")).c_str());
+  std::printf("device:    %s\n", j.value("device", std::string("?")).c_str());
+  if (j.contains("target")) std::printf("target:    %s\n", j["target"].dump().c_str());
+  if (j.contains("config")) std::printf("config:    %s\n", j["config"].dump().c_str());
+  for (const char* io : {"inputs", "outputs"}) {
+    std::printf("%s:\n", io);
+    for (const auto& t : j.value(io, nlohmann::json::array())) {
+      std::string shape;
+      for (const auto& d : t.value("shape", nlohmann::json::array())) {
+        shape += (shape.empty() ? "" : ",") + (d.get<int64_t>() < 0 ? std::string("?") : std::to_string(d.get<int64_t>()));
+      }
+      std::printf("  %-24s %s[%s]\n", t.value("name", std::string()).c_str(), t.value("dtype", std::string()).c_str(),
+                  shape.c_str());
+    }
+  }
+  std::string report = j.value("report", std::string());
+  std::printf("%s", report.substr(0, report.find("placement:")).c_str());
+  return 0;
+}
+
+}  // namespace
+
 int inspect_main(const LoadOptions& load, const InspectOptions& opt) {
+  if (is_engine_file(load.model)) return inspect_engine(load.model);
   auto m = load_model(load);
   if (!m) return fail(m.status());
   const Graph& g = *m->graph;

@@ -2,8 +2,9 @@
 //   kiln inspect model.onnx [--ir] [--dot FILE]
 //   kiln run model.onnx --input NAME=FILE.npy ... [--random-inputs --seed S] [--output-dir DIR]
 //   kiln compare model.onnx --inputs DIR --reference DIR [--rtol R --atol A]
-//   kiln build model.onnx -o model.kiln [--fp16|--bf16|--tf32] [--report]
+//   kiln build model.onnx -o model.kiln [--device D] [--fp16|--bf16|--tf32] [--report]
 //   kiln bench model.onnx|model.kiln --batch N --warmup W --iterations I [--json FILE]
+// inspect, run, compare and bench also take an engine file (model.kiln) in place of the model.
 // run, compare, build and bench optimize the graph first: [--disable-pass NAME]... [--dump-ir-after
 // PASS|all] [--pass-report]
 #include <CLI/CLI.hpp>
@@ -49,7 +50,7 @@ CLI::Validator pass_name(bool dump) {
 }
 
 void add_load_options(CLI::App* app, kiln::cli::LoadOptions& load) {
-  app->add_option("model", load.model, "ONNX model file")->required();
+  app->add_option("model", load.model, "ONNX model, or an engine file from `kiln build -o`")->required();
   app->add_option("--shapes", load.shapes, "bind an input's shape, e.g. input:1x3x224x224 (repeatable)");
 }
 
@@ -82,7 +83,7 @@ int main(int argc, char** argv) {
   using namespace kiln::cli;
   CLI::App app{"kiln: an ahead-of-time compiler and runtime for ONNX models"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "kiln 0.1.0");
+  app.set_version_flag("--version", "kiln 0.2.0");
 
   LoadOptions load;
   InspectOptions inspect;
@@ -116,16 +117,16 @@ int main(int argc, char** argv) {
   cmp->add_option("--atol", compare.atol, "absolute tolerance")->default_val(1e-4);
   add_engine_options(cmp, eng);
 
-  CLI::App* b = app.add_subcommand("build", "compile a model for the GPU and report each node's placement");
+  CLI::App* b = app.add_subcommand("build", "compile a model into an engine (GPU when usable) and report each node's placement");
   add_load_options(b, load);
   add_engine_options(b, eng);
-  b->add_option("-o,--output", build.output, "write the .kiln artifact here");
+  b->add_option("-o,--output", build.output, "write the engine file here (model.kiln)");
   b->add_flag("--report", build.report, "print every node's placement and kernel");
-  b->add_option("--batch", build.batch, "bind the leading symbolic dim of every input to N (recorded in the artifact)")
+  b->add_option("--batch", build.batch, "bind the leading symbolic dim of every input to N (recorded in the engine)")
       ->check(kPositiveInt);
 
   CLI::App* be = app.add_subcommand("bench", "time a model's forward (CUDA events on the GPU)");
-  be->add_option("model", load.model, "ONNX model or .kiln artifact")->required();
+  be->add_option("model", load.model, "ONNX model or engine file")->required();
   be->add_option("--shapes", load.shapes, "bind an input's shape, e.g. input:1x3x224x224 (repeatable)");
   add_engine_options(be, eng);
   be->add_option("--batch", bench.batch, "bind the leading symbolic dim of every input to N")->check(kPositiveInt);

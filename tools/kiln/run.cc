@@ -7,7 +7,6 @@
 #include <fstream>
 #include <set>
 
-#include "backends/backend.h"
 #include "cli.h"
 #include "support/npy.h"
 
@@ -15,7 +14,8 @@ namespace kiln::cli {
 
 namespace fs = std::filesystem;
 
-Expected<std::vector<Data>> gather_inputs(const Graph& g, const RunOptions& opt, const std::string& inputs_dir) {
+Expected<std::vector<Tensor>> gather_inputs(const Engine& e, const RunOptions& opt, const std::string& inputs_dir) {
+  const std::vector<TensorInfo>& ins = e.inputs();
   std::map<std::string, std::string> files;  // input name -> .npy path
   for (const auto& f : opt.inputs) {
     size_t eq = f.find('=');
@@ -28,29 +28,29 @@ Expected<std::vector<Data>> gather_inputs(const Graph& g, const RunOptions& opt,
   }
   for (const auto& file : files) {
     const std::string& name = file.first;  // not a structured binding: the lambda captures it (clang 14)
-    if (std::none_of(g.inputs.begin(), g.inputs.end(), [&](const Value* v) { return v->name == name; })) {
+    if (std::none_of(ins.begin(), ins.end(), [&](const TensorInfo& v) { return v.name == name; })) {
       std::string names;
-      for (const Value* v : g.inputs) names += (names.empty() ? "'" : ", '") + v->name + "'";
+      for (const TensorInfo& v : ins) names += (names.empty() ? "'" : ", '") + v.name + "'";
       return KILN_ERROR(kInvalidArgument, "--input names '{}', but the model's inputs are {}", name, names);
     }
   }
-  std::vector<Data> data;
-  for (const Value* v : g.inputs) {
+  std::vector<Tensor> data;
+  for (const TensorInfo& v : ins) {
     std::string path;
-    if (auto it = files.find(v->name); it != files.end()) path = it->second;
-    else if (!inputs_dir.empty()) path = (fs::path(inputs_dir) / (file_name_for(v->name) + ".npy")).string();
+    if (auto it = files.find(v.name); it != files.end()) path = it->second;
+    else if (!inputs_dir.empty()) path = (fs::path(inputs_dir) / (file_name_for(v.name) + ".npy")).string();
     if (path.empty()) {
       if (!opt.random_inputs) {
         return KILN_ERROR(kInvalidArgument, "input '{}' ({}) has no value: give --input {}=FILE.npy or --random-inputs",
-                          v->name, v->type.to_string(), v->name);
+                          v.name, info_string(v), v.name);
       }
-      KILN_ASSIGN_OR_RETURN(Tensor t, random_input(*v, opt.seed));
-      data.emplace_back(std::move(t));
+      KILN_ASSIGN_OR_RETURN(Tensor t, random_input(v, opt.seed));
+      data.push_back(std::move(t));
       continue;
     }
     KILN_ASSIGN_OR_RETURN(Tensor t, read_npy(path));
-    KILN_RETURN_IF_ERROR(check_input_tensor(*v, t, path));
-    data.emplace_back(std::move(t));
+    KILN_RETURN_IF_ERROR(check_input_tensor(v, t, path));
+    data.push_back(std::move(t));
   }
   return data;
 }
@@ -121,20 +121,6 @@ Status write_all_npy(const std::vector<std::pair<std::string, const Tensor*>>& f
 
 }  // namespace
 
-Expected<std::vector<Data>> execute(Graph& g, const std::vector<Data>& inputs, int warmup, int iterations,
-                                    std::vector<double>* times_ms, const EngineOptions& eng, std::string* backend) {
-  KILN_ASSIGN_OR_RETURN(auto runner, make_runner(g, eng));
-  if (backend) *backend = runner->name();
-  std::vector<Data> out;
-  for (int i = 0; i < warmup + std::max(iterations, 1); ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    KILN_ASSIGN_OR_RETURN(out, runner->run(inputs));
-    auto t1 = std::chrono::steady_clock::now();
-    if (i >= warmup && times_ms) times_ms->push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-  }
-  return out;
-}
-
 int run_main(const LoadOptions& load, const RunOptions& opt, const EngineOptions& eng) {
   if (opt.iterations < 1 || opt.warmup < 0) return fail(KILN_ERROR(kInvalidArgument, "--iterations must be >= 1 and --warmup >= 0"));
   std::vector<std::string> labels;
@@ -144,18 +130,30 @@ int run_main(const LoadOptions& load, const RunOptions& opt, const EngineOptions
     for (std::string l; std::getline(f, l);) labels.push_back(l);
   }
   auto t0 = std::chrono::steady_clock::now();
-  auto m = load_model(load);
-  if (!m) return fail(m.status());
+  auto engine = open_engine(load, eng, 0);
+  if (!engine) return fail(engine.status());
   auto t1 = std::chrono::steady_clock::now();
-  Graph& g = *m->graph;
-  auto inputs = gather_inputs(g, opt, "");
+  auto inputs = gather_inputs(*engine, opt, "");
   if (!inputs) return fail(inputs.status());
-  std::printf("import: %.1f ms\n", std::chrono::duration<double, std::milli>(t1 - t0).count());
+  std::printf("%s: %.1f ms\n", is_engine_file(load.model) ? "load" : "import + build",
+              std::chrono::duration<double, std::milli>(t1 - t0).count());
+  auto session = engine->create_session();
+  if (!session) return fail(session.status());
   std::vector<double> times;
-  std::string backend;
-  auto outs = execute(g, *inputs, opt.warmup, opt.iterations, &times, eng, &backend);
-  if (!outs) return fail(outs.status());
-  std::printf("backend: %s%s\n", backend.c_str(), backend == "cuda" ? (" " + eng.precision).c_str() : "");
+  std::vector<HostTensor> host;
+  for (int i = 0; i < opt.warmup + opt.iterations; ++i) {
+    auto r0 = std::chrono::steady_clock::now();
+    auto out = session->run(views(*inputs));
+    auto r1 = std::chrono::steady_clock::now();
+    if (!out) return fail(out.status());
+    if (i >= opt.warmup) times.push_back(std::chrono::duration<double, std::milli>(r1 - r0).count());
+    host = std::move(*out);
+  }
+  std::vector<Tensor> outs;
+  for (HostTensor& h : host) outs.push_back(from_host(std::move(h)));
+  bool cuda = engine->device() == Device::kCuda;
+  std::printf("backend: %s%s\n", cuda ? "cuda" : "cpu",
+              cuda ? (" " + std::string(precision_name(engine->config().precision))).c_str() : "");
   std::printf("latency: median %.3f ms, p99 %.3f ms, min %.3f ms over %zu run(s) after %d warm-up\n",
               percentile(times, 50), percentile(times, 99), *std::min_element(times.begin(), times.end()), times.size(),
               opt.warmup);
@@ -165,18 +163,13 @@ int run_main(const LoadOptions& load, const RunOptions& opt, const EngineOptions
     if (ec) return fail(KILN_ERROR(kIo, "cannot create output folder '{}': {}", opt.output_dir, ec.message()));
   }
   std::vector<std::pair<std::string, const Tensor*>> files;  // path, tensor
-  for (size_t i = 0; i < g.outputs.size(); ++i) {
-    const std::string& name = g.outputs[i]->name;
-    const Data& d = (*outs)[i];
-    std::printf("output '%s': %s\n", name.c_str(), d.summary().c_str());
-    if (d.is_tensor() && opt.top_k > 0) print_top_k(name, d.tensor, opt.top_k, labels);
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const std::string& name = engine->outputs()[i].name;
+    const Tensor& t = outs[i];
+    std::printf("output '%s': %s\n", name.c_str(), t.summary().c_str());
+    if (opt.top_k > 0) print_top_k(name, t, opt.top_k, labels);
     if (opt.output_dir.empty()) continue;
-    if (!d.is_tensor()) {
-      std::fprintf(stderr, "kiln: warning: output '%s' is %s; only tensors are written as .npy\n", name.c_str(),
-                   d.summary().c_str());
-      continue;
-    }
-    files.emplace_back((fs::path(opt.output_dir) / (file_name_for(name) + ".npy")).string(), &d.tensor);
+    files.emplace_back((fs::path(opt.output_dir) / (file_name_for(name) + ".npy")).string(), &t);
   }
   if (Status s = write_all_npy(files); !s) return fail(s);
   for (const auto& [path, t] : files) {

@@ -14,12 +14,14 @@ namespace {
 // read enclosing values.
 struct Env {
   const Env* parent = nullptr;
+  const ValueLookup* outer = nullptr;  // at the root: values the caller holds (a plan's slots)
   std::unordered_map<const Value*, Data> values;
 
   const Data* find(const Value* v) const {
     for (const Env* e = this; e; e = e->parent) {
       auto it = e->values.find(v);
       if (it != e->values.end()) return &it->second;
+      if (!e->parent && e->outer) return (*e->outer)(v);
     }
     return nullptr;
   }
@@ -67,6 +69,28 @@ void note_uses(const Graph& g, const Node& n, size_t at, std::unordered_map<cons
   }
 }
 
+Expected<std::vector<Data>> run_graph(const Graph& g, std::vector<Data> inputs, const Env* parent);
+
+// Runs n with its CPU kernel on `ins` (null: an omitted input); its subgraph bodies resolve values
+// of enclosing scopes through `outer`.
+Expected<std::vector<Data>> run_node(const Node& n, std::vector<const Data*> ins, const Env* outer) {
+  const OpDef& d = op_def(n.op);
+  if (!d.cpu) return KILN_ERROR(kUnsupported, "{}: op {} has no CPU kernel", n.describe(), op_name(n.op));
+  for (size_t i = 0; i < n.inputs.size() && i < ins.size(); ++i) {
+    const Value* v = n.inputs[i];
+    if (v && ins[i] && ins[i]->is_none() && v->type.kind != Type::Kind::kOptional && d.inputs.min > int(i)) {
+      return KILN_ERROR(kInvalidArgument, "{}: input '{}' has no value", n.describe(), v->name);
+    }
+  }
+  GraphRunFn sub = [outer](const Graph& sg, std::vector<Data> in) { return run_graph(sg, std::move(in), outer); };
+  KernelCtx ctx(n, std::move(ins), sub);
+  KILN_RETURN_IF_ERROR(d.cpu(ctx));
+  for (size_t i = 0; i < n.outputs.size(); ++i) {
+    if (n.outputs[i]) KILN_RETURN_IF_ERROR(check_output(n, i, ctx.outputs()[i]));
+  }
+  return std::move(ctx.outputs());
+}
+
 Expected<std::vector<Data>> run_graph(const Graph& g, std::vector<Data> inputs, const Env* parent) {
   Env env;
   env.parent = parent;
@@ -77,14 +101,10 @@ Expected<std::vector<Data>> run_graph(const Graph& g, std::vector<Data> inputs, 
   std::unordered_map<const Value*, size_t> last_use;
   for (size_t i = 0; i < g.nodes.size(); ++i) note_uses(g, *g.nodes[i], i, last_use);
   for (const Value* o : g.outputs) last_use[o] = g.nodes.size();
-  GraphRunFn sub = [&env](const Graph& sg, std::vector<Data> in) { return run_graph(sg, std::move(in), &env); };
   for (size_t idx = 0; idx < g.nodes.size(); ++idx) {
     const Node& n = *g.nodes[idx];
-    const OpDef& d = op_def(n.op);
-    if (!d.cpu) return KILN_ERROR(kUnsupported, "{}: op {} has no CPU kernel", n.describe(), op_name(n.op));
     std::vector<const Data*> ins;
-    for (size_t i = 0; i < n.inputs.size(); ++i) {
-      const Value* v = n.inputs[i];
+    for (const Value* v : n.inputs) {
       if (!v) { ins.push_back(nullptr); continue; }
       const Data* x = env.find(v);
       if (!x && v->constant) {
@@ -92,17 +112,11 @@ Expected<std::vector<Data>> run_graph(const Graph& g, std::vector<Data> inputs, 
         x = &env.values[v];
       }
       if (!x) return KILN_ERROR(kInternal, "{}: input '{}' has no value", n.describe(), v->name);
-      if (x->is_none() && v->type.kind != Type::Kind::kOptional && op_def(n.op).inputs.min > int(i)) {
-        return KILN_ERROR(kInvalidArgument, "{}: input '{}' has no value", n.describe(), v->name);
-      }
       ins.push_back(x);
     }
-    KernelCtx ctx(n, std::move(ins), sub);
-    KILN_RETURN_IF_ERROR(d.cpu(ctx));
+    KILN_ASSIGN_OR_RETURN(std::vector<Data> outs, run_node(n, std::move(ins), &env));
     for (size_t i = 0; i < n.outputs.size(); ++i) {
-      if (!n.outputs[i]) continue;
-      KILN_RETURN_IF_ERROR(check_output(n, i, ctx.outputs()[i]));
-      env.values[n.outputs[i]] = std::move(ctx.outputs()[i]);
+      if (n.outputs[i]) env.values[n.outputs[i]] = std::move(outs[i]);
     }
     for (auto it = env.values.begin(); it != env.values.end();) {
       auto lu = last_use.find(it->first);
@@ -150,6 +164,12 @@ class CpuBackend : public Backend {
 };
 
 }  // namespace
+
+Expected<std::vector<Data>> run_node_on_cpu(const Node& n, std::vector<const Data*> ins, const ValueLookup& outer) {
+  Env root;
+  root.outer = &outer;
+  return run_node(n, std::move(ins), &root);
+}
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
 

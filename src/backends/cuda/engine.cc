@@ -271,7 +271,18 @@ Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptio
   KILN_RETURN_IF_ERROR(lower_outputs(L, *e));
   drop_unread_steps(L, *e);
   plan(L, *e);
-  plan_l2_prefetch(L);
+  if (opt.memory_budget_bytes) {
+    size_t weights = 0;
+    for (const auto& w : L.weight_data) weights += w.size();
+    size_t need = weights + e->rep.arena_peak + opt.workspace_bytes;
+    if (need > opt.memory_budget_bytes) {
+      return KILN_ERROR(kOutOfMemory,
+                        "the engine needs {:.1f} MiB of GPU memory per session (weights {:.1f}, arena {:.1f}, workspace "
+                        "{:.1f}), over the memory budget of {:.1f} MiB",
+                        double(need) / (1 << 20), double(weights) / (1 << 20), double(e->rep.arena_peak) / (1 << 20),
+                        double(opt.workspace_bytes) / (1 << 20), double(opt.memory_budget_bytes) / (1 << 20));
+    }
+  }
   KILN_RETURN_IF_ERROR(e->upload_weights());
   e->finish_report(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   return std::shared_ptr<Engine>(e);

@@ -28,21 +28,25 @@ struct BuildOptions {
   size_t workspace_bytes = 64u << 20;  // shared scratch for cuBLASLt / cuDNN
   bool autotune = true;            // time cuDNN algorithms at build time (else heuristics)
   bool poison = false;             // tests: fill each session's arena with NaN bytes before use
-  // The small-M GEMM kernel (lower_gemm_small.cc): 0 where its build-time timing beats cuBLASLt's
-  // (autotune only), 1 wherever it applies (tests), -1 never. Off by default: on the H100 it loses
-  // to cuBLASLt on every BERT-base batch-1 shape (2026-11-24, timed in graphs: 7.2-9.6 us against
-  // 4.5-7.6 us; where the time goes: lower_gemm_small.cc). KILN_GEMM_SMALL=0|1 overrides for experiments.
-  int gemm_small = -1;
   // The Hopper GEMM (lower_gemm_sm90.cc: CUTLASS kernels with programmatic dependent launch, 16-bit,
   // up to 2048 rows): 0 where its build-time timing beats cuBLASLt's (autotune only), 1 wherever it
-  // applies (tests), -1 never. KILN_GEMM_SM90=0|1|-1 overrides.
+  // applies (tests), -1 never. Why it is on by default: bench/RESULTS.md, "Same binary, gemm_sm90 on
+  // and off".
   int gemm_sm90 = 0;
-  // Weights of GEMMs that read more weight than activation bytes (small batches) fetched into L2 on
-  // a side stream one group ahead (prefetch.cc), in groups of up to this many bytes; 0: none.
-  // KILN_L2_PREFETCH_MB overrides. Off by default: with 16 MiB, batch 1 on the H100 (2026-11-24,
-  // two calls, 4 alternating rounds) BERT-base -1..-3% and GPT-2 -1..-3%, but ViT-B/16 +1..+4%
-  // and ResNet-50 unchanged; 32 MiB was slower on every model.
-  size_t l2_prefetch_bytes = 0;
+  // The Hopper GEMM's CTA tile width: 0 times every width (32 and 64) and keeps the fastest; > 0 only
+  // that width is considered (the op harness covers each).
+  int gemm_sm90_tile = 0;
+  // Device memory one session may hold with the weights (weights + arena + workspace); 0: no limit.
+  // Checked after planning, before the weights are uploaded.
+  size_t memory_budget_bytes = 0;
+};
+
+// A caller's buffer for Session::run_buffers: host memory or a device pointer on this GPU.
+struct IoBuffer {
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> dims;
+  void* data = nullptr;
+  bool on_device = false;
 };
 
 // Where one ONNX node ended up and why.
@@ -61,8 +65,6 @@ struct BuildReport {
   size_t arena_peak = 0, arena_naive = 0, arena_lower_bound = 0;
   size_t workspace_bytes = 0;
   int steps = 0;            // executed steps per forward (launch groups)
-  int l2_prefetches = 0;    // side-stream L2 prefetch launches per forward
-  size_t l2_prefetch_bytes = 0;  // weight bytes they fetch
   int cpu_steps = 0;        // steps that run on the host (break graph capture)
   bool cuda_graph = false;  // whether sessions capture a graph
   std::string no_graph_reason;
@@ -96,6 +98,11 @@ class Session {
   virtual Expected<std::vector<std::pair<std::string, double>>> profile(const std::vector<Data>& inputs) = 0;
   // Device bytes this session holds (arena, workspace, staging).
   virtual size_t device_bytes() const = 0;
+  // Reads inputs from and writes outputs to the caller's buffers (device pointers copied on the
+  // device, host ones through DMA), after the work already queued on `stream` (a cudaStream_t,
+  // null: the legacy default stream); returns once the outputs are written.
+  virtual Status run_buffers(const std::vector<IoBuffer>& inputs, const std::vector<IoBuffer>& outputs,
+                             void* stream) = 0;
 };
 
 // True when a CUDA device usable by this build is present (reason otherwise).

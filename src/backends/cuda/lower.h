@@ -68,10 +68,6 @@ struct Step {
   bool host = false;            // synchronizes with the host (CPU fallback): no graph capture
   std::vector<int> reads, writes;  // arena buffer ids, for liveness
   int bad_index_slot = -1;      // index into RunCtx::bad_index, when the step checks indices
-  // A weight the step streams once per forward that outweighs the activations it reads and writes
-  // (a GEMM at small batch): plan_l2_prefetch fetches it into L2 ahead of the step. id < 0: none.
-  Ref streamed{true, -1};
-  size_t streamed_bytes = 0;
   bool drop_if_unread = false;  // a conversion (an input's cast) that no later step may need
   // The step's kernel lets its dependents launch before it ends (griddepcontrol.launch_dependents:
   // gemm_sm90, LayerNorm, attention). A kernel emitted right after it that waits with
@@ -79,13 +75,6 @@ struct Step {
   // gemm_sm90 is timed with the launch overlap it will get (Lowering::follows_trigger).
   bool triggers_dependents = false;
   StepFn fn;
-};
-
-// Weights fetched into L2 by one side-stream launch issued as step `before` starts (prefetch.cc).
-struct L2Prefetch {
-  size_t before = 0;
-  std::vector<std::pair<Ref, size_t>> ranges;  // (weight, bytes)
-  size_t bytes = 0;
 };
 
 // Makes a k::NdStrides from dims and strides (rank <= kMaxRank, checked by the caller).
@@ -120,10 +109,10 @@ struct Scratch {
   ~Scratch() { if (p) cudaFree(p); }
 };
 
-// The small-M GEMM kernel's fastest configuration for a shape (lower_gemm_small.cc); ms per launch
-// as tuning.h times it, < 0 when none could run. (The Hopper GEMM's choice uses it too, split 1.)
-struct GemmSmallChoice {
-  int bn = 0, split = 0;
+// The Hopper GEMM's fastest tile width for a shape (lower_gemm_sm90.cc); ms per launch as tuning.h
+// times it, < 0 when no tile could run.
+struct GemmSm90Choice {
+  int bn = 0;
   float ms = -1;
 };
 
@@ -177,7 +166,6 @@ class Lowering {
 
   // Results, read by the engine after lowering.
   std::vector<Step> steps;
-  std::vector<L2Prefetch> prefetches;      // in step order (plan_l2_prefetch)
   std::vector<size_t> buffer_bytes;        // per arena buffer id
   std::vector<std::vector<char>> weight_data;  // per weight id, host bytes to upload
   std::vector<NodePlacement> placements;
@@ -196,9 +184,7 @@ class Lowering {
   void* build_workspace = nullptr;     // device scratch for autotuning, opt.workspace_bytes
   std::map<std::string, cublasLtMatmulAlgo_t> gemm_algos;  // chosen per GEMM shape + epilogue
   std::map<std::string, float> gemm_algo_ms;                // the chosen algorithm's timing (autotuned)
-  std::map<std::string, GemmSmallChoice> gemm_small_choices;  // timed per shape + epilogue
-  std::map<int, Ref> transposed_weights;                   // weight id -> its [N,K] copy (small-M kernel)
-  std::map<std::string, GemmSmallChoice> gemm_sm90_choices;  // Hopper GEMM tile, timed per shape + epilogue
+  std::map<std::string, GemmSm90Choice> gemm_sm90_choices;  // Hopper GEMM tile, timed per shape + epilogue
   std::map<int, Ref> weights_kn;                           // [N,K] weight id -> its [K,N] copy (Hopper GEMM)
 
  private:
@@ -247,7 +233,7 @@ struct Epilogue {
   float alpha = 1, beta = 0;
 };
 
-// Build-time timing scratch for kiln's 16-bit product kernels on shape s (time_small, time_sm90):
+// Build-time timing scratch for kiln's 16-bit product kernel on shape s (time_sm90):
 // the rotating operands (tuning.h), an output and a bias of 1.06s. ok() is false when an allocation
 // failed (the candidates are then not timed).
 struct ProductScratch {
@@ -263,33 +249,16 @@ struct ProductScratch {
 Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s,
                  const Epilogue& ep, Ref y, k::DT dt);
 
-// The small-M split-K kernel instead of cuBLASLt when it applies and its build-time timing beats
-// lt_ms (cuBLASLt's chosen algorithm, same method; <= 0: not timed, keep cuBLASLt). True when it
-// emitted the step; when it was timed and lost, `lost` says by how much, for the build report
-// (lower_gemm_small.cc).
-Expected<bool> try_emit_gemm_small(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s,
-                                   const Epilogue& ep, Ref y, k::DT dt, float lt_ms, std::string* lost);
-
 // The 16-bit weight w, held on the host as a row-major [rows, cols] matrix, transposed to [cols, rows]
-// and uploaded once; `cache` maps w's id to the copy (the small-M kernel wants Wt[N,K], the Hopper
-// GEMM B[K,N]).
+// and uploaded once; `cache` maps w's id to the copy (the Hopper GEMM wants B[K,N]).
 Expected<Ref> transposed_weight(Lowering& L, const DevValue* w, int64_t rows, int64_t cols, std::map<int, Ref>& cache);
 
-// After emitting a product of activation act_in and weight w (read as `as_read`: w itself or a
-// re-laid-out copy of it): a weight larger than the activations read and written (small batch) is
-// worth fetching into L2 ahead of the step (prefetch.cc), so the step records it.
-void mark_streamed_weight(Lowering& L, const DevValue* act_in, const DevValue* w, Ref as_read, const GemmShape& s,
-                          k::DT dt);
-
-// The Hopper GEMM (CUTLASS, programmatic dependent launch) instead of cuBLASLt, on the same terms
-// as try_emit_gemm_small (lower_gemm_sm90.cc); its step triggers its dependents early.
+// The Hopper GEMM (CUTLASS, programmatic dependent launch) instead of cuBLASLt when it applies and
+// its build-time timing beats lt_ms (cuBLASLt's chosen algorithm, same method; <= 0: not timed, keep
+// cuBLASLt). True when it emitted the step, which triggers its dependents early; when it was timed
+// and lost, `lost` says by how much, for the build report (lower_gemm_sm90.cc).
 Expected<bool> try_emit_gemm_sm90(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s,
                                   const Epilogue& ep, Ref y, k::DT dt, float lt_ms, std::string* lost);
-
-// Plans L2 prefetches of the steps' streamed weights (prefetch.cc), after lowering: consecutive
-// streamed weights are grouped up to L.options().l2_prefetch_bytes, and each group is fetched while
-// the previous group's first step runs.
-void plan_l2_prefetch(Lowering& L);
 
 // Convenience for lowering functions.
 #define KILN_UNSUPPORTED(...) return KILN_ERROR(kUnsupported, __VA_ARGS__)

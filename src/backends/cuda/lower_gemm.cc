@@ -212,14 +212,10 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
   KILN_ASSIGN_OR_RETURN(cublasLtMatmulAlgo_t algo, pick_lt_algo(L, desc, la, lb, ld, s, ep, dt, key));
   auto timed = L.gemm_algo_ms.find(key);
   const float lt_ms = timed == L.gemm_algo_ms.end() ? -1.0f : timed->second;
-  // The small-M kernel first: it is off unless forced (tests, experiments), and then it must win.
-  // lost: what the timed kernels that lost to cuBLASLt measured, for the report.
-  std::string small_lost, sm90_lost;
-  KILN_ASSIGN_OR_RETURN(bool small, try_emit_gemm_small(L, n, a, b, s, ep, y, dt, lt_ms, &small_lost));
-  if (small) return Status::ok();
-  KILN_ASSIGN_OR_RETURN(bool sm90, try_emit_gemm_sm90(L, n, a, b, s, ep, y, dt, lt_ms, &sm90_lost));
+  // lost: what the Hopper GEMM measured when it was timed and lost to cuBLASLt, for the report.
+  std::string lost;
+  KILN_ASSIGN_OR_RETURN(bool sm90, try_emit_gemm_sm90(L, n, a, b, s, ep, y, dt, lt_ms, &lost));
   if (sm90) return Status::ok();
-  const std::string lost = sm90_lost + small_lost;
   Ref ar = a->ref, br = b->ref, bias = ep.bias ? ep.bias->ref : Ref{}, cr = ep.c ? ep.c->ref : Ref{};
   bool has_bias = ep.bias != nullptr, has_c = ep.c != nullptr;
   float alpha = ep.alpha, beta = has_c ? ep.beta : 0.0f;
@@ -247,8 +243,6 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
                                  c.workspace, c.workspace_bytes, c.stream));
     return Status::ok();
   });
-  const DevValue* w = b->ref.weight ? b : a->ref.weight ? a : nullptr;
-  if (w) mark_streamed_weight(L, w == b ? a : b, w, w->ref, s, dt);
   return Status::ok();
 }
 
@@ -273,16 +267,6 @@ Expected<Ref> transposed_weight(Lowering& L, const DevValue* w, int64_t rows, in
   KILN_ASSIGN_OR_RETURN(Ref t, L.upload_raw(dst.data(), dst.size() * 2));
   cache[w->ref.id] = t;
   return t;
-}
-
-void mark_streamed_weight(Lowering& L, const DevValue* act_in, const DevValue* w, Ref as_read, const GemmShape& s,
-                          k::DT dt) {
-  // (the residual input is not counted: an estimate of what dominates)
-  const size_t act = act_in->bytes() + size_t(s.m * s.n * s.batch) * size_t(k::dt_size(dt));
-  if (w->bytes() <= act) return;
-  L.steps.back().streamed = as_read;
-  // The uploaded bytes, so that a prefetch never runs past the weight (its view may be smaller).
-  L.steps.back().streamed_bytes = std::min(w->bytes(), L.weight_data[size_t(as_read.id)].size());
 }
 
 namespace {

@@ -11,12 +11,9 @@
 // The candidates (CTA tiles 64x32 and 64x64) are timed by pick_lt_algo's method (tuning.h: back to
 // back in a captured graph, weights cold in L2), with programmatic serialization on when the step
 // before triggers its dependents (then the launches overlap as they will in the forward) and off
-// otherwise (cuBLASLt's terms); they replace cuBLASLt only where faster.
-//
-// Knobs for experiments on a GPU machine: KILN_GEMM_SM90=1 forces the kernel wherever it applies
-// (the op harness: BuildOptions::gemm_sm90 = 1), -1 keeps it off.
-#include <cstdlib>
-
+// otherwise (cuBLASLt's terms); they replace cuBLASLt only where faster. BuildOptions::gemm_sm90
+// forces the kernel wherever it applies (1: the op harness) or keeps it off (-1), and
+// BuildOptions::gemm_sm90_tile restricts the candidates to one tile width.
 #include "backends/cuda/lower.h"
 #include "backends/cuda/tuning.h"
 
@@ -35,8 +32,8 @@ Expected<Ref> weight_kn(Lowering& L, const DevValue* b, const GemmShape& s) {
 }
 
 // The fastest tile, timed as pick_lt_algo times cuBLASLt's candidates; bn = 0 when none ran.
-Expected<GemmSmallChoice> time_sm90(const GemmShape& s, const Epilogue& ep, k::DT dt, int act, int only_bn, bool overlap) {
-  GemmSmallChoice best;
+Expected<GemmSm90Choice> time_sm90(const GemmShape& s, const Epilogue& ep, k::DT dt, int act, int only_bn, bool overlap) {
+  GemmSm90Choice best;
   ProductScratch t(s, ep.c != nullptr);
   for (int bn : {32, 64}) {
     if (!t.ok() || (only_bn && bn != only_bn) || k::gemm_sm90_prepare(dt, bn, act) != cudaSuccess) continue;
@@ -60,7 +57,7 @@ Expected<GemmSmallChoice> time_sm90(const GemmShape& s, const Epilogue& ep, k::D
       return k::gemm_sm90(dt, gi, stream) == cudaSuccess;
     };
     const float ms = time_in_graph(t.op.launches, launch);  // -1: a tile that cannot run
-    if (ms > 0 && (best.ms < 0 || ms < best.ms)) best = {bn, 1, ms};
+    if (ms > 0 && (best.ms < 0 || ms < best.ms)) best = {bn, ms};
   }
   KILN_RETURN_IF_ERROR(finish_timing(fmt::format("the Hopper GEMM for m={} n={} k={}", s.m, s.n, s.k)));
   return best;
@@ -71,8 +68,7 @@ Expected<GemmSmallChoice> time_sm90(const GemmShape& s, const Epilogue& ep, k::D
 Expected<bool> try_emit_gemm_sm90(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s,
                                   const Epilogue& ep, Ref y, k::DT dt, float lt_ms, std::string* lost) {
   const int act = act_code(ep.act);
-  int mode = L.options().gemm_sm90;
-  if (const char* e = std::getenv("KILN_GEMM_SM90"); e && *e) mode = std::atoi(e) > 0 ? 1 : std::atoi(e) < 0 ? -1 : 0;
+  const int mode = L.options().gemm_sm90;
   // Few rows only: at large M the launch gap is a small share and cuBLASLt's tiles are the faster.
   constexpr int64_t kMaxRows = 2048;
   if (mode < 0 || !k::gemm_sm90_available() || (mode == 0 && (!L.options().autotune || lt_ms <= 0)) || act < 0 ||
@@ -86,9 +82,7 @@ Expected<bool> try_emit_gemm_sm90(Lowering& L, const Node& n, const DevValue* a,
       fmt::format("{} {} {} {} {} {} {} {}", s.m, s.n, s.k, int(dt), act, ep.bias != nullptr, ep.c != nullptr, overlap);
   auto it = L.gemm_sm90_choices.find(key);
   if (it == L.gemm_sm90_choices.end()) {
-    int only_bn = 0;  // KILN_GEMM_SM90_TILE=32|64: time only that tile (the op harness covers both)
-    if (const char* e = std::getenv("KILN_GEMM_SM90_TILE"); e && *e) only_bn = std::atoi(e);
-    KILN_ASSIGN_OR_RETURN(GemmSmallChoice timed, time_sm90(s, ep, dt, act, only_bn, overlap));
+    KILN_ASSIGN_OR_RETURN(GemmSm90Choice timed, time_sm90(s, ep, dt, act, L.options().gemm_sm90_tile, overlap));
     it = L.gemm_sm90_choices.emplace(key, timed).first;
   }
   const int bn = it->second.bn;
@@ -131,7 +125,6 @@ Expected<bool> try_emit_gemm_sm90(Lowering& L, const Node& n, const DevValue* a,
     return cuda_status(k::gemm_sm90(dt, g, c.stream), "gemm_sm90");
   });
   L.steps.back().triggers_dependents = true;
-  mark_streamed_weight(L, a, b, wkn, s, dt);
   return true;
 }
 

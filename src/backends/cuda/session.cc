@@ -31,25 +31,19 @@ class CudaSession : public Session {
   explicit CudaSession(std::shared_ptr<EngineImpl> e) : e_(std::move(e)) {}
   ~CudaSession() override {
     if (exec_) cudaGraphExecDestroy(exec_);
-    if (fork_) cudaEventDestroy(fork_);
-    if (join_) cudaEventDestroy(join_);
-    if (side_) cudaStreamDestroy(side_);
     if (dnn_) cudnnDestroy(dnn_);
     if (lt_) cublasLtDestroy(lt_);
+    if (io_event_) cudaEventDestroy(io_event_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
   Status init() {
     const Lowering& L = *e_->lowering;
     KILN_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    KILN_CUDA_TRY(cudaEventCreateWithFlags(&io_event_, cudaEventDisableTiming));
     KILN_CUDA_TRY(cublasLtCreate(&lt_));
     KILN_CUDA_TRY(cudnnCreate(&dnn_));
     KILN_CUDA_TRY(cudnnSetStream(dnn_, stream_));
-    if (!L.prefetches.empty()) {
-      KILN_CUDA_TRY(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
-      KILN_CUDA_TRY(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
-      KILN_CUDA_TRY(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
-    }
     bytes_ = align_up(e_->rep.arena_peak) + align_up(e_->opt.workspace_bytes) +
              align_up(sizeof(int) * size_t(std::max(1, L.bad_index_slots())));
     KILN_CUDA_TRY(cudaMalloc(&mem_.p, bytes_));
@@ -141,12 +135,10 @@ class CudaSession : public Session {
     // The profiled forward alone is what `ncu --profile-from-start off` sees (not the build's
     // autotuning launches); both calls are no-ops without a profiler attached.
     cudaProfilerStart();
-    size_t next_prefetch = 0;
     for (size_t i = 0; st && i < steps.size(); ++i) {
       st = cuda_status(cudaEventRecord(ev[i], stream_), "cudaEventRecord");
-      if (st) st = run_step(i, next_prefetch);
+      if (st) st = run_step(i);
     }
-    if (st) st = join_prefetches(next_prefetch);
     if (st) st = cuda_status(cudaEventRecord(ev.back(), stream_), "cudaEventRecord");
     if (st) st = cuda_status(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     cudaProfilerStop();
@@ -165,41 +157,61 @@ class CudaSession : public Session {
 
   size_t device_bytes() const override { return bytes_; }
 
+  Status run_buffers(const std::vector<IoBuffer>& inputs, const std::vector<IoBuffer>& outputs, void* stream) override {
+    const Graph& g = e_->graph;
+    auto check = [](const char* what, size_t i, const Value* v, const DevValue& d, const IoBuffer& b) -> Status {
+      if (b.dtype != v->type.dtype || b.dims != d.dims) {
+        return KILN_ERROR(kInvalidArgument, "{} {} ('{}'): got {}{}, the engine takes {}{}", what, i, v->name,
+                          dtype_name(b.dtype), dims_to_string(b.dims), dtype_name(v->type.dtype), dims_to_string(d.dims));
+      }
+      if (!b.data && d.numel() > 0) return KILN_ERROR(kInvalidArgument, "{} {} ('{}'): null data", what, i, v->name);
+      return Status::ok();
+    };
+    if (inputs.size() != e_->input_stage.size() || outputs.size() != e_->output_stage.size()) {
+      return KILN_ERROR(kInvalidArgument, "expected {} inputs and {} outputs, got {} and {}", e_->input_stage.size(),
+                        e_->output_stage.size(), inputs.size(), outputs.size());
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) KILN_RETURN_IF_ERROR(check("input", i, g.inputs[i], e_->input_stage[i], inputs[i]));
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      KILN_RETURN_IF_ERROR(check("output", i, g.outputs[i], e_->output_stage[i], outputs[i]));
+    }
+    // The forward starts after the caller's queued work (which may be producing the inputs).
+    auto caller = static_cast<cudaStream_t>(stream);
+    KILN_CUDA_TRY(cudaEventRecord(io_event_, caller));
+    KILN_CUDA_TRY(cudaStreamWaitEvent(stream_, io_event_));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const DevValue& d = e_->input_stage[i];
+      KILN_CUDA_TRY(cudaMemcpyAsync(ctx_.ptr(d.ref), inputs[i].data, d.bytes(),
+                                    inputs[i].on_device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice, stream_));
+    }
+    const Lowering& L = *e_->lowering;
+    if (L.bad_index_slots()) {
+      KILN_CUDA_TRY(cudaMemsetAsync(ctx_.bad_index, 0, sizeof(int) * size_t(L.bad_index_slots()), stream_));
+    }
+    KILN_RETURN_IF_ERROR(enqueue(false));
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const DevValue& d = e_->output_stage[i];
+      KILN_CUDA_TRY(cudaMemcpyAsync(outputs[i].data, ctx_.ptr(d.ref), d.bytes(),
+                                    outputs[i].on_device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost, stream_));
+    }
+    if (L.bad_index_slots()) {
+      KILN_CUDA_TRY(cudaMemcpyAsync(bad_host_, ctx_.bad_index, sizeof(int) * size_t(L.bad_index_slots()),
+                                    cudaMemcpyDeviceToHost, stream_));
+    }
+    KILN_CUDA_TRY(cudaStreamSynchronize(stream_));
+    return check_bad_indices();
+  }
+
  private:
   Status run_steps() {
-    size_t next_prefetch = 0;
-    for (size_t i = 0; i < e_->lowering->steps.size(); ++i) KILN_RETURN_IF_ERROR(run_step(i, next_prefetch));
-    return join_prefetches(next_prefetch);
+    for (size_t i = 0; i < e_->lowering->steps.size(); ++i) KILN_RETURN_IF_ERROR(run_step(i));
+    return Status::ok();
   }
 
-  // Step i, after forking the L2 prefetches planned to start with it onto the side stream.
-  Status run_step(size_t i, size_t& next_prefetch) {
-    const Lowering& L = *e_->lowering;
-    for (; next_prefetch < L.prefetches.size() && L.prefetches[next_prefetch].before == i; ++next_prefetch) {
-      k::L2Ranges r;
-      for (const auto& [ref, bytes] : L.prefetches[next_prefetch].ranges) {
-        r.p[r.n] = ctx_.ptr(ref);
-        r.bytes[r.n++] = bytes;
-      }
-      KILN_CUDA_TRY(cudaEventRecord(fork_, stream_));
-      KILN_CUDA_TRY(cudaStreamWaitEvent(side_, fork_));
-      KILN_CUDA_TRY(k::l2_prefetch(r, side_));
-    }
-    const Step& s = L.steps[i];
+  Status run_step(size_t i) {
+    const Step& s = e_->lowering->steps[i];
     Status st = s.fn(ctx_);
     return st ? st : st.with_context(s.label);
-  }
-
-  // The side stream rejoins the main one (graph capture requires it; it also keeps a forward's
-  // prefetches from overlapping the next forward's inputs being staged).
-  Status join_prefetches(size_t launched) {
-    if (launched != e_->lowering->prefetches.size()) {  // plan_l2_prefetch orders them by step
-      return KILN_ERROR(kInternal, "{} of {} L2 prefetches launched", launched, e_->lowering->prefetches.size());
-    }
-    if (launched == 0) return Status::ok();
-    KILN_CUDA_TRY(cudaEventRecord(join_, side_));
-    KILN_CUDA_TRY(cudaStreamWaitEvent(stream_, join_));
-    return Status::ok();
   }
 
   Status capture() {
@@ -273,11 +285,10 @@ class CudaSession : public Session {
 
   std::shared_ptr<EngineImpl> e_;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t io_event_ = nullptr;  // orders run_buffers after the caller's stream
   cublasLtHandle_t lt_ = nullptr;
   cudnnHandle_t dnn_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
-  cudaStream_t side_ = nullptr;  // L2 prefetches (Lowering::prefetches)
-  cudaEvent_t fork_ = nullptr, join_ = nullptr;
   DeviceMem mem_;
   PinnedMem pinned_;
   size_t bytes_ = 0;
@@ -375,9 +386,6 @@ void EngineImpl::finish_report(double build_ms) {
   rep.steps = int(L.steps.size());
   rep.cpu_steps = 0;
   for (const Step& s : L.steps) rep.cpu_steps += s.host;
-  rep.l2_prefetches = int(L.prefetches.size());
-  rep.l2_prefetch_bytes = 0;
-  for (const L2Prefetch& p : L.prefetches) rep.l2_prefetch_bytes += p.bytes;
   rep.cuda_graph = opt.cuda_graph && rep.cpu_steps == 0;
   if (!opt.cuda_graph) rep.no_graph_reason = "disabled";
   else if (rep.cpu_steps) rep.no_graph_reason = fmt::format("{} step(s) run on the CPU", rep.cpu_steps);
@@ -410,10 +418,6 @@ std::string BuildReport::to_text() const {
   out += fmt::format("weights: {:.2f} MiB; activation arena: {:.2f} MiB planned (naive sum {:.2f} MiB, liveness lower "
                      "bound {:.2f} MiB); workspace {:.1f} MiB\n",
                      mib(weight_bytes), mib(arena_peak), mib(arena_naive), mib(arena_lower_bound), mib(workspace_bytes));
-  if (l2_prefetches) {
-    out += fmt::format("L2 prefetch: {} side-stream launches fetch {:.2f} MiB of weights one group ahead of the "
-                       "GEMMs that stream them\n", l2_prefetches, mib(l2_prefetch_bytes));
-  }
   out += fmt::format("build: {:.1f} ms\n", build_ms);
   out += "placement:\n";
   for (const NodePlacement& n : nodes) {

@@ -1,5 +1,5 @@
 // Build-time timing of library and kiln kernels as they run inside a forward (pick_lt_algo,
-// time_small): back to back, captured in one CUDA graph, each launch's weight cold in L2.
+// time_sm90): back to back, captured in one CUDA graph, each launch's weight cold in L2.
 //
 //   ProductOperands op(a_bytes, w_bytes, d_bytes, has_residual);
 //   for (each candidate) {

@@ -202,39 +202,4 @@ cudaError_t gather(int elem_bytes, const void* data, int64_t outer, int64_t axis
   });
 }
 
-namespace {
-
-constexpr unsigned kPrefetchChunk = 32u << 10;  // bytes per bulk prefetch instruction
-constexpr int kPrefetchMaxBlocks = 32;
-
-// Each thread of the grid issues every (gridDim.x * 32)-th chunk of every range.
-__global__ void __launch_bounds__(32) l2_prefetch_kernel(L2Ranges r) {
-  const unsigned long long step = 1ull * gridDim.x * blockDim.x * kPrefetchChunk;
-  for (int i = 0; i < r.n; ++i) {
-    const char* p = static_cast<const char*>(r.p[i]);
-    for (unsigned long long off = (1ull * blockIdx.x * blockDim.x + threadIdx.x) * kPrefetchChunk; off < r.bytes[i];
-         off += step) {
-      const unsigned size = unsigned(r.bytes[i] - off < kPrefetchChunk ? r.bytes[i] - off : kPrefetchChunk);
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + off), "r"(size) : "memory");
-    }
-  }
-}
-
-}  // namespace
-
-cudaError_t l2_prefetch(const L2Ranges& r, cudaStream_t s) {
-  if (r.n < 0 || r.n > L2Ranges::kMax) return cudaErrorInvalidValue;
-  unsigned long long total = 0;
-  for (int i = 0; i < r.n; ++i) {
-    if (!aligned_to(r.p[i], 16) || r.bytes[i] % 16) return cudaErrorInvalidValue;
-    total += r.bytes[i];
-  }
-  if (total == 0) return cudaSuccess;
-  // About 256 KiB per CTA: enough requests in flight without taking more than a few SMs.
-  const unsigned long long per_block = 8ull * kPrefetchChunk;
-  const int blocks = int(std::min<unsigned long long>(kPrefetchMaxBlocks, (total + per_block - 1) / per_block));
-  l2_prefetch_kernel<<<blocks, 32, 0, s>>>(r);
-  return cudaGetLastError();
-}
-
 }  // namespace kiln::cuda::k

@@ -193,32 +193,6 @@ bool attention_row_mask(const AttentionShape& sh, DT mask_dt);
 cudaError_t attention(DT dt, const void* q, const void* k, const void* v, const void* mask, DT mask_dt, void* o,
                       const AttentionShape& sh, float scale, cudaStream_t s);
 
-// ---- small-M GEMM (gemm_small.cu) -----------------------------------------------------------------
-
-// D[M,N] = act(alpha * A[M,K] . Wt[N,K]^T + beta * C[M,N] + bias[N]), row-major, contiguous; kF16 or
-// kBF16, f32 accumulation; act 0 none, 1 relu, 2 gelu (tanh form, as cuBLASLt's epilogue). The grid
-// is N/bn column slices (bn 32, 64 or 128) x `split` K slices (a thread-block cluster that sums its
-// partials through distributed shared memory) x ceil(M/128) row blocks; each CTA holds its whole K
-// slice of both operands in shared memory (gemm_small_supported says whether it fits). bias and c
-// may be null. For M up to 512; pointers 16-byte aligned. `pdl`: launched with programmatic stream
-// serialization, so it may start (and stream its weight slice) while the kernel before it in the
-// stream finishes. gemm_small_prepare once per (dt, bn) before the first launch (it raises the
-// kernel's shared-memory limit; not a stream operation, so outside graph capture).
-struct GemmSmallArgs {
-  const void* a = nullptr;
-  const void* wt = nullptr;
-  const void* bias = nullptr;
-  const void* c = nullptr;
-  void* d = nullptr;
-  int64_t m = 0, n = 0, k = 0;
-  int bn = 64, split = 1, act = 0;
-  float alpha = 1, beta = 0;
-  bool pdl = true;
-};
-bool gemm_small_supported(DT dt, int64_t m, int64_t n, int64_t k, int bn, int split);
-cudaError_t gemm_small_prepare(DT dt, int bn);
-cudaError_t gemm_small(DT dt, const GemmSmallArgs& g, cudaStream_t s);
-
 // ---- Hopper GEMM (kernels_cutlass/gemm_sm90.cu, CUTLASS 3 collectives) ----------------------------
 
 // D[M,N] = act(alpha * A[M,K] . B[K,N] + beta * C[M,N] + bias[N]): A row-major with leading
@@ -244,20 +218,6 @@ struct GemmSm90Args {
 bool gemm_sm90_available();
 cudaError_t gemm_sm90_prepare(DT dt, int bn, int act);
 cudaError_t gemm_sm90(DT dt, const GemmSm90Args& g, cudaStream_t s);
-
-// ---- L2 prefetch ----------------------------------------------------------------------------------
-
-// Asks L2 to fetch byte ranges of global memory that a later kernel will stream (sm_90 bulk
-// prefetch: a hint with no completion and no effect on any result). Each range's pointer and size
-// must be multiples of 16. The grid is small (at most 32 CTAs of one warp) so that it runs
-// beside the kernels of the main stream.
-struct L2Ranges {
-  static constexpr int kMax = 8;
-  const void* p[kMax] = {};
-  unsigned long long bytes[kMax] = {};
-  int n = 0;
-};
-cudaError_t l2_prefetch(const L2Ranges& r, cudaStream_t s);
 
 // ---- generators ----------------------------------------------------------------------------------
 

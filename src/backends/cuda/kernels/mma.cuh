@@ -1,5 +1,5 @@
-// Tensor-core and asynchronous-copy primitives shared by the hand-written matrix kernels
-// (attention.cu, gemm_small.cu): mma.sync m16n8k16 with f32 accumulators, ldmatrix, cp.async.
+// Tensor-core and asynchronous-copy primitives for the hand-written matrix kernels
+// (attention.cu): mma.sync m16n8k16 with f32 accumulators, ldmatrix, cp.async.
 //
 // Fragment layouts of mma.m16n8k16 (g = lane / 4, t = lane % 4; pairs are consecutive columns):
 //   A 16x16: a0 (g, 2t..), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)

@@ -1,0 +1,156 @@
+// Build an engine from an ONNX model once, save it, load it anywhere it can run, and run it from
+// as many sessions as you like.
+//
+//   kiln::BuildConfig config;
+//   config.precision = kiln::Precision::kFp16;
+//   config.shapes["input"] = {1, 3, 224, 224};
+//   kiln::Expected<kiln::Engine> engine = kiln::build("resnet50.onnx", config);
+//   if (!engine) return fail(engine.status());
+//   engine->save("resnet50.kiln");                       // later: kiln::Engine::load("resnet50.kiln")
+//
+//   kiln::Expected<kiln::Session> session = engine->create_session();
+//   std::vector<float> image(1 * 3 * 224 * 224);
+//   kiln::TensorView in{kiln::DType::kFloat32, {1, 3, 224, 224}, image.data()};
+//   kiln::Expected<std::vector<kiln::HostTensor>> out = session->run({in});
+//   const float* scores = out->at(0).data<float>();
+//
+// An Engine is immutable and cheap to copy (copies share it); its sessions share its weights, and
+// each session owns its own activation memory and stream, so sessions run concurrently on
+// different threads. One session is used by one thread at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/dtype.h"
+#include "kiln/status.h"
+#include "kiln/tensor.h"
+
+namespace kiln {
+
+enum class Device {
+  kAuto,  // the GPU when one is usable, else the CPU (with a one-line warning)
+  kCpu,   // the CPU reference backend
+  kCuda,  // the GPU; an error if there is none
+};
+std::string_view device_name(Device d);  // "auto", "cpu", "cuda"
+
+enum class Precision {
+  kFp32,
+  kTf32,  // fp32 storage, tf32 tensor-core products
+  kFp16,  // half storage, fp32 accumulation and statistics
+  kBf16,
+};
+std::string_view precision_name(Precision p);  // "fp32", "tf32", "fp16", "bf16"
+
+// Everything that shapes an engine. It is recorded in the engine file, so a loaded engine says how
+// it was built. Defaults are what `kiln build model.onnx` does.
+struct BuildConfig {
+  Device device = Device::kAuto;
+  Precision precision = Precision::kFp32;  // GPU builds; the CPU backend computes in fp32
+  // Concrete dims for inputs ("input_ids" -> {1, 128}); a symbol bound in one input is bound in
+  // every input that shares it.
+  std::map<std::string, std::vector<int64_t>> shapes;
+  int64_t batch = 0;  // > 0: binds every input's leading symbolic dim to it
+  std::vector<std::string> disabled_passes;  // graph passes to skip, by name ("fuse-attention")
+
+  bool autotune = true;      // time library algorithms and kiln's kernels at build (else heuristics)
+  bool cuda_graph = true;    // replay each forward as one CUDA graph
+  size_t workspace_bytes = size_t(64) << 20;  // scratch shared by cuBLASLt and cuDNN per session
+  // The GPU memory one session of this engine may hold (weights + arena + workspace); 0: no limit.
+  // A plan over it fails at build, before anything large is allocated.
+  size_t memory_budget_bytes = 0;
+
+  // CUDA kernel choices. The Hopper GEMM (CUTLASS, up to 2048 rows, 16-bit): 0 where its build-time
+  // timing beats cuBLASLt's, 1 wherever it applies, -1 never.
+  int gemm_sm90 = 0;
+  int gemm_sm90_tile = 0;  // > 0: only this tile width (columns) is considered (kernel studies)
+
+  // Diagnostics to stderr while building (not recorded in the engine): the IR after a pass (its
+  // name, or "all"), and each pass's time and node counts.
+  std::string dump_ir_after;
+  bool print_pass_report = false;
+};
+
+// An input or output of an engine. dims[i] < 0: not fixed by the engine (a symbolic dim).
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+};
+
+class Session;
+
+class Engine {
+ public:
+  // Reads a .kiln file written by save(). No ONNX is read, no pass runs and nothing is timed. An
+  // engine that cannot run here (other format version, truncated or corrupted file, built for
+  // another GPU or other library versions) is an error saying which.
+  static Expected<Engine> load(const std::string& path);
+  static Expected<Engine> load_bytes(const void* data, size_t size, const std::string& name = "<memory>");
+  // Writes the engine atomically (a temporary file renamed into place): an error leaves no file.
+  Status save(const std::string& path) const;
+  Expected<std::string> serialize() const;
+
+  const std::vector<TensorInfo>& inputs() const;
+  const std::vector<TensorInfo>& outputs() const;
+  Device device() const;  // kCpu or kCuda: where it runs
+  const BuildConfig& config() const;
+  std::string report() const;  // the build report: placement and kernel of every node, memory plan
+  double build_ms() const;     // 0 for a loaded engine
+  size_t weight_bytes() const; // weights as the engine holds them (device bytes on the GPU)
+
+  Expected<Session> create_session() const;
+
+  struct Impl;
+  explicit Engine(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  const std::shared_ptr<const Impl>& impl() const { return impl_; }
+
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+// Imports an ONNX model, optimizes it and builds an engine for config.device.
+Expected<Engine> build(const std::string& onnx_path, const BuildConfig& config = {});
+// The same from a model in memory; external data is read relative to base_dir ("" refuses it).
+Expected<Engine> build_from_bytes(const void* data, size_t size, const BuildConfig& config = {},
+                                  const std::string& base_dir = "");
+
+struct StepTime {
+  std::string step;  // the node and its implementation
+  double ms = 0;
+};
+
+class Session {
+ public:
+  // Inputs in engine.inputs() order, host memory; outputs in engine.outputs() order. A wrong
+  // count, dtype, rank or dim is an error naming the input; the session stays usable.
+  Expected<std::vector<HostTensor>> run(const std::vector<TensorView>& inputs);
+  // Device pointers (TensorView::on_device) on a GPU engine: reads inputs and writes outputs in
+  // place, ordered after the work already on `cuda_stream` (a cudaStream_t; null: the default
+  // stream), and returns once the outputs are written. Host views work here too.
+  Status run(const std::vector<TensorView>& inputs, const std::vector<TensorView>& outputs,
+             void* cuda_stream = nullptr);
+
+  // Times `iterations` forwards after `warmup` with the inputs staged once: milliseconds each
+  // (CUDA events around each graph replay on the GPU, the wall clock on the CPU).
+  Expected<std::vector<double>> benchmark(const std::vector<TensorView>& inputs, int warmup, int iterations);
+  // One forward step by step with a timer around each step (GPU; empty on the CPU).
+  Expected<std::vector<StepTime>> profile(const std::vector<TensorView>& inputs);
+  size_t device_bytes() const;  // device memory this session holds beyond the engine's weights
+
+  struct Impl;
+  explicit Session(std::unique_ptr<Impl> impl);
+  Session(Session&&) noexcept;
+  Session& operator=(Session&&) noexcept;
+  ~Session();
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,105 @@
+// kiln::build: import, bind shapes, optimize, then plan for the chosen device. The CLI, the
+// examples and (later) the Python package and the server all build through here.
+#include <chrono>
+#include <cstdio>
+
+#include "api/engine_impl.h"
+#include "frontend/onnx/importer.h"
+#include "ops/infer.h"
+#include "passes/pipeline.h"
+
+namespace kiln {
+
+namespace {
+
+// BuildConfig::batch: binds the leading dim of every input whose leading dim is symbolic (an input
+// with a fixed, different batch, or with other symbolic dims, is an error naming it).
+Status add_batch_bindings(const Graph& g, int64_t batch, std::map<std::string, std::vector<int64_t>>& shapes) {
+  if (batch == 0) return Status::ok();
+  if (batch < 0) return KILN_ERROR(kInvalidArgument, "batch {}: expected a positive number", batch);
+  for (const Value* v : g.inputs) {
+    if (shapes.count(v->name) || v->constant || !v->type.shape || v->type.shape->rank() == 0) continue;
+    const auto& dims = v->type.shape->dims;
+    if (dims[0].is_static()) {
+      if (dims[0].value() != batch) {
+        return KILN_ERROR(kInvalidArgument, "batch {}: input '{}' has a fixed batch of {} ({})", batch, v->name,
+                          dims[0].value(), v->type.shape->to_string());
+      }
+      continue;
+    }
+    std::vector<int64_t> bound = {batch};
+    for (size_t i = 1; i < dims.size(); ++i) {
+      if (!dims[i].is_static()) {
+        return KILN_ERROR(kInvalidArgument, "batch: input '{}' ({}) has other symbolic dims; give its whole shape",
+                          v->name, v->type.shape->to_string());
+      }
+      bound.push_back(dims[i].value());
+    }
+    shapes[v->name] = bound;
+  }
+  return Status::ok();
+}
+
+Expected<Engine> build_model(Model m, const BuildConfig& config) {
+  auto t0 = std::chrono::steady_clock::now();
+  Graph& g = *m.graph;
+  std::map<std::string, std::vector<int64_t>> shapes = config.shapes;
+  KILN_RETURN_IF_ERROR(add_batch_bindings(g, config.batch, shapes));
+  KILN_RETURN_IF_ERROR(bind_input_shapes(g, shapes));
+  KILN_RETURN_IF_ERROR(infer_types(g));
+  // The default pipeline, for every device: the CPU gains as much as the GPU from fewer nodes, and
+  // both then run the same graph.
+  PassOptions po;
+  po.disabled = config.disabled_passes;
+  po.dump_ir_after = config.dump_ir_after;
+  KILN_ASSIGN_OR_RETURN(PassReport pr, run_passes(g, default_pipeline(), po));
+  if (config.print_pass_report) std::fprintf(stderr, "%s", pr.to_text().c_str());
+
+  auto impl = std::make_shared<Engine::Impl>();
+  impl->config = config;
+  impl->inputs = tensor_infos(g.inputs);
+  impl->outputs = tensor_infos(g.outputs);
+  Device want = config.device;
+  std::string why;
+  bool gpu = want != Device::kCpu && gpu_usable(&why);
+  if (want == Device::kCuda && !gpu) return KILN_ERROR(kUnsupported, "device cuda: no usable GPU: {}", why);
+  // A GPU engine keeps the plan too: it is what its engine file holds.
+  KILN_ASSIGN_OR_RETURN(Plan plan, plan_host(std::move(m.graph), /*require_cpu_kernels=*/!gpu));
+  impl->plan = std::make_shared<const Plan>(std::move(plan));
+  if (gpu) {
+    auto e = build_gpu_engine(impl->plan, config);
+    if (e) {
+      impl->device = Device::kCuda;
+      impl->gpu = std::move(*e);
+      impl->build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      return Engine(std::move(impl));
+    }
+    // Only "cannot run this here" falls back; a GPU fault (out of memory...) is the answer.
+    if (e.status().code() != ErrorCode::kUnsupported || want == Device::kCuda) return e.status();
+    why = e.status().message();
+    KILN_RETURN_IF_ERROR(verify_cpu_kernels(*impl->plan));
+  }
+  if (want == Device::kAuto) std::fprintf(stderr, "kiln: warning: running on the CPU reference backend: %s\n", why.c_str());
+  impl->device = Device::kCpu;
+  impl->report = plan_report(*impl->plan);
+  impl->build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return Engine(std::move(impl));
+}
+
+}  // namespace
+
+Expected<Engine> build(const std::string& onnx_path, const BuildConfig& config) {
+  ImportOptions io;
+  io.infer = false;  // after the shapes are bound
+  KILN_ASSIGN_OR_RETURN(Model m, import_onnx_file(onnx_path, io));
+  return build_model(std::move(m), config);
+}
+
+Expected<Engine> build_from_bytes(const void* data, size_t size, const BuildConfig& config, const std::string& base_dir) {
+  ImportOptions io;
+  io.infer = false;
+  KILN_ASSIGN_OR_RETURN(Model m, import_onnx_bytes(data, size, base_dir, io));
+  return build_model(std::move(m), config);
+}
+
+}  // namespace kiln

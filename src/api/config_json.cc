@@ -1,0 +1,96 @@
+// BuildConfig as JSON (the engine file's record of how it was built) and the names of its enums.
+#include <set>
+
+#include "api/engine_impl.h"
+#include "support/status.h"
+
+namespace kiln {
+
+std::string_view device_name(Device d) {
+  switch (d) {
+    case Device::kAuto: return "auto";
+    case Device::kCpu: return "cpu";
+    case Device::kCuda: return "cuda";
+  }
+  return "?";
+}
+
+std::string_view precision_name(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kTf32: return "tf32";
+    case Precision::kFp16: return "fp16";
+    case Precision::kBf16: return "bf16";
+  }
+  return "?";
+}
+
+nlohmann::json config_to_json(const BuildConfig& c) {
+  nlohmann::json j;
+  j["device"] = std::string(device_name(c.device));
+  j["precision"] = std::string(precision_name(c.precision));
+  j["shapes"] = c.shapes;
+  j["batch"] = c.batch;
+  j["disabled_passes"] = c.disabled_passes;
+  j["autotune"] = c.autotune;
+  j["cuda_graph"] = c.cuda_graph;
+  j["workspace_bytes"] = c.workspace_bytes;
+  j["memory_budget_bytes"] = c.memory_budget_bytes;
+  j["gemm_sm90"] = c.gemm_sm90;
+  j["gemm_sm90_tile"] = c.gemm_sm90_tile;
+  return j;
+}
+
+Expected<BuildConfig> config_from_json(const nlohmann::json& j) {
+  if (!j.is_object()) return KILN_ERROR(kInvalidModel, "build configuration is not a JSON object");
+  static const std::set<std::string> kKeys = {"device", "precision", "shapes", "batch", "disabled_passes", "autotune",
+                                              "cuda_graph", "workspace_bytes", "memory_budget_bytes", "gemm_sm90",
+                                              "gemm_sm90_tile"};
+  for (const auto& [k, v] : j.items()) {
+    if (!kKeys.count(k)) return KILN_ERROR(kInvalidModel, "build configuration has an unknown field '{}'", k);
+  }
+  BuildConfig c;
+  try {
+    std::string dev = j.at("device").get<std::string>();
+    if (dev == "auto") c.device = Device::kAuto;
+    else if (dev == "cpu") c.device = Device::kCpu;
+    else if (dev == "cuda") c.device = Device::kCuda;
+    else return KILN_ERROR(kInvalidModel, "build configuration: unknown device '{}'", dev);
+    std::string prec = j.at("precision").get<std::string>();
+    bool found = false;
+    for (Precision p : {Precision::kFp32, Precision::kTf32, Precision::kFp16, Precision::kBf16}) {
+      if (prec == precision_name(p)) c.precision = p, found = true;
+    }
+    if (!found) return KILN_ERROR(kInvalidModel, "build configuration: unknown precision '{}'", prec);
+    c.shapes = j.at("shapes").get<std::map<std::string, std::vector<int64_t>>>();
+    c.batch = j.at("batch").get<int64_t>();
+    c.disabled_passes = j.at("disabled_passes").get<std::vector<std::string>>();
+    c.autotune = j.at("autotune").get<bool>();
+    c.cuda_graph = j.at("cuda_graph").get<bool>();
+    c.workspace_bytes = j.at("workspace_bytes").get<size_t>();
+    c.memory_budget_bytes = j.at("memory_budget_bytes").get<size_t>();
+    c.gemm_sm90 = j.at("gemm_sm90").get<int>();
+    c.gemm_sm90_tile = j.at("gemm_sm90_tile").get<int>();
+  } catch (const nlohmann::json::exception& e) {
+    return KILN_ERROR(kInvalidModel, "build configuration: {}", e.what());
+  }
+  return c;
+}
+
+std::vector<TensorInfo> tensor_infos(const std::vector<Value*>& values) {
+  std::vector<TensorInfo> out;
+  for (const Value* v : values) {
+    TensorInfo t;
+    t.name = v ? v->name : "";
+    if (v && v->type.kind == Type::Kind::kTensor) {
+      t.dtype = v->type.dtype;
+      if (v->type.shape) {
+        for (const Dim& d : v->type.shape->dims) t.shape.push_back(d.is_static() ? d.value() : -1);
+      }
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+}  // namespace kiln

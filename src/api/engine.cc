@@ -1,0 +1,241 @@
+// kiln::Engine and kiln::Session: saving and loading engine files, sessions over the plan (CPU) or
+// the CUDA engine (gpu.cc), and tensors across the API boundary.
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "api/engine_impl.h"
+#include "backends/backend.h"
+#include "runtime/engine_file.h"
+
+#ifndef KILN_VERSION
+#define KILN_VERSION "0.0.0"
+#endif
+
+namespace kiln {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// A host copy of a view (inputs are copied once: the engine may run after the caller's buffer
+// changes, and its kernels want kiln's own aligned tensors).
+Expected<Data> to_data(const TensorView& v, const TensorInfo& info, size_t index) {
+  if (v.on_device) {
+    return KILN_ERROR(kInvalidArgument, "input {} ('{}'): a device pointer needs Session::run with outputs on a GPU engine",
+                      index, info.name);
+  }
+  for (int64_t d : v.shape) {
+    if (d < 0) return KILN_ERROR(kInvalidArgument, "input {} ('{}'): negative dimension {}", index, info.name, d);
+  }
+  KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(v.dtype, v.shape));
+  if (t.numel() > 0 && !v.data) return KILN_ERROR(kInvalidArgument, "input {} ('{}'): null data", index, info.name);
+  if (v.dtype == DType::kString) {
+    const auto* src = static_cast<const std::string*>(v.data);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<std::string>()[i] = src[i];
+  } else if (t.nbytes()) {
+    std::memcpy(t.raw(), v.data, t.nbytes());
+  }
+  return Data(std::move(t));
+}
+
+Expected<std::vector<Data>> to_data(const std::vector<TensorView>& views, const std::vector<TensorInfo>& infos) {
+  if (views.size() != infos.size()) {
+    return KILN_ERROR(kInvalidArgument, "expected {} inputs, got {}", infos.size(), views.size());
+  }
+  std::vector<Data> out;
+  for (size_t i = 0; i < views.size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(Data d, to_data(views[i], infos[i], i));
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+Expected<HostTensor> to_host(Data d, const std::string& name) {
+  if (!d.is_tensor()) {
+    return KILN_ERROR(kUnsupported, "output '{}' is {}; the C++ API returns tensors only", name, d.summary());
+  }
+  auto keep = std::make_shared<Tensor>(std::move(d.tensor));
+  Tensor& t = *keep;
+  return HostTensor(t.dtype(), t.dims(), std::shared_ptr<void>(keep, t.raw()), t.raw());
+}
+
+class CpuSession : public Session::Impl {
+ public:
+  explicit CpuSession(std::shared_ptr<const Plan> plan) : plan_(std::move(plan)) {}
+  Expected<std::vector<Data>> run(std::vector<Data> inputs) override { return run_plan(*plan_, std::move(inputs)); }
+  Status run_device(const std::vector<TensorView>&, const std::vector<TensorView>&, void*) override {
+    return KILN_ERROR(kInvalidArgument, "this engine runs on the CPU: pass host tensors to Session::run(inputs)");
+  }
+  Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) override {
+    std::vector<double> t;
+    for (int i = 0; i < warmup + iterations; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      KILN_ASSIGN_OR_RETURN(auto out, run_plan(*plan_, inputs));
+      auto t1 = std::chrono::steady_clock::now();
+      if (i >= warmup) t.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    return t;
+  }
+  Expected<std::vector<StepTime>> profile(const std::vector<Data>&) override { return std::vector<StepTime>{}; }
+  size_t device_bytes() const override { return 0; }
+
+ private:
+  std::shared_ptr<const Plan> plan_;
+};
+
+Expected<std::string> read_file(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return KILN_ERROR(kIo, "{}: is a directory, not an engine file", path);
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return KILN_ERROR(kIo, "{}: cannot open: {}", path, std::strerror(errno));
+  std::string s;
+  f.seekg(0, std::ios::end);
+  auto size = f.tellg();
+  if (size < 0) return KILN_ERROR(kIo, "{}: cannot read", path);
+  s.resize(size_t(size));
+  f.seekg(0);
+  f.read(s.data(), size);
+  if (!f) return KILN_ERROR(kIo, "{}: cannot read", path);
+  return s;
+}
+
+}  // namespace
+
+// ---- Engine ------------------------------------------------------------------------------------
+
+const std::vector<TensorInfo>& Engine::inputs() const { return impl_->inputs; }
+const std::vector<TensorInfo>& Engine::outputs() const { return impl_->outputs; }
+Device Engine::device() const { return impl_->device; }
+const BuildConfig& Engine::config() const { return impl_->config; }
+std::string Engine::report() const { return impl_->gpu ? impl_->gpu->report() : impl_->report; }
+double Engine::build_ms() const { return impl_->build_ms; }
+size_t Engine::weight_bytes() const {
+  if (impl_->gpu) return impl_->gpu->weight_bytes();
+  size_t b = 0;
+  for (const Value* c : impl_->plan->constants) b += c->constant->nbytes();
+  return b;
+}
+
+Expected<Session> Engine::create_session() const {
+  std::unique_ptr<Session::Impl> s;
+  if (impl_->gpu) {
+    KILN_ASSIGN_OR_RETURN(s, impl_->gpu->create_session());
+  } else {
+    KILN_RETURN_IF_ERROR(verify_cpu_kernels(*impl_->plan));
+    s = std::make_unique<CpuSession>(impl_->plan);
+  }
+  s->inputs = impl_->inputs;
+  s->outputs = impl_->outputs;
+  return Session(std::move(s));
+}
+
+Expected<std::string> Engine::serialize() const {
+  nlohmann::json meta;
+  meta["kiln_version"] = KILN_VERSION;
+  meta["format_version"] = kEngineFormatVersion;
+  meta["device"] = std::string(device_name(impl_->device));
+  meta["config"] = config_to_json(impl_->config);
+  if (impl_->gpu) meta["target"] = impl_->gpu->target();
+  meta["report"] = report();
+  auto io = [](const std::vector<TensorInfo>& v) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const TensorInfo& t : v) a.push_back({{"name", t.name}, {"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}});
+    return a;
+  };
+  meta["inputs"] = io(impl_->inputs);
+  meta["outputs"] = io(impl_->outputs);
+  return write_engine_file(meta, *impl_->plan);
+}
+
+Status Engine::save(const std::string& path) const {
+  KILN_ASSIGN_OR_RETURN(std::string bytes, serialize());
+  std::string tmp = path + ".partial";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), std::streamsize(bytes.size()));
+    f.close();
+    if (!f) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      return KILN_ERROR(kIo, "{}: cannot write", path);
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    return KILN_ERROR(kIo, "{}: cannot write: {}", path, ec.message());
+  }
+  return Status::ok();
+}
+
+Expected<Engine> Engine::load(const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(std::string bytes, read_file(path));
+  return load_bytes(bytes.data(), bytes.size(), path);
+}
+
+Expected<Engine> Engine::load_bytes(const void* data, size_t size, const std::string& name) {
+  auto bytes = std::make_shared<const std::string>(static_cast<const char*>(data), size);
+  KILN_ASSIGN_OR_RETURN(EngineFile f, read_engine_file(bytes, name));
+  auto err = [&](const std::string& what) { return KILN_ERROR(kInvalidModel, "{}: {}", name, what); };
+  auto impl = std::make_shared<Engine::Impl>();
+  if (!f.meta.contains("config")) return err("META has no build configuration");
+  auto config = config_from_json(f.meta["config"]);
+  if (!config) return err(config.status().message());
+  impl->config = *config;
+  impl->inputs = tensor_infos(f.plan.graph->inputs);
+  impl->outputs = tensor_infos(f.plan.graph->outputs);
+  std::string device = f.meta.value("device", "");
+  impl->plan = std::make_shared<const Plan>(std::move(f.plan));
+  if (device == "cpu") {
+    if (Status s = verify_cpu_kernels(*impl->plan); !s) return err(s.message());
+    impl->device = Device::kCpu;
+    impl->report = plan_report(*impl->plan);
+  } else if (device == "cuda") {
+    if (!f.meta.contains("target")) return err("a GPU engine without its target (device and library versions)");
+    KILN_ASSIGN_OR_RETURN(impl->gpu, load_gpu_engine(impl->plan, impl->config, f.meta["target"], name));
+    impl->device = Device::kCuda;
+  } else {
+    return err(fmt::format("unknown device '{}'", device));
+  }
+  return Engine(std::move(impl));
+}
+
+// ---- Session -----------------------------------------------------------------------------------
+
+Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Session::Session(Session&&) noexcept = default;
+Session& Session::operator=(Session&&) noexcept = default;
+Session::~Session() = default;
+
+Expected<std::vector<HostTensor>> Session::run(const std::vector<TensorView>& inputs) {
+  KILN_ASSIGN_OR_RETURN(std::vector<Data> in, to_data(inputs, impl_->inputs));
+  KILN_ASSIGN_OR_RETURN(std::vector<Data> out, impl_->run(std::move(in)));
+  std::vector<HostTensor> r;
+  for (size_t i = 0; i < out.size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(HostTensor t, to_host(std::move(out[i]), i < impl_->outputs.size() ? impl_->outputs[i].name : ""));
+    r.push_back(std::move(t));
+  }
+  return r;
+}
+
+Status Session::run(const std::vector<TensorView>& inputs, const std::vector<TensorView>& outputs, void* stream) {
+  return impl_->run_device(inputs, outputs, stream);
+}
+
+Expected<std::vector<double>> Session::benchmark(const std::vector<TensorView>& inputs, int warmup, int iterations) {
+  if (iterations < 1 || warmup < 0) return KILN_ERROR(kInvalidArgument, "iterations must be >= 1 and warmup >= 0");
+  KILN_ASSIGN_OR_RETURN(std::vector<Data> in, to_data(inputs, impl_->inputs));
+  return impl_->benchmark(in, warmup, iterations);
+}
+
+Expected<std::vector<StepTime>> Session::profile(const std::vector<TensorView>& inputs) {
+  KILN_ASSIGN_OR_RETURN(std::vector<Data> in, to_data(inputs, impl_->inputs));
+  return impl_->profile(in);
+}
+
+size_t Session::device_bytes() const { return impl_->device_bytes(); }
+
+}  // namespace kiln

@@ -1,0 +1,57 @@
+// What stands behind the public Engine and Session (include/kiln/engine.h): the plan (always: the
+// optimized graph, its weights and its host steps, which is what an engine file holds) and, for a
+// GPU engine, the CUDA engine built from the plan's graph.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "kiln/engine.h"
+#include "runtime/plan.h"
+
+namespace kiln {
+
+// The backend-specific part of an engine: the CUDA engine (src/api/gpu.cc) when it runs there.
+class DeviceEngine {
+ public:
+  virtual ~DeviceEngine() = default;
+  virtual std::string report() const = 0;
+  virtual size_t weight_bytes() const = 0;
+  virtual double build_ms() const = 0;
+  virtual nlohmann::json target() const = 0;  // the device and library versions it needs
+  virtual Expected<std::unique_ptr<Session::Impl>> create_session() const = 0;
+};
+
+struct Engine::Impl {
+  BuildConfig config;
+  Device device = Device::kCpu;
+  std::vector<TensorInfo> inputs, outputs;
+  std::shared_ptr<const Plan> plan;
+  std::shared_ptr<DeviceEngine> gpu;  // set when device == kCuda
+  std::string report;                 // the CPU engine's (a GPU engine's comes from `gpu`)
+  double build_ms = 0;
+};
+
+struct Session::Impl {
+  virtual ~Impl() = default;
+  std::vector<TensorInfo> inputs, outputs;  // the engine's, for messages and checks
+  virtual Expected<std::vector<Data>> run(std::vector<Data> inputs) = 0;
+  virtual Status run_device(const std::vector<TensorView>& inputs, const std::vector<TensorView>& outputs,
+                            void* stream) = 0;
+  virtual Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) = 0;
+  virtual Expected<std::vector<StepTime>> profile(const std::vector<Data>& inputs) = 0;
+  virtual size_t device_bytes() const = 0;
+};
+
+// BuildConfig <-> the JSON recorded in engine files (config_json.cc); unknown keys are errors.
+nlohmann::json config_to_json(const BuildConfig& c);
+Expected<BuildConfig> config_from_json(const nlohmann::json& j);
+std::vector<TensorInfo> tensor_infos(const std::vector<Value*>& values);
+
+// The GPU side (gpu.cc; without CUDA it reports that it is missing).
+bool gpu_usable(std::string* why);
+Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config);
+// Checks that an engine built for `target` can run here, then builds it from the plan.
+Expected<std::shared_ptr<DeviceEngine>> load_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config,
+                                                        const nlohmann::json& target, const std::string& name);
+
+}  // namespace kiln

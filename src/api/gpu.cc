@@ -1,0 +1,150 @@
+// The GPU side of the public API: a CUDA engine built from a plan's graph, its sessions, and the
+// target check for loaded engines. Compiled with KILN_HAVE_CUDA when the CUDA backend is built;
+// without it, a GPU is never usable and a GPU engine file says this kiln cannot run it.
+#include <cstdio>
+
+#include "api/engine_impl.h"
+
+#ifdef KILN_HAVE_CUDA
+#include "backends/cuda/engine.h"
+#include "backends/cuda/target.h"
+#endif
+
+namespace kiln {
+
+#ifdef KILN_HAVE_CUDA
+
+namespace {
+
+cuda::Precision to_cuda(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return cuda::Precision::kFp32;
+    case Precision::kTf32: return cuda::Precision::kTf32;
+    case Precision::kFp16: return cuda::Precision::kFp16;
+    case Precision::kBf16: return cuda::Precision::kBf16;
+  }
+  return cuda::Precision::kFp32;
+}
+
+nlohmann::json target_json(const cuda::TargetInfo& t) {
+  return {{"gpu", t.gpu},           {"sm_major", t.sm_major}, {"sm_minor", t.sm_minor},
+          {"cuda_runtime", t.cuda_runtime}, {"cublaslt", t.cublaslt}, {"cudnn", t.cudnn}};
+}
+
+// Nodes the CUDA backend declined run on the host, which at large batch can be orders of magnitude
+// slower and always stops graph capture: say so once, naming the first few and why.
+void warn_cpu_nodes(const cuda::BuildReport& r) {
+  std::vector<const cuda::NodePlacement*> cpu;
+  for (const auto& n : r.nodes) {
+    if (n.device == "cpu") cpu.push_back(&n);
+  }
+  if (cpu.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < cpu.size() && i < 3; ++i) list += fmt::format("{}{} [{}]", i ? "; " : "", cpu[i]->node, cpu[i]->why);
+  std::fprintf(stderr, "kiln: warning: %zu node(s) fall back to the CPU (%s%s); `kiln build --report` lists them\n",
+               cpu.size(), list.c_str(), cpu.size() > 3 ? "; ..." : "");
+}
+
+class GpuSession : public Session::Impl {
+ public:
+  GpuSession(std::shared_ptr<const void> keep, std::unique_ptr<cuda::Session> s) : keep_(std::move(keep)), s_(std::move(s)) {}
+  Expected<std::vector<Data>> run(std::vector<Data> inputs) override { return s_->run(inputs); }
+  Status run_device(const std::vector<TensorView>& inputs, const std::vector<TensorView>& outputs, void* stream) override {
+    if (inputs.size() != this->inputs.size() || outputs.size() != this->outputs.size()) {
+      return KILN_ERROR(kInvalidArgument, "expected {} inputs and {} outputs, got {} and {}", this->inputs.size(),
+                        this->outputs.size(), inputs.size(), outputs.size());
+    }
+    std::vector<cuda::IoBuffer> in, out;
+    for (const TensorView& v : inputs) in.push_back({v.dtype, v.shape, v.data, v.on_device});
+    for (const TensorView& v : outputs) out.push_back({v.dtype, v.shape, v.data, v.on_device});
+    return s_->run_buffers(in, out, stream);
+  }
+  Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) override {
+    return s_->benchmark(inputs, warmup, iterations);
+  }
+  Expected<std::vector<StepTime>> profile(const std::vector<Data>& inputs) override {
+    KILN_ASSIGN_OR_RETURN(auto steps, s_->profile(inputs));
+    std::vector<StepTime> r;
+    for (auto& [label, ms] : steps) r.push_back({std::move(label), ms});
+    return r;
+  }
+  size_t device_bytes() const override { return s_->device_bytes(); }
+
+ private:
+  std::shared_ptr<const void> keep_;  // the plan whose graph the CUDA engine reads
+  std::unique_ptr<cuda::Session> s_;
+};
+
+class GpuEngine : public DeviceEngine {
+ public:
+  GpuEngine(std::shared_ptr<const Plan> plan, std::shared_ptr<cuda::Engine> e) : plan_(std::move(plan)), e_(std::move(e)) {}
+  std::string report() const override { return e_->report().to_text(); }
+  size_t weight_bytes() const override { return e_->report().weight_bytes; }
+  double build_ms() const override { return e_->report().build_ms; }
+  nlohmann::json target() const override { return target_json(cuda::current_target()); }
+  Expected<std::unique_ptr<Session::Impl>> create_session() const override {
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<cuda::Session> s, e_->new_session());
+    return std::unique_ptr<Session::Impl>(new GpuSession(plan_, std::move(s)));
+  }
+
+ private:
+  std::shared_ptr<const Plan> plan_;
+  std::shared_ptr<cuda::Engine> e_;
+};
+
+}  // namespace
+
+bool gpu_usable(std::string* why) { return cuda::gpu_available(why); }
+
+Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& c) {
+  cuda::BuildOptions bo;
+  bo.precision = to_cuda(c.precision);
+  bo.cuda_graph = c.cuda_graph;
+  bo.autotune = c.autotune;
+  bo.workspace_bytes = c.workspace_bytes;
+  bo.memory_budget_bytes = c.memory_budget_bytes;
+  bo.gemm_sm90 = c.gemm_sm90;
+  bo.gemm_sm90_tile = c.gemm_sm90_tile;
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<cuda::Engine> e, cuda::Engine::build(*plan->graph, bo));
+  warn_cpu_nodes(e->report());
+  return std::shared_ptr<DeviceEngine>(new GpuEngine(std::move(plan), std::move(e)));
+}
+
+Expected<std::shared_ptr<DeviceEngine>> load_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config,
+                                                        const nlohmann::json& target, const std::string& name) {
+  cuda::TargetInfo built;
+  try {
+    built.gpu = target.at("gpu").get<std::string>();
+    built.sm_major = target.at("sm_major").get<int>();
+    built.sm_minor = target.at("sm_minor").get<int>();
+    built.cuda_runtime = target.at("cuda_runtime").get<int>();
+    built.cublaslt = target.at("cublaslt").get<size_t>();
+    built.cudnn = target.at("cudnn").get<size_t>();
+  } catch (const nlohmann::json::exception& e) {
+    return KILN_ERROR(kInvalidModel, "{}: the engine's target record is malformed: {}", name, e.what());
+  }
+  std::string why = cuda::target_mismatch(built, cuda::current_target());
+  if (!why.empty()) return KILN_ERROR(kUnsupported, "{}: this GPU engine cannot run here: {}", name, why);
+  return build_gpu_engine(std::move(plan), config);
+}
+
+#else  // no CUDA in this build
+
+bool gpu_usable(std::string* why) {
+  if (why) *why = "this kiln was built without CUDA";
+  return false;
+}
+
+Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const Plan>, const BuildConfig&) {
+  return KILN_ERROR(kUnsupported, "this kiln was built without CUDA");
+}
+
+Expected<std::shared_ptr<DeviceEngine>> load_gpu_engine(std::shared_ptr<const Plan>, const BuildConfig&,
+                                                        const nlohmann::json& target, const std::string& name) {
+  return KILN_ERROR(kUnsupported, "{}: a GPU engine (built for {}); this kiln was built without CUDA", name,
+                    target.value("gpu", std::string("a GPU")));
+}
+
+#endif
+
+}  // namespace kiln

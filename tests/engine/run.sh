@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Engine files through the CLI (`make engines`): `bash tests/engine/run.sh build/kiln`.
+#
+# Builds CPU engines of the bundled EfficientNet-Lite0 and of small models with a subgraph and
+# integer/bool inputs, and checks that
+#   - `kiln run model.kiln` writes outputs byte-identical to `kiln run model.onnx` (same inputs),
+#   - `kiln inspect model.kiln` shows how it was built, `kiln compare model.kiln` passes at 0 tolerance,
+#   - a damaged engine (truncated, one byte flipped, wrong magic, another format version, the old
+#     JSON recipe, a directory, a missing file) is one error line naming the file and what is
+#     wrong, exit 1, never a crash or a hang,
+#   - flags that contradict an engine (--shapes, --batch, --device, precision) are refused,
+#   - `kiln build -o` to an unwritable place leaves nothing behind.
+set -u
+if [[ $# -ne 1 ]]; then
+  echo "usage: $0 KILN_BINARY" >&2
+  exit 2
+fi
+KILN=$(realpath "$1") || exit 2
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/kiln-engines.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+passed=0
+failed=0
+ok() { echo "ok   $1"; passed=$((passed + 1)); }
+bad() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+
+# expect_ok NAME CMD...: exit 0.
+expect_ok() {
+  local name=$1
+  shift
+  if timeout 300 "$@" >"$TMP/$name.out" 2>&1; then ok "$name"; else bad "$name" "exit $? ($(tr '\n' ' ' <"$TMP/$name.out" | cut -c1-400))"; fi
+}
+# expect_err NAME SUBSTRING CMD...: exit 1..125 (no signal, no timeout), one stderr line with SUBSTRING.
+expect_err() {
+  local name=$1 want=$2
+  shift 2
+  timeout 60 "$@" >"$TMP/$name.out" 2>"$TMP/$name.err"
+  local rc=$?
+  if (( rc == 0 || rc > 125 )); then
+    bad "$name" "exit $rc, expected an error ($(tr '\n' ' ' <"$TMP/$name.err" | cut -c1-300))"
+  elif ! grep -qF -- "$want" "$TMP/$name.err"; then
+    bad "$name" "stderr lacks '$want': $(tr '\n' ' ' <"$TMP/$name.err" | cut -c1-300)"
+  elif (( $(grep -c 'kiln: error:' "$TMP/$name.err") != 1 )); then
+    bad "$name" "expected one error line: $(tr '\n' ' ' <"$TMP/$name.err" | cut -c1-300)"
+  else
+    ok "$name"
+  fi
+}
+# same_outputs NAME DIR_A DIR_B: every .npy in A is byte-identical in B, and there is at least one.
+same_outputs() {
+  local name=$1 a=$2 b=$3 n=0 f
+  for f in "$a"/*.npy; do
+    [[ -f "$f" ]] || continue
+    n=$((n + 1))
+    if ! cmp -s "$f" "$b/$(basename "$f")"; then bad "$name" "$(basename "$f") differs"; return; fi
+  done
+  if (( n == 0 )); then bad "$name" "no outputs in $a"; else ok "$name ($n output(s) byte-identical)"; fi
+}
+
+M="$ROOT/models/efficientnet-lite0"
+E="$TMP/effnet.kiln"
+expect_ok build_cpu "$KILN" build "$M/model.onnx" --device cpu -o "$E"
+expect_ok run_onnx "$KILN" run "$M/model.onnx" --device cpu --input "input=$M/chelsea.npy" --output-dir "$TMP/onnx-out"
+expect_ok run_engine "$KILN" run "$E" --input "input=$M/chelsea.npy" --output-dir "$TMP/engine-out"
+same_outputs effnet_identical "$TMP/onnx-out" "$TMP/engine-out"
+expect_ok inspect_engine "$KILN" inspect "$E"
+grep -q "device:    cpu" "$TMP/inspect_engine.out" && grep -q "input  *f32\[1,3,224,224\]" "$TMP/inspect_engine.out" \
+  && ok inspect_engine_content || bad inspect_engine_content "$(head -c 400 "$TMP/inspect_engine.out")"
+mkdir -p "$TMP/in" && cp "$M/chelsea.npy" "$TMP/in/input.npy"
+expect_ok compare_engine "$KILN" compare "$E" --inputs "$TMP/in" --reference "$TMP/onnx-out" --rtol 0 --atol 0
+expect_ok bench_engine "$KILN" bench "$E" --warmup 0 --iterations 2
+
+# A model with an If whose branches read an outer value, an int64 input and a bool input.
+python3 - "$TMP" <<'PY' || bad small_models "python could not write the models"
+import sys, numpy as np, onnx
+from onnx import helper as h, TensorProto as T
+out = sys.argv[1]
+then_g = h.make_graph([h.make_node("Relu", ["s"], ["t"])], "then", [], [h.make_tensor_value_info("t", T.FLOAT, [2, 3])])
+else_g = h.make_graph([h.make_node("Neg", ["s"], ["e"])], "else", [], [h.make_tensor_value_info("e", T.FLOAT, [2, 3])])
+g = h.make_graph(
+    [h.make_node("Gather", ["w", "idx"], ["s"], axis=0, name="emb"),
+     h.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g, name="branch"),
+     h.make_node("ReduceSum", ["y"], ["r"], keepdims=0, name="sum")],
+    "small",
+    [h.make_tensor_value_info("idx", T.INT64, [2]), h.make_tensor_value_info("c", T.BOOL, [])],
+    [h.make_tensor_value_info("y", T.FLOAT, [2, 3]), h.make_tensor_value_info("r", T.FLOAT, [])],
+    [h.make_tensor("w", T.FLOAT, [40, 3], np.linspace(-2, 2, 120).astype(np.float32).ravel().tolist())])
+onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), f"{out}/small.onnx")
+np.save(f"{out}/idx.npy", np.array([3, 37], np.int64))
+np.save(f"{out}/c.npy", np.array(False))
+PY
+S=(--input "idx=$TMP/idx.npy" --input "c=$TMP/c.npy")
+expect_ok build_small "$KILN" build "$TMP/small.onnx" --device cpu -o "$TMP/small.kiln"
+expect_ok run_small_onnx "$KILN" run "$TMP/small.onnx" --device cpu "${S[@]}" --output-dir "$TMP/small-onnx"
+expect_ok run_small_engine "$KILN" run "$TMP/small.kiln" "${S[@]}" --output-dir "$TMP/small-engine"
+same_outputs small_identical "$TMP/small-onnx" "$TMP/small-engine"
+python3 -c "import numpy as np; np.save('$TMP/bad-idx.npy', np.array([3, 40], np.int64))"
+expect_err small_index_out_of_range "node 'emb'" "$KILN" run "$TMP/small.kiln" --input "idx=$TMP/bad-idx.npy" \
+  --input "c=$TMP/c.npy"
+expect_err small_wrong_dtype "input 'idx'" "$KILN" run "$TMP/small.kiln" --input "idx=$M/chelsea.npy" --input "c=$TMP/c.npy"
+
+# Damaged engine files.
+python3 - "$E" "$TMP" <<'PY'
+import struct, sys
+src, out = sys.argv[1], sys.argv[2]
+b = open(src, "rb").read()
+open(f"{out}/truncated.kiln", "wb").write(b[: len(b) // 2])
+open(f"{out}/header-only.kiln", "wb").write(b[:20])
+flipped = bytearray(b); flipped[len(b) // 3] ^= 0x01
+open(f"{out}/flipped.kiln", "wb").write(bytes(flipped))
+open(f"{out}/magic.kiln", "wb").write(b"KILNENGX" + b[8:])
+v9 = bytearray(b); v9[8:12] = struct.pack("<I", 9)
+open(f"{out}/version.kiln", "wb").write(bytes(v9))
+open(f"{out}/recipe.kiln", "w").write('{"format": "kiln-artifact-0", "onnx": "model.onnx"}\n')
+open(f"{out}/onnx-renamed.kiln", "wb").write(open(src.replace("effnet.kiln", "small.onnx"), "rb").read())
+open(f"{out}/empty.kiln", "wb").write(b"")
+PY
+expect_err damaged_truncated "truncated engine file" "$KILN" run "$TMP/truncated.kiln" --random-inputs
+expect_err damaged_header_only "truncated engine file" "$KILN" run "$TMP/header-only.kiln" --random-inputs
+expect_err damaged_flipped_byte "checksum mismatch" "$KILN" run "$TMP/flipped.kiln" --random-inputs
+expect_err damaged_magic "not a kiln engine file" "$KILN" bench "$TMP/magic.kiln"
+expect_err damaged_version "format version 9, this kiln reads version 1" "$KILN" run "$TMP/version.kiln" --random-inputs
+expect_err damaged_old_recipe "older kiln" "$KILN" bench "$TMP/recipe.kiln"
+expect_err damaged_onnx_renamed "not a kiln engine file" "$KILN" run "$TMP/onnx-renamed.kiln" --random-inputs
+expect_err damaged_empty "not a kiln engine file" "$KILN" inspect "$TMP/empty.kiln"
+expect_err damaged_inspect_flipped "checksum mismatch" "$KILN" inspect "$TMP/flipped.kiln"
+expect_err engine_missing "cannot open" "$KILN" run "$TMP/nothere.kiln" --random-inputs
+mkdir -p "$TMP/dir.kiln"
+expect_err engine_directory "is a directory" "$KILN" run "$TMP/dir.kiln" --random-inputs
+
+# Flags an engine file cannot honour, and building from an engine.
+expect_err engine_shapes_flag "--shapes" "$KILN" run "$E" --shapes input:2x3x224x224 --random-inputs
+expect_err engine_batch_flag "--batch 8" "$KILN" bench "$E" --batch 8
+expect_err engine_device_flag "--device cuda: the engine was built for cpu" "$KILN" run "$E" --device cuda --random-inputs
+expect_err engine_precision_flag "--fp16: the engine was built with fp32" "$KILN" bench "$E" --fp16
+expect_err build_from_engine "not the engine file" "$KILN" build "$E" -o "$TMP/again.kiln"
+expect_err build_unwritable "cannot write" "$KILN" build "$TMP/small.onnx" --device cpu -o "$TMP/no/such/dir/m.kiln"
+if [[ -e "$TMP/no" ]]; then bad build_unwritable_leaves_nothing "$TMP/no exists"; else ok build_unwritable_leaves_nothing; fi
+
+echo "engines: $passed passed, $failed failed"
+(( failed == 0 ))

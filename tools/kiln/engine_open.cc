@@ -1,0 +1,87 @@
+// Which engine a subcommand runs: an engine file as it was built, or an ONNX model built now with
+// the command line's options (kiln::build picks the GPU when one is usable, else the CPU with one
+// warning line).
+#include <fstream>
+
+#include "cli.h"
+#include "runtime/engine_file.h"
+
+namespace kiln::cli {
+
+namespace {
+
+Expected<Precision> parse_precision(const std::string& p) {
+  for (Precision x : {Precision::kFp32, Precision::kTf32, Precision::kFp16, Precision::kBf16}) {
+    if (p == precision_name(x)) return x;
+  }
+  return KILN_ERROR(kInvalidArgument, "unknown precision '{}' (fp32, tf32, fp16, bf16)", p);
+}
+
+Expected<Device> parse_device(const std::string& d) {
+  for (Device x : {Device::kAuto, Device::kCpu, Device::kCuda}) {
+    if (d == device_name(x)) return x;
+  }
+  return KILN_ERROR(kInvalidArgument, "--device '{}': expected auto, cpu or cuda", d);
+}
+
+// An engine file fixes its shapes, device and precision: flags that ask for others are errors
+// (rebuilding is what would honour them).
+Status check_loaded(const Engine& e, const std::string& path, const LoadOptions& load, const EngineOptions& eng,
+                    int64_t batch) {
+  auto rebuild = [&](const std::string& what) {
+    return KILN_ERROR(kInvalidArgument, "{}: {}; build another engine from the ONNX model for that", path, what);
+  };
+  if (!load.shapes.empty()) return rebuild("an engine file's input shapes are fixed when it is built (--shapes)");
+  if (batch > 0) {
+    for (const TensorInfo& t : e.inputs()) {
+      if (!t.shape.empty() && t.shape[0] != batch) {
+        return rebuild(fmt::format("--batch {}: the engine's input '{}' is {}", batch, t.name, info_string(t)));
+      }
+    }
+  }
+  if (eng.device != "auto" && eng.device != device_name(e.device())) {
+    return rebuild(fmt::format("--device {}: the engine was built for {}", eng.device, device_name(e.device())));
+  }
+  if (eng.precision != "fp32" && eng.precision != precision_name(e.config().precision)) {
+    return rebuild(fmt::format("--{}: the engine was built with {}", eng.precision, precision_name(e.config().precision)));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+bool is_engine_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::string head(16, '\0');
+  if (!f.read(head.data(), std::streamsize(head.size()))) head.resize(size_t(std::max<std::streamsize>(f.gcount(), 0)));
+  return looks_like_engine_file(head) || (path.size() > 5 && path.substr(path.size() - 5) == ".kiln");
+}
+
+Expected<Engine> open_engine(const LoadOptions& load, const EngineOptions& eng, int64_t batch) {
+  if (is_engine_file(load.model)) {
+    KILN_ASSIGN_OR_RETURN(Engine e, Engine::load(load.model));
+    KILN_RETURN_IF_ERROR(check_loaded(e, load.model, load, eng, batch));
+    return e;
+  }
+  BuildConfig c;
+  KILN_ASSIGN_OR_RETURN(c.device, parse_device(eng.device));
+  KILN_ASSIGN_OR_RETURN(c.precision, parse_precision(eng.precision));
+  for (const auto& f : load.shapes) {
+    KILN_ASSIGN_OR_RETURN(auto s, parse_shape_flag(f));
+    if (!c.shapes.emplace(s.first, s.second).second) {
+      return KILN_ERROR(kInvalidArgument, "--shapes names input '{}' twice", s.first);
+    }
+  }
+  c.batch = batch;
+  c.cuda_graph = !eng.no_cuda_graph;
+  c.autotune = !eng.no_autotune;
+  c.disabled_passes = eng.optimize.disabled;
+  c.dump_ir_after = eng.optimize.dump_ir_after;
+  c.print_pass_report = eng.optimize.report;
+  if (c.device == Device::kCpu && c.precision != Precision::kFp32) {
+    std::fprintf(stderr, "kiln: warning: --%s ignored: the CPU backend computes in fp32\n", eng.precision.c_str());
+  }
+  return build(load.model, c);
+}
+
+}  // namespace kiln::cli

@@ -64,6 +64,10 @@ struct BuildConfig {
   // The GPU memory one session of this engine may hold (weights + arena + workspace); 0: no limit.
   // A plan over it fails at build, before anything large is allocated.
   size_t memory_budget_bytes = 0;
+  // Where autotuning results persist between builds (any model, same GPU and library versions):
+  // "" the kiln cache folder's timing.cache ($KILN_CACHE_DIR, else ~/.cache/kiln), "none" no file.
+  // Either way the choices an engine uses travel in its engine file.
+  std::string timing_cache;
 
   // CUDA kernel choices. The Hopper GEMM (CUTLASS, up to 2048 rows, 16-bit): 0 where its build-time
   // timing beats cuBLASLt's, 1 wherever it applies, -1 never.

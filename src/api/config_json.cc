@@ -36,6 +36,7 @@ nlohmann::json config_to_json(const BuildConfig& c) {
   j["cuda_graph"] = c.cuda_graph;
   j["workspace_bytes"] = c.workspace_bytes;
   j["memory_budget_bytes"] = c.memory_budget_bytes;
+  j["timing_cache"] = c.timing_cache;
   j["gemm_sm90"] = c.gemm_sm90;
   j["gemm_sm90_tile"] = c.gemm_sm90_tile;
   return j;
@@ -44,7 +45,7 @@ nlohmann::json config_to_json(const BuildConfig& c) {
 Expected<BuildConfig> config_from_json(const nlohmann::json& j) {
   if (!j.is_object()) return KILN_ERROR(kInvalidModel, "build configuration is not a JSON object");
   static const std::set<std::string> kKeys = {"device", "precision", "shapes", "batch", "disabled_passes", "autotune",
-                                              "cuda_graph", "workspace_bytes", "memory_budget_bytes", "gemm_sm90",
+                                              "cuda_graph", "workspace_bytes", "memory_budget_bytes", "timing_cache", "gemm_sm90",
                                               "gemm_sm90_tile"};
   for (const auto& [k, v] : j.items()) {
     if (!kKeys.count(k)) return KILN_ERROR(kInvalidModel, "build configuration has an unknown field '{}'", k);
@@ -69,6 +70,7 @@ Expected<BuildConfig> config_from_json(const nlohmann::json& j) {
     c.cuda_graph = j.at("cuda_graph").get<bool>();
     c.workspace_bytes = j.at("workspace_bytes").get<size_t>();
     c.memory_budget_bytes = j.at("memory_budget_bytes").get<size_t>();
+    c.timing_cache = j.at("timing_cache").get<std::string>();
     c.gemm_sm90 = j.at("gemm_sm90").get<int>();
     c.gemm_sm90_tile = j.at("gemm_sm90_tile").get<int>();
   } catch (const nlohmann::json::exception& e) {

@@ -146,7 +146,7 @@ Expected<std::string> Engine::serialize() const {
   };
   meta["inputs"] = io(impl_->inputs);
   meta["outputs"] = io(impl_->outputs);
-  return write_engine_file(meta, *impl_->plan);
+  return write_engine_file(meta, *impl_->plan, impl_->gpu ? impl_->gpu->sections() : std::map<std::string, std::string>{});
 }
 
 Status Engine::save(const std::string& path) const {
@@ -195,7 +195,7 @@ Expected<Engine> Engine::load_bytes(const void* data, size_t size, const std::st
     impl->report = plan_report(*impl->plan);
   } else if (device == "cuda") {
     if (!f.meta.contains("target")) return err("a GPU engine without its target (device and library versions)");
-    KILN_ASSIGN_OR_RETURN(impl->gpu, load_gpu_engine(impl->plan, impl->config, f.meta["target"], name));
+    KILN_ASSIGN_OR_RETURN(impl->gpu, load_gpu_engine(impl->plan, impl->config, f.meta["target"], f.extra, name));
     impl->device = Device::kCuda;
   } else {
     return err(fmt::format("unknown device '{}'", device));

@@ -3,6 +3,7 @@
 // GPU engine, the CUDA engine built from the plan's graph.
 #pragma once
 
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "kiln/engine.h"
@@ -18,6 +19,7 @@ class DeviceEngine {
   virtual size_t weight_bytes() const = 0;
   virtual double build_ms() const = 0;
   virtual nlohmann::json target() const = 0;  // the device and library versions it needs
+  virtual std::map<std::string, std::string> sections() const = 0;  // engine-file sections it adds
   virtual Expected<std::unique_ptr<Session::Impl>> create_session() const = 0;
 };
 
@@ -50,8 +52,11 @@ std::vector<TensorInfo> tensor_infos(const std::vector<Value*>& values);
 // The GPU side (gpu.cc; without CUDA it reports that it is missing).
 bool gpu_usable(std::string* why);
 Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config);
-// Checks that an engine built for `target` can run here, then builds it from the plan.
+// Checks that an engine built for `target` can run here, then builds it from the plan with the
+// autotuned choices its file carries (`sections`), so nothing is timed.
 Expected<std::shared_ptr<DeviceEngine>> load_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config,
-                                                        const nlohmann::json& target, const std::string& name);
+                                                        const nlohmann::json& target,
+                                                        const std::map<std::string, std::string>& sections,
+                                                        const std::string& name);
 
 }  // namespace kiln

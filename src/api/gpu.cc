@@ -7,7 +7,9 @@
 
 #ifdef KILN_HAVE_CUDA
 #include "backends/cuda/engine.h"
+#include "backends/cuda/nvrtc.h"
 #include "backends/cuda/target.h"
+#include "backends/cuda/timing_cache.h"
 #endif
 
 namespace kiln {
@@ -77,8 +79,10 @@ class GpuSession : public Session::Impl {
 
 class GpuEngine : public DeviceEngine {
  public:
-  GpuEngine(std::shared_ptr<const Plan> plan, std::shared_ptr<cuda::Engine> e) : plan_(std::move(plan)), e_(std::move(e)) {}
-  std::string report() const override { return e_->report().to_text(); }
+  GpuEngine(std::shared_ptr<const Plan> plan, std::shared_ptr<cuda::Engine> e, std::string tuning, std::string cache_line)
+      : plan_(std::move(plan)), e_(std::move(e)), tuning_(std::move(tuning)), cache_line_(std::move(cache_line)) {}
+  std::string report() const override { return cache_line_ + e_->report().to_text(); }
+  std::map<std::string, std::string> sections() const override { return {{"TUNE", tuning_}}; }
   size_t weight_bytes() const override { return e_->report().weight_bytes; }
   double build_ms() const override { return e_->report().build_ms; }
   nlohmann::json target() const override { return target_json(cuda::current_target()); }
@@ -90,13 +94,13 @@ class GpuEngine : public DeviceEngine {
  private:
   std::shared_ptr<const Plan> plan_;
   std::shared_ptr<cuda::Engine> e_;
+  std::string tuning_;      // the timing-cache entries this engine's build used (its TUNE section)
+  std::string cache_line_;  // "timing cache: ..." for the report
 };
 
-}  // namespace
-
-bool gpu_usable(std::string* why) { return cuda::gpu_available(why); }
-
-Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& c) {
+// Builds the CUDA engine with `cache` consulted before anything is timed.
+Expected<std::shared_ptr<DeviceEngine>> build_with_cache(std::shared_ptr<const Plan> plan, const BuildConfig& c,
+                                                         std::shared_ptr<cuda::TimingCache> cache, std::string source) {
   cuda::BuildOptions bo;
   bo.precision = to_cuda(c.precision);
   bo.cuda_graph = c.cuda_graph;
@@ -105,13 +109,43 @@ Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const P
   bo.memory_budget_bytes = c.memory_budget_bytes;
   bo.gemm_sm90 = c.gemm_sm90;
   bo.gemm_sm90_tile = c.gemm_sm90_tile;
+  bo.timing_cache = cache;
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<cuda::Engine> e, cuda::Engine::build(*plan->graph, bo));
   warn_cpu_nodes(e->report());
-  return std::shared_ptr<DeviceEngine>(new GpuEngine(std::move(plan), std::move(e)));
+  std::string line = fmt::format("timing cache: {}, {} choices reused, {} timed\n", source, cache->hits(), cache->misses());
+  return std::shared_ptr<DeviceEngine>(new GpuEngine(std::move(plan), std::move(e), cache->to_text(true), line));
+}
+
+std::string cache_path(const BuildConfig& c) {
+  if (c.timing_cache == "none") return "";
+  return c.timing_cache.empty() ? cuda::default_cache_dir() + "/timing.cache" : c.timing_cache;
+}
+
+}  // namespace
+
+bool gpu_usable(std::string* why) { return cuda::gpu_available(why); }
+
+Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& c) {
+  auto cache = std::make_shared<cuda::TimingCache>(cuda::target_id(cuda::current_target()));
+  const std::string path = cache_path(c);
+  // A cache file that cannot be read or written costs time, never the build: say so and go on.
+  if (!path.empty()) {
+    if (Status s = cache->merge_file(path); !s) {
+      std::fprintf(stderr, "kiln: warning: timing cache ignored: %s\n", s.message().c_str());
+      cache = std::make_shared<cuda::TimingCache>(cuda::target_id(cuda::current_target()));
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(auto e, build_with_cache(std::move(plan), c, cache, path.empty() ? "none" : path));
+  if (!path.empty() && cache->misses() > 0) {
+    if (Status s = cache->save_file(path); !s) std::fprintf(stderr, "kiln: warning: %s\n", s.message().c_str());
+  }
+  return e;
 }
 
 Expected<std::shared_ptr<DeviceEngine>> load_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config,
-                                                        const nlohmann::json& target, const std::string& name) {
+                                                        const nlohmann::json& target,
+                                                        const std::map<std::string, std::string>& sections,
+                                                        const std::string& name) {
   cuda::TargetInfo built;
   try {
     built.gpu = target.at("gpu").get<std::string>();
@@ -125,7 +159,11 @@ Expected<std::shared_ptr<DeviceEngine>> load_gpu_engine(std::shared_ptr<const Pl
   }
   std::string why = cuda::target_mismatch(built, cuda::current_target());
   if (!why.empty()) return KILN_ERROR(kUnsupported, "{}: this GPU engine cannot run here: {}", name, why);
-  return build_gpu_engine(std::move(plan), config);
+  auto cache = std::make_shared<cuda::TimingCache>(cuda::target_id(cuda::current_target()));
+  if (auto it = sections.find("TUNE"); it != sections.end()) {
+    if (Status s = cache->merge_text(it->second, name + " (TUNE section)"); !s) return KILN_ERROR(kInvalidModel, "{}", s.message());
+  }
+  return build_with_cache(std::move(plan), config, cache, "the engine file's");
 }
 
 #else  // no CUDA in this build
@@ -140,7 +178,8 @@ Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const P
 }
 
 Expected<std::shared_ptr<DeviceEngine>> load_gpu_engine(std::shared_ptr<const Plan>, const BuildConfig&,
-                                                        const nlohmann::json& target, const std::string& name) {
+                                                        const nlohmann::json& target, const std::map<std::string, std::string>&,
+                                                        const std::string& name) {
   return KILN_ERROR(kUnsupported, "{}: a GPU engine (built for {}); this kiln was built without CUDA", name,
                     target.value("gpu", std::string("a GPU")));
 }

@@ -2,7 +2,9 @@
 // GPU and on the CPU reference with the same fresh random inputs, compared with a per-op
 // tolerance. The session's arena is poisoned (NaN bytes) before the checked run, so an output
 // element a kernel forgets to write shows up as a mismatch. A case also fails when its op did
-// not actually run on the GPU (a silent CPU fallback would test nothing).
+// not actually run on the GPU (a silent CPU fallback would test nothing), and when the same case
+// built again from an engine file (graph, weights and autotuned choices written and read back)
+// does not give bit-identical outputs.
 //
 //   kiln_gpu_op_check [--seed S] [--filter SUBSTRING] [--precision fp32|fp16|bf16|all]
 // Prints one line per (case, precision) and then `N passed, M failed`; exit 1 on any failure.
@@ -13,8 +15,10 @@
 
 #include "backends/backend.h"
 #include "backends/cuda/engine.h"
+#include "backends/cuda/timing_cache.h"
 #include "ir/text.h"
 #include "ops/infer.h"
+#include "runtime/engine_file.h"
 
 using namespace kiln;
 
@@ -378,6 +382,34 @@ Expected<Reference> cpu_reference(const Case& c, uint64_t seed) {
   return r;
 }
 
+// The case again through an engine file (src/runtime/engine_file.h): the graph and its weights
+// written and read back with the direct build's autotuned choices in its TUNE section, built for
+// the GPU from what was read. Its outputs must equal the direct build's bit for bit.
+Status check_through_engine_file(const Case& c, const Graph& g, cuda::BuildOptions bo, const cuda::TimingCache& tuning,
+                                 const std::vector<Data>& inputs, const std::vector<Data>& direct) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> copy, parse_graph(print_graph(g)));
+  KILN_ASSIGN_OR_RETURN(Plan plan, plan_host(std::move(copy), /*require_cpu_kernels=*/false));
+  KILN_ASSIGN_OR_RETURN(std::string bytes, write_engine_file(nlohmann::json::object(), plan, {{"TUNE", tuning.to_text(true)}}));
+  KILN_ASSIGN_OR_RETURN(EngineFile f, read_engine_file(std::make_shared<const std::string>(std::move(bytes)), c.name));
+  auto loaded_tuning = std::make_shared<cuda::TimingCache>("op-check");
+  KILN_RETURN_IF_ERROR(loaded_tuning->merge_text(f.extra["TUNE"], "TUNE"));
+  bo.timing_cache = loaded_tuning;
+  KILN_ASSIGN_OR_RETURN(auto engine, cuda::Engine::build(*f.plan.graph, bo));
+  KILN_ASSIGN_OR_RETURN(auto session, engine->new_session());
+  KILN_ASSIGN_OR_RETURN(auto got, session->run(inputs));
+  if (loaded_tuning->misses() > 0) {
+    return KILN_ERROR(kInternal, "engine file: {} autotuned choice(s) were not in its TUNE section", loaded_tuning->misses());
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    const Tensor& a = got[i].tensor;
+    const Tensor& b = direct[i].tensor;
+    if (a.summary() != b.summary() || std::memcmp(a.raw(), b.raw(), a.nbytes()) != 0) {
+      return KILN_ERROR(kInternal, "engine file: output {} differs from the direct build's", i);
+    }
+  }
+  return Status::ok();
+}
+
 Status run_case(const Case& c, cuda::Precision prec, uint64_t seed, double* err, std::string* note) {
   KILN_ASSIGN_OR_RETURN(Reference ref, cpu_reference(c, seed));
   const Graph* g = ref.g.get();
@@ -389,6 +421,8 @@ Status run_case(const Case& c, cuda::Precision prec, uint64_t seed, double* err,
   bo.autotune = c.autotune;
   bo.gemm_sm90 = c.gemm_sm90;
   bo.gemm_sm90_tile = c.gemm_sm90_tile;
+  auto tuning = std::make_shared<cuda::TimingCache>("op-check");
+  bo.timing_cache = tuning;
   KILN_ASSIGN_OR_RETURN(auto engine, cuda::Engine::build(*g, bo));
   // half_impl: every '|'-separated piece must appear in some node's implementation.
   std::vector<std::string> impls;
@@ -415,7 +449,7 @@ Status run_case(const Case& c, cuda::Precision prec, uint64_t seed, double* err,
     double e = compare(got[i].tensor, want[i].tensor, note);
     *err = std::max(*err, e);
   }
-  return Status::ok();
+  return check_through_engine_file(c, *g, bo, *tuning, inputs, got);
 }
 
 // Runtime checks beyond single ops (issue 3 item 4 and 8): several sessions of one engine running

@@ -30,6 +30,7 @@ struct RunOptions {
   int iterations = 1;
   int top_k = 0;                     // print the k largest scores of each output
   std::string labels;                // one class name per line, for --top-k
+  int64_t batch = 0;                 // bind the leading symbolic dim of every input (0: leave)
 };
 
 // Phase 3: checking outputs.
@@ -54,6 +55,7 @@ struct EngineOptions {
   std::string precision = "fp32";    // fp32, tf32, fp16, bf16 (GPU builds)
   bool no_cuda_graph = false;
   bool no_autotune = false;
+  std::string timing_cache;          // --timing-cache FILE|none ("": the kiln cache folder's)
 };
 
 struct BuildCliOptions {

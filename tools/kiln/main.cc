@@ -70,6 +70,9 @@ void add_engine_options(CLI::App* app, kiln::cli::EngineOptions& eng) {
   app->add_flag("--no-cuda-graph", eng.no_cuda_graph, "GPU: launch step by step instead of replaying a CUDA graph");
   app->add_flag("--no-autotune", eng.no_autotune,
                 "GPU: take the libraries' heuristic choices instead of timing candidates at build");
+  app->add_option("--timing-cache", eng.timing_cache,
+                  "GPU: autotuning results kept between builds in FILE (default: the kiln cache folder's "
+                  "timing.cache; none: no file)");
   app->add_option("--disable-pass", eng.optimize.disabled, "skip a graph pass by name, e.g. cse (repeatable)")
       ->check(pass_name(false));
   app->add_option("--dump-ir-after", eng.optimize.dump_ir_after, "print the IR to stderr after PASS, or after all")
@@ -106,6 +109,7 @@ int main(int argc, char** argv) {
   r->add_option("--iterations", run.iterations, "timed runs (median and p99 are printed)")->default_val(1);
   r->add_option("--top-k", run.top_k, "print the K highest scores of each float output (classifiers)");
   r->add_option("--labels", run.labels, "class names, one per line, for --top-k");
+  r->add_option("--batch", run.batch, "bind the leading symbolic dim of every input to N")->check(kPositiveInt);
   add_engine_options(r, eng);
 
   CLI::App* cmp = app.add_subcommand("compare", "run a model and check its outputs against reference .npy files");

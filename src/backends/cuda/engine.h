@@ -19,6 +19,8 @@
 
 namespace kiln::cuda {
 
+class TimingCache;  // timing_cache.h
+
 enum class Precision { kFp32, kTf32, kFp16, kBf16 };
 std::string_view precision_name(Precision p);
 
@@ -39,6 +41,9 @@ struct BuildOptions {
   // Device memory one session may hold with the weights (weights + arena + workspace); 0: no limit.
   // Checked after planning, before the weights are uploaded.
   size_t memory_budget_bytes = 0;
+  // Autotuned choices are looked up here before anything is timed, and what is timed is added
+  // (timing_cache.h); null: time everything. Only consulted when autotune is on.
+  std::shared_ptr<TimingCache> timing_cache;
 };
 
 // A caller's buffer for Session::run_buffers: host memory or a device pointer on this GPU.

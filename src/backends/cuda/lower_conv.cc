@@ -4,8 +4,12 @@
 //   y = relu(conv(x, w) + z + bias)      (ResNet's conv3 + residual + ReLU in one call)
 // Algorithms are chosen at build time by timing them (cudnnFindConvolutionForwardAlgorithmEx).
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
 
 #include "backends/cuda/lower.h"
+#include "backends/cuda/timing_cache.h"
 #include "backends/cuda/tuning.h"
 
 namespace kiln::cuda {
@@ -193,6 +197,16 @@ struct DevBuf {
   ~DevBuf() { if (p) cudaFree(p); }
 };
 
+// The cuDNN descriptors of one 2-D convolution: x [n, c, h, w] and y in layout lay, filter
+// [k, c, r, s] (KRSC in memory when NHWC), symmetric pads.
+struct ConvDescs {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t c = nullptr;
+  size_t xb = 0, wb = 0, yb = 0;  // bytes
+  std::string key;                // the timing cache's signature of this convolution
+};
+
 struct AlgoChoice {
   cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
   float ms = -1;          // timed, or -1 when chosen by heuristic
@@ -253,10 +267,55 @@ Status retime(Lowering& L, cudnnTensorDescriptor_t xd, void* x, cudnnFilterDescr
   return Status::ok();
 }
 
+// The timing cache's value for a choice: "algo ms precomp_ms ranked0,ranked1,...".
+std::string encode_choice(const AlgoChoice& r) {
+  std::string ranked;
+  for (auto a : r.ranked) ranked += (ranked.empty() ? "" : ",") + std::to_string(int(a));
+  return fmt::format("{} {} {} {}", int(r.algo), r.ms, r.precomp_ms, ranked);
+}
+
+std::optional<AlgoChoice> decode_choice(const std::string& v) {
+  AlgoChoice r;
+  int algo = 0;
+  char ranked[256] = {};
+  if (std::sscanf(v.c_str(), "%d %f %f %255s", &algo, &r.ms, &r.precomp_ms, ranked) != 4) return std::nullopt;
+  r.algo = cudnnConvolutionFwdAlgo_t(algo);
+  for (const char* p = ranked; *p;) {
+    r.ranked.push_back(cudnnConvolutionFwdAlgo_t(std::atoi(p)));
+    while (*p && *p != ',') ++p;
+    if (*p == ',') ++p;
+  }
+  if (r.ranked.empty() || r.ranked[0] != r.algo) return std::nullopt;
+  return r;
+}
+
+Expected<AlgoChoice> time_algos(Lowering& L, cudnnTensorDescriptor_t xd, cudnnFilterDescriptor_t wd,
+                                cudnnConvolutionDescriptor_t cd, cudnnTensorDescriptor_t yd, size_t xb, size_t wb,
+                                size_t yb);
+
+// The algorithm for a convolution: from the timing cache when it has this signature (and cuDNN
+// still sizes the choice's workspace within ours), else timed (time_algos) and added to it.
+Expected<AlgoChoice> pick_algo(Lowering& L, const ConvDescs& d) {
+  TimingCache* cache = L.options().autotune ? L.options().timing_cache.get() : nullptr;
+  if (cache) {
+    if (auto v = cache->get("conv", d.key)) {
+      std::optional<AlgoChoice> c = decode_choice(*v);
+      size_t ws = 0;
+      if (c && cudnnGetConvolutionForwardWorkspaceSize(L.dnn, d.x, d.w, d.c, d.y, c->algo, &ws) == CUDNN_STATUS_SUCCESS &&
+          ws <= L.options().workspace_bytes) {
+        return *c;
+      }
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(AlgoChoice r, time_algos(L, d.x, d.w, d.c, d.y, d.xb, d.wb, d.yb));
+  if (cache) cache->put("conv", d.key, encode_choice(r));
+  return r;
+}
+
 // Times the forward algorithms on scratch buffers; falls back to the heuristic on failure.
-Expected<AlgoChoice> pick_algo(Lowering& L, cudnnTensorDescriptor_t xd, cudnnFilterDescriptor_t wd,
-                               cudnnConvolutionDescriptor_t cd, cudnnTensorDescriptor_t yd, size_t xb, size_t wb,
-                               size_t yb) {
+Expected<AlgoChoice> time_algos(Lowering& L, cudnnTensorDescriptor_t xd, cudnnFilterDescriptor_t wd,
+                                cudnnConvolutionDescriptor_t cd, cudnnTensorDescriptor_t yd, size_t xb, size_t wb,
+                                size_t yb) {
   constexpr int kMax = 10;
   cudnnConvolutionFwdAlgoPerf_t perf[kMax];
   int got = 0;
@@ -296,19 +355,14 @@ Expected<AlgoChoice> pick_algo(Lowering& L, cudnnTensorDescriptor_t xd, cudnnFil
   return r;
 }
 
-// The cuDNN descriptors of one 2-D convolution: x [n, c, h, w] and y in layout lay, filter
-// [k, c, r, s] (KRSC in memory when NHWC), symmetric pads.
-struct ConvDescs {
-  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
-  cudnnFilterDescriptor_t w = nullptr;
-  cudnnConvolutionDescriptor_t c = nullptr;
-  size_t xb = 0, wb = 0, yb = 0;  // bytes
-};
-
 Expected<ConvDescs> conv_descs(Lowering& L, k::DT dt, Layout lay, const std::vector<int64_t>& xdims,
                                const std::array<int64_t, 4>& wdims, std::array<int, 2> pads, std::array<int, 2> stride,
                                std::array<int, 2> dil, int64_t group, const std::vector<int64_t>& ydims) {
   ConvDescs d;
+  d.key = fmt::format("x{} w{} p{},{} s{},{} d{},{} g{} y{} dt{} {} prec{} ws{}", dims_to_string(xdims),
+                      dims_to_string({wdims.begin(), wdims.end()}), pads[0], pads[1], stride[0], stride[1], dil[0], dil[1],
+                      group, dims_to_string(ydims), int(dt), lay == Layout::kNHWC ? "nhwc" : "nchw",
+                      int(L.options().precision), L.options().workspace_bytes);
   KILN_ASSIGN_OR_RETURN(d.x, tensor_desc(L, xdims, dt, lay));
   KILN_ASSIGN_OR_RETURN(d.y, tensor_desc(L, ydims, dt, lay));
   KILN_CUDA_TRY(cudnnCreateFilterDescriptor(&d.w));
@@ -348,7 +402,7 @@ Expected<bool> small_channel_wins(Lowering& L, const DevValue& x, k::DT dt, cons
   xd[2] += p4[2] - p4[0];
   xd[3] += p4[3] - p4[1];
   auto ms_of = [&](const ConvDescs& d) -> Expected<float> {
-    KILN_ASSIGN_OR_RETURN(AlgoChoice c, pick_algo(L, d.x, d.w, d.c, d.y, d.xb, d.wb, d.yb));
+    KILN_ASSIGN_OR_RETURN(AlgoChoice c, pick_algo(L, d));
     return c.ms;
   };
   KILN_ASSIGN_OR_RETURN(ConvDescs orig, conv_descs(L, dt, Layout::kNHWC, xd, wd, {int(p4[0]), int(p4[1])},
@@ -607,7 +661,7 @@ Status lower_conv(Lowering& L, const Node& n) {
   int eb = k::dt_size(*dt);
   int64_t ynum = 1;
   for (int64_t d : yd_dims) ynum *= d;
-  KILN_ASSIGN_OR_RETURN(AlgoChoice choice, pick_algo(L, xd, wd, cd, yd, descs.xb, descs.wb, descs.yb));
+  KILN_ASSIGN_OR_RETURN(AlgoChoice choice, pick_algo(L, descs));
   cudnnConvolutionFwdAlgo_t algo = choice.algo;
   // cuDNN's fused call accepts IDENTITY activation only with IMPLICIT_PRECOMP_GEMM. With a bias
   // alone, the best algorithm plus a separate bias add (one pass over y, ~3 us) can beat it

@@ -5,10 +5,12 @@
 // [K,M] one. So D = A.B (row-major) is computed as D^T = B^T . A^T (column-major): cuBLASLt's
 // "A" is our B, its "B" is our A, m = N, n = M, and the bias vector runs along m = N.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
 #include "backends/cuda/lower.h"
+#include "backends/cuda/timing_cache.h"
 #include "backends/cuda/tuning.h"
 
 namespace kiln::cuda {
@@ -104,6 +106,26 @@ std::vector<cublasLtMatmulAlgo_t> gemm_candidates(Lowering& L, cublasLtMatmulDes
   return out;
 }
 
+// The timing cache's value for a cuBLASLt choice: the opaque algorithm's bytes in hex, then the ms.
+std::string encode_algo(const cublasLtMatmulAlgo_t& a, float ms) {
+  std::string hex;
+  for (uint64_t w : a.data) hex += fmt::format("{:016x}", w);
+  return fmt::format("{} {}", hex, ms);
+}
+
+bool decode_algo(const std::string& v, cublasLtMatmulAlgo_t& a, float& ms) {
+  constexpr size_t kHex = sizeof(a.data) * 2;
+  if (v.size() < kHex + 2 || v[kHex] != ' ') return false;
+  for (size_t i = 0; i < sizeof(a.data) / sizeof(a.data[0]); ++i) {
+    const std::string word = v.substr(16 * i, 16);
+    if (word.find_first_not_of("0123456789abcdef") != std::string::npos) return false;
+    a.data[i] = std::stoull(word, nullptr, 16);
+  }
+  char* end = nullptr;
+  ms = std::strtof(v.c_str() + kHex + 1, &end);
+  return end && *end == '\0';
+}
+
 // The heuristic's candidates (and split-K variants), timed on scratch buffers when autotuning
 // (TensorRT's tactic timing for GEMMs); the heuristic's first choice otherwise or when timing
 // cannot run. Each candidate is timed as the forward runs it (tuning.h): launches back to back in a
@@ -115,6 +137,22 @@ Expected<cublasLtMatmulAlgo_t> pick_lt_algo(Lowering& L, cublasLtMatmulDesc_t de
                                             cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld, const GemmShape& s,
                                             const Epilogue& ep, k::DT dt, const std::string& key) {
   if (auto it = L.gemm_algos.find(key); it != L.gemm_algos.end()) return it->second;
+  // A timed choice from the timing cache, if cuBLASLt still accepts it for these descriptors.
+  TimingCache* cache = L.options().autotune ? L.options().timing_cache.get() : nullptr;
+  if (cache) {
+    if (auto v = cache->get("lt", key)) {
+      cublasLtMatmulAlgo_t algo{};
+      float ms = -1;
+      cublasLtMatmulHeuristicResult_t check{};
+      if (decode_algo(*v, algo, ms) &&
+          cublasLtMatmulAlgoCheck(L.lt, desc, la, lb, ld, ld, &algo, &check) == CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize <= L.options().workspace_bytes) {
+        L.gemm_algos[key] = algo;
+        if (ms > 0) L.gemm_algo_ms[key] = ms;
+        return algo;
+      }
+    }
+  }
   constexpr int kMax = 24;
   cublasLtMatmulPreference_t pref = nullptr;
   KILN_CUDA_TRY(cublasLtMatmulPreferenceCreate(&pref));
@@ -168,6 +206,9 @@ Expected<cublasLtMatmulAlgo_t> pick_lt_algo(Lowering& L, cublasLtMatmulDesc_t de
   }
   L.gemm_algos[key] = best;
   if (best_timed_ms > 0) L.gemm_algo_ms[key] = best_timed_ms;
+  // Untimed choices (one candidate, or timing could not run) are kept too: a build from the cache
+  // then makes every choice the first build made.
+  if (cache) cache->put("lt", key, encode_algo(best, best_timed_ms));
   return best;
 }
 

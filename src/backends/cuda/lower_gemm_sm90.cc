@@ -14,7 +14,11 @@
 // otherwise (cuBLASLt's terms); they replace cuBLASLt only where faster. BuildOptions::gemm_sm90
 // forces the kernel wherever it applies (1: the op harness) or keeps it off (-1), and
 // BuildOptions::gemm_sm90_tile restricts the candidates to one tile width.
+#include <cstdio>
+#include <optional>
+
 #include "backends/cuda/lower.h"
+#include "backends/cuda/timing_cache.h"
 #include "backends/cuda/tuning.h"
 
 namespace kiln::cuda {
@@ -82,8 +86,17 @@ Expected<bool> try_emit_gemm_sm90(Lowering& L, const Node& n, const DevValue* a,
       fmt::format("{} {} {} {} {} {} {} {}", s.m, s.n, s.k, int(dt), act, ep.bias != nullptr, ep.c != nullptr, overlap);
   auto it = L.gemm_sm90_choices.find(key);
   if (it == L.gemm_sm90_choices.end()) {
-    KILN_ASSIGN_OR_RETURN(GemmSm90Choice timed, time_sm90(s, ep, dt, act, L.options().gemm_sm90_tile, overlap));
-    it = L.gemm_sm90_choices.emplace(key, timed).first;
+    // The timing cache holds "tile ms" per signature (the tile restriction is part of it).
+    TimingCache* cache = L.options().timing_cache.get();
+    const std::string sig = fmt::format("{} tile{}", key, L.options().gemm_sm90_tile);
+    GemmSm90Choice choice;
+    std::optional<std::string> v = cache ? cache->get("sm90", sig) : std::nullopt;
+    if (!v || std::sscanf(v->c_str(), "%d %f", &choice.bn, &choice.ms) != 2 ||
+        (choice.ms > 0 && choice.bn != 32 && choice.bn != 64)) {
+      KILN_ASSIGN_OR_RETURN(choice, time_sm90(s, ep, dt, act, L.options().gemm_sm90_tile, overlap));
+      if (cache) cache->put("sm90", sig, fmt::format("{} {}", choice.bn, choice.ms));
+    }
+    it = L.gemm_sm90_choices.emplace(key, choice).first;
   }
   const int bn = it->second.bn;
   const float ms = it->second.ms;

@@ -92,6 +92,9 @@ def main():
             if rc != 0:
                 raise RuntimeError("build: " + log1.strip().splitlines()[-1])
             rc, log2, t_warm = sh([args.kiln, "build", onnx, "--fp16", "--batch", str(b), "--report", "-o", eng + ".2"], env)
+            with open(os.path.join(args.out, f"reports_{args.batch}.txt"), "a") as f:
+                for tag, log in (("cold", log1), ("warm", log2)):
+                    f.write(f"==== {name} b{b} {tag} build\n{log}\n")
             r.update(build_cold_s=t_cold, build_warm_s=t_warm, same_kernels=placements(log1) == placements(log2),
                      engine_mib=os.path.getsize(eng) / 2**20,
                      cache_line=next((l for l in log2.splitlines() if l.startswith("timing cache")), ""))
@@ -102,7 +105,9 @@ def main():
                 m2 = re.search(r"latency: median ([0-9.]+) ms", log)
                 if rc != 0 or not m1 or not m2:
                     raise RuntimeError("run engine: " + log.strip()[-300:])
-                loads.append({"load_ms": float(m1.group(1)), "first_run_ms": float(m2.group(1)), "process_s": wall})
+                m3 = re.search(r"loaded in .*", log)
+                loads.append({"load_ms": float(m1.group(1)), "first_run_ms": float(m2.group(1)), "process_s": wall,
+                              "phases": m3.group(0) if m3 else ""})
             r["loads"] = loads
             a, bdir = os.path.join(work, f"{name}_onnx_out"), os.path.join(work, f"{name}_engine_out")
             for d in (a, bdir):

@@ -109,7 +109,7 @@ const std::vector<TensorInfo>& Engine::inputs() const { return impl_->inputs; }
 const std::vector<TensorInfo>& Engine::outputs() const { return impl_->outputs; }
 Device Engine::device() const { return impl_->device; }
 const BuildConfig& Engine::config() const { return impl_->config; }
-std::string Engine::report() const { return impl_->gpu ? impl_->gpu->report() : impl_->report; }
+std::string Engine::report() const { return impl_->load_note + (impl_->gpu ? impl_->gpu->report() : impl_->report); }
 double Engine::build_ms() const { return impl_->build_ms; }
 size_t Engine::weight_bytes() const {
   if (impl_->gpu) return impl_->gpu->weight_bytes();
@@ -138,7 +138,7 @@ Expected<std::string> Engine::serialize() const {
   meta["device"] = std::string(device_name(impl_->device));
   meta["config"] = config_to_json(impl_->config);
   if (impl_->gpu) meta["target"] = impl_->gpu->target();
-  meta["report"] = report();
+  meta["report"] = impl_->gpu ? impl_->gpu->report() : impl_->report;
   auto io = [](const std::vector<TensorInfo>& v) {
     nlohmann::json a = nlohmann::json::array();
     for (const TensorInfo& t : v) a.push_back({{"name", t.name}, {"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}});
@@ -171,14 +171,18 @@ Status Engine::save(const std::string& path) const {
   return Status::ok();
 }
 
-Expected<Engine> Engine::load(const std::string& path) {
-  KILN_ASSIGN_OR_RETURN(std::string bytes, read_file(path));
-  return load_bytes(bytes.data(), bytes.size(), path);
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-Expected<Engine> Engine::load_bytes(const void* data, size_t size, const std::string& name) {
-  auto bytes = std::make_shared<const std::string>(static_cast<const char*>(data), size);
+// The bytes are shared, not copied: the plan's weights view them in place. read_ms: the time spent
+// reading them (0 when they came from memory), for the report's load line.
+Expected<Engine> load_shared(std::shared_ptr<const std::string> bytes, const std::string& name, double read_ms) {
+  auto t0 = std::chrono::steady_clock::now();
   KILN_ASSIGN_OR_RETURN(EngineFile f, read_engine_file(bytes, name));
+  const double plan_ms = ms_since(t0);
   auto err = [&](const std::string& what) { return KILN_ERROR(kInvalidModel, "{}: {}", name, what); };
   auto impl = std::make_shared<Engine::Impl>();
   if (!f.meta.contains("config")) return err("META has no build configuration");
@@ -200,7 +204,23 @@ Expected<Engine> Engine::load_bytes(const void* data, size_t size, const std::st
   } else {
     return err(fmt::format("unknown device '{}'", device));
   }
+  impl->load_note = fmt::format("loaded in {:.1f} ms: file read {:.1f}, checksum and plan {:.1f}, {} {:.1f}\n",
+                                read_ms + ms_since(t0), read_ms, plan_ms,
+                                impl->gpu ? "GPU lowering from the plan (weights converted and uploaded)" : "checks",
+                                ms_since(t0) - plan_ms);
   return Engine(std::move(impl));
+}
+
+}  // namespace
+
+Expected<Engine> Engine::load(const std::string& path) {
+  auto t0 = std::chrono::steady_clock::now();
+  KILN_ASSIGN_OR_RETURN(std::string bytes, read_file(path));
+  return load_shared(std::make_shared<const std::string>(std::move(bytes)), path, ms_since(t0));
+}
+
+Expected<Engine> Engine::load_bytes(const void* data, size_t size, const std::string& name) {
+  return load_shared(std::make_shared<const std::string>(static_cast<const char*>(data), size), name, 0);
 }
 
 // ---- Session -----------------------------------------------------------------------------------

@@ -8,6 +8,8 @@
 #   - a damaged engine (truncated, one byte flipped, wrong magic, another format version, the old
 #     JSON recipe, a directory, a missing file) is one error line naming the file and what is
 #     wrong, exit 1, never a crash or a hang,
+#   - well-formed engines built for something else (another device or GPU, a configuration field this
+#     kiln does not know, META that is not JSON) are refused, saying which,
 #   - flags that contradict an engine (--shapes, --batch, --device, precision) are refused,
 #   - `kiln build -o` to an unwritable place leaves nothing behind.
 set -u
@@ -127,6 +129,24 @@ expect_err damaged_inspect_flipped "checksum mismatch" "$KILN" inspect "$TMP/fli
 expect_err engine_missing "cannot open" "$KILN" run "$TMP/nothere.kiln" --random-inputs
 mkdir -p "$TMP/dir.kiln"
 expect_err engine_directory "is a directory" "$KILN" run "$TMP/dir.kiln" --random-inputs
+
+# Well-formed engines this kiln must refuse: META rewritten and the file re-sealed (patch_meta.py).
+P="python3 $ROOT/tests/engine/patch_meta.py"
+H100="{'gpu': 'NVIDIA H100 80GB HBM3', 'sm_major': 9, 'sm_minor': 0, 'cuda_runtime': 13000, 'cublaslt': 130100, 'cudnn': 91300}"
+$P "$TMP/small.kiln" "$TMP/resealed.kiln" "meta"
+expect_ok resealed_unchanged "$KILN" run "$TMP/resealed.kiln" "${S[@]}"
+$P "$TMP/small.kiln" "$TMP/gpu.kiln" "dict(meta, device='cuda', target=$H100)"
+# No GPU here, or (on a GPU machine) not this made-up GPU and library versions: refused either way.
+expect_err gpu_engine_elsewhere "this GPU engine cannot run here" "$KILN" run "$TMP/gpu.kiln" "${S[@]}"
+$P "$TMP/small.kiln" "$TMP/gpu-notarget.kiln" "dict(meta, device='cuda')"
+expect_err gpu_engine_no_target "without its target" "$KILN" run "$TMP/gpu-notarget.kiln" "${S[@]}"
+$P "$TMP/small.kiln" "$TMP/tpu.kiln" "dict(meta, device='tpu')"
+expect_err unknown_device "unknown device 'tpu'" "$KILN" run "$TMP/tpu.kiln" "${S[@]}"
+$P "$TMP/small.kiln" "$TMP/newer-config.kiln" "dict(meta, config=dict(meta['config'], sparsity=True))"
+expect_err unknown_config_field "unknown field 'sparsity'" "$KILN" run "$TMP/newer-config.kiln" "${S[@]}"
+$P "$TMP/small.kiln" "$TMP/meta-not-json.kiln" "'{not json'"
+expect_err meta_not_json "META section is not a JSON object" "$KILN" run "$TMP/meta-not-json.kiln" "${S[@]}"
+expect_err meta_not_json_inspect "META section is not a JSON object" "$KILN" inspect "$TMP/meta-not-json.kiln"
 
 # Flags an engine file cannot honour, and building from an engine.
 expect_err engine_shapes_flag "--shapes" "$KILN" run "$E" --shapes input:2x3x224x224 --random-inputs

@@ -56,6 +56,7 @@ struct EngineOptions {
   bool no_cuda_graph = false;
   bool no_autotune = false;
   std::string timing_cache;          // --timing-cache FILE|none ("": the kiln cache folder's)
+  int64_t memory_budget_mib = 0;     // --memory-budget: GPU memory one session may hold (0: no limit)
 };
 
 struct BuildCliOptions {

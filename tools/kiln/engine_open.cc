@@ -76,6 +76,7 @@ Expected<Engine> open_engine(const LoadOptions& load, const EngineOptions& eng, 
   c.cuda_graph = !eng.no_cuda_graph;
   c.autotune = !eng.no_autotune;
   c.timing_cache = eng.timing_cache;
+  c.memory_budget_bytes = size_t(eng.memory_budget_mib) << 20;
   c.disabled_passes = eng.optimize.disabled;
   c.dump_ir_after = eng.optimize.dump_ir_after;
   c.print_pass_report = eng.optimize.report;

@@ -73,6 +73,9 @@ void add_engine_options(CLI::App* app, kiln::cli::EngineOptions& eng) {
   app->add_option("--timing-cache", eng.timing_cache,
                   "GPU: autotuning results kept between builds in FILE (default: the kiln cache folder's "
                   "timing.cache; none: no file)");
+  app->add_option("--memory-budget", eng.memory_budget_mib,
+                  "GPU: MiB one session may hold with the weights; a plan over it fails before allocating")
+      ->check(kPositiveInt);
   app->add_option("--disable-pass", eng.optimize.disabled, "skip a graph pass by name, e.g. cse (repeatable)")
       ->check(pass_name(false));
   app->add_option("--dump-ir-after", eng.optimize.dump_ir_after, "print the IR to stderr after PASS, or after all")

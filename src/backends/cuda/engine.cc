@@ -23,6 +23,17 @@ std::string_view precision_name(Precision p) {
   return "?";
 }
 
+std::string_view placement_name(Placement p) {
+  switch (p) {
+    case Placement::kCuda: return "cuda";
+    case Placement::kCpu: return "cpu";
+    case Placement::kFolded: return "folded";
+    case Placement::kAlias: return "alias";
+    case Placement::kPass: return "pass";
+  }
+  return "?";
+}
+
 bool gpu_available(std::string* reason) {
   static const DeviceInfo info = probe_device();
   if (!info.available && reason) *reason = info.reason;
@@ -234,12 +245,12 @@ Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptio
     if (L.is_fused(&n)) continue;
     KILN_ASSIGN_OR_RETURN(bool folded, try_fold(L, n));
     if (folded) {
-      L.place(&n, "folded", "constant at build time");
+      L.place(&n, Placement::kFolded, "constant at build time");
       continue;
     }
     if (auto rp = L.replacements.find(&n); rp != L.replacements.end()) {
       KILN_RETURN_IF_ERROR(lower_replacement(L, n, rp->second));
-      L.place(&n, "cuda", L.steps.back().label.substr(n.describe().size() + 2));
+      L.place(&n, Placement::kCuda, L.steps.back().label.substr(n.describe().size() + 2));
       continue;
     }
     auto it = table.find(n.op);
@@ -256,7 +267,8 @@ Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptio
           std::string prefix = n.describe() + ": ";
           impl += (impl.empty() ? "" : " + ") + (lb.rfind(prefix, 0) == 0 ? lb.substr(prefix.size()) : lb);
         }
-        L.place(&n, L.steps.size() == emitted ? "alias" : "cuda", L.steps.size() == emitted ? "no work (same buffer)" : impl);
+        if (L.steps.size() == emitted) L.place(&n, Placement::kAlias, "no work (same buffer)");
+        else L.place(&n, Placement::kCuda, impl);
       }
       continue;
     }
@@ -266,7 +278,7 @@ Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptio
     L.steps.resize(emitted);
     L.placements.resize(placed);
     KILN_RETURN_IF_ERROR(lower_on_cpu(L, n));
-    L.place(&n, "cpu", "cpu kernel", s.message());
+    L.place(&n, Placement::kCpu, "cpu kernel", s.message());
   }
   KILN_RETURN_IF_ERROR(lower_outputs(L, *e));
   drop_unread_steps(L, *e);

@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ir/graph.h"
@@ -54,13 +55,23 @@ struct IoBuffer {
   bool on_device = false;
 };
 
+// Where one ONNX node's work went.
+enum class Placement {
+  kCuda,    // steps on the GPU (its own, or fused into another node's)
+  kCpu,     // the CPU kernel, because the CUDA backend declined the node
+  kFolded,  // evaluated once at build time
+  kAlias,   // no work: the output is the input's buffer
+  kPass,    // removed or fused by a graph pass before lowering
+};
+// "cuda", "cpu", "folded", "alias", "pass": the first column of the `kiln build --report` table.
+std::string_view placement_name(Placement p);
+
 // Where one ONNX node ended up and why.
 struct NodePlacement {
-  std::string node;    // Node::describe()
-  std::string device;  // "cuda", "cpu" (fallback), "folded" (constant at build time), "alias" (no work),
-                       // "pass" (removed or fused by a graph pass before lowering)
-  std::string impl;    // "cublasLt fp16 bias+gelu", "cudnn conv NHWC algo 1 +bias+relu", "kernel softmax"
-  std::string why;     // for cpu: why the CUDA backend declined it; for fused nodes: into what
+  std::string node;  // Node::describe()
+  Placement placement = Placement::kCuda;
+  std::string impl;  // "cublasLt fp16 bias+gelu", "cudnn conv NHWC algo 1 +bias+relu", "kernel softmax"
+  std::string why;   // for cpu: why the CUDA backend declined it; for fused nodes: into what
 };
 
 struct BuildReport {

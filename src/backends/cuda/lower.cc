@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "ops/create_cast.h"
+#include "ops/op_registry.h"
 
 namespace kiln::cuda {
 
@@ -77,6 +78,22 @@ DType ir_dtype_of(k::DT d) {
 Expected<Tensor> convert_tensor(const Tensor& t, DType to) {
   if (t.dtype() == to) return t;
   KILN_ASSIGN_OR_RETURN(Tensor c, Tensor::create(to, t.dims()));
+  // Weights of a half build (f32 -> f16/bf16) are most of a model's bytes: a typed loop on the
+  // thread pool, not the per-element dispatch of the general path below.
+  if (t.dtype() == DType::kFloat32 && (to == DType::kFloat16 || to == DType::kBFloat16)) {
+    const float* x = t.data<float>();
+    void* out = c.raw();
+    parallel_for(t.numel(), int64_t(1) << 16, [&](int64_t begin, int64_t end) {
+      if (to == DType::kFloat16) {
+        half* o = static_cast<half*>(out);
+        for (int64_t i = begin; i < end; ++i) o[i] = half(x[i]);
+      } else {
+        bfloat16* o = static_cast<bfloat16*>(out);
+        for (int64_t i = begin; i < end; ++i) o[i] = bfloat16(x[i]);
+      }
+    });
+    return c;
+  }
   bool ok = true;
   visit_dtype(to, [&]<typename To>() {
     if constexpr (std::is_arithmetic_v<To> || std::is_same_v<To, half> || std::is_same_v<To, bfloat16>) {
@@ -244,11 +261,11 @@ void Lowering::emit(const Node* n, std::string impl, std::vector<int> reads, std
 
 void Lowering::mark_fused(const Node* n, const Node* into) {
   fused_[n] = into;
-  place(n, "cuda", "fused", "into " + into->describe());
+  place(n, Placement::kCuda, "fused", "into " + into->describe());
 }
 
-void Lowering::place(const Node* n, std::string device, std::string impl, std::string why) {
-  placements.push_back({n->describe(), std::move(device), std::move(impl), std::move(why)});
+void Lowering::place(const Node* n, Placement where, std::string impl, std::string why) {
+  placements.push_back({n->describe(), where, std::move(impl), std::move(why)});
 }
 
 const std::map<OpKind, LowerFn>& lowering_table() {

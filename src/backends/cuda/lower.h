@@ -162,7 +162,7 @@ class Lowering {
     auto it = fused_.find(n);
     return it == fused_.end() ? nullptr : it->second;
   }
-  void place(const Node* n, std::string device, std::string impl, std::string why = "");
+  void place(const Node* n, Placement where, std::string impl, std::string why = "");
 
   // Results, read by the engine after lowering.
   std::vector<Step> steps;

@@ -99,8 +99,9 @@ Expected<Tensor> to_krsc(const Tensor& w) {
 }
 
 // Convolutions over few channels (an RGB image). cuDNN's NHWC tensor-core kernels want C % 8 == 0;
-// at C = 3 it falls back to slow ones (ResNet-50's 7x7/2 stem took 3.1 ms of 9.4 at batch 256 on
-// the H100). The input is transformed once into NHWC with 8 or 16 channels
+// at C = 3 it falls back to slow ones (ResNet-50's 7x7/2 stem was a third of the forward at batch
+// 256: bench/RESULTS.md, "(fourth session) — ResNet-50 stem space-to-depth; first max-autotune run
+// (issue 4)"). The input is transformed once into NHWC with 8 or 16 channels
 // (k::space_to_depth_nhwc) and the filter to match, so the sums are the same:
 //  - stride 2 and 4*C <= 16: each 2x2 block of pixels folds into channels (space-to-depth) and the
 //    convolution becomes stride 1 over 4*C channels with a filter of about half the size; tap
@@ -215,14 +216,15 @@ struct AlgoChoice {
 };
 
 // Find's ranking comes from a run or two of each algorithm in isolation, and it is not stable for
-// small convolutions: on the H100 (2026-11-24) one ResNet-50 b1 build in eight took IMPLICIT_GEMM
-// for layer2.0's 3x3/2 convolution, and the forward ran 0.490 instead of 0.336 ms. Where x and y
-// together are at most kRetimeBytes, the two best by Find and IMPLICIT_PRECOMP_GEMM (which the
-// fused identity path needs) are timed again as the forward runs them (tuning.h: launches back to
-// back in a graph, the weight cold); those times decide. Re-timed so: 10 of 10 b1 builds 0.327-0.329
-// ms. Larger convolutions keep Find's choice: re-timing them all took ResNet-50's b256 build from 7
-// to 25 s for the same forward time. (Gating on Find's own time instead, under 50 us, missed: 4 of
-// 8 b1 builds were slow again, Find's times for those convolutions being what is unreliable.)
+// small convolutions: now and then a ResNet-50 b1 build took IMPLICIT_GEMM for layer2.0's 3x3/2
+// convolution, and that build's forward was far slower. Where x and y together are at most
+// kRetimeBytes, the two best by Find and IMPLICIT_PRECOMP_GEMM (which the fused identity path
+// needs) are timed again as the forward runs them (tuning.h: launches back to back in a graph, the
+// weight cold); those times decide, and b1 builds no longer differ. Larger convolutions keep Find's
+// choice: re-timing them all made ResNet-50's b256 build several times longer for the same forward
+// time. (Gating on Find's own time instead missed: half the b1 builds were slow again, Find's times
+// for those convolutions being what is unreliable.) bench/RESULTS.md, "ResNet-50: input image read
+// by space-to-depth, kiln's max pooling, conv algorithms re-timed (c955006, 9be7bf1, 285d861)".
 constexpr size_t kRetimeBytes = size_t(64) << 20;
 // A failed scratch allocation keeps Find's choice; an error only when timing broke the context.
 Status retime(Lowering& L, cudnnTensorDescriptor_t xd, void* x, cudnnFilterDescriptor_t wd, size_t wb,
@@ -770,8 +772,9 @@ Status lower_pool(Lowering& L, const Node& n) {
   Layout lay = L.half() ? Layout::kNHWC : Layout::kRowMajor;
   KILN_ASSIGN_OR_RETURN(const DevValue* x, lay == Layout::kNHWC ? L.nhwc(xv) : L.rowmajor(xv));
   if (n.op == OpKind::kMaxPool && lay == Layout::kNHWC && x->dims[1] % 8 == 0 && k::dt_size(x->dt) == 2) {
-    // kiln's kernel: cuDNN's NHWC max pooling took 0.29 ms for ResNet-50's at batch 256 (411 MB in,
-    // 103 MB out: 1.7x its memory time).
+    // kiln's kernel: cuDNN's NHWC max pooling ran well over its memory time on ResNet-50's at batch
+    // 256 (bench/RESULTS.md, "ResNet-50: input image read by space-to-depth, kiln's max pooling,
+    // conv algorithms re-timed (c955006, 9be7bf1, 285d861)").
     k::PoolShape ps{int(x->dims[0]), int(x->dims[2]), int(x->dims[3]), int(x->dims[1]), int(yd_dims[2]), int(yd_dims[3]),
                     int(ks[0]), int(ks[1]), int(st[0]), int(st[1]), (*pads)[0], (*pads)[1]};
     const DevValue& y = L.define(n.outputs[0], lay);

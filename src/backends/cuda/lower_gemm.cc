@@ -12,6 +12,7 @@
 #include "backends/cuda/lower.h"
 #include "backends/cuda/timing_cache.h"
 #include "backends/cuda/tuning.h"
+#include "ops/op_registry.h"
 
 namespace kiln::cuda {
 
@@ -300,11 +301,20 @@ Expected<Ref> transposed_weight(Lowering& L, const DevValue* w, int64_t rows, in
   if (host.size() != size_t(rows * cols) * 2) {
     return KILN_ERROR(kInternal, "weight of {} bytes for a {}x{} matrix of 16-bit elements", host.size(), rows, cols);
   }
-  std::vector<uint16_t> src(size_t(rows * cols)), dst(size_t(rows * cols));
-  std::memcpy(src.data(), host.data(), host.size());
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) dst[size_t(c * rows + r)] = src[size_t(r * cols + c)];
-  }
+  std::vector<uint16_t> dst(size_t(rows * cols));
+  const auto* src = reinterpret_cast<const uint16_t*>(host.data());
+  // 64x64 blocks (reads and writes both stay in cache), blocks of rows spread over the thread pool:
+  // a transformer's weights are most of its engine's load time otherwise.
+  constexpr int64_t kB = 64;
+  parallel_for((rows + kB - 1) / kB, 1, [&](int64_t rb0, int64_t rb1) {
+    for (int64_t r0 = rb0 * kB; r0 < std::min(rows, rb1 * kB); r0 += kB) {
+      for (int64_t c0 = 0; c0 < cols; c0 += kB) {
+        for (int64_t r = r0; r < std::min(rows, r0 + kB); ++r) {
+          for (int64_t c = c0; c < std::min(cols, c0 + kB); ++c) dst[size_t(c * rows + r)] = src[size_t(r * cols + c)];
+        }
+      }
+    }
+  });
   KILN_ASSIGN_OR_RETURN(Ref t, L.upload_raw(dst.data(), dst.size() * 2));
   cache[w->ref.id] = t;
   return t;
@@ -343,7 +353,8 @@ const Value* fuse_residual(Lowering& L, const Value* out, k::DT dt, Epilogue& ep
 // erf GELU may take cuBLASLt's (tanh) GELU epilogue in half-precision builds: the two differ by at
 // most 4.7e-4 (at x = 2.7, where an fp16 step is 2e-3; bf16's is 1.6e-2), i.e. under a quarter of
 // a unit of the stored result, and the separate pass costs a full read+write of the MLP's widest
-// activation (BERT-base b64: 12 x 38 us). fp32 builds keep the exact erf kernel.
+// activation in every layer (bench/RESULTS.md, "(third session) — all five models ahead of eager and
+// torch.compile (issues 3, 4)"). fp32 builds keep the exact erf kernel.
 bool erf_gelu_as_tanh(k::DT dt) { return dt == k::DT::kF16 || dt == k::DT::kBF16; }
 
 // The decomposed GELU (GPT-2's tanh form, BERT's erf form, found by find_patterns) on the product,
@@ -428,10 +439,11 @@ Status define_and_emit(Lowering& L, const Node& n, const DevValue* a, const DevV
 }
 
 // A constant [K, N] weight whose rows are not 16-byte aligned (GPT-2's 50257-wide LM head) keeps
-// cuBLASLt off its fast Hopper kernels (5.05 ms vs 0.97 ms padded at 8192x50257x768 on the H100):
-// it is held zero-padded to [K, Npad], the product goes to an aligned [M, Npad] scratch buffer,
-// and one cast_rows pass compacts it. Returns null when the weight is fine as it is (or is not a
-// [K, N] matrix for this K).
+// cuBLASLt off its fast Hopper kernels, several times slower than the padded product
+// (bench/RESULTS.md, "(later) — fused attention, residual/GELU epilogues, Clip into depthwise
+// (issues 3, 4)"): it is held zero-padded to [K, Npad], the product goes to an aligned [M, Npad]
+// scratch buffer, and one cast_rows pass compacts it. Returns null when the weight is fine as it is
+// (or is not a [K, N] matrix for this K).
 Expected<const DevValue*> padded_weight(Lowering& L, const Value* v, k::DT dt, int64_t k_dim) {
   const Tensor* w = L.constant(v);
   int64_t per16 = 16 / k::dt_size(dt);

@@ -4,8 +4,9 @@
 //
 // The kernel's edge over cuBLASLt is not its product but its launch: cuBLASLt's kernels cannot be
 // launched with programmatic serialization, so every one of them starts only after the previous
-// kernel has drained, and at batch 1 (BERT-base: M = 128, 4.5-7.7 us per GEMM) the ~1-2 us gap is a
-// large share of each product. gemm_sm90 becomes resident during the previous kernel, waits only
+// kernel has drained, and at batch 1 (BERT-base: M = 128) each product is short enough that this
+// gap is a large share of it (bench/RESULTS.md, "The experiment that decided it (bench/pdl_chain,
+// outside the build)"). gemm_sm90 becomes resident during the previous kernel, waits only
 // before its first load, and lets the next kernel (LayerNorm, attention, or another GEMM, launched
 // with programmatic serialization when they follow it: Step::triggers_dependents) do the same.
 // The candidates (CTA tiles 64x32 and 64x64) are timed by pick_lt_algo's method (tuning.h: back to

@@ -361,7 +361,7 @@ void add_provenance(const Graph& g, std::vector<NodePlacement>& nodes) {
     impl_of[p.node] = p.impl;  // a graph pass's node may have been fused into this one
   }
   for (const Absorbed& a : g.absorbed) {
-    NodePlacement p{a.node, "pass", "-", ""};
+    NodePlacement p{a.node, Placement::kPass, "-", ""};
     if (a.into) {
       std::string target = a.into->describe();
       if (auto it = impl_of.find(target); it != impl_of.end()) p.impl = it->second;
@@ -405,10 +405,13 @@ std::string BuildReport::to_text() const {
   out += fmt::format("device: {}\nprecision: {}\n", device_name, precision);
   int gpu = 0, cpu = 0, folded = 0, pass = 0;
   for (const NodePlacement& n : nodes) {
-    gpu += n.device == "cuda" || n.device == "alias";
-    cpu += n.device == "cpu";
-    folded += n.device == "folded";
-    pass += n.device == "pass";
+    switch (n.placement) {
+      case Placement::kCuda:
+      case Placement::kAlias: ++gpu; break;
+      case Placement::kCpu: ++cpu; break;
+      case Placement::kFolded: ++folded; break;
+      case Placement::kPass: ++pass; break;
+    }
   }
   out += fmt::format("nodes: {} on cuda, {} on cpu, {} folded at build time, {} removed or fused by graph passes\n", gpu,
                      cpu, folded, pass);
@@ -421,7 +424,8 @@ std::string BuildReport::to_text() const {
   out += fmt::format("build: {:.1f} ms\n", build_ms);
   out += "placement:\n";
   for (const NodePlacement& n : nodes) {
-    out += fmt::format("  {:<7} {}  {}{}\n", n.device, n.node, n.impl, n.why.empty() ? "" : "  [" + n.why + "]");
+    out += fmt::format("  {:<7} {}  {}{}\n", placement_name(n.placement), n.node, n.impl,
+                       n.why.empty() ? "" : "  [" + n.why + "]");
   }
   return out;
 }

@@ -9,9 +9,9 @@
 //   }
 //   KILN_RETURN_IF_ERROR(finish_timing("my_gemm m=.."));
 //
-// Timing one launch between two events (the method before 2026-11-24) counts the launch latency
-// the graph hides and is noisy at a few microseconds: per-shape choices moved from build to build
-// (BERT b64 FFN-down 63 vs 74 us) and small-M tiles that won alone lost inside the graph.
+// Timing one launch between two events counts the launch latency the graph hides and is noisy at a
+// few microseconds: per-shape choices moved from build to build, and small-M tiles that won alone
+// lost inside the graph (bench/RESULTS.md, "GEMM autotuning timed inside a captured graph (e558536)").
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -53,8 +53,9 @@ class RotatingCopies {
 // The operands of a product D = A . W (+ C) for timing. The weight is cold: a model's weights do not
 // fit the L2. The activations (A, the residual C) were written by the kernels just before and are
 // still in L2, unless the operands together outgrow half of it: then the forward streams them
-// through DRAM as well, and they rotate too (BERT b64's FFN-down, 50 MB in: timed with A and C hot,
-// the chosen tile was ~5 us per launch slower in the model than the one all-cold timing chose).
+// through DRAM as well, and they rotate too (timed with A and C hot, BERT b64's FFN-down chose a tile
+// that was slower in the model than all-cold timing's: bench/RESULTS.md, "GEMM autotuning timed
+// inside a captured graph (e558536)").
 // c is a 256-byte stand-in without a residual. launches: every rotating operand's copies once.
 struct ProductOperands {
   ProductOperands(size_t a_bytes, size_t w_bytes, size_t d_bytes, bool has_c);

@@ -67,7 +67,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // Read-only global loads as volatile asm: they stay where they are written, ahead of the K/V wait,
 // so their latency hides behind it (as plain loads the compiler sank them to their use under the
-// register cap; ncu, BERT b64: L1TEX-scoreboard stalls were half of all cycles).
+// register cap, and the kernel stalled on them: bench/RESULTS.md, "(eighth session) — attention
+// kernel rework, LayerNorm register/latency choice, MobileNetV2 b256 vs max-autotune (issue 4)").
 __device__ __forceinline__ uint16_t ldg16(const void* p) {
   uint16_t r;
   asm volatile("ld.global.nc.b16 %0, [%1];" : "=h"(r) : "l"(p));
@@ -146,19 +147,22 @@ __device__ __forceinline__ void load_mask(MaskPair<M> (&mk)[N][2], const M* cons
 // M: the additive mask's element type, NoMask without one. kPairs: see load_mask. kRow: the mask is
 // one row of contiguous keys per (batch, head), broadcast over the queries (a [B,1,1,Sk] padding
 // mask), and each tile's piece of it is staged in shared memory by the K/V copies instead of read by
-// every lane from global memory (the report says "+row mask"). Not measured on a model: BERT as
-// exported by transformers 5 reaches the kernel with per-query mask strides ("+mask"), so it takes
-// the per-lane loads (ncu, BERT b64, 2026-11-24: long-scoreboard stalls 4.9 of 10.6 cycles per
-// instruction; 16 local loads per warp from spills at 4 blocks/SM).
+// every lane from global memory (the report says "+row mask"), where the per-lane loads left the
+// kernel stalled on memory and spilling at 4 blocks/SM (bench/RESULTS.md, "Attention: a one-row mask
+// staged in shared memory (5e391dd) — BERT does not take it"). BERT's padding mask, which
+// transformers exports broadcast over the queries, takes this path once the narrow-masks pass has
+// cut its chain to one row per key (bench/RESULTS.md, "narrow-masks (91b1848)").
 // kQW: warps along the queries (16 rows each); the other 4 / kQW warps split every key tile between
 // them (kKW groups of 64 / kKW keys) and their partial softmax states merge at the end. kQW = 4 (64
 // queries per CTA, every warp sees every key) when there are CTAs enough to fill the GPU; kQW = 1
 // for few heads x queries (batch 1: 12 heads x 2 tiles of 64 are 24 CTAs on 132 SMs), where the
 // per-warp chain of dependent steps over the keys is what takes the time.
-// Blocks per SM: 4 (128 registers) without a mask and with pair-loaded masks (24 bytes spilled;
-// H100, 2026-11-24: BERT b64 3.269/3.295 -> 3.257/3.267 ms, b1 0.398/0.393 -> 0.388/0.386 against 3
-// blocks); 3 for element-wise masks, which spill 88 bytes at 4 (measured 2026-11-23 on the earlier
-// kernel: masked layers 46-48 us at 3 vs 50-53 us at 4; unmasked ViT 307 us at 4 vs 327 us at 3).
+// Blocks per SM: 4 (128 registers) without a mask and with pair-loaded masks (24 bytes spilled,
+// still faster than 3 blocks on BERT: bench/RESULTS.md, "(eighth session) — attention kernel
+// rework, LayerNorm register/latency choice, MobileNetV2 b256 vs max-autotune (issue 4)"); 3 for
+// element-wise masks, which spill 88 bytes at 4 (on the earlier kernel masked layers were faster at
+// 3 and unmasked ones at 4: bench/RESULTS.md, "(third session) — all five models ahead of eager and
+// torch.compile (issues 3, 4)").
 template <class T, class M, bool kPairs, int kQW, bool kRow>
 __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> || kPairs ? 4 : 3)
     attention_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -400,7 +404,8 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> || kPairs 
   const float inv[2] = {1.0f / l_run[0], 1.0f / l_run[1]};
   // O goes out through this warp's 16 rows of qs (read only at j == 0, by this warp alone): the
   // fragments' 4-byte pieces become whole 16-byte chunks per lane, 128 contiguous bytes per row,
-  // instead of half-used 32-byte sectors (ncu, BERT b64: 16 of 32 bytes per sector stored).
+  // instead of half-used 32-byte sectors (bench/RESULTS.md, "(sixth session) — generated elementwise
+  // kernels, attention/LayerNorm tuning, a small-M GEMM that lost (issue 4)").
   T* ow = qs + qw * 16 * kLd;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

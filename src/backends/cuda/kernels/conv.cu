@@ -133,7 +133,8 @@ __global__ void space_to_depth_kernel(const In* __restrict__ x, SpaceToDepthShap
 
 // Block 2 with C channels known at compile time (ResNet's RGB stem: C = 3, CP = 16), 32-bit pixel
 // indices: the generic kernel's per-channel 64-bit divisions made it ~3x its memory time at batch
-// 256 (0.20 ms for 180 MB).
+// 256 (bench/RESULTS.md, "ResNet-50: input image read by space-to-depth, kiln's max pooling, conv
+// algorithms re-timed (c955006, 9be7bf1, 285d861)").
 template <int CP, int C, class Out, class In>
 __global__ void space_to_depth2_kernel(const In* __restrict__ x, SpaceToDepthShape sh, uint16_t* __restrict__ y,
                                        int total) {

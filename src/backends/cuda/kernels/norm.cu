@@ -109,10 +109,10 @@ __global__ void __launch_bounds__(TPR == 32 ? 32 * kWarpRowsPerBlock : TPR)
 // kEarly: the scale and bias are requested before the reductions, so their latency hides behind
 // them; that holds their registers across the reductions (80 instead of 54 for BERT's rows of 768
 // halves, 24 warps per SM instead of 36), which loses where rows are many and memory throughput
-// is what counts. Measured on the H100 (2026-11-24, 25 LayerNorms of BERT-base): batch 64 (8192
-// rows) 9.8 us early vs 8.1 us late per kernel (ncu), 3.28 vs 3.26 ms per forward; batch 1 (128
-// rows) 0.383-0.389 early vs 0.394-0.397 ms late. The launcher takes early while every row's
-// group can be resident at once.
+// is what counts: on BERT-base, late reads win at batch 64 (8192 rows) and early ones at batch 1
+// (128 rows) (bench/RESULTS.md, "(eighth session) — attention kernel rework, LayerNorm
+// register/latency choice, MobileNetV2 b256 vs max-autotune (issue 4)"). The launcher takes early
+// while every row's group can be resident at once.
 // Y: the output's type, T or (a half LayerNorm whose output is the model's f32 output) float.
 template <int TPR, int V, int E, class T, bool kEarly, class Y>
 __global__ void __launch_bounds__(TPR == 32 ? 32 * kWarpRowsPerBlock : TPR)

@@ -4,9 +4,10 @@
 // kernels lack is programmatic dependent launch: launched with programmatic stream serialization,
 // a kernel's CTAs become resident while the previous kernel finishes and wait (griddepcontrol.wait)
 // only before their first load, and each kernel lets the next one launch once its main loop is
-// done. At BERT-base batch 1 (M = 128) that hides most of the ~1-2 us between dependent launches
-// that a CUDA graph still pays (experiment on the H100, 2026-11-24: 12 layers of the four products
-// with LayerNorms, 72 kernels, 311 us with cuBLASLt's best per shape vs 275 us with these).
+// done. At BERT-base batch 1 (M = 128) that hides most of the gap between dependent launches that
+// a CUDA graph still pays, which is the whole of their gain: the products themselves are no faster
+// than cuBLASLt's (bench/RESULTS.md, "The experiment that decided it (bench/pdl_chain, outside the
+// build)").
 //
 // Instantiated for fp16 and bf16 with f32 accumulation, B as a row-major [K, N] matrix (the ONNX MatMul
 // weight as exported), CTA tiles 64 x {32, 64} x 64, activation none or GELU (tanh form, as

@@ -51,7 +51,7 @@ def export(name, out):
 def placements(report):
     """The report's node lines with timings stripped: which kernel each node got."""
     lines = [l for l in report.splitlines() if l.startswith("  ") and ("cuda" in l or "cpu" in l)]
-    return [re.sub(r"[0-9.]+ us", "", l) for l in lines]
+    return [re.sub(r"[0-9.]+ us|compiled by NVRTC|from the disk cache", "", l) for l in lines]
 
 
 def bench(kiln, model, batch, iters, env, out_json, is_engine):

@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
 
   kiln::BuildConfig config;
   config.device = device == "cuda" ? kiln::Device::kCuda : device == "auto" ? kiln::Device::kAuto : kiln::Device::kCpu;
+  config.batch = shape.empty() ? 0 : shape[0];  // a model exported with a symbolic batch gets the image's
   auto t0 = std::chrono::steady_clock::now();
   kiln::Expected<kiln::Engine> built = kiln::build(argv[1], config);
   if (!built) return fail(built.status());

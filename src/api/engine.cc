@@ -2,6 +2,11 @@
 // the CUDA engine (gpu.cc), and tensors across the API boundary.
 #include <chrono>
 #include <cstring>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -85,20 +90,39 @@ class CpuSession : public Session::Impl {
   std::shared_ptr<const Plan> plan_;
 };
 
-Expected<std::string> read_file(const std::string& path) {
+// The file mapped read-only: its pages come from the page cache with no copy, and the plan's
+// weights view them in place for as long as the engine lives.
+struct Mapping {
+  void* p = nullptr;
+  size_t size = 0;
+  ~Mapping() {
+    if (p) munmap(p, size);
+  }
+};
+
+Expected<std::shared_ptr<const Mapping>> map_file(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) return KILN_ERROR(kIo, "{}: is a directory, not an engine file", path);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return KILN_ERROR(kIo, "{}: cannot open: {}", path, std::strerror(errno));
-  std::string s;
-  f.seekg(0, std::ios::end);
-  auto size = f.tellg();
-  if (size < 0) return KILN_ERROR(kIo, "{}: cannot read", path);
-  s.resize(size_t(size));
-  f.seekg(0);
-  f.read(s.data(), size);
-  if (!f) return KILN_ERROR(kIo, "{}: cannot read", path);
-  return s;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return KILN_ERROR(kIo, "{}: cannot open: {}", path, std::strerror(errno));
+  struct stat st {};
+  auto m = std::make_shared<Mapping>();
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    return KILN_ERROR(kIo, "{}: cannot read: {}", path, std::strerror(errno));
+  }
+  m->size = size_t(st.st_size);
+  if (m->size > 0) {
+    void* p = ::mmap(nullptr, m->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      ::close(fd);
+      return KILN_ERROR(kIo, "{}: cannot map: {}", path, std::strerror(errno));
+    }
+    m->p = p;
+    ::madvise(p, m->size, MADV_SEQUENTIAL | MADV_WILLNEED);
+  }
+  ::close(fd);
+  return std::shared_ptr<const Mapping>(std::move(m));
 }
 
 }  // namespace
@@ -177,11 +201,12 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The bytes are shared, not copied: the plan's weights view them in place. read_ms: the time spent
-// reading them (0 when they came from memory), for the report's load line.
-Expected<Engine> load_shared(std::shared_ptr<const std::string> bytes, const std::string& name, double read_ms) {
+// The bytes are viewed, not copied: the plan's weights keep `owner` alive. read_ms: the time spent
+// opening them (0 when they came from memory), for the report's load line.
+Expected<Engine> load_view(std::string_view bytes, std::shared_ptr<const void> owner, const std::string& name,
+                           double read_ms) {
   auto t0 = std::chrono::steady_clock::now();
-  KILN_ASSIGN_OR_RETURN(EngineFile f, read_engine_file(bytes, name));
+  KILN_ASSIGN_OR_RETURN(EngineFile f, read_engine_file(bytes, std::move(owner), name));
   const double plan_ms = ms_since(t0);
   auto err = [&](const std::string& what) { return KILN_ERROR(kInvalidModel, "{}: {}", name, what); };
   auto impl = std::make_shared<Engine::Impl>();
@@ -204,7 +229,7 @@ Expected<Engine> load_shared(std::shared_ptr<const std::string> bytes, const std
   } else {
     return err(fmt::format("unknown device '{}'", device));
   }
-  impl->load_note = fmt::format("loaded in {:.1f} ms: file read {:.1f}, checksum and plan {:.1f}, {} {:.1f}\n",
+  impl->load_note = fmt::format("loaded in {:.1f} ms: file mapped {:.1f}, checksum and plan {:.1f}, {} {:.1f}\n",
                                 read_ms + ms_since(t0), read_ms, plan_ms,
                                 impl->gpu ? "GPU lowering from the plan (weights converted and uploaded)" : "checks",
                                 ms_since(t0) - plan_ms);
@@ -215,12 +240,15 @@ Expected<Engine> load_shared(std::shared_ptr<const std::string> bytes, const std
 
 Expected<Engine> Engine::load(const std::string& path) {
   auto t0 = std::chrono::steady_clock::now();
-  KILN_ASSIGN_OR_RETURN(std::string bytes, read_file(path));
-  return load_shared(std::make_shared<const std::string>(std::move(bytes)), path, ms_since(t0));
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<const Mapping> m, map_file(path));
+  std::string_view bytes(static_cast<const char*>(m->p), m->size);
+  return load_view(bytes, m, path, ms_since(t0));
 }
 
 Expected<Engine> Engine::load_bytes(const void* data, size_t size, const std::string& name) {
-  return load_shared(std::make_shared<const std::string>(static_cast<const char*>(data), size), name, 0);
+  // A copy: the caller's buffer may not outlive the engine, whose weights view these bytes.
+  auto copy = std::make_shared<const std::string>(static_cast<const char*>(data), size);
+  return load_view(*copy, copy, name, 0);
 }
 
 // ---- Session -----------------------------------------------------------------------------------

@@ -25,6 +25,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "runtime/plan.h"
 
@@ -43,15 +44,18 @@ Expected<std::string> write_engine_file(const nlohmann::json& meta, const Plan& 
                                         const std::map<std::string, std::string>& extra = {});
 
 // Reads an engine file from `bytes`; `name` (the path) starts every error message. The plan's
-// weights view `bytes` in place, so the buffer is kept alive by them.
+// weights view the bytes in place and keep `owner` (what holds them: a mapping of the file, a
+// string) alive.
+Expected<EngineFile> read_engine_file(std::string_view bytes, std::shared_ptr<const void> owner, const std::string& name);
 Expected<EngineFile> read_engine_file(std::shared_ptr<const std::string> bytes, const std::string& name);
 
 // Reads only what identifies the file: magic, format version, size, checksum and META (for
 // `kiln inspect` and for checking that an engine can run here before reading the rest).
-Expected<nlohmann::json> read_engine_meta(const std::string& bytes, const std::string& name);
+Expected<nlohmann::json> read_engine_meta(std::string_view bytes, const std::string& name);
 
-// 64-bit checksum: four interleaved multiply-rotate lanes over 8-byte words, then the tail bytes.
-// Any change of one word always changes the result (each step is a bijection of the lane state).
+// 64-bit checksum: the bytes in 4 MiB chunks, each hashed by four interleaved multiply-rotate lanes
+// over 8-byte words (chunks in parallel), the chunk hashes folded in order. Any change of one word
+// always changes the result (each step is a bijection of the state given the word).
 uint64_t engine_checksum(const void* data, size_t size);
 
 // Whether these bytes start like an engine file (the CLI tells .kiln from .onnx by content).

@@ -20,7 +20,7 @@ def step(h, w):
     return ((h << 31) | (h >> 33)) & MASK
 
 
-def checksum(b):
+def chunk_hash(b):
     lanes = [0x243F6A8885A308D3, 0x13198A2E03707344, 0xA4093822299F31D0, 0x082EFA98EC4E6C89]
     n = len(b)
     full = n - n % 32
@@ -33,6 +33,13 @@ def checksum(b):
         h = step(h, lane)
     for byte in b[full:]:
         h = step(h, byte)
+    return h
+
+
+def checksum(b, chunk=4 << 20):
+    h = chunk_hash(struct.pack("<Q", len(b)))
+    for at in range(0, len(b), chunk):
+        h = step(h, chunk_hash(b[at:at + chunk]))
     return h
 
 

@@ -27,7 +27,7 @@ std::string_view precision_name(Precision p);
 
 struct BuildOptions {
   Precision precision = Precision::kFp32;
-  bool cuda_graph = true;          // capture the forward in a CUDA graph when every step can be
+  bool cuda_graph = true;          // replay the forward as CUDA graphs (one per run of device steps)
   size_t workspace_bytes = 64u << 20;  // shared scratch for cuBLASLt / cuDNN
   bool autotune = true;            // time cuDNN algorithms at build time (else heuristics)
   bool poison = false;             // tests: fill each session's arena with NaN bytes before use
@@ -83,7 +83,7 @@ struct BuildReport {
   int steps = 0;            // executed steps per forward (launch groups)
   int cpu_steps = 0;        // steps that run on the host (break graph capture)
   bool cuda_graph = false;  // whether sessions capture a graph
-  std::string no_graph_reason;
+  std::string graph_note;   // "disabled", or how many graphs surround the host steps
   double build_ms = 0;
   std::string device_name;
   std::string to_text() const;  // the `kiln build --report` table

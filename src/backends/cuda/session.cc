@@ -1,5 +1,5 @@
 // Sessions: one stream, one arena, one cuBLASLt and cuDNN handle each; the forward is captured
-// into a CUDA graph once and replayed. Inputs and outputs pass through pinned host buffers so the
+// into CUDA graphs once (one per run of device steps between host steps) and replayed. Inputs and outputs pass through pinned host buffers so the
 // copies are true async DMA. Nothing is allocated in the steady-state loop.
 #include <cuda_profiler_api.h>
 
@@ -30,7 +30,9 @@ class CudaSession : public Session {
  public:
   explicit CudaSession(std::shared_ptr<EngineImpl> e) : e_(std::move(e)) {}
   ~CudaSession() override {
-    if (exec_) cudaGraphExecDestroy(exec_);
+    for (const Segment& g : segments_) {
+      if (g.exec) cudaGraphExecDestroy(g.exec);
+    }
     if (dnn_) cudnnDestroy(dnn_);
     if (lt_) cublasLtDestroy(lt_);
     if (io_event_) cudaEventDestroy(io_event_);
@@ -214,16 +216,46 @@ class CudaSession : public Session {
     return st ? st : st.with_context(s.label);
   }
 
+  // One CUDA graph per run of device steps between host steps (a CPU node costs its round trip,
+  // not the graph for the whole forward); host steps stay out of every graph and run in order.
   Status capture() {
-    cudaGraph_t graph = nullptr;
-    KILN_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    Status st = run_steps();
-    cudaError_t end = cudaStreamEndCapture(stream_, &graph);
-    KILN_RETURN_IF_ERROR(st);
-    KILN_CUDA_TRY(end);
-    cudaError_t inst = cudaGraphInstantiate(&exec_, graph, 0);
-    cudaGraphDestroy(graph);
-    KILN_CUDA_TRY(inst);
+    const auto& steps = e_->lowering->steps;
+    for (size_t i = 0; i < steps.size();) {
+      if (steps[i].host) {
+        segments_.push_back({i, i + 1, nullptr});
+        ++i;
+        continue;
+      }
+      size_t end = i;
+      while (end < steps.size() && !steps[end].host) ++end;
+      Segment seg{i, end, nullptr};
+      cudaGraph_t graph = nullptr;
+      KILN_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      Status st;
+      for (size_t k = i; st && k < end; ++k) st = run_step(k);
+      cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+      KILN_RETURN_IF_ERROR(st);
+      KILN_CUDA_TRY(e);
+      cudaError_t inst = cudaGraphInstantiate(&seg.exec, graph, 0);
+      cudaGraphDestroy(graph);
+      KILN_CUDA_TRY(inst);
+      segments_.push_back(seg);
+      i = end;
+    }
+    return Status::ok();
+  }
+
+  // The forward: the captured segments replayed and the host steps run between them, or every
+  // step launched one by one when nothing was captured.
+  Status forward() {
+    if (segments_.empty()) return run_steps();
+    for (const Segment& g : segments_) {
+      if (g.exec) {
+        KILN_CUDA_TRY(cudaGraphLaunch(g.exec, stream_));
+      } else {
+        KILN_RETURN_IF_ERROR(run_step(g.begin));
+      }
+    }
     return Status::ok();
   }
 
@@ -253,11 +285,7 @@ class CudaSession : public Session {
         KILN_CUDA_TRY(cudaMemsetAsync(ctx_.bad_index, 0, sizeof(int) * size_t(L.bad_index_slots()), stream_));
       }
     }
-    if (exec_) {
-      KILN_CUDA_TRY(cudaGraphLaunch(exec_, stream_));
-    } else {
-      KILN_RETURN_IF_ERROR(run_steps());
-    }
+    KILN_RETURN_IF_ERROR(forward());
     if (with_io) {
       for (size_t i = 0; i < e_->output_stage.size(); ++i) {
         const DevValue& d = e_->output_stage[i];
@@ -288,7 +316,11 @@ class CudaSession : public Session {
   cudaEvent_t io_event_ = nullptr;  // orders run_buffers after the caller's stream
   cublasLtHandle_t lt_ = nullptr;
   cudnnHandle_t dnn_ = nullptr;
-  cudaGraphExec_t exec_ = nullptr;
+  struct Segment {
+    size_t begin = 0, end = 0;        // steps [begin, end)
+    cudaGraphExec_t exec = nullptr;   // null: a host step, run eagerly
+  };
+  std::vector<Segment> segments_;
   DeviceMem mem_;
   PinnedMem pinned_;
   size_t bytes_ = 0;
@@ -386,9 +418,12 @@ void EngineImpl::finish_report(double build_ms) {
   rep.steps = int(L.steps.size());
   rep.cpu_steps = 0;
   for (const Step& s : L.steps) rep.cpu_steps += s.host;
-  rep.cuda_graph = opt.cuda_graph && rep.cpu_steps == 0;
-  if (!opt.cuda_graph) rep.no_graph_reason = "disabled";
-  else if (rep.cpu_steps) rep.no_graph_reason = fmt::format("{} step(s) run on the CPU", rep.cpu_steps);
+  // Sessions capture each run of device steps between host steps as a graph of its own.
+  int runs = 0;
+  for (size_t i = 0; i < L.steps.size(); ++i) runs += !L.steps[i].host && (i == 0 || L.steps[i - 1].host);
+  rep.cuda_graph = opt.cuda_graph;
+  if (!opt.cuda_graph) rep.graph_note = "disabled";
+  else if (rep.cpu_steps) rep.graph_note = fmt::format("{} graph(s) around {} host step(s)", runs, rep.cpu_steps);
   cudaDeviceProp p{};
   if (cudaGetDeviceProperties(&p, 0) == cudaSuccess) rep.device_name = p.name;
   rep.build_ms = build_ms;
@@ -416,7 +451,7 @@ std::string BuildReport::to_text() const {
   out += fmt::format("nodes: {} on cuda, {} on cpu, {} folded at build time, {} removed or fused by graph passes\n", gpu,
                      cpu, folded, pass);
   out += fmt::format("steps per forward: {} ({} on the host); cuda graph: {}{}\n", steps, cpu_steps,
-                     cuda_graph ? "yes" : "no", no_graph_reason.empty() ? "" : " (" + no_graph_reason + ")");
+                     cuda_graph ? "yes" : "no", graph_note.empty() ? "" : " (" + graph_note + ")");
   auto mib = [](size_t b) { return double(b) / (1 << 20); };
   out += fmt::format("weights: {:.2f} MiB; activation arena: {:.2f} MiB planned (naive sum {:.2f} MiB, liveness lower "
                      "bound {:.2f} MiB); workspace {:.1f} MiB\n",

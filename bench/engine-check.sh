@@ -26,26 +26,14 @@ if [[ -x "$BIN/classify" && -f "$W/resnet50.onnx" ]]; then
   "$BIN/classify" "$W/resnet50.onnx" "$W/img.npy" "$W/classify.kiln" cuda 2>&1 | tail -4
 fi
 if [[ "${HOST_STEP:-1}" == 1 ]]; then
-  # A CPU node between GPU work (CumSum has no GPU lowering yet): graphs around it vs none.
-  python3 - "$W/hoststep.onnx" <<'PY'
-import sys, numpy as np, onnx
-from onnx import helper as h, TensorProto as T
-rng = np.random.default_rng(0)
-w = [h.make_tensor(f"w{i}", T.FLOAT, [1024, 1024], (rng.standard_normal(1024 * 1024) * 0.03).astype(np.float32).tolist()) for i in range(4)]
-ax = h.make_tensor("ax", T.INT64, [], [1])
-nodes = [h.make_node("MatMul", ["x", "w0"], ["a"]), h.make_node("Relu", ["a"], ["b"]), h.make_node("MatMul", ["b", "w1"], ["c"]),
-         h.make_node("CumSum", ["c", "ax"], ["d"], name="cumsum"), h.make_node("MatMul", ["d", "w2"], ["e"]),
-         h.make_node("Relu", ["e"], ["f"]), h.make_node("MatMul", ["f", "w3"], ["y"])]
-g = h.make_graph(nodes, "hoststep", [h.make_tensor_value_info("x", T.FLOAT, [64, 1024])],
-                 [h.make_tensor_value_info("y", T.FLOAT, [64, 1024])], w + [ax])
-onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), sys.argv[1])
-PY
-  echo "== a CPU node between GPU steps: graphs around it (default) vs --no-cuda-graph, 3 rounds"
-  for r in 1 2 3; do
-    for flag in "" --no-cuda-graph; do
-      "$BIN/kiln" bench "$W/hoststep.onnx" --fp16 $flag --warmup 20 --iterations 200 --report 2>&1 \
-        | grep -E "cuda graph:|latency" | tr '\n' ' ' | sed "s/^/${flag:-graphs} /"; echo
-    done
+  # A CPU node in the middle of GPU work (CumSum has no GPU lowering yet), 40 small GEMMs around it:
+  # graphs around the host step (default) vs every step launched (--no-cuda-graph), ABBA order.
+  python3 bench/hoststep_model.py "$W/hoststep.onnx"
+  echo "== a CPU node between 2 x 20 GEMM+Tanh steps: graphs around it vs --no-cuda-graph"
+  for flag in "" --no-cuda-graph --no-cuda-graph "" "" --no-cuda-graph; do
+    "$BIN/kiln" bench "$W/hoststep.onnx" --fp16 $flag --warmup 50 --iterations 500 --report 2>&1 \
+      | grep -E "cuda graph:|latency" | sed -e 's/steps per forward.*cuda graph: //' -e 's/latency (CUDA events per forward)://' \
+      | tr '\n' ' ' | sed "s/^/${flag:-graphs} /"; echo
   done
 fi
 if [[ -f "$W/resnet50.onnx" ]]; then

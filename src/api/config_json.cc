@@ -6,25 +6,6 @@
 
 namespace kiln {
 
-std::string_view device_name(Device d) {
-  switch (d) {
-    case Device::kAuto: return "auto";
-    case Device::kCpu: return "cpu";
-    case Device::kCuda: return "cuda";
-  }
-  return "?";
-}
-
-std::string_view precision_name(Precision p) {
-  switch (p) {
-    case Precision::kFp32: return "fp32";
-    case Precision::kTf32: return "tf32";
-    case Precision::kFp16: return "fp16";
-    case Precision::kBf16: return "bf16";
-  }
-  return "?";
-}
-
 nlohmann::json config_to_json(const BuildConfig& c) {
   nlohmann::json j;
   j["device"] = std::string(device_name(c.device));

@@ -18,16 +18,6 @@ namespace kiln {
 
 namespace {
 
-cuda::Precision to_cuda(Precision p) {
-  switch (p) {
-    case Precision::kFp32: return cuda::Precision::kFp32;
-    case Precision::kTf32: return cuda::Precision::kTf32;
-    case Precision::kFp16: return cuda::Precision::kFp16;
-    case Precision::kBf16: return cuda::Precision::kBf16;
-  }
-  return cuda::Precision::kFp32;
-}
-
 nlohmann::json target_json(const cuda::TargetInfo& t) {
   return {{"gpu", t.gpu},           {"sm_major", t.sm_major}, {"sm_minor", t.sm_minor},
           {"cuda_runtime", t.cuda_runtime}, {"cublaslt", t.cublaslt}, {"cudnn", t.cudnn}};
@@ -102,7 +92,7 @@ class GpuEngine : public DeviceEngine {
 Expected<std::shared_ptr<DeviceEngine>> build_with_cache(std::shared_ptr<const Plan> plan, const BuildConfig& c,
                                                          std::shared_ptr<cuda::TimingCache> cache, std::string source) {
   cuda::BuildOptions bo;
-  bo.precision = to_cuda(c.precision);
+  bo.precision = c.precision;
   bo.cuda_graph = c.cuda_graph;
   bo.autotune = c.autotune;
   bo.workspace_bytes = c.workspace_bytes;

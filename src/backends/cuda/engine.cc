@@ -13,16 +13,6 @@
 
 namespace kiln::cuda {
 
-std::string_view precision_name(Precision p) {
-  switch (p) {
-    case Precision::kFp32: return "fp32";
-    case Precision::kTf32: return "tf32";
-    case Precision::kFp16: return "fp16";
-    case Precision::kBf16: return "bf16";
-  }
-  return "?";
-}
-
 std::string_view placement_name(Placement p) {
   switch (p) {
     case Placement::kCuda: return "cuda";

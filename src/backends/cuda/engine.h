@@ -17,13 +17,15 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "kiln/engine.h"
 
 namespace kiln::cuda {
 
 class TimingCache;  // timing_cache.h
 
-enum class Precision { kFp32, kTf32, kFp16, kBf16 };
-std::string_view precision_name(Precision p);
+// The public precision (include/kiln/engine.h), one enum for the API and the backend.
+using ::kiln::Precision;
+using ::kiln::precision_name;
 
 struct BuildOptions {
   Precision precision = Precision::kFp32;

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "backends/backend.h"
+#include "backends/cuda/cuda_check.h"
 #include "backends/cuda/engine.h"
 #include "backends/cuda/timing_cache.h"
 #include "ir/text.h"
@@ -509,6 +510,55 @@ Status check_concurrent_sessions(uint64_t seed) {
   return Status::ok();
 }
 
+// Sessions of one engine share its weights (issue 23 item 6): with 2 x 64 MiB of weights, each
+// session after the first must take about its own device_bytes() (arena, workspace, staging) of
+// device memory, never another copy of the weights.
+Status check_shared_weights(uint64_t seed) {
+  Rng rng{std::mt19937_64(seed)};
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, parse_graph(
+      "graph g(%x: f32[16,4096], %w1: f32[4096,4096], %w2: f32[4096,4096]) {\n %h = MatMul(%x, %w1) : f32[16,4096]\n"
+      " %r = Relu(%h) : f32[16,4096]\n %y = MatMul(%r, %w2) : f32[16,4096]\n return %y\n}"));
+  std::vector<Value*> keep;
+  for (Value* v : g->inputs) {
+    if (v->name == "x") keep.push_back(v);
+    else v->constant = rng.random(v->type.dtype, static_dims(v), 0);
+  }
+  g->inputs = keep;
+  KILN_RETURN_IF_ERROR(infer_types(*g));
+  auto free_bytes = []() -> Expected<size_t> {
+    size_t free = 0, total = 0;
+    KILN_CUDA_TRY(cudaMemGetInfo(&free, &total));
+    return free;
+  };
+  KILN_ASSIGN_OR_RETURN(size_t before, free_bytes());
+  KILN_ASSIGN_OR_RETURN(auto engine, cuda::Engine::build(*g, cuda::BuildOptions{}));
+  KILN_ASSIGN_OR_RETURN(size_t built, free_bytes());
+  std::vector<std::unique_ptr<cuda::Session>> sessions;
+  std::vector<size_t> after;
+  for (int i = 0; i < 4; ++i) {
+    KILN_ASSIGN_OR_RETURN(auto s, engine->new_session());
+    sessions.push_back(std::move(s));
+    KILN_ASSIGN_OR_RETURN(size_t f, free_bytes());
+    after.push_back(f);
+  }
+  const double mib = 1 << 20;
+  const double weights = double(engine->report().weight_bytes) / mib;
+  const double own = double(sessions[0]->device_bytes()) / mib;
+  std::string per;
+  for (int i = 1; i < 4; ++i) {
+    const double took = double(after[size_t(i - 1)] - after[size_t(i)]) / mib;
+    per += fmt::format("{}{:.1f}", i > 1 ? ", " : "", took);
+    // Allocation granularity aside (2 MiB pages), a session costs what it says it holds.
+    if (took > own + 8 || took > weights / 2) {
+      return KILN_ERROR(kInternal, "session {} took {:.1f} MiB; it holds {:.1f} MiB and the weights are {:.1f} MiB", i,
+                        took, own, weights);
+    }
+  }
+  std::printf("%s", fmt::format("     shared_weights: engine {:.1f} MiB (weights {:.1f}); sessions 2-4 took {} MiB each "
+                                "(device_bytes {:.1f})\n", double(before - built) / mib, weights, per, own).c_str());
+  return Status::ok();
+}
+
 Status check_out_of_memory(uint64_t seed) {
   Rng rng{std::mt19937_64(seed)};
   KILN_ASSIGN_OR_RETURN(auto g, mlp_graph(rng));
@@ -583,6 +633,7 @@ int main(int argc, char** argv) {
   }
   if (filter.empty()) {
     for (auto [name, fn] : {std::pair<const char*, Status (*)(uint64_t)>{"concurrent_sessions", check_concurrent_sessions},
+                            {"shared_weights", check_shared_weights},
                             {"out_of_memory", check_out_of_memory}}) {
       Status s = fn(seed);
       (s ? passed : failed)++;

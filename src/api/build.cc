@@ -42,6 +42,7 @@ Status add_batch_bindings(const Graph& g, int64_t batch, std::map<std::string, s
 
 Expected<Engine> build_model(Model m, const BuildConfig& config) {
   auto t0 = std::chrono::steady_clock::now();
+  KILN_RETURN_IF_ERROR(validate_config(config));
   Graph& g = *m.graph;
   std::map<std::string, std::vector<int64_t>> shapes = config.shapes;
   KILN_RETURN_IF_ERROR(add_batch_bindings(g, config.batch, shapes));
@@ -87,6 +88,18 @@ Expected<Engine> build_model(Model m, const BuildConfig& config) {
 }
 
 }  // namespace
+
+Status validate_config(const BuildConfig& c) {
+  if (c.gemm_sm90 < -1 || c.gemm_sm90 > 1) {
+    return KILN_ERROR(kInvalidArgument, "gemm_sm90 {}: expected -1 (off), 0 (timed) or 1 (forced)", c.gemm_sm90);
+  }
+  if (c.gemm_sm90_tile != 0 && c.gemm_sm90_tile != 32 && c.gemm_sm90_tile != 64) {
+    return KILN_ERROR(kInvalidArgument, "gemm_sm90_tile {}: expected 0 (time every width), 32 or 64", c.gemm_sm90_tile);
+  }
+  if (c.workspace_bytes == 0) return KILN_ERROR(kInvalidArgument, "workspace_bytes must be positive");
+  if (c.batch < 0) return KILN_ERROR(kInvalidArgument, "batch {}: expected a positive number (or 0: leave)", c.batch);
+  return Status::ok();
+}
 
 Expected<Engine> build(const std::string& onnx_path, const BuildConfig& config) {
   ImportOptions io;

@@ -57,6 +57,7 @@ Expected<BuildConfig> config_from_json(const nlohmann::json& j) {
   } catch (const nlohmann::json::exception& e) {
     return KILN_ERROR(kInvalidModel, "build configuration: {}", e.what());
   }
+  if (Status s = validate_config(c); !s) return KILN_ERROR(kInvalidModel, "build configuration: {}", s.message());
   return c;
 }
 

@@ -45,6 +45,9 @@ struct Session::Impl {
   virtual size_t device_bytes() const = 0;
 };
 
+// The values a BuildConfig's fields may take (build.cc): an error naming the field otherwise.
+Status validate_config(const BuildConfig& c);
+
 // BuildConfig <-> the JSON recorded in engine files (config_json.cc); unknown keys are errors.
 nlohmann::json config_to_json(const BuildConfig& c);
 Expected<BuildConfig> config_from_json(const nlohmann::json& j);

@@ -561,6 +561,54 @@ Status check_shared_weights(uint64_t seed) {
   return Status::ok();
 }
 
+// Session::run_buffers (the public API's device-pointer run): inputs and outputs in device memory,
+// ordered after work on the caller's own stream, and host buffers through the same call; both
+// bit-identical to Session::run.
+Status check_device_buffers(uint64_t seed) {
+  Rng rng{std::mt19937_64(seed)};
+  KILN_ASSIGN_OR_RETURN(auto g, mlp_graph(rng));
+  KILN_ASSIGN_OR_RETURN(auto engine, cuda::Engine::build(*g, cuda::BuildOptions{}));
+  KILN_ASSIGN_OR_RETURN(auto session, engine->new_session());
+  std::vector<Data> in = {Data(rng.random(DType::kFloat32, {16, 64}, 0))};
+  KILN_ASSIGN_OR_RETURN(auto want, session->run(in));
+  const Tensor& x = in[0].tensor;
+  const Tensor& y = want[0].tensor;
+  void *dx = nullptr, *dy = nullptr;
+  cudaStream_t user = nullptr;
+  auto release = [&] {
+    if (dx) cudaFree(dx);
+    if (dy) cudaFree(dy);
+    if (user) cudaStreamDestroy(user);
+  };
+  auto run = [&]() -> Status {
+    KILN_CUDA_TRY(cudaStreamCreateWithFlags(&user, cudaStreamNonBlocking));
+    KILN_CUDA_TRY(cudaMalloc(&dx, x.nbytes()));
+    KILN_CUDA_TRY(cudaMalloc(&dy, y.nbytes()));
+    KILN_CUDA_TRY(cudaMemsetAsync(dy, 0xFF, y.nbytes(), user));
+    // The input arrives on the caller's stream: run_buffers must wait for it.
+    KILN_CUDA_TRY(cudaMemcpyAsync(dx, x.raw(), x.nbytes(), cudaMemcpyHostToDevice, user));
+    KILN_RETURN_IF_ERROR(session->run_buffers({{x.dtype(), x.dims(), dx, true}}, {{y.dtype(), y.dims(), dy, true}}, user));
+    KILN_ASSIGN_OR_RETURN(Tensor got, Tensor::create(y.dtype(), y.dims()));
+    KILN_CUDA_TRY(cudaMemcpy(got.raw(), dy, y.nbytes(), cudaMemcpyDeviceToHost));
+    if (std::memcmp(got.raw(), y.raw(), y.nbytes()) != 0) return KILN_ERROR(kInternal, "device buffers: output differs");
+    KILN_ASSIGN_OR_RETURN(Tensor host, Tensor::create(y.dtype(), y.dims()));
+    KILN_RETURN_IF_ERROR(session->run_buffers({{x.dtype(), x.dims(), const_cast<void*>(x.raw()), false}},
+                                              {{y.dtype(), y.dims(), host.raw(), false}}, nullptr));
+    if (std::memcmp(host.raw(), y.raw(), y.nbytes()) != 0) return KILN_ERROR(kInternal, "host buffers: output differs");
+    // A wrong shape is an error naming the input, and the session still runs afterwards.
+    Status bad = session->run_buffers({{x.dtype(), {8, 64}, dx, true}}, {{y.dtype(), y.dims(), dy, true}}, user);
+    if (bad || bad.message().find("input 0") == std::string::npos) {
+      return KILN_ERROR(kInternal, "a wrong input shape gave '{}'", bad.message());
+    }
+    KILN_ASSIGN_OR_RETURN(auto again, session->run(in));
+    if (std::memcmp(again[0].tensor.raw(), y.raw(), y.nbytes()) != 0) return KILN_ERROR(kInternal, "run after an error differs");
+    return Status::ok();
+  };
+  Status st = run();
+  release();
+  return st;
+}
+
 Status check_out_of_memory(uint64_t seed) {
   Rng rng{std::mt19937_64(seed)};
   KILN_ASSIGN_OR_RETURN(auto g, mlp_graph(rng));
@@ -636,6 +684,7 @@ int main(int argc, char** argv) {
   if (filter.empty()) {
     for (auto [name, fn] : {std::pair<const char*, Status (*)(uint64_t)>{"concurrent_sessions", check_concurrent_sessions},
                             {"shared_weights", check_shared_weights},
+                            {"device_buffers", check_device_buffers},
                             {"out_of_memory", check_out_of_memory}}) {
       Status s = fn(seed);
       (s ? passed : failed)++;

@@ -59,6 +59,12 @@ void unpack_into(Tensor& t, const uint8_t* bytes) {
 
 int64_t packed_bytes(int64_t n, DType dt) { return (n * dtype_bits(dt) + 7) / 8; }
 
+// packed_bytes for a message: only computed where it cannot overflow (the checks below refuse more
+// than 2^60 elements before computing it).
+std::string packed_need(int64_t n, DType dt) {
+  return n > (int64_t(1) << 60) ? std::string("more than 2^57") : std::to_string(packed_bytes(n, dt));
+}
+
 // A read-only mapping of part of a file; unmapped when the last tensor viewing it goes away.
 struct Mapping {
   void* base = nullptr;
@@ -177,18 +183,21 @@ Expected<Tensor> tensor_from_proto(const onnx::TensorProto& p, const TensorReadO
   if (p.has_raw_data() && packed) {
     if (n > (int64_t(1) << 60) || packed_bytes(n, *dt) != int64_t(p.raw_data().size())) {
       return KILN_ERROR(kInvalidModel, "{} has {} bytes of raw data but dims {} of {} need {}", what,
-                        p.raw_data().size(), dims_to_string(dims), dtype_name(*dt), packed_bytes(n, *dt));
+                        p.raw_data().size(), dims_to_string(dims), dtype_name(*dt), packed_need(n, *dt));
     }
   } else if (packed) {
     if (n > (int64_t(1) << 60) || p.int32_data_size() != packed_bytes(n, *dt)) {
       return KILN_ERROR(kInvalidModel, "{} has {} packed values in int32_data but dims {} of {} need {}", what,
-                        p.int32_data_size(), dims_to_string(dims), dtype_name(*dt), packed_bytes(n, *dt));
+                        p.int32_data_size(), dims_to_string(dims), dtype_name(*dt), packed_need(n, *dt));
     }
   } else if (p.has_raw_data() && *dt != DType::kString) {
     int64_t bytes;
-    if (__builtin_mul_overflow(n, int64_t(dtype_size(*dt)), &bytes) || bytes != int64_t(p.raw_data().size())) {
+    const bool overflow = __builtin_mul_overflow(n, int64_t(dtype_size(*dt)), &bytes);
+    if (overflow || bytes != int64_t(p.raw_data().size())) {
+      // The product is only printed when it exists (a hostile model's dims can overflow it).
       return KILN_ERROR(kInvalidModel, "{} has {} bytes of raw data but dims {} of {} need {}", what,
-                        p.raw_data().size(), dims_to_string(dims), dtype_name(*dt), n * int64_t(dtype_size(*dt)));
+                        p.raw_data().size(), dims_to_string(dims), dtype_name(*dt),
+                        overflow ? std::string("more than 2^63") : std::to_string(bytes));
     }
   } else {
     int64_t have = 0;

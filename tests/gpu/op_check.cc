@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "backends/backend.h"
@@ -19,6 +20,7 @@
 #include "backends/cuda/timing_cache.h"
 #include "ir/text.h"
 #include "ops/infer.h"
+#include "passes/pipeline.h"
 #include "runtime/engine_file.h"
 
 using namespace kiln;
@@ -363,6 +365,13 @@ struct Reference {
   std::vector<Data> inputs, want;
 };
 
+// Cases written as the decomposed forms exporters emit (Softmax(MatMul) attention chains, erf and
+// tanh GELU): the default pass pipeline fuses them (fuse-attention, fuse-gelu) before the GPU build,
+// as in every real build. The lowering no longer matches them itself: fusion is the passes' call.
+const std::set<std::string> kThroughPasses = {
+    "gelu_erf_pattern", "gelu_tanh_pattern", "attention_bert", "attention_bert_rowmask", "attention_cross",
+    "attention_causal", "attention_vit_packed", "gemm_tanh_gelu", "linear_erf_gelu"};
+
 Expected<Reference> cpu_reference(const Case& c, uint64_t seed) {
   Reference r;
   KILN_ASSIGN_OR_RETURN(r.g, parse_graph(c.ir));
@@ -380,6 +389,9 @@ Expected<Reference> cpu_reference(const Case& c, uint64_t seed) {
   auto cpu = make_cpu_backend();
   KILN_ASSIGN_OR_RETURN(auto exe, cpu->compile(*g));
   KILN_ASSIGN_OR_RETURN(r.want, exe->run(r.inputs));
+  if (kThroughPasses.count(c.name)) {  // the reference above ran the graph as written
+    KILN_RETURN_IF_ERROR(run_passes(*g, default_pipeline(), {}).status());
+  }
   return r;
 }
 

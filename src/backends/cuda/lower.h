@@ -87,8 +87,6 @@ DType ir_dtype_of(k::DT d);
 // A host copy of t in dtype `to` (ONNX Cast semantics), for weights and CPU-fallback I/O.
 Expected<Tensor> convert_tensor(const Tensor& t, DType to);
 
-// A multi-node pattern replaced by one unary kernel (lower_patterns.cc): the root node's output
-// becomes op(x); `fused` are the inner nodes it swallows.
 // A Clip(x, lo, hi) whose only reader, a depthwise Conv, applies it while reading x.
 struct InputClip {
   const Value* x = nullptr;
@@ -96,11 +94,11 @@ struct InputClip {
 };
 
 struct AttentionMatch;  // lower_attention.cc
+// An Attention node run as the fused kernel, rooted where its output is written (the node, or a
+// head Transpose after it); `fused` are the nodes it swallows (lower_attention.cc).
 struct Replacement {
-  k::Unary op = k::Unary::kIdentity;
-  const Value* x = nullptr;
   std::vector<const Node*> fused;
-  std::shared_ptr<const AttentionMatch> attention;  // set: the root is a fused attention instead
+  std::shared_ptr<const AttentionMatch> attention;
 };
 
 // Device scratch for build-time timing, freed on every path.
@@ -210,10 +208,11 @@ void register_norm_lowerings(std::map<OpKind, LowerFn>& t);
 void register_attention_lowerings(std::map<OpKind, LowerFn>& t);
 void register_fused_lowerings(std::map<OpKind, LowerFn>& t);  // lower_fused.cc: generated kernels
 const std::map<OpKind, LowerFn>& lowering_table();
-// Finds the multi-node patterns (GELU forms) before lowering; lower_replacement lowers a root.
+// Finds the multi-node patterns (attention, Clip into depthwise conv) before lowering;
+// lower_replacement lowers a root.
 void find_patterns(Lowering& L);
 Status lower_replacement(Lowering& L, const Node& n, const Replacement& r);
-// Scaled-dot-product attention chains -> one fused kernel (lower_attention.cc).
+// Attention nodes (and the views feeding them) -> one fused kernel (lower_attention.cc).
 void find_attention(Lowering& L);
 void find_conv_input_clips(Lowering& L);  // lower_conv.cc
 Status lower_attention(Lowering& L, const Node& root, const AttentionMatch& m);

@@ -1,23 +1,16 @@
-// Scaled-dot-product attention as exported by PyTorch (BERT, GPT-2, ViT), found before lowering
-// and replaced by one fused kernel (kernels/attention.cu):
+// ONNX Attention nodes on one fused kernel (kernels/attention.cu). The fusion itself is decided
+// by the fuse-attention pass (src/passes/fuse_attention.cc), which turns the Softmax(MatMul(Q, K)
+// ...) chains PyTorch exports into Attention nodes; the lowering only chooses how to run them.
 //
-//   Qt = view(q) [* c]      Kt = view(k) [* c]      Vt = view(v)
-//   P  = Softmax(MatMul(Qt, Kt) [* c | / c]* [+ mask], axis=-1) [-> Cast to the same type]
-//   O  = MatMul(P, Vt) [-> Transpose(perm) with the head dim staying innermost]
+// Q, K and V are read in place through the data-movement chains that produced them, view() below:
+// any chain of Transpose, Reshape, Squeeze, Unsqueeze, Flatten, Gather of one index, Split or Slice
+// that is a strided view of its source (StridedView): BERT's head transposes, GPT-2's Split of the
+// packed QKV, ViT's unbind of it. O is written straight into a following head transpose; the
+// chains are skipped once nothing else reads them. Half-precision builds only (the kernel is
+// fp16/bf16, head_dim 64).
 //
-// view() is any chain of data-movement ops (Transpose, Reshape, Squeeze, Unsqueeze, Flatten,
-// Gather of one index, Split, Slice) that is a strided view of its source (StridedView): BERT's
-// head transposes, GPT-2's Split of the packed QKV, ViT's unbind of it. The kernel reads q, k and
-// v in place through those strides and writes O straight into the transposed layout; the chains
-// are skipped once nothing else reads them. Scalar multiplies on the score path fold into one
-// scale. The nodes between MatMul(Qt, Kt) and the root must each have exactly one reader.
-// Half-precision builds only (the kernel is fp16/bf16, head_dim 64).
-//
-// ONNX Attention nodes (the model's own, or fuse-attention's rewrite of the chain above, which
-// the default pipeline runs) take the same kernel, their Q/K/V read through the same views and
-// O written into a following head transpose. One the kernel cannot take (fp32/tf32 builds, other
-// head sizes) but that has nothing beyond Q, K, V and an additive mask still runs on the GPU,
-// unfused: two batched cuBLASLt GEMMs around a mask add and a softmax. Only past K/V, causal,
+// An Attention node the kernel cannot take (fp32/tf32 builds, other head sizes) but that has
+// nothing beyond Q, K, V and an additive mask still runs on the GPU, unfused: two batched cuBLASLt GEMMs around a mask add and a softmax. Only past K/V, causal,
 // softcap, sliding windows and the extra outputs leave it to the CPU kernel.
 #include <algorithm>
 #include <array>
@@ -238,96 +231,6 @@ struct Found {
   const Node* root = nullptr;  // the chain's last node (the output transpose, or the P.V MatMul)
 };
 
-std::optional<Found> match(Lowering& L, const Node& sm) {
-  std::vector<const Node*> fused = {&sm};
-  AttentionMatch m;
-  const Value* x = sm.inputs[0];
-  auto xd = static_dims(x);
-  if (!xd || xd->size() != 4) return std::nullopt;
-  int64_t axis = sm.attr_int("axis", -1);
-  if (axis != -1 && axis != 3) return std::nullopt;
-  // Scores side: [+ mask] [* c | / c]* MatMul.
-  const Node* mm = nullptr;
-  const Value* s = x;
-  if (const Node* add = sole(L, s, OpKind::kAdd)) {
-    for (int side = 0; side < 2 && !mm; ++side) {
-      double sc = 1.0;
-      std::vector<const Node*> f;
-      const Value* t = add->inputs[size_t(side)];
-      while (const Node* n = sole(L, t, OpKind::kMul) ? sole(L, t, OpKind::kMul) : sole(L, t, OpKind::kDiv)) {
-        const Value* u = through_scale(L, n, sc);
-        if (!u) break;
-        f.push_back(n);
-        t = u;
-      }
-      if (const Node* c = sole(L, t, OpKind::kMatMul)) {
-        mm = c;
-        m.scale = sc;
-        m.mask = add->inputs[size_t(1 - side)];
-        fused.push_back(add);
-        fused.insert(fused.end(), f.begin(), f.end());
-      }
-    }
-  } else {
-    while (const Node* n = sole(L, s, OpKind::kMul) ? sole(L, s, OpKind::kMul) : sole(L, s, OpKind::kDiv)) {
-      const Value* u = through_scale(L, n, m.scale);
-      if (!u) break;
-      fused.push_back(n);
-      s = u;
-    }
-    mm = sole(L, s, OpKind::kMatMul);
-  }
-  if (!mm) return std::nullopt;
-  fused.push_back(mm);
-  // Probabilities side: [Cast to the same type] -> MatMul(P, Vt) [-> Transpose(0,2,1,3)].
-  const Value* p = sm.outputs[0];
-  const Node* pv = L.only_consumer(p);
-  if (pv && pv->op == OpKind::kCast && pv->outputs[0]->type.dtype == p->type.dtype) {
-    fused.push_back(pv);
-    p = pv->outputs[0];
-    pv = L.only_consumer(p);
-  }
-  if (!pv || pv->op != OpKind::kMatMul || pv->inputs[0] != p) return std::nullopt;
-  const Node* root = pv;
-  if (const Node* t = L.only_consumer(pv->outputs[0]); t && t->op == OpKind::kTranspose) {
-    std::vector<int64_t> perm = t->attr_ints("perm");
-    if (perm.size() == 4 && perm[3] == 3 && static_dims(t->outputs[0])) {
-      fused.push_back(pv);
-      root = t;
-      m.out_perm = perm;
-    }
-  }
-  auto q = view(L, mm->inputs[0], &m.scale, fused);
-  auto k = view(L, mm->inputs[1], &m.scale, fused);
-  auto v = view(L, pv->inputs[1], nullptr, fused);
-  if (!q || !k || !v) return std::nullopt;
-  m.q = *q;
-  m.k = *k;
-  m.v = *v;
-  std::vector<int64_t> qd = m.q.view.dims(), kd = m.k.view.dims(), vd = m.v.view.dims();
-  m.b = qd[0], m.h = qd[1], m.sq = qd[2], m.d = qd[3], m.sk = kd[3];
-  if (kd != std::vector<int64_t>{m.b, m.h, m.d, m.sk} || vd != std::vector<int64_t>{m.b, m.h, m.sk, m.d}) return std::nullopt;
-  if (*xd != std::vector<int64_t>{m.b, m.h, m.sq, m.sk}) return std::nullopt;
-  if (!aligned(m.q, 3) || !aligned(m.k, 2) || !aligned(m.v, 3)) {
-    return std::nullopt;
-  }
-  if (m.mask) {
-    auto md = static_dims(m.mask);
-    if (!md || md->size() > 4 || !dtype_is_float(m.mask->type.dtype)) return std::nullopt;
-    for (size_t i = 0; i < md->size(); ++i) {
-      int64_t want = (*xd)[4 - md->size() + i];
-      if ((*md)[i] != 1 && (*md)[i] != want) return std::nullopt;
-    }
-  }
-  for (const Value* t : {m.q.base, m.k.base, m.v.base}) {
-    if (t->type.dtype != sm.outputs[0]->type.dtype) return std::nullopt;
-  }
-  auto dt = L.device_dt(sm.outputs[0]->type.dtype);
-  if (!dt || !k::attention_supported(*dt, int(m.d))) return std::nullopt;
-  fused.erase(std::remove(fused.begin(), fused.end(), root), fused.end());
-  return Found{m, fused, root};
-}
-
 }  // namespace
 
 Expected<AttentionMatch> match_attention_node(Lowering& L, const Node& n, bool through_views);
@@ -358,8 +261,8 @@ void find_attention(Lowering& L) {
   std::unordered_set<const Value*> read_whole;  // what the kernels read as buffers: never skipped
   for (const auto& up : L.graph().nodes) {
     const Node& n = *up;
-    if ((n.op != OpKind::kSoftmax && n.op != OpKind::kAttention) || L.is_fused(&n)) continue;
-    auto r = n.op == OpKind::kSoftmax ? match(L, n) : match_node(L, n);
+    if (n.op != OpKind::kAttention || L.is_fused(&n)) continue;
+    auto r = match_node(L, n);
     if (!r) continue;
     bool clash = false;  // a node already claimed by another pattern
     for (const Node* f : r->fused) clash = clash || L.is_fused(f) || L.replacements.count(f);

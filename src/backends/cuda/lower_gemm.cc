@@ -357,31 +357,9 @@ const Value* fuse_residual(Lowering& L, const Value* out, k::DT dt, Epilogue& ep
 // torch.compile (issues 3, 4)"). fp32 builds keep the exact erf kernel.
 bool erf_gelu_as_tanh(k::DT dt) { return dt == k::DT::kF16 || dt == k::DT::kBF16; }
 
-// The decomposed GELU (GPT-2's tanh form, BERT's erf form, found by find_patterns) on the product,
-// through a Reshape too: cuBLASLt's GELU epilogue, so the pattern's kernel goes.
-const Value* fuse_gelu_pattern(Lowering& L, const Value* out, k::DT dt, Epilogue& ep, std::vector<const Node*>& fused) {
-  if (!ep.act.empty()) return out;
-  const Node* reshape = next_op(L, out, OpKind::kReshape);
-  const Value* x = reshape ? reshape->outputs[0] : out;
-  if (L.is_graph_output(x)) return out;
-  for (const auto& [root, r] : L.replacements) {
-    bool gelu = r.op == k::Unary::kGeluTanh || (r.op == k::Unary::kGeluErf && erf_gelu_as_tanh(dt));
-    if (r.attention || !gelu || r.x != x || L.is_fused(root)) continue;
-    int readers = 0;  // every reader of x must be inside the pattern
-    for (const Node* f : r.fused) {
-      for (const Value* in : f->inputs) readers += in == x;
-    }
-    if (readers != L.consumers(x)) return out;
-    ep.act = "gelu";
-    if (reshape) fused.push_back(reshape);
-    fused.push_back(root);
-    return root->outputs[0];
-  }
-  return out;
-}
-
-// Relu, Gelu or a decomposed GELU after the product: cuBLASLt's epilogue (its GELU is the tanh
-// form; erf GELU joins it only in half-precision builds, see erf_gelu_as_tanh).
+// Relu or Gelu (the model's own, or the fuse-gelu pass's from the decomposed forms) after the
+// product: cuBLASLt's epilogue (its GELU is the tanh form; erf GELU joins it only in
+// half-precision builds, see erf_gelu_as_tanh).
 const Value* fuse_activation(Lowering& L, const Value* out, k::DT dt, Epilogue& ep, std::vector<const Node*>& fused) {
   if (const Node* act = next_op(L, out, OpKind::kRelu)) {
     ep.act = "relu";
@@ -399,7 +377,7 @@ const Value* fuse_activation(Lowering& L, const Value* out, k::DT dt, Epilogue& 
     fused.push_back(g);
     return g->outputs[0];
   }
-  return fuse_gelu_pattern(L, out, dt, ep, fused);
+  return out;
 }
 
 // MatMul -> Add(per-column constant) [-> Add(residual)] [-> Relu | Gelu]: returns the value the fused chain

@@ -473,8 +473,9 @@ const char* kMlp =
     " %hb = Add(%h, %b1) : f32[16,128]\n %r = Relu(%hb) : f32[16,128]\n %y = MatMul(%r, %w2) : f32[16,32]\n"
     " %s = Softmax(%y) {axis = -1} : f32[16,32]\n return %s\n}";
 
-Expected<std::unique_ptr<Graph>> mlp_graph(Rng& rng) {
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, parse_graph(kMlp));
+// A graph whose inputs other than %x become random weights.
+Expected<std::unique_ptr<Graph>> graph_with_weights(const char* ir, Rng& rng) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, parse_graph(ir));
   std::vector<Value*> keep;
   for (Value* v : g->inputs) {
     if (v->name == "x") keep.push_back(v);
@@ -484,6 +485,8 @@ Expected<std::unique_ptr<Graph>> mlp_graph(Rng& rng) {
   KILN_RETURN_IF_ERROR(infer_types(*g));
   return g;
 }
+
+Expected<std::unique_ptr<Graph>> mlp_graph(Rng& rng) { return graph_with_weights(kMlp, rng); }
 
 Status check_concurrent_sessions(uint64_t seed) {
   Rng rng{std::mt19937_64(seed)};
@@ -527,16 +530,9 @@ Status check_concurrent_sessions(uint64_t seed) {
 // workspace, staging; 2 MiB allocation granularity aside), never another copy of the weights.
 Status check_shared_weights(uint64_t seed) {
   Rng rng{std::mt19937_64(seed)};
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, parse_graph(
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, graph_with_weights(
       "graph g(%x: f32[16,4096], %w1: f32[4096,4096], %w2: f32[4096,4096]) {\n %h = MatMul(%x, %w1) : f32[16,4096]\n"
-      " %r = Relu(%h) : f32[16,4096]\n %y = MatMul(%r, %w2) : f32[16,4096]\n return %y\n}"));
-  std::vector<Value*> keep;
-  for (Value* v : g->inputs) {
-    if (v->name == "x") keep.push_back(v);
-    else v->constant = rng.random(v->type.dtype, static_dims(v), 0);
-  }
-  g->inputs = keep;
-  KILN_RETURN_IF_ERROR(infer_types(*g));
+      " %r = Relu(%h) : f32[16,4096]\n %y = MatMul(%r, %w2) : f32[16,4096]\n return %y\n}", rng));
   auto free_bytes = []() -> Expected<size_t> {
     size_t free = 0, total = 0;
     KILN_CUDA_TRY(cudaMemGetInfo(&free, &total));

@@ -42,10 +42,7 @@ class GpuSession : public Session::Impl {
   GpuSession(std::shared_ptr<const void> keep, std::unique_ptr<cuda::Session> s) : keep_(std::move(keep)), s_(std::move(s)) {}
   Expected<std::vector<Data>> run(std::vector<Data> inputs) override { return s_->run(inputs); }
   Status run_device(const std::vector<TensorView>& inputs, const std::vector<TensorView>& outputs, void* stream) override {
-    if (inputs.size() != this->inputs.size() || outputs.size() != this->outputs.size()) {
-      return KILN_ERROR(kInvalidArgument, "expected {} inputs and {} outputs, got {} and {}", this->inputs.size(),
-                        this->outputs.size(), inputs.size(), outputs.size());
-    }
+    // Counts, dtypes and shapes are checked by the CUDA session, against its staged buffers.
     std::vector<cuda::IoBuffer> in, out;
     for (const TensorView& v : inputs) in.push_back({v.dtype, v.shape, v.data, v.on_device});
     for (const TensorView& v : outputs) out.push_back({v.dtype, v.shape, v.data, v.on_device});

@@ -1,7 +1,6 @@
 // `kiln inspect model.onnx [--ir] [--dot FILE]`: what a model takes and gives, and what it is made of;
 // `kiln inspect model.kiln`: how an engine was built and what it runs on.
 #include <fstream>
-#include <iterator>
 #include <map>
 
 #include "cli.h"
@@ -52,7 +51,10 @@ namespace {
 int inspect_engine(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return fail(KILN_ERROR(kIo, "{}: cannot open", path));
-  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  f.seekg(0, std::ios::end);
+  std::string bytes(size_t(std::max<std::streamoff>(f.tellg(), 0)), '\0');
+  f.seekg(0);
+  if (!f.read(bytes.data(), std::streamsize(bytes.size()))) return fail(KILN_ERROR(kIo, "{}: cannot read", path));
   auto meta = read_engine_meta(bytes, path);
   if (!meta) return fail(meta.status());
   const nlohmann::json& j = *meta;

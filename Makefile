@@ -56,6 +56,7 @@ examples: build
 	cmake --build $(BUILD)/examples -j $(JOBS)
 	$(BUILD)/examples/classify models/efficientnet-lite0/model.onnx models/efficientnet-lite0/chelsea.npy \
 	  $(BUILD)/examples/efficientnet-lite0.kiln cpu
+	$(BUILD)/examples/load_engine $(BUILD)/examples/efficientnet-lite0.kiln 2
 
 fuzz: $(DEPS_STAMP)
 	bash tests/fuzz/run.sh $(BUILD)-fuzz 60

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Engine files on the GPU machine, in one device call: `bash bench/engine-check.sh BIN_DIR [1|large] [MODELS]`.
-# BIN_DIR holds kiln (this build), optionally kiln-old (an older kiln to compare speed with) and
-# classify (examples/classify, built against the installed package). Runs bench/engine_check.py
+# BIN_DIR holds kiln (this build), optionally kiln-old (an older kiln to compare speed with),
+# classify and load_engine (examples/, built against the installed package). Runs bench/engine_check.py
 # (build, load, bit-identity, speed: see its header), then, when classify is there, builds and loads
 # a ResNet-50 engine inside one process (the warm-process load time), and checks that a GPU memory
 # budget under the engine's needs fails before allocating. Results under $OUT.
@@ -24,6 +24,15 @@ if [[ -x "$BIN/classify" && -f "$W/resnet50.onnx" ]]; then
   python3 -c "import numpy as np; np.save('$W/img.npy', np.random.default_rng(1).standard_normal((1,3,224,224)).astype(np.float32))"
   echo "== examples/classify on the GPU (build, save, load in one process)"
   "$BIN/classify" "$W/resnet50.onnx" "$W/img.npy" "$W/classify.kiln" cuda 2>&1 | tail -4
+fi
+if [[ -x "$BIN/load_engine" ]]; then
+  # Each engine loaded three times in one process: the first pays the CUDA context, the others
+  # show a warm process's load + session + first inference.
+  for e in "$W"/*_b"$BATCH".kiln "$W"/*_b[0-9][0-9]*.kiln; do
+    [[ -f "$e" ]] || continue
+    echo "== load_engine $(basename "$e")"
+    "$BIN/load_engine" "$e" 3 2>&1 | tail -3
+  done
 fi
 if [[ "${HOST_STEP:-1}" == 1 ]]; then
   # A CPU node in the middle of GPU work (CumSum has no GPU lowering yet), 40 small GEMMs around it:

@@ -8,8 +8,8 @@ Per model (exported as peers.py exports it: same weights, same ONNX) and batch:
   1. `kiln build --fp16 --batch B -o m.kiln` with an empty timing cache (cold build) and again with
      the cache it filled (warm build): wall times, and whether both chose the same kernels (the
      placement reports, timings stripped, are compared).
-  2. `kiln run m.kiln` in a fresh process, twice: "load" (read, check, lower from the plan with the
-     file's autotuned choices, weights uploaded, session and graph ready) and the first
+  2. `kiln run m.kiln` in a fresh process, twice: "load" (read, check, the device plan bound:
+     weights uploaded, descriptors made; session and graph ready) and the first
      inference's time, as the CLI prints them, plus the whole process's wall time.
   3. `kiln run m.onnx` (built in that process) and `kiln run m.kiln` on the same seeded inputs:
      outputs compared byte for byte.

@@ -170,7 +170,11 @@ Expected<std::string> Engine::serialize() const {
   };
   meta["inputs"] = io(impl_->inputs);
   meta["outputs"] = io(impl_->outputs);
-  return write_engine_file(meta, *impl_->plan, impl_->gpu ? impl_->gpu->sections() : std::map<std::string, std::string>{});
+  std::map<std::string, std::string> extra;
+  if (impl_->gpu) {
+    KILN_ASSIGN_OR_RETURN(extra, impl_->gpu->sections());
+  }
+  return write_engine_file(meta, *impl_->plan, extra);
 }
 
 Status Engine::save(const std::string& path) const {
@@ -229,10 +233,9 @@ Expected<Engine> load_view(std::string_view bytes, std::shared_ptr<const void> o
   } else {
     return err(fmt::format("unknown device '{}'", device));
   }
-  impl->load_note = fmt::format("loaded in {:.1f} ms: file mapped {:.1f}, checksum and plan {:.1f}, {} {:.1f}\n",
-                                read_ms + ms_since(t0), read_ms, plan_ms,
-                                impl->gpu ? "GPU lowering from the plan (weights converted and uploaded)" : "checks",
-                                ms_since(t0) - plan_ms);
+  impl->load_note = fmt::format("loaded in {:.1f} ms: file mapped {:.1f}, checksum and plan {:.1f}, {} {:.1f}{}\n",
+                                read_ms + ms_since(t0), read_ms, plan_ms, impl->gpu ? "device plan" : "checks",
+                                ms_since(t0) - plan_ms, impl->gpu ? " (" + impl->gpu->load_phases() + ")" : "");
   return Engine(std::move(impl));
 }
 

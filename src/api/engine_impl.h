@@ -18,8 +18,10 @@ class DeviceEngine {
   virtual std::string report() const = 0;
   virtual size_t weight_bytes() const = 0;
   virtual double build_ms() const = 0;
+  virtual std::string load_phases() const { return ""; }  // a loaded engine: where its load time went
   virtual nlohmann::json target() const = 0;  // the device and library versions it needs
-  virtual std::map<std::string, std::string> sections() const = 0;  // engine-file sections it adds
+  // The engine-file sections it adds (the GPU's device plan and its weights, read back).
+  virtual Expected<std::map<std::string, std::string>> sections() const = 0;
   virtual Expected<std::unique_ptr<Session::Impl>> create_session() const = 0;
 };
 
@@ -56,11 +58,11 @@ std::vector<TensorInfo> tensor_infos(const std::vector<Value*>& values);
 // The GPU side (gpu.cc; without CUDA it reports that it is missing).
 bool gpu_usable(std::string* why);
 Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config);
-// Checks that an engine built for `target` can run here, then builds it from the plan with the
-// autotuned choices its file carries (`sections`), so nothing is timed.
+// Checks that an engine built for `target` can run here, then binds the device plan its file
+// carries (`sections`: DPLN and DWGT): no lowering, nothing timed.
 Expected<std::shared_ptr<DeviceEngine>> load_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config,
                                                         const nlohmann::json& target,
-                                                        const std::map<std::string, std::string>& sections,
+                                                        const std::map<std::string, std::string_view>& sections,
                                                         const std::string& name);
 
 }  // namespace kiln

@@ -66,12 +66,16 @@ class GpuSession : public Session::Impl {
 
 class GpuEngine : public DeviceEngine {
  public:
-  GpuEngine(std::shared_ptr<const Plan> plan, std::shared_ptr<cuda::Engine> e, std::string tuning, std::string cache_line)
-      : plan_(std::move(plan)), e_(std::move(e)), tuning_(std::move(tuning)), cache_line_(std::move(cache_line)) {}
+  GpuEngine(std::shared_ptr<const Plan> plan, std::shared_ptr<cuda::Engine> e, std::string cache_line)
+      : plan_(std::move(plan)), e_(std::move(e)), cache_line_(std::move(cache_line)) {}
   std::string report() const override { return cache_line_ + e_->report().to_text(); }
-  std::map<std::string, std::string> sections() const override { return {{"TUNE", tuning_}}; }
+  Expected<std::map<std::string, std::string>> sections() const override {
+    KILN_ASSIGN_OR_RETURN(auto s, e_->serialize());
+    return std::map<std::string, std::string>{{"DPLN", std::move(s.first)}, {"DWGT", std::move(s.second)}};
+  }
   size_t weight_bytes() const override { return e_->report().weight_bytes; }
   double build_ms() const override { return e_->report().build_ms; }
+  std::string load_phases() const override { return e_->report().load_phases; }
   nlohmann::json target() const override { return target_json(cuda::current_target()); }
   Expected<std::unique_ptr<Session::Impl>> create_session() const override {
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<cuda::Session> s, e_->new_session());
@@ -81,13 +85,10 @@ class GpuEngine : public DeviceEngine {
  private:
   std::shared_ptr<const Plan> plan_;
   std::shared_ptr<cuda::Engine> e_;
-  std::string tuning_;      // the timing-cache entries this engine's build used (its TUNE section)
-  std::string cache_line_;  // "timing cache: ..." for the report
+  std::string cache_line_;  // "timing cache: ..." for the report (empty for a loaded engine)
 };
 
-// Builds the CUDA engine with `cache` consulted before anything is timed.
-Expected<std::shared_ptr<DeviceEngine>> build_with_cache(std::shared_ptr<const Plan> plan, const BuildConfig& c,
-                                                         std::shared_ptr<cuda::TimingCache> cache, std::string source) {
+cuda::BuildOptions build_options(const BuildConfig& c) {
   cuda::BuildOptions bo;
   bo.precision = c.precision;
   bo.cuda_graph = c.cuda_graph;
@@ -96,11 +97,18 @@ Expected<std::shared_ptr<DeviceEngine>> build_with_cache(std::shared_ptr<const P
   bo.memory_budget_bytes = c.memory_budget_bytes;
   bo.gemm_sm90 = c.gemm_sm90;
   bo.gemm_sm90_tile = c.gemm_sm90_tile;
+  return bo;
+}
+
+// Builds the CUDA engine with `cache` consulted before anything is timed.
+Expected<std::shared_ptr<DeviceEngine>> build_with_cache(std::shared_ptr<const Plan> plan, const BuildConfig& c,
+                                                         std::shared_ptr<cuda::TimingCache> cache, std::string source) {
+  cuda::BuildOptions bo = build_options(c);
   bo.timing_cache = cache;
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<cuda::Engine> e, cuda::Engine::build(*plan->graph, bo));
   warn_cpu_nodes(e->report());
   std::string line = fmt::format("timing cache: {}, {} choices reused, {} timed\n", source, cache->hits(), cache->misses());
-  return std::shared_ptr<DeviceEngine>(new GpuEngine(std::move(plan), std::move(e), cache->to_text(true), line));
+  return std::shared_ptr<DeviceEngine>(new GpuEngine(std::move(plan), std::move(e), line));
 }
 
 std::string cache_path(const BuildConfig& c) {
@@ -131,7 +139,7 @@ Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const P
 
 Expected<std::shared_ptr<DeviceEngine>> load_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config,
                                                         const nlohmann::json& target,
-                                                        const std::map<std::string, std::string>& sections,
+                                                        const std::map<std::string, std::string_view>& sections,
                                                         const std::string& name) {
   cuda::TargetInfo built;
   try {
@@ -146,11 +154,14 @@ Expected<std::shared_ptr<DeviceEngine>> load_gpu_engine(std::shared_ptr<const Pl
   }
   std::string why = cuda::target_mismatch(built, cuda::current_target());
   if (!why.empty()) return KILN_ERROR(kUnsupported, "{}: this GPU engine cannot run here: {}", name, why);
-  auto cache = std::make_shared<cuda::TimingCache>(cuda::target_id(cuda::current_target()));
-  if (auto it = sections.find("TUNE"); it != sections.end()) {
-    if (Status s = cache->merge_text(it->second, name + " (TUNE section)"); !s) return KILN_ERROR(kInvalidModel, "{}", s.message());
+  auto dpln = sections.find("DPLN");
+  auto dwgt = sections.find("DWGT");
+  if (dpln == sections.end() || dwgt == sections.end()) {
+    return KILN_ERROR(kInvalidModel, "{}: a GPU engine without its device plan (DPLN and DWGT sections)", name);
   }
-  return build_with_cache(std::move(plan), config, cache, "the engine file's");
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<cuda::Engine> e,
+                        cuda::Engine::load(plan->graph.get(), build_options(config), dpln->second, dwgt->second, name));
+  return std::shared_ptr<DeviceEngine>(new GpuEngine(std::move(plan), std::move(e), ""));
 }
 
 #else  // no CUDA in this build
@@ -165,7 +176,7 @@ Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const P
 }
 
 Expected<std::shared_ptr<DeviceEngine>> load_gpu_engine(std::shared_ptr<const Plan>, const BuildConfig&,
-                                                        const nlohmann::json& target, const std::map<std::string, std::string>&,
+                                                        const nlohmann::json& target, const std::map<std::string, std::string_view>&,
                                                         const std::string& name) {
   return KILN_ERROR(kUnsupported, "{}: a GPU engine (built for {}); this kiln was built without CUDA", name,
                     target.value("gpu", std::string("a GPU")));

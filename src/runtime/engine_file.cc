@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "ir/text.h"
+#include "runtime/bytes.h"
 #include "ops/op_registry.h"
 #include "ir/verifier.h"
 
@@ -21,77 +22,12 @@ constexpr size_t kAlign = 64;
 // Constants up to this many elements stay inline in the graph text.
 constexpr int64_t kInlineElements = 16;
 
-class Writer {
- public:
-  void u8(uint8_t v) { s_.push_back(char(v)); }
-  void u32(uint32_t v) { raw(&v, 4); }
-  void u64(uint64_t v) { raw(&v, 8); }
-  void i64(int64_t v) { raw(&v, 8); }
-  void str(const std::string& v) {
-    u32(uint32_t(v.size()));
-    s_ += v;
-  }
-  void raw(const void* p, size_t n) { s_.append(static_cast<const char*>(p), n); }
-  void pad(size_t align) { s_.resize((s_.size() + align - 1) / align * align, '\0'); }
-  std::string& bytes() { return s_; }
-
- private:
-  std::string s_;
-};
-
-// Bounds-checked reads; the first failure sticks and names what was being read.
-class Reader {
- public:
-  Reader(const char* p, size_t n, std::string what) : p_(p), n_(n), what_(std::move(what)) {}
-  bool ok() const { return ok_; }
-  size_t left() const { return n_ - at_; }
-  const std::string& failed() const { return failed_; }
-  template <typename T>
-  T get(const char* field) {
-    T v{};
-    if (!take(sizeof(T), field)) return v;
-    std::memcpy(&v, p_ + at_ - sizeof(T), sizeof(T));
-    return v;
-  }
-  std::string str(const char* field) {
-    uint32_t n = get<uint32_t>(field);
-    if (!take(n, field)) return {};
-    return std::string(p_ + at_ - n, n);
-  }
-  // A count of items each at least `min_item` bytes: larger than what is left is corruption.
-  uint32_t count(const char* field, size_t min_item) {
-    uint32_t n = get<uint32_t>(field);
-    if (ok_ && size_t(n) * min_item > left()) fail(field);
-    return ok_ ? n : 0;
-  }
-
- private:
-  bool take(size_t n, const char* field) {
-    if (!ok_) return false;
-    if (n > left()) {
-      fail(field);
-      return false;
-    }
-    at_ += n;
-    return true;
-  }
-  void fail(const char* field) {
-    if (ok_) failed_ = fmt::format("{} ends inside {}", what_, field);
-    ok_ = false;
-  }
-  const char* p_;
-  size_t n_, at_ = 0;
-  std::string what_;
-  bool ok_ = true;
-  std::string failed_;
-};
-
-void put_ref(Writer& w, const ValueRef& r) {
+void put_ref(ByteWriter& w, const ValueRef& r) {
   w.u8(uint8_t(r.kind));
   w.u32(r.index);
 }
 
-ValueRef get_ref(Reader& r) {
+ValueRef get_ref(ByteReader& r) {
   ValueRef v;
   uint8_t k = r.get<uint8_t>("a value reference");
   v.index = r.get<uint32_t>("a value reference");
@@ -100,12 +36,12 @@ ValueRef get_ref(Reader& r) {
   return v;
 }
 
-void put_refs(Writer& w, const std::vector<ValueRef>& refs) {
+void put_refs(ByteWriter& w, const std::vector<ValueRef>& refs) {
   w.u32(uint32_t(refs.size()));
   for (const ValueRef& r : refs) put_ref(w, r);
 }
 
-std::vector<ValueRef> get_refs(Reader& r) {
+std::vector<ValueRef> get_refs(ByteReader& r) {
   std::vector<ValueRef> out(r.count("a reference list", 5));
   for (auto& v : out) v = get_ref(r);
   return out;
@@ -114,7 +50,7 @@ std::vector<ValueRef> get_refs(Reader& r) {
 // Section data starts at a multiple of kAlign from the file's start (weights are read in place).
 size_t section_start(size_t at) { return (at + kSectionHeaderBytes + kAlign - 1) / kAlign * kAlign - kSectionHeaderBytes; }
 
-void section(Writer& w, const char tag[4], const std::string& data) {
+void section(ByteWriter& w, const char tag[4], const std::string& data) {
   w.bytes().resize(section_start(w.bytes().size()), '\0');
   w.raw(tag, 4);
   w.u32(0);
@@ -268,7 +204,7 @@ Expected<std::string> write_engine_file(const nlohmann::json& meta, const Plan& 
   std::vector<const Value*> consts;
   all_constants(g, consts);
   std::unordered_set<const Value*> elided;
-  Writer wtab, wght;
+  ByteWriter wtab, wght;
   uint32_t n_elided = 0;
   for (const Value* v : consts) n_elided += elide(*v);
   wtab.u32(n_elided);
@@ -290,7 +226,7 @@ Expected<std::string> write_engine_file(const nlohmann::json& meta, const Plan& 
   po.elided_constants = &elided;
   std::string text = print_graph(g, po);
 
-  Writer wplan;
+  ByteWriter wplan;
   wplan.u32(plan.slots);
   put_refs(wplan, plan.inputs);
   put_refs(wplan, plan.outputs);
@@ -306,7 +242,7 @@ Expected<std::string> write_engine_file(const nlohmann::json& meta, const Plan& 
     for (uint32_t f : s.frees) wplan.u32(f);
   }
 
-  Writer w;
+  ByteWriter w;
   w.raw(kMagic, sizeof(kMagic));
   w.u32(kEngineFormatVersion);
   w.u32(0);
@@ -355,7 +291,7 @@ Expected<EngineFile> read_engine_file(std::string_view bytes, std::shared_ptr<co
   // Weights: views into the file's bytes, which they keep alive.
   auto [wp, wn] = s.by_tag.at("WGHT");
   auto [tp, tn] = s.by_tag.at("WTAB");
-  Reader wt(tp, tn, "WTAB section");
+  ByteReader wt(tp, tn, "WTAB section");
   uint32_t n = wt.count("the weight count", 4 + 1 + 4 + 16);
   for (uint32_t i = 0; i < n && wt.ok(); ++i) {
     std::string vname = wt.str("a weight name");
@@ -385,7 +321,7 @@ Expected<EngineFile> read_engine_file(std::string_view bytes, std::shared_ptr<co
   if (Status st = verify_graph(**g); !st) return err("GRPH section: " + st.message());
 
   auto [pp, pn] = s.by_tag.at("PLAN");
-  Reader r(pp, pn, "PLAN section");
+  ByteReader r(pp, pn, "PLAN section");
   Plan& p = f.plan;
   p.slots = r.get<uint32_t>("the slot count");
   p.inputs = get_refs(r);
@@ -419,7 +355,7 @@ Expected<EngineFile> read_engine_file(std::string_view bytes, std::shared_ptr<co
   for (const std::string& tag : s.order) {
     if (tag == "META" || tag == "GRPH" || tag == "WTAB" || tag == "WGHT" || tag == "PLAN") continue;
     auto [xp, xn] = s.by_tag.at(tag);
-    f.extra[tag] = std::string(xp, xn);
+    f.extra[tag] = std::string_view(xp, xn);
   }
   return f;
 }

@@ -36,7 +36,9 @@ inline constexpr uint32_t kEngineFormatVersion = 1;
 struct EngineFile {
   nlohmann::json meta;
   Plan plan;
-  std::map<std::string, std::string> extra;  // backend sections by tag (4 characters)
+  // Backend sections by tag (4 characters), viewing the bytes read_engine_file was given: valid
+  // while they are.
+  std::map<std::string, std::string_view> extra;
 };
 
 // The bytes of an engine file holding `plan` (whose graph is printed, not changed).

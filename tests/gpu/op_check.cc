@@ -395,24 +395,23 @@ Expected<Reference> cpu_reference(const Case& c, uint64_t seed) {
   return r;
 }
 
-// The case again through an engine file (src/runtime/engine_file.h): the graph and its weights
-// written and read back with the direct build's autotuned choices in its TUNE section, built for
-// the GPU from what was read. Its outputs must equal the direct build's bit for bit.
-Status check_through_engine_file(const Case& c, const Graph& g, cuda::BuildOptions bo, const cuda::TimingCache& tuning,
+// The case again through an engine file (src/runtime/engine_file.h): the graph, its weights and
+// the direct build's device plan (DPLN, DWGT) written and read back, and the engine bound from what
+// was read, with no lowering and no timing cache. Its outputs must equal the direct build's bit
+// for bit.
+Status check_through_engine_file(const Case& c, const Graph& g, cuda::BuildOptions bo, const cuda::Engine& built,
                                  const std::vector<Data>& inputs, const std::vector<Data>& direct) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> copy, parse_graph(print_graph(g)));
   KILN_ASSIGN_OR_RETURN(Plan plan, plan_host(std::move(copy), /*require_cpu_kernels=*/false));
-  KILN_ASSIGN_OR_RETURN(std::string bytes, write_engine_file(nlohmann::json::object(), plan, {{"TUNE", tuning.to_text(true)}}));
-  KILN_ASSIGN_OR_RETURN(EngineFile f, read_engine_file(std::make_shared<const std::string>(std::move(bytes)), c.name));
-  auto loaded_tuning = std::make_shared<cuda::TimingCache>("op-check");
-  KILN_RETURN_IF_ERROR(loaded_tuning->merge_text(f.extra["TUNE"], "TUNE"));
-  bo.timing_cache = loaded_tuning;
-  KILN_ASSIGN_OR_RETURN(auto engine, cuda::Engine::build(*f.plan.graph, bo));
+  KILN_ASSIGN_OR_RETURN(auto sections, built.serialize());
+  KILN_ASSIGN_OR_RETURN(std::string bytes, write_engine_file(nlohmann::json::object(), plan,
+                                                             {{"DPLN", sections.first}, {"DWGT", sections.second}}));
+  auto held = std::make_shared<const std::string>(std::move(bytes));
+  KILN_ASSIGN_OR_RETURN(EngineFile f, read_engine_file(held, c.name));
+  bo.timing_cache = nullptr;
+  KILN_ASSIGN_OR_RETURN(auto engine, cuda::Engine::load(f.plan.graph.get(), bo, f.extra["DPLN"], f.extra["DWGT"], c.name));
   KILN_ASSIGN_OR_RETURN(auto session, engine->new_session());
   KILN_ASSIGN_OR_RETURN(auto got, session->run(inputs));
-  if (loaded_tuning->misses() > 0) {
-    return KILN_ERROR(kInternal, "engine file: {} autotuned choice(s) were not in its TUNE section", loaded_tuning->misses());
-  }
   for (size_t i = 0; i < got.size(); ++i) {
     const Tensor& a = got[i].tensor;
     const Tensor& b = direct[i].tensor;
@@ -462,7 +461,7 @@ Status run_case(const Case& c, cuda::Precision prec, uint64_t seed, double* err,
     double e = compare(got[i].tensor, want[i].tensor, note);
     *err = std::max(*err, e);
   }
-  return check_through_engine_file(c, *g, bo, *tuning, inputs, got);
+  return check_through_engine_file(c, *g, bo, *engine, inputs, got);
 }
 
 // Runtime checks beyond single ops (issue 3 item 4 and 8): several sessions of one engine running

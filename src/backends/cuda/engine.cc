@@ -10,6 +10,7 @@
 #include "ops/op_registry.h"
 #include "passes/fold_constants.h"
 #include "runtime/memory_planner.h"
+#include "support/dtype.h"
 
 namespace kiln::cuda {
 
@@ -32,14 +33,12 @@ bool gpu_available(std::string* reason) {
 
 namespace {
 
-constexpr int64_t kMaxFoldElements = int64_t(1) << 24;
+// Where the graph's inputs and outputs live on the device, as lowering defines them.
+struct Stages {
+  std::vector<DevValue> input_stage, output_stage;
+};
 
-bool has_subgraph(const Node& n) {
-  for (const auto& [k, a] : n.attrs) {
-    if (a.g || !a.graphs.empty()) return true;
-  }
-  return false;
-}
+constexpr int64_t kMaxFoldElements = int64_t(1) << 24;
 
 bool static_shape(const Value* v) {
   if (!v->type.is_tensor() || !v->type.shape) return false;
@@ -61,65 +60,8 @@ Expected<bool> try_fold(Lowering& L, const Node& n) {
   return true;
 }
 
-// Runs n with its CPU kernel inside the GPU plan: copy inputs down, run, copy outputs up.
-Status lower_on_cpu(Lowering& L, const Node& n) {
-  if (!op_def(n.op).cpu) return KILN_ERROR(kUnsupported, "{}: no backend can run op {}", n.describe(), op_name(n.op));
-  if (has_subgraph(n)) {
-    return KILN_ERROR(kUnsupported, "{}: control flow (subgraphs) is not supported by the CUDA engine yet",
-                      n.describe());
-  }
-  struct In { bool device; Ref ref; k::DT dt; std::vector<int64_t> dims; Tensor host; };
-  std::vector<std::optional<In>> ins;
-  std::vector<int> reads, writes;
-  for (const Value* v : n.inputs) {
-    if (!v) { ins.emplace_back(); continue; }
-    if (const Tensor* c = L.constant(v)) { ins.push_back(In{false, {}, k::DT::kF32, {}, *c}); continue; }
-    KILN_ASSIGN_OR_RETURN(const DevValue* d, L.rowmajor(v));
-    ins.push_back(In{true, d->ref, d->dt, d->dims, {}});
-    if (!d->ref.weight) reads.push_back(d->ref.id);
-  }
-  struct Out { Ref ref; k::DT dt; DType ir; };
-  std::vector<std::optional<Out>> outs;
-  for (const Value* o : n.outputs) {
-    if (!o) { outs.emplace_back(); continue; }
-    if (!to_kdt(o->type.dtype)) {
-      return KILN_ERROR(kUnsupported, "{}: output '{}' is {}, which the GPU cannot hold", n.describe(), o->name,
-                        dtype_name(o->type.dtype));
-    }
-    const DevValue& d = L.define(o);
-    outs.push_back(Out{d.ref, d.dt, o->type.dtype});
-    writes.push_back(d.ref.id);
-  }
-  const Node* node = &n;
-  L.emit(&n, "cpu kernel (host round trip)", reads, writes, [node, ins, outs](const RunCtx& c) -> Status {
-    KILN_CUDA_TRY(cudaStreamSynchronize(c.stream));
-    std::vector<Data> held;
-    std::vector<const Data*> ptrs;
-    held.reserve(ins.size());
-    for (size_t i = 0; i < ins.size(); ++i) {
-      const Value* v = node->inputs[i];
-      if (!ins[i]) { ptrs.push_back(nullptr); continue; }
-      if (!ins[i]->device) { held.emplace_back(ins[i]->host); ptrs.push_back(&held.back()); continue; }
-      KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(ir_dtype_of(ins[i]->dt), ins[i]->dims));
-      KILN_CUDA_TRY(cudaMemcpy(t.raw(), c.ptr(ins[i]->ref), t.nbytes(), cudaMemcpyDeviceToHost));
-      KILN_ASSIGN_OR_RETURN(Tensor ir, convert_tensor(t, v->type.dtype));
-      held.emplace_back(std::move(ir));
-      ptrs.push_back(&held.back());
-    }
-    KernelCtx ctx(*node, std::move(ptrs), nullptr);
-    KILN_RETURN_IF_ERROR(op_def(node->op).cpu(ctx).with_context(node->describe()));
-    for (size_t i = 0; i < outs.size(); ++i) {
-      if (!outs[i]) continue;
-      KILN_ASSIGN_OR_RETURN(Tensor t, convert_tensor(ctx.outputs()[i].tensor, ir_dtype_of(outs[i]->dt)));
-      KILN_CUDA_TRY(cudaMemcpy(c.ptr(outs[i]->ref), t.raw(), t.nbytes(), cudaMemcpyHostToDevice));
-    }
-    return Status::ok();
-  }, /*host=*/true);
-  return Status::ok();
-}
-
 // Graph inputs arrive in their declared dtype; half builds cast them on the device.
-Status lower_inputs(Lowering& L, EngineImpl& e) {
+Status lower_inputs(Lowering& L, Stages& e) {
   for (const Value* v : L.graph().inputs) {
     auto kdt = to_kdt(v->type.dtype);
     if (!kdt) return KILN_ERROR(kUnsupported, "input '{}' is {}: not supported on the GPU", v->name, v->type.to_string());
@@ -130,13 +72,8 @@ Status lower_inputs(Lowering& L, EngineImpl& e) {
     DevValue staged = stage;
     L.staged_inputs[v] = staged;
     const DevValue& d = L.define(v, Layout::kRowMajor, want);
-    int64_t n = d.numel();
-    Ref s = staged.ref, o = d.ref;
-    k::DT from = *kdt;
-    L.emit(nullptr, fmt::format("input '{}': kernel cast to {}", v->name, precision_name(L.options().precision)),
-           {s.id}, {o.id}, [=](const RunCtx& c) {
-             return cuda_status(k::cast(from, want, c.ptr(s), c.ptr(o), n, c.stream), "cast (input)");
-           });
+    emit_cast(L, nullptr, fmt::format("input '{}': kernel cast to {}", v->name, precision_name(L.options().precision)),
+              *kdt, want, staged.ref, d.ref, d.numel());
     L.steps.back().drop_if_unread = true;
   }
   return Status::ok();
@@ -144,7 +81,7 @@ Status lower_inputs(Lowering& L, EngineImpl& e) {
 
 // Drops conversion steps whose output no later step reads and no output hands out (every reader
 // of a converted input took the staged value itself).
-void drop_unread_steps(Lowering& L, const EngineImpl& e) {
+void drop_unread_steps(Lowering& L, const Stages& e) {
   std::vector<bool> read(L.buffer_bytes.size(), false);
   for (const DevValue& d : e.output_stage) {
     if (!d.ref.weight) read[size_t(d.ref.id)] = true;
@@ -161,7 +98,7 @@ void drop_unread_steps(Lowering& L, const EngineImpl& e) {
   L.steps = std::move(kept);
 }
 
-Status lower_outputs(Lowering& L, EngineImpl& e) {
+Status lower_outputs(Lowering& L, Stages& e) {
   for (const Value* v : L.graph().outputs) {
     KILN_ASSIGN_OR_RETURN(const DevValue* d, L.rowmajor(v));
     auto want = to_kdt(v->type.dtype);
@@ -174,11 +111,7 @@ Status lower_outputs(Lowering& L, EngineImpl& e) {
     DevValue out = *d;
     out.dt = *want;
     out.ref = Ref{false, L.scratch(out.bytes())};
-    Ref s = d->ref, o = out.ref;
-    k::DT from = d->dt, to = *want;
-    int64_t n = out.numel();
-    L.emit(nullptr, fmt::format("output '{}': kernel cast", v->name), {s.weight ? -1 : s.id}, {o.id},
-           [=](const RunCtx& c) { return cuda_status(k::cast(from, to, c.ptr(s), c.ptr(o), n, c.stream), "cast (output)"); });
+    emit_cast(L, nullptr, fmt::format("output '{}': kernel cast", v->name), d->dt, *want, d->ref, out.ref, out.numel());
     e.output_stage.push_back(out);
   }
   return Status::ok();
@@ -186,7 +119,7 @@ Status lower_outputs(Lowering& L, EngineImpl& e) {
 
 // Lifetimes from the steps: buffer b lives from the first step touching it to the last. Inputs
 // are written before step 0 (by the host copy) and outputs read after the last step.
-void plan(const Lowering& L, EngineImpl& e) {
+void plan_memory_of(const Lowering& L, const Stages& e, DevicePlan& dp) {
   size_t nb = L.buffer_bytes.size();
   int end = int(L.steps.size()) + 1;
   std::vector<BufferRequest> req(nb, BufferRequest{0, end, -1});
@@ -205,29 +138,75 @@ void plan(const Lowering& L, EngineImpl& e) {
     if (req[b].last_step < 0) req[b] = BufferRequest{0, 0, 0};  // never used
   }
   MemoryPlan p = plan_memory(req);
-  e.offsets = p.offsets;
-  e.rep.arena_peak = p.peak;
-  e.rep.arena_naive = p.naive;
-  e.rep.arena_lower_bound = p.lower_bound;
+  dp.buffer_bytes.assign(L.buffer_bytes.begin(), L.buffer_bytes.end());
+  for (size_t b = 0; b < nb; ++b) {
+    if (req[b].last_step < 0) dp.buffer_bytes[b] = 0;  // planned nowhere: holds nothing
+  }
+  dp.offsets.assign(p.offsets.begin(), p.offsets.end());
+  dp.arena_peak = p.peak;
+  dp.arena_naive = p.naive;
+  dp.arena_lower_bound = p.lower_bound;
 }
 
-}  // namespace
-
-Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptions& opt) {
-  auto t0 = std::chrono::steady_clock::now();
-  std::string why;
-  if (!gpu_available(&why)) return KILN_ERROR(kUnsupported, "no usable GPU: {}", why);
-  for (const auto& v : g.values) {
-    if (v->constant || v->type.kind != Type::Kind::kTensor) continue;
-    if (!static_shape(v.get())) {
-      return KILN_ERROR(kUnsupported, "value '{}' has shape {}: the CUDA engine needs static shapes (bind them with "
-                        "--shapes NAME:DIMS or --batch)", v->name, v->type.to_string());
-    }
+std::vector<DeviceIo> device_io(const std::vector<DevValue>& stages, const std::vector<Value*>& values) {
+  std::vector<DeviceIo> r;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const DevValue& d = stages[i];
+    r.push_back(DeviceIo{d.ref, uint8_t(d.dt), int32_t(values[i]->type.dtype), d.dims});
   }
-  auto e = std::make_shared<EngineImpl>(g, opt);
-  KILN_RETURN_IF_ERROR(e->create_build_resources());
-  Lowering& L = *e->lowering;
-  KILN_RETURN_IF_ERROR(lower_inputs(L, *e));
+  return r;
+}
+
+// What became of each node that graph passes removed (Graph::absorbed), and the kernel each node
+// fused at lowering ended in: every ONNX node of the model then has a line in the report.
+void add_provenance(const Graph& g, std::vector<NodePlacement>& nodes) {
+  std::map<std::string, std::string> impl_of;  // describe() -> implementation
+  for (const NodePlacement& p : nodes) {
+    if (p.impl != "fused") impl_of[p.node] = p.impl;
+  }
+  const std::string into = "into ";
+  for (NodePlacement& p : nodes) {  // lowering-fused nodes: their target's kernel
+    if (p.impl != "fused" || p.why.rfind(into, 0) != 0) continue;
+    auto it = impl_of.find(p.why.substr(into.size()));
+    if (it == impl_of.end()) continue;
+    p.impl = it->second;
+    p.why = "fused " + p.why;
+    impl_of[p.node] = p.impl;  // a graph pass's node may have been fused into this one
+  }
+  for (const Absorbed& a : g.absorbed) {
+    NodePlacement p{a.node, Placement::kPass, "-", ""};
+    if (a.into) {
+      std::string target = a.into->describe();
+      if (auto it = impl_of.find(target); it != impl_of.end()) p.impl = it->second;
+      p.why = fmt::format("fused by graph pass {} into {}", a.pass, target);
+    } else if (a.pass == "fold-constants") {
+      p.why = "evaluated at build time (fold-constants)";
+    } else {
+      p.why = fmt::format("removed by graph pass {} (no work left)", a.pass);
+    }
+    nodes.push_back(std::move(p));
+  }
+}
+
+// Build-time handles and autotuning scratch, freed on every path.
+struct BuildResources {
+  Lowering& L;
+  ~BuildResources() {
+    if (L.dnn) cudnnDestroy(L.dnn);
+    if (L.lt) cublasLtDestroy(L.lt);
+    if (L.build_workspace) cudaFree(L.build_workspace);
+  }
+};
+
+// Lowers the graph to a device plan: records, memory plan, weights, I/O, placements.
+Expected<DevicePlan> lower_graph(const Graph& g, const BuildOptions& opt) {
+  Lowering L(g, opt);
+  BuildResources res{L};
+  KILN_CUDA_TRY(cudnnCreate(&L.dnn));
+  KILN_CUDA_TRY(cublasLtCreate(&L.lt));
+  KILN_CUDA_TRY(cudaMalloc(&L.build_workspace, opt.workspace_bytes));
+  Stages e;
+  KILN_RETURN_IF_ERROR(lower_inputs(L, e));
   const auto& table = lowering_table();
   find_patterns(L);
   for (const auto& up : g.nodes) {
@@ -270,23 +249,75 @@ Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptio
     KILN_RETURN_IF_ERROR(lower_on_cpu(L, n));
     L.place(&n, Placement::kCpu, "cpu kernel", s.message());
   }
-  KILN_RETURN_IF_ERROR(lower_outputs(L, *e));
-  drop_unread_steps(L, *e);
-  plan(L, *e);
-  if (opt.memory_budget_bytes) {
-    size_t weights = 0;
-    for (const auto& w : L.weight_data) weights += w.size();
-    size_t need = weights + e->rep.arena_peak + opt.workspace_bytes;
-    if (need > opt.memory_budget_bytes) {
-      return KILN_ERROR(kOutOfMemory,
-                        "the engine needs {:.1f} MiB of GPU memory per session (weights {:.1f}, arena {:.1f}, workspace "
-                        "{:.1f}), over the memory budget of {:.1f} MiB",
-                        double(need) / (1 << 20), double(weights) / (1 << 20), double(e->rep.arena_peak) / (1 << 20),
-                        double(opt.workspace_bytes) / (1 << 20), double(opt.memory_budget_bytes) / (1 << 20));
+  KILN_RETURN_IF_ERROR(lower_outputs(L, e));
+  drop_unread_steps(L, e);
+
+  DevicePlan dp;
+  plan_memory_of(L, e, dp);
+  dp.inputs = device_io(e.input_stage, g.inputs);
+  dp.outputs = device_io(e.output_stage, g.outputs);
+  dp.bad_index_slots = L.bad_index_slots();
+  for (Step& st : L.steps) dp.steps.push_back(std::move(static_cast<DeviceStep&>(st)));
+  for (auto& w : L.weight_data) dp.weight_store.emplace_back(w.begin(), w.end());
+  L.weight_data.clear();
+  dp.view_store();
+  std::vector<NodePlacement> rows = L.placements;
+  add_provenance(g, rows);
+  for (NodePlacement& r : rows) dp.placements.push_back({r.node, uint8_t(r.placement), r.impl, r.why});
+  return dp;
+}
+
+}  // namespace
+
+Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptions& opt) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::string why;
+  if (!gpu_available(&why)) return KILN_ERROR(kUnsupported, "no usable GPU: {}", why);
+  for (const auto& v : g.values) {
+    if (v->constant || v->type.kind != Type::Kind::kTensor) continue;
+    if (!static_shape(v.get())) {
+      return KILN_ERROR(kUnsupported, "value '{}' has shape {}: the CUDA engine needs static shapes (bind them with "
+                        "--shapes NAME:DIMS or --batch)", v->name, v->type.to_string());
     }
   }
-  KILN_RETURN_IF_ERROR(e->upload_weights());
-  e->finish_report(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  auto e = std::make_shared<EngineImpl>(&g, opt);
+  KILN_ASSIGN_OR_RETURN(e->plan, lower_graph(g, opt));
+  KILN_RETURN_IF_ERROR(e->finish());
+  e->plan.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  e->rep.build_ms = e->plan.build_ms;
+  return std::shared_ptr<Engine>(e);
+}
+
+Expected<std::shared_ptr<Engine>> Engine::load(const Graph* g, const BuildOptions& opt, std::string_view dpln,
+                                               std::string_view dwgt, const std::string& name) {
+  std::string why;
+  if (!gpu_available(&why)) return KILN_ERROR(kUnsupported, "{}: no usable GPU: {}", name, why);
+  auto e = std::make_shared<EngineImpl>(g, opt);
+  KILN_ASSIGN_OR_RETURN(e->plan, read_device_plan(dpln, dwgt, name));
+  if (g && (e->plan.inputs.size() != g->inputs.size() || e->plan.outputs.size() != g->outputs.size())) {
+    return KILN_ERROR(kInvalidModel, "{}: the device plan's inputs and outputs are not the graph's", name);
+  }
+  for (const DeviceIo& io : e->plan.inputs) {
+    if (io.device_dtype > uint8_t(k::DT::kBool) || io.ir_dtype < 0 || io.ir_dtype >= kNumDTypes) {
+      return KILN_ERROR(kInvalidModel, "{}: an input of unknown dtype", name);
+    }
+  }
+  for (const DeviceIo& io : e->plan.outputs) {
+    if (io.device_dtype > uint8_t(k::DT::kBool) || io.ir_dtype < 0 || io.ir_dtype >= kNumDTypes) {
+      return KILN_ERROR(kInvalidModel, "{}: an output of unknown dtype", name);
+    }
+  }
+  for (const DevicePlacement& p : e->plan.placements) {
+    if (p.placement > uint8_t(Placement::kPass)) return KILN_ERROR(kInvalidModel, "{}: a placement of unknown kind", name);
+  }
+  // The CUDA context, created here at the latest (a cold process's largest fixed cost).
+  auto t0 = std::chrono::steady_clock::now();
+  KILN_CUDA_TRY(cudaFree(nullptr));
+  e->rep.load_phases = fmt::format("CUDA context {:.1f} ms, ",
+                                   std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  Status st = e->finish();
+  if (!st) return st.code() == ErrorCode::kInvalidModel ? Status(st.code(), name + ": " + st.message()) : st;
+  e->rep.build_ms = e->plan.build_ms;
   return std::shared_ptr<Engine>(e);
 }
 

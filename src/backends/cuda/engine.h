@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ir/graph.h"
@@ -87,6 +88,7 @@ struct BuildReport {
   bool cuda_graph = false;  // whether sessions capture a graph
   std::string graph_note;   // "disabled", or how many graphs surround the host steps
   double build_ms = 0;
+  std::string load_phases;  // a loaded engine: "CUDA context 230.1 ms, weights 48.7 MiB in 9.0 ms, ..."
   std::string device_name;
   std::string to_text() const;  // the `kiln build --report` table
 };
@@ -98,7 +100,14 @@ class Engine {
   // Fails with a message naming the node when the graph cannot run here (dynamic shapes,
   // an op neither backend can run, GPU out of memory while uploading weights).
   static Expected<std::shared_ptr<Engine>> build(const Graph& g, const BuildOptions& opt);
+  // An engine from an engine file's DPLN and DWGT sections (runtime/device_plan.h): weights
+  // uploaded and steps bound, with no lowering and no timing. `g` is the plan's graph, whose nodes
+  // host steps run; the caller keeps it alive as long as the engine. `name` starts every error.
+  static Expected<std::shared_ptr<Engine>> load(const Graph* g, const BuildOptions& opt, std::string_view dpln,
+                                                std::string_view dwgt, const std::string& name);
   virtual ~Engine() = default;
+  // The DPLN and DWGT sections of this engine (its weights read back from the GPU).
+  virtual Expected<std::pair<std::string, std::string>> serialize() const = 0;
   virtual const BuildReport& report() const = 0;
   virtual Expected<std::unique_ptr<Session>> new_session() = 0;
 };

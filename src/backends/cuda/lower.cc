@@ -112,6 +112,7 @@ Expected<Tensor> convert_tensor(const Tensor& t, DType to) {
 }
 
 Lowering::Lowering(const Graph& g, const BuildOptions& opt) : g_(g), opt_(opt) {
+  for (size_t i = 0; i < g.nodes.size(); ++i) node_index_[g.nodes[i].get()] = int(i);
   for (const auto& n : g.nodes) {
     for (const Value* in : n->inputs) {
       if (in) readers_[in].push_back(n.get());
@@ -197,14 +198,10 @@ Expected<const DevValue*> Lowering::convert(const Value* v, Layout to) {
   dst.ref = Ref{false, scratch(src.bytes())};
   // Read src through its own logical strides, write dst through its own: one strided copy.
   k::NdStrides s = nd(src.dims, src.strides()), d = nd(dst.dims, dst.strides());
-  int eb = k::dt_size(src.dt);
-  Ref sr = src.ref, dr = dst.ref;
   const Node* producer = v->producer;
-  emit(producer, fmt::format("kernel copy_nd ({} -> {})", to == Layout::kNHWC ? "NCHW" : "NHWC",
-                             to == Layout::kNHWC ? "NHWC" : "NCHW"),
-       {sr.weight ? -1 : sr.id}, {dr.id}, [=](const RunCtx& c) {
-         return cuda_status(k::copy_nd(eb, c.ptr(sr), s, c.ptr(dr), d, c.stream), "copy_nd (layout)");
-       });
+  emit_copy_nd(*this, producer, fmt::format("kernel copy_nd ({} -> {})", to == Layout::kNHWC ? "NCHW" : "NHWC",
+                                            to == Layout::kNHWC ? "NHWC" : "NCHW"),
+               k::dt_size(src.dt), src.ref, 0, s, dst.ref, 0, d);
   converted_[v] = dst;
   return &converted_[v];
 }
@@ -245,18 +242,25 @@ Expected<Ref> Lowering::upload_raw(const void* data, size_t bytes) {
   return Ref{true, int(weight_data.size() - 1)};
 }
 
-void Lowering::emit(const Node* n, std::string impl, std::vector<int> reads, std::vector<int> writes, StepFn fn,
-                    bool host) {
+void Lowering::emit(const Node* n, std::string impl, std::vector<int> reads, std::vector<int> writes, StepOp op,
+                    ByteWriter params, bool host) {
   Step s;
-  s.node = n;
-  s.label = (n ? n->describe() + ": " : std::string()) + impl;
+  s.kind = uint16_t(op);
+  s.node = n ? n->describe() : std::string();
+  s.node_index = node_index(n);
+  s.label = (n ? s.node + ": " : std::string()) + impl;
   s.host = host;
   for (int r : reads) {
     if (r >= 0) s.reads.push_back(r);
   }
-  s.writes = std::move(writes);
-  s.fn = std::move(fn);
+  s.writes.assign(writes.begin(), writes.end());
+  s.params = std::move(params.bytes());
   steps.push_back(std::move(s));
+}
+
+int Lowering::node_index(const Node* n) const {
+  auto it = node_index_.find(n);
+  return it == node_index_.end() ? -1 : it->second;
 }
 
 void Lowering::mark_fused(const Node* n, const Node* into) {

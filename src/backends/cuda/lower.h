@@ -4,9 +4,11 @@
 // Every IR value that lives on the device becomes a DevValue: a buffer (in the activation arena
 // or among the uploaded weights), a device dtype (f32 values become f16/bf16 in half builds) and
 // a layout. A lowering function first checks that it can lower the node, returning kUnsupported
-// with a reason before it emits anything (the node then runs on the CPU), and then emits Steps:
-// closures that enqueue work on the session's stream given a RunCtx. Buffers are referred to by
-// Ref and resolved at run time, because each Session has its own arena.
+// with a reason before it emits anything (the node then runs on the CPU), and then emits step
+// records (runtime/device_plan.h): a kind, plain parameters and buffer references. The executor
+// (executor.h) turns each record into a closure that enqueues work given a RunCtx, the same way for
+// a fresh build and for an engine loaded from a file. Buffers are referred to by Ref and resolved
+// at run time, because each Session has its own arena.
 #pragma once
 
 #include <cublasLt.h>
@@ -19,6 +21,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/engine.h"
+#include "backends/cuda/executor.h"
 #include "backends/cuda/kernels/kernels.h"
 #include "backends/cuda/tuning.h"
 
@@ -27,11 +30,6 @@ namespace kiln::cuda {
 // NHWC: a rank-4 value whose logical dims stay [N,C,H,W] but whose bytes are ordered N,H,W,C
 // (cuDNN's fast layout for half precision convolution).
 enum class Layout { kRowMajor, kNHWC };
-
-struct Ref {
-  bool weight = false;
-  int id = -1;  // arena buffer or weight index
-};
 
 struct DevValue {
   Ref ref;
@@ -45,37 +43,28 @@ struct DevValue {
   std::vector<int64_t> strides() const;
 };
 
-// What a step sees when it runs: the session's stream, handles and memory.
-struct RunCtx {
-  cudaStream_t stream = nullptr;
-  cublasLtHandle_t lt = nullptr;
-  cudnnHandle_t dnn = nullptr;
-  char* arena = nullptr;
-  const std::vector<size_t>* offsets = nullptr;   // arena offset per buffer id
-  const std::vector<void*>* weights = nullptr;     // device pointer per weight id
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
-  int* bad_index = nullptr;  // device counters, one per step that checks indices
-
-  void* ptr(Ref r) const { return r.weight ? (*weights)[size_t(r.id)] : arena + (*offsets)[size_t(r.id)]; }
-};
-
-using StepFn = std::function<Status(const RunCtx&)>;
-
-struct Step {
-  std::string label;            // the node it came from (describe()) and the implementation
-  const Node* node = nullptr;
-  bool host = false;            // synchronizes with the host (CPU fallback): no graph capture
-  std::vector<int> reads, writes;  // arena buffer ids, for liveness
-  int bad_index_slot = -1;      // index into RunCtx::bad_index, when the step checks indices
+// A step as lowering emits it: the record, plus what only the build needs.
+struct Step : DeviceStep {
   bool drop_if_unread = false;  // a conversion (an input's cast) that no later step may need
-  // The step's kernel lets its dependents launch before it ends (griddepcontrol.launch_dependents:
-  // gemm_sm90, LayerNorm, attention). A kernel emitted right after it that waits with
-  // griddepcontrol.wait (LayerNorm, attention) is then launched with programmatic serialization, and
-  // gemm_sm90 is timed with the launch overlap it will get (Lowering::follows_trigger).
-  bool triggers_dependents = false;
-  StepFn fn;
 };
+
+class Lowering;
+
+// dst[dst_off + idx . d] = src[src_off + idx . s] for idx in s.dims (offsets in elements of eb
+// bytes); zero_bytes > 0 first zeroes that many bytes of dst (a padded copy). lower_data.cc.
+void emit_copy_nd(Lowering& L, const Node* n, std::string label, int eb, Ref src, int64_t src_off, const k::NdStrides& s,
+                  Ref dst, int64_t dst_off, const k::NdStrides& d, size_t zero_bytes = 0);
+
+// y = (to)x over count elements (lower_elementwise.cc).
+void emit_cast(Lowering& L, const Node* n, std::string label, k::DT from, k::DT to, Ref x, Ref y, int64_t count);
+
+// Softmax (log: LogSoftmax) of x viewed as [rows, cols] along cols (lower_norm.cc).
+void emit_softmax(Lowering& L, const Node* n, std::string label, k::DT dt, Ref x, Ref y, int64_t rows, int64_t cols,
+                  bool log);
+
+// y[idx] = a[idx . sa] op b[idx . sb] over sa.dims, y contiguous (lower_elementwise.cc).
+void emit_binary_nd(Lowering& L, const Node* n, std::string label, k::Binary op, k::DT dt, Ref a, const k::NdStrides& sa,
+                    Ref b, const k::NdStrides& sb, Ref y);
 
 // Makes a k::NdStrides from dims and strides (rank <= kMaxRank, checked by the caller).
 k::NdStrides nd(const std::vector<int64_t>& dims, const std::vector<int64_t>& strides);
@@ -148,8 +137,10 @@ class Lowering {
   Expected<Ref> upload(const Tensor& t, k::DT dt);
   Expected<Ref> upload_raw(const void* data, size_t bytes);
 
-  void emit(const Node* n, std::string impl, std::vector<int> reads, std::vector<int> writes, StepFn fn,
-            bool host = false);
+  // Appends a step record: kind `op` with its parameters (written by the kind's encoder in
+  // executor.h). `reads`: arena buffers it reads (-1 entries, weights, are skipped).
+  void emit(const Node* n, std::string impl, std::vector<int> reads, std::vector<int> writes, StepOp op,
+            ByteWriter params, bool host = false);
   int new_bad_index_slot() { return bad_index_slots_++; }
   // Whether the last emitted step triggers its dependents early (Step::triggers_dependents): a
   // kernel emitted now gains from programmatic serialization, if it waits before its first access.
@@ -174,8 +165,9 @@ class Lowering {
   std::unordered_map<const Node*, Replacement> replacements;  // root node -> pattern
   std::unordered_map<const Node*, InputClip> input_clips;     // depthwise Conv -> its fused input Clip
   int bad_index_slots() const { return bad_index_slots_; }
+  int node_index(const Node* n) const;  // position in the graph's top-level nodes, -1 if none
 
-  // Cached per-engine resources created during lowering (cuDNN descriptors, Lt layouts).
+  // Build-time resources of autotuning (cuDNN descriptors, Lt layouts), freed with the lowering.
   std::vector<std::shared_ptr<void>> keep_alive;
   cudnnHandle_t dnn = nullptr;         // build-time handle for algorithm search
   cublasLtHandle_t lt = nullptr;
@@ -191,6 +183,7 @@ class Lowering {
   std::unordered_map<const Value*, Tensor> consts_;
   std::unordered_map<const Value*, DevValue> converted_;  // NHWC <-> row-major copies
   std::unordered_map<const Node*, const Node*> fused_;
+  std::unordered_map<const Node*, int> node_index_;  // top-level position, for host steps
   std::unordered_map<const Value*, std::vector<const Node*>> readers_;
   int bad_index_slots_ = 0;
   Expected<const DevValue*> convert(const Value* v, Layout to);
@@ -258,6 +251,8 @@ Expected<Ref> transposed_weight(Lowering& L, const DevValue* w, int64_t rows, in
 // and lost, `lost` says by how much, for the build report (lower_gemm_sm90.cc).
 Expected<bool> try_emit_gemm_sm90(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s,
                                   const Epilogue& ep, Ref y, k::DT dt, float lt_ms, std::string* lost);
+
+void register_gemm_sm90_binder(std::map<StepOp, BindFn>& t);  // lower_gemm_sm90.cc
 
 // Convenience for lowering functions.
 #define KILN_UNSUPPORTED(...) return KILN_ERROR(kUnsupported, __VA_ARGS__)

@@ -334,28 +334,63 @@ Status lower_attention(Lowering& L, const Node& root, const AttentionMatch& m) {
     mdt = mask->dt;
     mr = mask->ref;
   }
-  bool has_mask = mask != nullptr;
-  Ref qr = q->ref, kr = kv->ref, vr = v->ref, yr = y.ref;
-  k::DT dt = y.dt;
-  float scale = float(m.scale);
-  size_t eb = size_t(k::dt_size(dt));
-  size_t qo = size_t(m.q.view.offset()) * eb, ko = size_t(m.k.view.offset()) * eb, vo = size_t(m.v.view.offset()) * eb;
-  std::vector<int> reads = {qr.weight ? -1 : qr.id, kr.weight ? -1 : kr.id, vr.weight ? -1 : vr.id};
+  const bool has_mask = mask != nullptr;
+  const k::DT dt = y.dt;
+  const size_t eb = size_t(k::dt_size(dt));
+  std::vector<int> reads = {q->ref.weight ? -1 : q->ref.id, kv->ref.weight ? -1 : kv->ref.id, v->ref.weight ? -1 : v->ref.id};
   if (has_mask) reads.push_back(mr.weight ? -1 : mr.id);
   sh.pdl = L.follows_trigger();
+  ByteWriter w;
+  w.put(int32_t(dt));
+  w.put(int32_t(mdt));
+  put(w, q->ref);
+  put(w, kv->ref);
+  put(w, v->ref);
+  put(w, mr);
+  put(w, y.ref);
+  for (int64_t off : {m.q.view.offset(), m.k.view.offset(), m.v.view.offset()}) w.i64(off * int64_t(eb));
+  for (int x : {sh.b, sh.h, sh.sq, sh.sk, sh.d}) w.put(int32_t(x));
+  for (const int64_t* a : {sh.q, sh.k, sh.v, sh.o}) {
+    for (int i = 0; i < 3; ++i) w.i64(a[i]);
+  }
+  for (int i = 0; i < 4; ++i) w.i64(sh.m[i]);
+  w.u8(sh.pdl);
+  w.put(float(m.scale));
   L.emit(&root,
          fmt::format("kernel attention (fused, b={} h={} sq={} sk={} d={}{}{}{})", m.b, m.h, m.sq, m.sk, m.d,
                      !has_mask ? "" : k::attention_row_mask(sh, mdt) ? " +row mask" : " +mask",
                      m.out_perm.empty() ? "" : ", output transposed", sh.pdl ? ", programmatic launch" : ""),
-         reads, {yr.id}, [=](const RunCtx& c) {
-           auto at = [&](Ref r, size_t off) { return static_cast<const char*>(c.ptr(r)) + off; };
-           return cuda_status(k::attention(dt, at(qr, qo), at(kr, ko), at(vr, vo), has_mask ? c.ptr(mr) : nullptr, mdt,
-                                           c.ptr(yr), sh, scale, c.stream),
-                              "attention");
-         });
+         reads, {y.ref.id}, StepOp::kAttention, std::move(w));
   L.steps.back().triggers_dependents = true;  // the kernel calls pdl_launch_dependents() early
   return Status::ok();
 }
+
+namespace {
+
+Expected<StepFn> bind_attention(Params& in, BindCtx&) {
+  const k::DT dt = in.dt(), mdt = in.dt();
+  const Ref qr = in.ref(), kr = in.ref(), vr = in.ref(), mr = in.opt_ref(), yr = in.ref();
+  const int64_t qo = in.i64(), ko = in.i64(), vo = in.i64();
+  k::AttentionShape sh{};
+  for (int* x : {&sh.b, &sh.h, &sh.sq, &sh.sk, &sh.d}) *x = in.i32();
+  for (int64_t* a : {sh.q, sh.k, sh.v, sh.o}) {
+    for (int i = 0; i < 3; ++i) a[i] = in.i64();
+  }
+  for (int i = 0; i < 4; ++i) sh.m[i] = in.i64();
+  sh.pdl = in.flag();
+  const float scale = in.f32();
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) {
+    auto at = [&](Ref r, int64_t off) { return static_cast<const char*>(c.ptr(r)) + off; };
+    return cuda_status(k::attention(dt, at(qr, qo), at(kr, ko), at(vr, vo), mr.id >= 0 ? c.ptr(mr) : nullptr, mdt,
+                                    c.ptr(yr), sh, scale, c.stream),
+                       "attention");
+  });
+}
+
+}  // namespace
+
+void register_attention_binders(std::map<StepOp, BindFn>& t) { t[StepOp::kAttention] = bind_attention; }
 
 // ONNX Attention (opset 23+) on the fused kernel: Q, K, V as 4-D [B, H, S, D] or 3-D [B, S, H*D]
 // (q_num_heads / kv_num_heads), as many K/V heads as Q heads, an additive float mask or none, no
@@ -456,16 +491,9 @@ Status lower_attention_unfused(Lowering& L, const Node& n) {
   KILN_RETURN_IF_ERROR(emit_gemm(L, n, q, k, qk, scaled, s.ref, dt));
   if (mask) {
     k::NdStrides ss = nd(sdims, contiguous_strides(sdims)), ms = nd(sdims, broadcast_strides(*mask, sdims));
-    Ref sr = s.ref, mr = mask->ref;
-    L.emit(&n, "kernel add (attention mask)", {sr.id, mr.weight ? -1 : mr.id}, {sr.id}, [=](const RunCtx& c) {
-      return cuda_status(k::binary(k::Binary::kAdd, dt, c.ptr(sr), ss, c.ptr(mr), ms, c.ptr(sr), c.stream), "binary");
-    });
+    emit_binary_nd(L, &n, "kernel add (attention mask)", k::Binary::kAdd, dt, s.ref, ss, mask->ref, ms, s.ref);
   }
-  Ref sr = s.ref, pr = p.ref;
-  const int64_t rows = b * h * sq;
-  L.emit(&n, "kernel softmax (attention)", {sr.id}, {pr.id}, [=](const RunCtx& c) {
-    return cuda_status(k::softmax(dt, c.ptr(sr), c.ptr(pr), rows, sk, false, c.stream), "softmax");
-  });
+  emit_softmax(L, &n, "kernel softmax (attention)", dt, s.ref, p.ref, b * h * sq, sk, false);
   GemmShape pv;
   pv.m = sq, pv.n = dv, pv.k = sk;
   pv.batch = b * h, pv.stride_a = sq * sk, pv.stride_b = sk * dv, pv.stride_d = sq * dv;

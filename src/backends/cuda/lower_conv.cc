@@ -31,15 +31,12 @@ Status destroy_filter(cudnnFilterDescriptor_t d) { return cuda_status(cudnnDestr
 Status destroy_conv(cudnnConvolutionDescriptor_t d) { return cuda_status(cudnnDestroyConvolutionDescriptor(d), "destroy"); }
 Status destroy_act(cudnnActivationDescriptor_t d) { return cuda_status(cudnnDestroyActivationDescriptor(d), "destroy"); }
 Status destroy_pool(cudnnPoolingDescriptor_t d) { return cuda_status(cudnnDestroyPoolingDescriptor(d), "destroy"); }
-template <typename T, Status (*Destroy)(T)>
-void hold(Lowering& L, T p) {
-  L.keep_alive.emplace_back(p, [](void* q) { (void)Destroy(static_cast<T>(q)); });
-}
+using Keep = std::vector<std::shared_ptr<void>>;
 
-Expected<cudnnTensorDescriptor_t> tensor_desc(Lowering& L, const std::vector<int64_t>& d, k::DT dt, Layout lay) {
+Expected<cudnnTensorDescriptor_t> tensor_desc(Keep& keep, const std::vector<int64_t>& d, k::DT dt, Layout lay) {
   cudnnTensorDescriptor_t t = nullptr;
   KILN_CUDA_TRY(cudnnCreateTensorDescriptor(&t));
-  hold<cudnnTensorDescriptor_t, destroy_tensor>(L, t);
+  hold(keep, t, destroy_tensor);
   KILN_CUDA_TRY(cudnnSetTensor4dDescriptor(t, lay == Layout::kNHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, dnn_type(dt),
                                            int(d[0]), int(d[1]), int(d[2]), int(d[3])));
   return t;
@@ -73,14 +70,8 @@ Expected<const DevValue*> pad_extra(Lowering& L, const Node& n, const DevValue* 
   p->dims[3] += ew;
   p->ref = Ref{false, L.scratch(p->bytes())};
   std::vector<int64_t> ds = p->strides();  // logical strides of the padded buffer
-  k::NdStrides src = nd(x->dims, x->strides()), dst = nd(x->dims, ds);
-  int eb = k::dt_size(x->dt);
-  size_t bytes = p->bytes();
-  Ref xr = x->ref, pr = p->ref;
-  L.emit(&n, "kernel copy_nd (pad for asymmetric padding)", {read_id(x)}, {pr.id}, [=](const RunCtx& c) -> Status {
-    KILN_CUDA_TRY(cudaMemsetAsync(c.ptr(pr), 0, bytes, c.stream));
-    return cuda_status(k::copy_nd(eb, c.ptr(xr), src, c.ptr(pr), dst, c.stream), "copy_nd (pad)");
-  });
+  emit_copy_nd(L, &n, "kernel copy_nd (pad for asymmetric padding)", k::dt_size(x->dt), x->ref, 0,
+               nd(x->dims, x->strides()), p->ref, 0, nd(x->dims, ds), p->bytes());
   return static_cast<const DevValue*>(p);
 }
 
@@ -183,13 +174,16 @@ Expected<const DevValue*> space_to_depth(Lowering& L, const Node& n, const Value
   std::vector<int64_t> xs = src->strides();  // logical [n, c, h, w] order
   k::SpaceToDepthShape sh{x->dims[0], x->dims[1], x->dims[2], x->dims[3], xs[0], xs[1], xs[2], xs[3],
                           pl.block, pl.top, pl.left, pl.ho, pl.wo, pl.cp};
-  Ref xr = src->ref, pr = p->ref;
   const k::DT in_dt = src->dt;
+  ByteWriter w;
+  put(w, src->ref);
+  w.put(int32_t(in_dt));
+  put(w, p->ref);
+  w.put(int32_t(out_dt));
+  for (int64_t v : {sh.n, sh.c, sh.h, sh.w, sh.sn, sh.sc, sh.sh, sh.sw, sh.block, sh.top, sh.left, sh.ho, sh.wo, sh.cp}) w.i64(v);
   L.emit(&n, fmt::format("kernel space_to_depth_nhwc ({} -> {} channels, block {}{})", sh.c, sh.cp, sh.block,
                          in_dt != out_dt ? ", from the f32 input" : ""),
-         {read_id(src)}, {pr.id}, [=](const RunCtx& c) {
-           return cuda_status(k::space_to_depth_nhwc(c.ptr(xr), in_dt, sh, c.ptr(pr), out_dt, c.stream), "space_to_depth_nhwc");
-         });
+         {read_id(src)}, {p->ref.id}, StepOp::kSpaceToDepth, std::move(w));
   return static_cast<const DevValue*>(p);
 }
 
@@ -357,28 +351,29 @@ Expected<AlgoChoice> time_algos(Lowering& L, cudnnTensorDescriptor_t xd, cudnnFi
   return r;
 }
 
-Expected<ConvDescs> conv_descs(Lowering& L, k::DT dt, Layout lay, const std::vector<int64_t>& xdims,
-                               const std::array<int64_t, 4>& wdims, std::array<int, 2> pads, std::array<int, 2> stride,
-                               std::array<int, 2> dil, int64_t group, const std::vector<int64_t>& ydims) {
+// The descriptors of one convolution (held in `keep`); precision and workspace enter the cache key.
+Expected<ConvDescs> conv_descs(Keep& keep, Precision prec, size_t workspace, k::DT dt, Layout lay,
+                               const std::vector<int64_t>& xdims, const std::array<int64_t, 4>& wdims,
+                               std::array<int, 2> pads, std::array<int, 2> stride, std::array<int, 2> dil, int64_t group,
+                               const std::vector<int64_t>& ydims) {
   ConvDescs d;
   d.key = fmt::format("x{} w{} p{},{} s{},{} d{},{} g{} y{} dt{} {} prec{} ws{}", dims_to_string(xdims),
                       dims_to_string({wdims.begin(), wdims.end()}), pads[0], pads[1], stride[0], stride[1], dil[0], dil[1],
-                      group, dims_to_string(ydims), int(dt), lay == Layout::kNHWC ? "nhwc" : "nchw",
-                      int(L.options().precision), L.options().workspace_bytes);
-  KILN_ASSIGN_OR_RETURN(d.x, tensor_desc(L, xdims, dt, lay));
-  KILN_ASSIGN_OR_RETURN(d.y, tensor_desc(L, ydims, dt, lay));
+                      group, dims_to_string(ydims), int(dt), lay == Layout::kNHWC ? "nhwc" : "nchw", int(prec), workspace);
+  KILN_ASSIGN_OR_RETURN(d.x, tensor_desc(keep, xdims, dt, lay));
+  KILN_ASSIGN_OR_RETURN(d.y, tensor_desc(keep, ydims, dt, lay));
   KILN_CUDA_TRY(cudnnCreateFilterDescriptor(&d.w));
-  hold<cudnnFilterDescriptor_t, destroy_filter>(L, d.w);
+  hold(keep, d.w, destroy_filter);
   KILN_CUDA_TRY(cudnnSetFilter4dDescriptor(d.w, dnn_type(dt), lay == Layout::kNHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
                                            int(wdims[0]), int(wdims[1]), int(wdims[2]), int(wdims[3])));
   KILN_CUDA_TRY(cudnnCreateConvolutionDescriptor(&d.c));
-  hold<cudnnConvolutionDescriptor_t, destroy_conv>(L, d.c);
+  hold(keep, d.c, destroy_conv);
   KILN_CUDA_TRY(cudnnSetConvolution2dDescriptor(d.c, pads[0], pads[1], stride[0], stride[1], dil[0], dil[1],
                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   KILN_CUDA_TRY(cudnnSetConvolutionGroupCount(d.c, int(group)));
   cudnnMathType_t math = dt != k::DT::kF32 ? CUDNN_TENSOR_OP_MATH
-                         : L.options().precision == Precision::kTf32 ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
-                                                                      : CUDNN_FMA_MATH;
+                         : prec == Precision::kTf32 ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
+                                                    : CUDNN_FMA_MATH;
   KILN_CUDA_TRY(cudnnSetConvolutionMathType(d.c, math));
   auto count = [](const auto& dims) {
     int64_t c = 1;
@@ -390,6 +385,13 @@ Expected<ConvDescs> conv_descs(Lowering& L, k::DT dt, Layout lay, const std::vec
   d.wb = count(wdims) * eb;
   d.yb = count(ydims) * eb;
   return d;
+}
+
+Expected<ConvDescs> conv_descs(Lowering& L, k::DT dt, Layout lay, const std::vector<int64_t>& xdims,
+                               const std::array<int64_t, 4>& wdims, std::array<int, 2> pads, std::array<int, 2> stride,
+                               std::array<int, 2> dil, int64_t group, const std::vector<int64_t>& ydims) {
+  return conv_descs(L.keep_alive, L.options().precision, L.options().workspace_bytes, dt, lay, xdims, wdims, pads, stride,
+                    dil, group, ydims);
 }
 
 // Whether a small-channel transform (SmallC) is worth it: cuDNN times the convolution both ways,
@@ -559,15 +561,23 @@ Status lower_conv(Lowering& L, const Node& n) {
       sh.in_hi = in_clip->hi;
     }
     const DevValue& y = L.define(dout, lay);
-    Ref xr = x0->ref, yr = y.ref;
-    bool has_bias = bias_t != nullptr;
-    k::DT d = *dt;
-    L.emit(&n, fmt::format("kernel depthwise_conv2d_nhwc{}{}{}", in_clip ? " (input clip)" : "", has_bias ? " +bias" : "",
+    ByteWriter wr_;
+    wr_.put(int32_t(*dt));
+    put(wr_, x0->ref);
+    put(wr_, wr);
+    put(wr_, bias_t ? br : Ref{});
+    put(wr_, y.ref);
+    for (int v : {sh.n, sh.h, sh.w, sh.c, sh.r, sh.s, sh.p, sh.q, sh.stride_h, sh.stride_w, sh.pad_h, sh.pad_w, sh.dil_h,
+                  sh.dil_w, sh.in_clip}) {
+      wr_.put(int32_t(v));
+    }
+    for (float v : {sh.in_lo, sh.in_hi}) wr_.put(v);
+    wr_.put(int32_t(act));
+    wr_.put(lo);
+    wr_.put(hi);
+    L.emit(&n, fmt::format("kernel depthwise_conv2d_nhwc{}{}{}", in_clip ? " (input clip)" : "", bias_t ? " +bias" : "",
                            act == 1 ? " +relu" : act == 2 ? " +clip" : ""),
-           {read_id(x0)}, {yr.id}, [=](const RunCtx& c) {
-             return cuda_status(k::depthwise_conv2d_nhwc(d, c.ptr(xr), c.ptr(wr), has_bias ? c.ptr(br) : nullptr,
-                                                         c.ptr(yr), sh, act, lo, hi, c.stream), "depthwise_conv2d_nhwc");
-           });
+           {read_id(x0)}, {y.ref.id}, StepOp::kDepthwiseConv, std::move(wr_));
     if (fused_act) L.mark_fused(fused_act, &n);
     return Status::ok();
   }
@@ -620,11 +630,8 @@ Status lower_conv(Lowering& L, const Node& n) {
       rows.dt = *dt;
       rows.dims = {gs.m, gs.k};
       rows.ref = Ref{false, L.scratch(size_t(gs.m * gs.k) * size_t(k::dt_size(*dt)))};
-      Ref xr = x->ref, rr = rows.ref;
-      int eb = k::dt_size(*dt);
-      L.emit(&n, fmt::format("kernel copy_nd (patches {}x{})", R, S), {read_id(x)}, {rr.id}, [=](const RunCtx& c) {
-        return cuda_status(k::copy_nd(eb, c.ptr(xr), from, c.ptr(rr), to, c.stream), "copy_nd (patches)");
-      });
+      emit_copy_nd(L, &n, fmt::format("kernel copy_nd (patches {}x{})", R, S), k::dt_size(*dt), x->ref, 0, from, rows.ref,
+                   0, to);
       a = &rows;
     }
     DevValue wv, bv;
@@ -710,8 +717,6 @@ Status lower_conv(Lowering& L, const Node& n) {
                                                            : Expected<Tensor>(*w));
   KILN_ASSIGN_OR_RETURN(Ref wr, L.upload(wt, *dt));
   Ref br;
-  cudnnTensorDescriptor_t bd = nullptr;
-  cudnnActivationDescriptor_t ad = nullptr;
   if (fuse) {
     Tensor b;
     if (bias_t) {
@@ -720,32 +725,30 @@ Status lower_conv(Lowering& L, const Node& n) {
       KILN_ASSIGN_OR_RETURN(b, Tensor::create(DType::kFloat32, {w->dim(0)}));
     }
     KILN_ASSIGN_OR_RETURN(br, L.upload(b, *dt));
-    KILN_ASSIGN_OR_RETURN(bd, tensor_desc(L, {1, w->dim(0), 1, 1}, *dt, separate_bias ? lay : Layout::kRowMajor));
-    KILN_CUDA_TRY(cudnnCreateActivationDescriptor(&ad));
-    hold<cudnnActivationDescriptor_t, destroy_act>(L, ad);
-    KILN_CUDA_TRY(cudnnSetActivationDescriptor(ad, relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
-                                               CUDNN_NOT_PROPAGATE_NAN, 0.0));
   }
   const DevValue& y = L.define(out, lay);
-  Ref xr = x->ref, yr = y.ref, zr = z ? z->ref : Ref{};
-  bool has_z = z != nullptr;
   std::string impl = fmt::format("cudnn conv {} {} algo {}{}{}{}", lay == Layout::kNHWC ? "NHWC" : "NCHW",
                                  *dt == k::DT::kF32 ? "fp32" : *dt == k::DT::kF16 ? "fp16" : "bf16", int(algo),
-                                 bias_t ? (separate_bias ? " +bias (cudnnAddTensor)" : " +bias") : "", has_z ? " +residual" : "", relu ? " +relu" : "");
-  L.emit(&n, impl, {read_id(x), z ? read_id(z) : -1}, {yr.id}, [=](const RunCtx& c) -> Status {
-    float one = 1.0f, zero = 0.0f;
-    if (!fuse || separate_bias) {
-      KILN_CUDA_TRY(cudnnConvolutionForward(c.dnn, &one, xd, c.ptr(xr), wd, c.ptr(wr), cd, algo, c.workspace,
-                                            c.workspace_bytes, &zero, yd, c.ptr(yr)));
-      if (separate_bias) KILN_CUDA_TRY(cudnnAddTensor(c.dnn, &one, bd, c.ptr(br), &one, yd, c.ptr(yr)));
-      return Status::ok();
-    }
-    void* yp = c.ptr(yr);
-    KILN_CUDA_TRY(cudnnConvolutionBiasActivationForward(c.dnn, &one, xd, c.ptr(xr), wd, c.ptr(wr), cd, algo, c.workspace,
-                                                        c.workspace_bytes, has_z ? &one : &zero, yd,
-                                                        has_z ? c.ptr(zr) : yp, bd, c.ptr(br), ad, yd, yp));
-    return Status::ok();
-  });
+                                 bias_t ? (separate_bias ? " +bias (cudnnAddTensor)" : " +bias") : "", z ? " +residual" : "",
+                                 relu ? " +relu" : "");
+  ByteWriter p;
+  p.put(int32_t(*dt));
+  p.u8(lay == Layout::kNHWC);
+  put(p, x->dims);
+  for (int64_t v : wdims) p.i64(v);
+  for (int v : {cpads[0], cpads[1], cstride[0], cstride[1], int(dil[0]), int(dil[1])}) p.put(int32_t(v));
+  p.i64(group);
+  put(p, yd_dims);
+  p.put(int32_t(algo));
+  p.u8(fuse);
+  p.u8(separate_bias);
+  p.u8(relu);
+  put(p, x->ref);
+  put(p, wr);
+  put(p, br);
+  put(p, z ? z->ref : Ref{});
+  put(p, y.ref);
+  L.emit(&n, impl, {read_id(x), z ? read_id(z) : -1}, {y.ref.id}, StepOp::kCudnnConv, std::move(p));
   for (const Node* f : fused) L.mark_fused(f, &n);
   return Status::ok();
 }
@@ -778,35 +781,181 @@ Status lower_pool(Lowering& L, const Node& n) {
     k::PoolShape ps{int(x->dims[0]), int(x->dims[2]), int(x->dims[3]), int(x->dims[1]), int(yd_dims[2]), int(yd_dims[3]),
                     int(ks[0]), int(ks[1]), int(st[0]), int(st[1]), (*pads)[0], (*pads)[1]};
     const DevValue& y = L.define(n.outputs[0], lay);
-    Ref xr = x->ref, yr = y.ref;
-    k::DT pdt = x->dt;
-    L.emit(&n, "kernel max_pool_nhwc", {read_id(x)}, {yr.id}, [=](const RunCtx& c) {
-      return cuda_status(k::max_pool_nhwc(pdt, c.ptr(xr), ps, c.ptr(yr), c.stream), "max_pool_nhwc");
-    });
+    ByteWriter w;
+    w.put(int32_t(x->dt));
+    put(w, x->ref);
+    put(w, y.ref);
+    for (int v : {ps.n, ps.h, ps.w, ps.c, ps.p, ps.q, ps.kh, ps.kw, ps.sh, ps.sw, ps.ph, ps.pw}) w.put(int32_t(v));
+    L.emit(&n, "kernel max_pool_nhwc", {read_id(x)}, {y.ref.id}, StepOp::kMaxPoolNhwc, std::move(w));
     return Status::ok();
   }
-  KILN_ASSIGN_OR_RETURN(auto xd, tensor_desc(L, x->dims, *dt, lay));
-  KILN_ASSIGN_OR_RETURN(auto yd, tensor_desc(L, yd_dims, *dt, lay));
-  cudnnPoolingDescriptor_t pd = nullptr;
-  KILN_CUDA_TRY(cudnnCreatePoolingDescriptor(&pd));
-  hold<cudnnPoolingDescriptor_t, destroy_pool>(L, pd);
   cudnnPoolingMode_t mode = n.op == OpKind::kMaxPool ? CUDNN_POOLING_MAX
                             : n.attr_int("count_include_pad", 0) ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING
                                                                  : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
-  KILN_CUDA_TRY(cudnnSetPooling2dDescriptor(pd, mode, CUDNN_NOT_PROPAGATE_NAN, int(ks[0]), int(ks[1]), (*pads)[0],
-                                            (*pads)[1], int(st[0]), int(st[1])));
   const DevValue& y = L.define(n.outputs[0], lay);
-  Ref xr = x->ref, yr = y.ref;
-  L.emit(&n, fmt::format("cudnn pooling {}", lay == Layout::kNHWC ? "NHWC" : "NCHW"), {read_id(x)}, {yr.id},
-         [=](const RunCtx& c) -> Status {
-           float one = 1.0f, zero = 0.0f;
-           KILN_CUDA_TRY(cudnnPoolingForward(c.dnn, pd, &one, xd, c.ptr(xr), &zero, yd, c.ptr(yr)));
-           return Status::ok();
-         });
+  ByteWriter w;
+  w.put(int32_t(*dt));
+  w.u8(lay == Layout::kNHWC);
+  put(w, x->dims);
+  put(w, yd_dims);
+  w.put(int32_t(mode));
+  for (int v : {int(ks[0]), int(ks[1]), (*pads)[0], (*pads)[1], int(st[0]), int(st[1])}) w.put(int32_t(v));
+  put(w, x->ref);
+  put(w, y.ref);
+  L.emit(&n, fmt::format("cudnn pooling {}", lay == Layout::kNHWC ? "NHWC" : "NCHW"), {read_id(x)}, {y.ref.id},
+         StepOp::kCudnnPool, std::move(w));
   return Status::ok();
 }
 
 }  // namespace
+
+namespace {
+
+// Four dims (cuDNN's 2-D descriptors), each at least 1 and within int.
+std::vector<int64_t> dims4(Params& in, bool& ok) {
+  std::vector<int64_t> d = in.dims();
+  ok = ok && d.size() == 4 && std::all_of(d.begin(), d.end(), [](int64_t v) { return v >= 1 && v <= INT32_MAX; });
+  return d;
+}
+
+Status malformed(const Params& in) {
+  return KILN_ERROR(kInvalidModel, "step '{}': malformed convolution parameters", in.step().label);
+}
+
+Expected<StepFn> bind_cudnn_conv(Params& in, BindCtx& bc) {
+  bool ok = true;
+  const k::DT dt = in.dt();
+  const Layout lay = in.flag() ? Layout::kNHWC : Layout::kRowMajor;
+  const std::vector<int64_t> xdims = dims4(in, ok);
+  std::array<int64_t, 4> wdims{};
+  for (int64_t& v : wdims) v = in.i64();
+  std::array<int, 6> ci{};
+  for (int& v : ci) v = in.i32();
+  const int64_t group = in.i64();
+  const std::vector<int64_t> ydims = dims4(in, ok);
+  const auto algo = cudnnConvolutionFwdAlgo_t(in.i32());
+  const bool fuse = in.flag(), separate_bias = in.flag(), relu = in.flag();
+  const Ref xr = in.ref(), wr = in.ref(), br = in.opt_ref(), zr = in.opt_ref(), yr = in.ref();
+  KILN_RETURN_IF_ERROR(in.done());
+  ok = ok && group >= 1 && group <= INT32_MAX && (!fuse || br.id >= 0) &&
+       std::all_of(wdims.begin(), wdims.end(), [](int64_t v) { return v >= 1 && v <= INT32_MAX; });
+  if (!ok) return malformed(in);
+  KILN_ASSIGN_OR_RETURN(ConvDescs d, conv_descs(bc.keep_alive, bc.opt.precision, bc.opt.workspace_bytes, dt, lay, xdims,
+                                                wdims, {ci[0], ci[1]}, {ci[2], ci[3]}, {ci[4], ci[5]}, group, ydims));
+  size_t ws = 0;
+  if (cudnnGetConvolutionForwardWorkspaceSize(bc.dnn, d.x, d.w, d.c, d.y, algo, &ws) != CUDNN_STATUS_SUCCESS ||
+      ws > bc.opt.workspace_bytes) {
+    return KILN_ERROR(kInvalidModel, "step '{}': cuDNN refuses the engine's algorithm {} for this convolution",
+                      in.step().label, int(algo));
+  }
+  cudnnTensorDescriptor_t bd = nullptr;
+  cudnnActivationDescriptor_t ad = nullptr;
+  if (fuse) {
+    KILN_ASSIGN_OR_RETURN(bd, tensor_desc(bc.keep_alive, {1, wdims[0], 1, 1}, dt, separate_bias ? lay : Layout::kRowMajor));
+    KILN_CUDA_TRY(cudnnCreateActivationDescriptor(&ad));
+    hold(bc.keep_alive, ad, destroy_act);
+    KILN_CUDA_TRY(cudnnSetActivationDescriptor(ad, relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
+                                               CUDNN_NOT_PROPAGATE_NAN, 0.0));
+  }
+  const bool has_z = zr.id >= 0;
+  auto xd = d.x, yd = d.y;
+  auto wd = d.w;
+  auto cd = d.c;
+  return StepFn([=](const RunCtx& c) -> Status {
+    float one = 1.0f, zero = 0.0f;
+    if (!fuse || separate_bias) {
+      KILN_CUDA_TRY(cudnnConvolutionForward(c.dnn, &one, xd, c.ptr(xr), wd, c.ptr(wr), cd, algo, c.workspace,
+                                            c.workspace_bytes, &zero, yd, c.ptr(yr)));
+      if (separate_bias) KILN_CUDA_TRY(cudnnAddTensor(c.dnn, &one, bd, c.ptr(br), &one, yd, c.ptr(yr)));
+      return Status::ok();
+    }
+    void* yp = c.ptr(yr);
+    KILN_CUDA_TRY(cudnnConvolutionBiasActivationForward(c.dnn, &one, xd, c.ptr(xr), wd, c.ptr(wr), cd, algo, c.workspace,
+                                                        c.workspace_bytes, has_z ? &one : &zero, yd,
+                                                        has_z ? c.ptr(zr) : yp, bd, c.ptr(br), ad, yd, yp));
+    return Status::ok();
+  });
+}
+
+Expected<StepFn> bind_cudnn_pool(Params& in, BindCtx& bc) {
+  bool ok = true;
+  const k::DT dt = in.dt();
+  const Layout lay = in.flag() ? Layout::kNHWC : Layout::kRowMajor;
+  const std::vector<int64_t> xdims = dims4(in, ok), ydims = dims4(in, ok);
+  const auto mode = cudnnPoolingMode_t(in.i32());
+  std::array<int, 6> pi{};
+  for (int& v : pi) v = in.i32();
+  const Ref xr = in.ref(), yr = in.ref();
+  KILN_RETURN_IF_ERROR(in.done());
+  if (!ok) return malformed(in);
+  KILN_ASSIGN_OR_RETURN(auto xd, tensor_desc(bc.keep_alive, xdims, dt, lay));
+  KILN_ASSIGN_OR_RETURN(auto yd, tensor_desc(bc.keep_alive, ydims, dt, lay));
+  cudnnPoolingDescriptor_t pd = nullptr;
+  KILN_CUDA_TRY(cudnnCreatePoolingDescriptor(&pd));
+  hold(bc.keep_alive, pd, destroy_pool);
+  KILN_CUDA_TRY(cudnnSetPooling2dDescriptor(pd, mode, CUDNN_NOT_PROPAGATE_NAN, pi[0], pi[1], pi[2], pi[3], pi[4], pi[5]));
+  return StepFn([=](const RunCtx& c) -> Status {
+    float one = 1.0f, zero = 0.0f;
+    KILN_CUDA_TRY(cudnnPoolingForward(c.dnn, pd, &one, xd, c.ptr(xr), &zero, yd, c.ptr(yr)));
+    return Status::ok();
+  });
+}
+
+Expected<StepFn> bind_max_pool_nhwc(Params& in, BindCtx&) {
+  const k::DT dt = in.dt();
+  const Ref xr = in.ref(), yr = in.ref();
+  k::PoolShape ps{};
+  for (int* v : {&ps.n, &ps.h, &ps.w, &ps.c, &ps.p, &ps.q, &ps.kh, &ps.kw, &ps.sh, &ps.sw, &ps.ph, &ps.pw}) *v = in.i32();
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) {
+    return cuda_status(k::max_pool_nhwc(dt, c.ptr(xr), ps, c.ptr(yr), c.stream), "max_pool_nhwc");
+  });
+}
+
+Expected<StepFn> bind_depthwise(Params& in, BindCtx&) {
+  const k::DT dt = in.dt();
+  const Ref xr = in.ref(), wr = in.ref(), br = in.opt_ref(), yr = in.ref();
+  k::DepthwiseShape sh{};
+  for (int* v : {&sh.n, &sh.h, &sh.w, &sh.c, &sh.r, &sh.s, &sh.p, &sh.q, &sh.stride_h, &sh.stride_w, &sh.pad_h, &sh.pad_w,
+                 &sh.dil_h, &sh.dil_w, &sh.in_clip}) {
+    *v = in.i32();
+  }
+  sh.in_lo = in.f32();
+  sh.in_hi = in.f32();
+  const int act = in.i32();
+  const float lo = in.f32(), hi = in.f32();
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) {
+    return cuda_status(k::depthwise_conv2d_nhwc(dt, c.ptr(xr), c.ptr(wr), br.id >= 0 ? c.ptr(br) : nullptr, c.ptr(yr), sh,
+                                                act, lo, hi, c.stream), "depthwise_conv2d_nhwc");
+  });
+}
+
+Expected<StepFn> bind_space_to_depth(Params& in, BindCtx&) {
+  const Ref xr = in.ref();
+  const k::DT in_dt = in.dt();
+  const Ref pr = in.ref();
+  const k::DT out_dt = in.dt();
+  k::SpaceToDepthShape sh{};
+  for (int64_t* v : {&sh.n, &sh.c, &sh.h, &sh.w, &sh.sn, &sh.sc, &sh.sh, &sh.sw, &sh.block, &sh.top, &sh.left, &sh.ho,
+                     &sh.wo, &sh.cp}) {
+    *v = in.i64();
+  }
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) {
+    return cuda_status(k::space_to_depth_nhwc(c.ptr(xr), in_dt, sh, c.ptr(pr), out_dt, c.stream), "space_to_depth_nhwc");
+  });
+}
+
+}  // namespace
+
+void register_conv_binders(std::map<StepOp, BindFn>& t) {
+  t[StepOp::kCudnnConv] = bind_cudnn_conv;
+  t[StepOp::kCudnnPool] = bind_cudnn_pool;
+  t[StepOp::kMaxPoolNhwc] = bind_max_pool_nhwc;
+  t[StepOp::kDepthwiseConv] = bind_depthwise;
+  t[StepOp::kSpaceToDepth] = bind_space_to_depth;
+}
 
 void register_conv_lowerings(std::map<OpKind, LowerFn>& t) {
   t[OpKind::kConv] = lower_conv;

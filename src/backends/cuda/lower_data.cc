@@ -20,14 +20,46 @@ int read_id(const DevValue* d) { return d->ref.weight ? -1 : d->ref.id; }
 // Emits dst[idx . ds] = src[src_off + idx . ss] for idx in dims; offsets in elements.
 void emit_copy(Lowering& L, const Node& n, std::string what, const DevValue* src, int64_t src_off,
                std::vector<int64_t> ss, Ref dst, int64_t dst_off, std::vector<int64_t> ds, std::vector<int64_t> dims) {
-  int eb = k::dt_size(src->dt);
-  k::NdStrides s = nd(dims, ss), d = nd(dims, ds);
-  Ref sr = src->ref;
-  L.emit(&n, "kernel copy_nd (" + what + ")", {read_id(src)}, {dst.id}, [=](const RunCtx& c) {
+  emit_copy_nd(L, &n, "kernel copy_nd (" + what + ")", k::dt_size(src->dt), src->ref, src_off, nd(dims, ss), dst, dst_off,
+               nd(dims, ds));
+}
+
+Expected<StepFn> bind_copy_nd(Params& in, BindCtx&) {
+  const int eb = in.i32();
+  const Ref sr = in.ref(), dr = in.ref();
+  const int64_t src_off = in.i64(), dst_off = in.i64();
+  const k::NdStrides s = in.nd(), d = in.nd();
+  const uint64_t zero_bytes = uint64_t(in.i64());
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) -> Status {
+    if (zero_bytes) KILN_CUDA_TRY(cudaMemsetAsync(c.ptr(dr), 0, zero_bytes, c.stream));
     const char* sp = static_cast<const char*>(c.ptr(sr)) + src_off * eb;
-    char* dp = static_cast<char*>(c.ptr(dst)) + dst_off * eb;
+    char* dp = static_cast<char*>(c.ptr(dr)) + dst_off * eb;
     return cuda_status(k::copy_nd(eb, sp, s, dp, d, c.stream), "copy_nd");
   });
+}
+
+Expected<StepFn> bind_gather(Params& in, BindCtx&) {
+  const int eb = in.i32();
+  const Ref xr = in.ref(), ir = in.ref(), yr = in.ref();
+  const int64_t outer = in.i64(), ad = in.i64(), inner = in.i64(), n_idx = in.i64();
+  const k::DT idt = in.dt();
+  const int slot = in.step().bad_index_slot;
+  if (slot < 0) return KILN_ERROR(kInvalidModel, "step '{}': a gather without its index check", in.step().label);
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) {
+    return cuda_status(k::gather(eb, c.ptr(xr), outer, ad, inner, c.ptr(ir), idt, n_idx, c.ptr(yr), c.bad_index + slot,
+                                 c.stream), "gather");
+  });
+}
+
+Expected<StepFn> bind_fill(Params& in, BindCtx&) {
+  const k::DT dt = in.dt();
+  const Ref yr = in.ref();
+  const int64_t count = in.i64();
+  const double val = in.f64();
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) { return cuda_status(k::fill(dt, c.ptr(yr), count, val, c.stream), "fill"); });
 }
 
 Status check_rank(const std::vector<int64_t>& dims) {
@@ -146,14 +178,15 @@ Status lower_gather(Lowering& L, const Node& n) {
   int64_t ad = x->dims[size_t(axis)], n_idx = idx->numel();
   const DevValue& y = L.define(n.outputs[0]);
   if (y.numel() == 0) return Status::ok();
-  Ref xr = x->ref, ir = idx->ref, yr = y.ref;
-  k::DT idt = idx->dt;
-  int eb = k::dt_size(x->dt);
-  int slot = L.new_bad_index_slot();
-  L.emit(&n, "kernel gather", {read_id(x), read_id(idx)}, {yr.id}, [=](const RunCtx& c) {
-    return cuda_status(k::gather(eb, c.ptr(xr), outer, ad, inner, c.ptr(ir), idt, n_idx, c.ptr(yr), c.bad_index + slot,
-                                 c.stream), "gather");
-  });
+  ByteWriter p;
+  p.put(int32_t(k::dt_size(x->dt)));
+  put(p, x->ref);
+  put(p, idx->ref);
+  put(p, y.ref);
+  for (int64_t v : {outer, ad, inner, n_idx}) p.i64(v);
+  p.put(int32_t(idx->dt));
+  const int slot = L.new_bad_index_slot();
+  L.emit(&n, "kernel gather", {read_id(x), read_id(idx)}, {y.ref.id}, StepOp::kGather, std::move(p));
   L.steps.back().bad_index_slot = slot;
   return Status::ok();
 }
@@ -162,12 +195,12 @@ Status lower_constant_of_shape(Lowering& L, const Node& n) {
   const Tensor* v = n.attr_tensor("value");
   const DevValue& y = L.define(n.outputs[0]);
   double val = v && v->numel() ? v->as_double(0) : 0.0;
-  Ref yr = y.ref;
-  k::DT dt = y.dt;
-  int64_t count = y.numel();
-  L.emit(&n, "kernel fill", {}, {yr.id}, [=](const RunCtx& c) {
-    return cuda_status(k::fill(dt, c.ptr(yr), count, val, c.stream), "fill");
-  });
+  ByteWriter p;
+  p.put(int32_t(y.dt));
+  put(p, y.ref);
+  p.i64(y.numel());
+  p.put(val);
+  L.emit(&n, "kernel fill", {}, {y.ref.id}, StepOp::kFill, std::move(p));
   return Status::ok();
 }
 
@@ -185,6 +218,26 @@ void register_data_lowerings(std::map<OpKind, LowerFn>& t) {
   t[OpKind::kSplit] = lower_split;
   t[OpKind::kGather] = lower_gather;
   t[OpKind::kConstantOfShape] = lower_constant_of_shape;
+}
+
+void emit_copy_nd(Lowering& L, const Node* n, std::string label, int eb, Ref src, int64_t src_off, const k::NdStrides& s,
+                  Ref dst, int64_t dst_off, const k::NdStrides& d, size_t zero_bytes) {
+  ByteWriter p;
+  p.put(int32_t(eb));
+  put(p, src);
+  put(p, dst);
+  p.i64(src_off);
+  p.i64(dst_off);
+  put(p, s);
+  put(p, d);
+  p.i64(int64_t(zero_bytes));
+  L.emit(n, std::move(label), {src.weight ? -1 : src.id}, {dst.id}, StepOp::kCopyNd, std::move(p));
+}
+
+void register_data_binders(std::map<StepOp, BindFn>& t) {
+  t[StepOp::kCopyNd] = bind_copy_nd;
+  t[StepOp::kGather] = bind_gather;
+  t[StepOp::kFill] = bind_fill;
 }
 
 }  // namespace kiln::cuda

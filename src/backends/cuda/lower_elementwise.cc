@@ -122,14 +122,30 @@ Status lower_unary(Lowering& L, const Node& n) {
     default: break;
   }
   const DevValue& y = L.define(n.outputs[0], x->layout);
-  Ref xr = x->ref, yr = y.ref;
-  k::DT dt = x->dt;
-  int64_t count = y.numel();
-  k::Unary op = u.op;
-  L.emit(&n, fmt::format("kernel unary {}", op_name(n.op)), {read_id(x)}, {yr.id}, [=](const RunCtx& c) {
+  ByteWriter w;
+  w.put(int32_t(u.op));
+  w.put(int32_t(x->dt));
+  put(w, x->ref);
+  put(w, y.ref);
+  w.i64(y.numel());
+  w.put(p.a);
+  w.put(p.b);
+  L.emit(&n, fmt::format("kernel unary {}", op_name(n.op)), {read_id(x)}, {y.ref.id}, StepOp::kUnary, std::move(w));
+  return Status::ok();
+}
+
+Expected<StepFn> bind_unary(Params& in, BindCtx&) {
+  const k::Unary op = in.en(k::Unary::kNot);
+  const k::DT dt = in.dt();
+  const Ref xr = in.ref(), yr = in.ref();
+  const int64_t count = in.i64();
+  k::UnaryParams p;
+  p.a = in.f32();
+  p.b = in.f32();
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) {
     return cuda_status(k::unary(op, dt, c.ptr(xr), c.ptr(yr), count, p, c.stream), "unary");
   });
-  return Status::ok();
 }
 
 std::optional<k::Binary> binary_of(OpKind op) {
@@ -170,12 +186,22 @@ Expected<DevValue> emit_binary(Lowering& L, const Node& n, k::Binary op, const D
     y.layout = lay;
     y.ref = Ref{false, L.scratch(size_t(y.numel()) * size_t(k::dt_size(a->dt)))};
   }
-  Ref ar = a->ref, br = b->ref, yr = y.ref;
-  k::DT dt = a->dt;
-  L.emit(&n, fmt::format("kernel binary {}", op_name(n.op)), {read_id(a), read_id(b)}, {yr.id}, [=](const RunCtx& c) {
+  emit_binary_nd(L, &n, fmt::format("kernel binary {}", op_name(n.op)), op, a->dt, a->ref, sa, b->ref, sb, y.ref);
+  return y;
+}
+
+Expected<StepFn> bind_binary(Params& in, BindCtx&) {
+  const k::Binary op = in.en(k::Binary::kXor);
+  const k::DT dt = in.dt();
+  const Ref ar = in.ref();
+  const k::NdStrides sa = in.nd();
+  const Ref br = in.ref();
+  const k::NdStrides sb = in.nd();
+  const Ref yr = in.ref();
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) {
     return cuda_status(k::binary(op, dt, c.ptr(ar), sa, c.ptr(br), sb, c.ptr(yr), c.stream), "binary");
   });
-  return y;
 }
 
 Status lower_binary(Lowering& L, const Node& n) {
@@ -228,12 +254,42 @@ Status lower_where(Lowering& L, const Node& n) {
   Layout lay = pick_layout({cond, x, z}, dims);
   k::NdStrides sc = operand(*cond, dims, lay), sx = operand(*x, dims, lay), sz = operand(*z, dims, lay);
   const DevValue& y = L.define(n.outputs[0], lay);
-  Ref cr = cond->ref, xr = x->ref, zr = z->ref, yr = y.ref;
-  k::DT d = *dt;
-  L.emit(&n, "kernel where", {read_id(cond), read_id(x), read_id(z)}, {yr.id}, [=](const RunCtx& c) {
+  ByteWriter w;
+  w.put(int32_t(*dt));
+  put(w, cond->ref);
+  put(w, sc);
+  put(w, x->ref);
+  put(w, sx);
+  put(w, z->ref);
+  put(w, sz);
+  put(w, y.ref);
+  L.emit(&n, "kernel where", {read_id(cond), read_id(x), read_id(z)}, {y.ref.id}, StepOp::kWhere, std::move(w));
+  return Status::ok();
+}
+
+Expected<StepFn> bind_where(Params& in, BindCtx&) {
+  const k::DT d = in.dt();
+  const Ref cr = in.ref();
+  const k::NdStrides sc = in.nd();
+  const Ref xr = in.ref();
+  const k::NdStrides sx = in.nd();
+  const Ref zr = in.ref();
+  const k::NdStrides sz = in.nd();
+  const Ref yr = in.ref();
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) {
     return cuda_status(k::where(d, c.ptr(cr), sc, c.ptr(xr), sx, c.ptr(zr), sz, c.ptr(yr), c.stream), "where");
   });
-  return Status::ok();
+}
+
+Expected<StepFn> bind_cast(Params& in, BindCtx&) {
+  const k::DT from = in.dt(), to = in.dt();
+  const Ref xr = in.ref(), yr = in.ref();
+  const int64_t count = in.i64();
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) {
+    return cuda_status(k::cast(from, to, c.ptr(xr), c.ptr(yr), count, c.stream), "cast");
+  });
 }
 
 Status lower_cast(Lowering& L, const Node& n) {
@@ -245,12 +301,7 @@ Status lower_cast(Lowering& L, const Node& n) {
     return Status::ok();
   }
   const DevValue& y = L.define(n.outputs[0], x->layout);
-  Ref xr = x->ref, yr = y.ref;
-  k::DT from = x->dt, t = *to;
-  int64_t count = y.numel();
-  L.emit(&n, "kernel cast", {read_id(x)}, {yr.id}, [=](const RunCtx& c) {
-    return cuda_status(k::cast(from, t, c.ptr(xr), c.ptr(yr), count, c.stream), "cast");
-  });
+  emit_cast(L, &n, "kernel cast", x->dt, *to, x->ref, y.ref, y.numel());
   return Status::ok();
 }
 
@@ -272,6 +323,36 @@ void register_elementwise_lowerings(std::map<OpKind, LowerFn>& t) {
   t[OpKind::kWhere] = lower_where;
   t[OpKind::kCast] = lower_cast;
   t[OpKind::kCastLike] = lower_cast;
+}
+
+void emit_cast(Lowering& L, const Node* n, std::string label, k::DT from, k::DT to, Ref x, Ref y, int64_t count) {
+  ByteWriter w;
+  w.put(int32_t(from));
+  w.put(int32_t(to));
+  put(w, x);
+  put(w, y);
+  w.i64(count);
+  L.emit(n, std::move(label), {x.weight ? -1 : x.id}, {y.id}, StepOp::kCast, std::move(w));
+}
+
+void emit_binary_nd(Lowering& L, const Node* n, std::string label, k::Binary op, k::DT dt, Ref a, const k::NdStrides& sa,
+                    Ref b, const k::NdStrides& sb, Ref y) {
+  ByteWriter w;
+  w.put(int32_t(op));
+  w.put(int32_t(dt));
+  put(w, a);
+  put(w, sa);
+  put(w, b);
+  put(w, sb);
+  put(w, y);
+  L.emit(n, std::move(label), {a.weight ? -1 : a.id, b.weight ? -1 : b.id}, {y.id}, StepOp::kBinary, std::move(w));
+}
+
+void register_elementwise_binders(std::map<StepOp, BindFn>& t) {
+  t[StepOp::kUnary] = bind_unary;
+  t[StepOp::kBinary] = bind_binary;
+  t[StepOp::kWhere] = bind_where;
+  t[StepOp::kCast] = bind_cast;
 }
 
 }  // namespace kiln::cuda

@@ -4,6 +4,7 @@
 // it is captured in the CUDA graph. Inputs are read through their broadcast, layout-aware
 // strides; the output is row-major. Without NVRTC the node is declined with the reason (it then
 // runs on the CPU, as any node the backend lacks).
+#include <algorithm>
 #include <functional>
 
 #include "backends/cuda/codegen_elementwise.h"
@@ -15,6 +16,7 @@ namespace kiln::cuda {
 namespace {
 
 struct Library {
+  std::string image;  // the cubin, kept while the library lives (lazy loading may read it later)
   cudaLibrary_t lib = nullptr;
   ~Library() { if (lib) cudaLibraryUnload(lib); }
 };
@@ -48,7 +50,8 @@ Status lower_fused_elementwise(Lowering& L, const Node& n) {
   if (!ck) KILN_UNSUPPORTED("its generated kernel did not compile: {}", ck.status().message());
   auto lib = std::make_shared<Library>();
   cudaKernel_t kern = nullptr;
-  if (cudaError_t e = cudaLibraryLoadData(&lib->lib, ck->cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+  lib->image = ck->cubin;
+  if (cudaError_t e = cudaLibraryLoadData(&lib->lib, lib->image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
       e != cudaSuccess || (e = cudaLibraryGetKernel(&kern, lib->lib, spec.name.c_str())) != cudaSuccess) {
     cudaGetLastError();
     KILN_UNSUPPORTED("its generated kernel did not load: {}", cudaGetErrorString(e));
@@ -60,23 +63,67 @@ Status lower_fused_elementwise(Lowering& L, const Node& n) {
     cudaGetLastError();
     vkern = nullptr;
   }
-  std::vector<int> align;  // per input: the bytes its pointer must be aligned to for the packed kernel
-  for (size_t i = 0; i < spec.inputs.size(); ++i) align.push_back(std::max(1, ew_pack_alignment(spec, i)));
-  const int out_align = std::min(16, std::max(1, vw * k::dt_size(spec.out_dt)));
-  L.keep_alive.push_back(lib);  // unloaded with the engine
+  L.keep_alive.push_back(lib);  // loaded here only to know that it loads: the step's binder loads its own
 
   const DevValue& y = L.define(out);
-  Ref yr = y.ref;
   int64_t numel = 1;
   for (int64_t d : spec.dims) numel *= d;
   auto grid_for = [](int64_t threads) {
-    return unsigned(std::max<int64_t>(1, std::min<int64_t>((threads + kEwBlock - 1) / kEwBlock, 132 * 16)));
+    return int64_t(std::max<int64_t>(1, std::min<int64_t>((threads + kEwBlock - 1) / kEwBlock, 132 * 16)));
   };
-  const unsigned grid = grid_for(numel), vgrid = grid_for(vkern ? numel / vw : numel);
   std::string impl = fmt::format("generated kernel {} nodes ({:016x}, {}{})", body->nodes.size(), std::hash<std::string>{}(src),
                                  ck->from_cache ? "from the disk cache" : "compiled by NVRTC",
                                  vkern ? fmt::format(", {} per thread when aligned", vw) : "");
-  L.emit(&n, impl, reads, {yr.id}, [=](const RunCtx& c) -> Status {
+  ByteWriter w;
+  w.str(ck->cubin);
+  w.str(spec.name);
+  w.u8(vkern != nullptr);
+  w.i64(grid_for(numel));
+  w.i64(grid_for(vkern ? numel / vw : numel));
+  w.put(int32_t(ins.size()));
+  for (size_t i = 0; i < ins.size(); ++i) {
+    put(w, ins[i]);
+    w.put(int32_t(std::max(1, ew_pack_alignment(spec, i))));  // the bytes its pointer must be aligned to when packed
+  }
+  put(w, y.ref);
+  w.put(int32_t(std::min(16, std::max(1, vw * k::dt_size(spec.out_dt)))));
+  L.emit(&n, impl, reads, {y.ref.id}, StepOp::kGenerated, std::move(w));
+  return Status::ok();
+}
+
+// Loads the cubin as a CUDA library (kept with the engine) and launches its kernel, the packed
+// variant when every pointer is aligned for it.
+Expected<StepFn> bind_generated(Params& in, BindCtx& bc) {
+  const std::string_view cubin = in.bytes();
+  const std::string name(in.bytes());
+  const bool has_packed = in.flag();
+  const int64_t grid = in.i64(), vgrid = in.i64();
+  std::vector<Ref> ins;
+  std::vector<int> align;
+  const int64_t n_in = in.i32();
+  for (int64_t i = 0; i < n_in && i < 4096; ++i) {
+    ins.push_back(in.ref());
+    align.push_back(in.i32());
+  }
+  const Ref yr = in.ref();
+  const int out_align = in.i32();
+  KILN_RETURN_IF_ERROR(in.done());
+  if (grid < 1 || vgrid < 1 || grid > INT32_MAX || vgrid > INT32_MAX || out_align < 1 ||
+      std::any_of(align.begin(), align.end(), [](int a) { return a < 1; })) {
+    return KILN_ERROR(kInvalidModel, "step '{}': malformed launch parameters", in.step().label);
+  }
+  auto lib = std::make_shared<Library>();
+  lib->image.assign(cubin);  // the engine file's bytes need not outlive the load
+  cudaKernel_t kern = nullptr, vkern = nullptr;
+  if (cudaError_t e = cudaLibraryLoadData(&lib->lib, lib->image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+      e != cudaSuccess || (e = cudaLibraryGetKernel(&kern, lib->lib, name.c_str())) != cudaSuccess ||
+      (has_packed && (e = cudaLibraryGetKernel(&vkern, lib->lib, (name + "_v").c_str())) != cudaSuccess)) {
+    cudaGetLastError();
+    return KILN_ERROR(kInvalidModel, "step '{}': its generated kernel did not load: {}", in.step().label,
+                      cudaGetErrorString(e));
+  }
+  bc.keep_alive.push_back(lib);
+  return StepFn([=](const RunCtx& c) -> Status {
     std::vector<void*> ptrs;
     for (const Ref& r : ins) ptrs.push_back(c.ptr(r));
     ptrs.push_back(c.ptr(yr));
@@ -84,15 +131,15 @@ Status lower_fused_elementwise(Lowering& L, const Node& n) {
     for (void*& p : ptrs) args.push_back(&p);
     bool packed = vkern != nullptr && reinterpret_cast<uintptr_t>(ptrs.back()) % uintptr_t(out_align) == 0;
     for (size_t i = 0; packed && i < align.size(); ++i) packed = reinterpret_cast<uintptr_t>(ptrs[i]) % uintptr_t(align[i]) == 0;
-    KILN_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<const void*>(packed ? vkern : kern), dim3(packed ? vgrid : grid),
+    KILN_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<const void*>(packed ? vkern : kern), dim3(unsigned(packed ? vgrid : grid)),
                                    dim3(kEwBlock), args.data(), 0, c.stream));
     return Status::ok();
   });
-  return Status::ok();
 }
 
 }  // namespace
 
 void register_fused_lowerings(std::map<OpKind, LowerFn>& t) { t[OpKind::kFusedElementwise] = lower_fused_elementwise; }
+void register_fused_binders(std::map<StepOp, BindFn>& t) { t[StepOp::kGenerated] = bind_generated; }
 
 }  // namespace kiln::cuda

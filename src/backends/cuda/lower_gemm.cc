@@ -28,18 +28,14 @@ cudaDataType_t lt_type(k::DT d) {
   }
 }
 
-template <typename T, Status (*Destroy)(T)>
-std::shared_ptr<void> hold(T p) {
-  return std::shared_ptr<void>(p, [](void* q) { (void)Destroy(static_cast<T>(q)); });
-}
 Status destroy_desc(cublasLtMatmulDesc_t d) { return cuda_status(cublasLtMatmulDescDestroy(d), "destroy"); }
 Status destroy_layout(cublasLtMatrixLayout_t d) { return cuda_status(cublasLtMatrixLayoutDestroy(d), "destroy"); }
 
-Expected<cublasLtMatrixLayout_t> make_layout(Lowering& L, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
-                                             int64_t batch, int64_t stride) {
+Expected<cublasLtMatrixLayout_t> make_layout(std::vector<std::shared_ptr<void>>& keep, cudaDataType_t t, int64_t rows,
+                                             int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
   cublasLtMatrixLayout_t l = nullptr;
   KILN_CUDA_TRY(cublasLtMatrixLayoutCreate(&l, t, uint64_t(rows), uint64_t(cols), ld));
-  L.keep_alive.push_back(hold<cublasLtMatrixLayout_t, destroy_layout>(l));
+  hold(keep, l, destroy_layout);
   if (batch > 1) {
     int32_t b = int32_t(batch);
     KILN_CUDA_TRY(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof(b)));
@@ -48,6 +44,30 @@ Expected<cublasLtMatrixLayout_t> make_layout(Lowering& L, cudaDataType_t t, int6
   return l;
 }
 
+// The matmul descriptor and the three matrix layouts of a product, held in `keep`.
+struct LtDescs {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+};
+
+Expected<LtDescs> make_lt_descs(std::vector<std::shared_ptr<void>>& keep, k::DT dt, cublasComputeType_t ct,
+                                const GemmShape& s, cublasLtEpilogue_t epi) {
+  cudaDataType_t t = lt_type(dt);
+  LtDescs d;
+  KILN_CUDA_TRY(cublasLtMatmulDescCreate(&d.desc, ct, CUDA_R_32F));
+  hold(keep, d.desc, destroy_desc);
+  cublasOperation_t opa = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, opb = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+  KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+  KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  // Column-major views (see the header comment): "A" = our B, "B" = our A, D = [n, m] ld n.
+  KILN_ASSIGN_OR_RETURN(d.la, make_layout(keep, t, s.trans_b ? s.k : s.n, s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n,
+                                          s.batch, s.stride_b));
+  KILN_ASSIGN_OR_RETURN(d.lb, make_layout(keep, t, s.trans_a ? s.m : s.k, s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k,
+                                          s.batch, s.stride_a));
+  KILN_ASSIGN_OR_RETURN(d.ld, make_layout(keep, t, s.n, s.m, s.n, s.batch, s.stride_d));
+  return d;
+}
 
 template <typename T>
 T algo_config(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
@@ -225,15 +245,8 @@ std::string describe_algo(const cublasLtMatmulAlgo_t& a) {
 
 Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s, const Epilogue& ep,
                  Ref y, k::DT dt) {
-  cudaDataType_t t = lt_type(dt);
   cublasComputeType_t ct = L.options().precision == Precision::kTf32 && dt == k::DT::kF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                                                           : CUBLAS_COMPUTE_32F;
-  cublasLtMatmulDesc_t desc = nullptr;
-  KILN_CUDA_TRY(cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F));
-  L.keep_alive.push_back(hold<cublasLtMatmulDesc_t, destroy_desc>(desc));
-  cublasOperation_t opa = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, opb = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
-  KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
   cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
   if (ep.bias) {
     epi = ep.act == "relu" ? CUBLASLT_EPILOGUE_RELU_BIAS : ep.act == "gelu" ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
@@ -242,25 +255,17 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
   } else if (ep.act == "gelu") {
     epi = CUBLASLT_EPILOGUE_GELU;
   }
-  KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-  // Column-major views (see the header comment): "A" = our B, "B" = our A, D = [n, m] ld n.
-  KILN_ASSIGN_OR_RETURN(auto la, make_layout(L, t, s.trans_b ? s.k : s.n, s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n,
-                                             s.batch, s.stride_b));
-  KILN_ASSIGN_OR_RETURN(auto lb, make_layout(L, t, s.trans_a ? s.m : s.k, s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k,
-                                             s.batch, s.stride_a));
-  KILN_ASSIGN_OR_RETURN(auto ld, make_layout(L, t, s.n, s.m, s.n, s.batch, s.stride_d));
+  KILN_ASSIGN_OR_RETURN(LtDescs lt, make_lt_descs(L.keep_alive, dt, ct, s, epi));
   std::string key = fmt::format("{} {} {} {} b{} {} {} {} t{}{} e{} c{} {}", s.m, s.n, s.k, int(dt), s.batch, s.stride_a,
                                 s.stride_b, s.stride_d, int(s.trans_a), int(s.trans_b), int(epi), ep.c != nullptr, int(ct));
-  KILN_ASSIGN_OR_RETURN(cublasLtMatmulAlgo_t algo, pick_lt_algo(L, desc, la, lb, ld, s, ep, dt, key));
+  KILN_ASSIGN_OR_RETURN(cublasLtMatmulAlgo_t algo, pick_lt_algo(L, lt.desc, lt.la, lt.lb, lt.ld, s, ep, dt, key));
   auto timed = L.gemm_algo_ms.find(key);
   const float lt_ms = timed == L.gemm_algo_ms.end() ? -1.0f : timed->second;
   // lost: what the Hopper GEMM measured when it was timed and lost to cuBLASLt, for the report.
   std::string lost;
   KILN_ASSIGN_OR_RETURN(bool sm90, try_emit_gemm_sm90(L, n, a, b, s, ep, y, dt, lt_ms, &lost));
   if (sm90) return Status::ok();
-  Ref ar = a->ref, br = b->ref, bias = ep.bias ? ep.bias->ref : Ref{}, cr = ep.c ? ep.c->ref : Ref{};
-  bool has_bias = ep.bias != nullptr, has_c = ep.c != nullptr;
-  float alpha = ep.alpha, beta = has_c ? ep.beta : 0.0f;
+  const bool has_bias = ep.bias != nullptr, has_c = ep.c != nullptr;
   std::vector<int> reads = {read_id(a), read_id(b)};
   if (ep.bias) reads.push_back(read_id(ep.bias));
   if (ep.c) reads.push_back(read_id(ep.c));
@@ -271,22 +276,69 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
                                  ep.act.empty() ? "" : " +" + ep.act) +
                      " (" + describe_algo(algo) +
                      (lt_ms > 0 ? fmt::format(", {:.1f} us{}", 1000.0f * lt_ms, lost) : "") + ")";
-  std::mutex* mu = new std::mutex;  // the bias pointer lives in the shared descriptor
-  L.keep_alive.emplace_back(mu, [](void* p) { delete static_cast<std::mutex*>(p); });
-  L.emit(&n, impl, reads, {y.id}, [=](const RunCtx& c) -> Status {
+  ByteWriter w;
+  w.put(int32_t(dt));
+  w.put(int32_t(ct));
+  w.put(int32_t(epi));
+  for (int64_t v : {s.m, s.n, s.k, s.batch, s.stride_a, s.stride_b, s.stride_d}) w.i64(v);
+  w.u8(s.trans_a);
+  w.u8(s.trans_b);
+  w.put(ep.alpha);
+  w.put(has_c ? ep.beta : 0.0f);
+  for (uint64_t word : algo.data) w.u64(word);
+  put(w, a->ref);
+  put(w, b->ref);
+  put(w, has_bias ? ep.bias->ref : Ref{});
+  put(w, has_c ? ep.c->ref : Ref{});
+  put(w, y);
+  L.emit(&n, impl, reads, {y.id}, StepOp::kLtMatmul, std::move(w));
+  return Status::ok();
+}
+
+namespace {
+
+// A cuBLASLt matmul with the algorithm its build chose, checked again against these descriptors
+// (a file's algorithm that this cuBLASLt refuses is an error, not a launch).
+Expected<StepFn> bind_lt_matmul(Params& in, BindCtx& bc) {
+  const k::DT dt = in.dt();
+  const auto ct = cublasComputeType_t(in.i32());
+  const auto epi = cublasLtEpilogue_t(in.i32());
+  GemmShape s;
+  for (int64_t* v : {&s.m, &s.n, &s.k, &s.batch, &s.stride_a, &s.stride_b, &s.stride_d}) *v = in.i64();
+  s.trans_a = in.flag();
+  s.trans_b = in.flag();
+  const float alpha = in.f32(), beta = in.f32();
+  cublasLtMatmulAlgo_t algo{};
+  for (uint64_t& word : algo.data) word = uint64_t(in.i64());
+  const Ref ar = in.ref(), br = in.ref(), bias = in.opt_ref(), cr = in.opt_ref(), y = in.ref();
+  KILN_RETURN_IF_ERROR(in.done());
+  if (s.m < 1 || s.n < 1 || s.k < 1 || s.batch < 1) {
+    return KILN_ERROR(kInvalidModel, "step '{}': a matmul of no size", in.step().label);
+  }
+  KILN_ASSIGN_OR_RETURN(LtDescs lt, make_lt_descs(bc.keep_alive, dt, ct, s, epi));
+  cublasLtMatmulHeuristicResult_t check{};
+  if (cublasLtMatmulAlgoCheck(bc.lt, lt.desc, lt.la, lt.lb, lt.ld, lt.ld, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
+      check.workspaceSize > bc.opt.workspace_bytes) {
+    return KILN_ERROR(kInvalidModel, "step '{}': cuBLASLt refuses the engine's algorithm for this product", in.step().label);
+  }
+  const bool has_bias = bias.id >= 0, has_c = cr.id >= 0;
+  auto mu = std::make_shared<std::mutex>();  // the bias pointer lives in the descriptor sessions share
+  bc.keep_alive.push_back(mu);
+  return StepFn([=](const RunCtx& c) -> Status {
     if (has_bias) {
       std::lock_guard<std::mutex> lock(*mu);
       void* bp = c.ptr(bias);
-      KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
+      KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
     }
     void* d = c.ptr(y);
     const void* cin = has_c ? c.ptr(cr) : d;
-    KILN_CUDA_TRY(cublasLtMatmul(c.lt, desc, &alpha, c.ptr(br), la, c.ptr(ar), lb, &beta, cin, ld, d, ld, &algo,
-                                 c.workspace, c.workspace_bytes, c.stream));
+    KILN_CUDA_TRY(cublasLtMatmul(c.lt, lt.desc, &alpha, c.ptr(br), lt.la, c.ptr(ar), lt.lb, &beta, cin, lt.ld, d, lt.ld,
+                                 &algo, c.workspace, c.workspace_bytes, c.stream));
     return Status::ok();
   });
-  return Status::ok();
 }
+
+}  // namespace
 
 ProductScratch::ProductScratch(const GemmShape& s, bool has_c)
     : op(2 * size_t(s.m * s.k), 2 * size_t(s.n * s.k), 2 * size_t(s.m * s.n), has_c) {
@@ -467,13 +519,15 @@ Status emit_padded_matmul(Lowering& L, const Node& n, const DevValue* a, const D
   std::optional<k::DT> ydt;
   if (L.is_graph_output(out) && L.consumers(out) == 0) ydt = to_kdt(out->type.dtype);
   const DevValue& y = L.define(out, Layout::kRowMajor, ydt);
-  Ref yr = y.ref;
-  k::DT to = y.dt;
-  int64_t ld = s.n;
+  const k::DT to = y.dt;
+  ByteWriter w;
+  w.put(int32_t(dt));
+  w.put(int32_t(to));
+  put(w, tmp);
+  put(w, y.ref);
+  for (int64_t v : {s.n, cols, rows, cols}) w.i64(v);
   L.emit(&n, fmt::format("kernel cast_rows (compact {} -> {} columns{})", s.n, cols, to != dt ? ", to the output dtype" : ""),
-         {tmp.id}, {yr.id}, [=](const RunCtx& c) {
-           return cuda_status(k::cast_rows(dt, to, c.ptr(tmp), ld, c.ptr(yr), cols, rows, cols, c.stream), "cast_rows");
-         });
+         {tmp.id}, {y.ref.id}, StepOp::kCastRows, std::move(w));
   for (const Node* f : fused) L.mark_fused(f, &n);
   return Status::ok();
 }
@@ -567,6 +621,26 @@ Status lower_gemm(Lowering& L, const Node& n) {
 void register_gemm_lowerings(std::map<OpKind, LowerFn>& t) {
   t[OpKind::kMatMul] = lower_matmul;
   t[OpKind::kGemm] = lower_gemm;
+}
+
+namespace {
+
+Expected<StepFn> bind_cast_rows(Params& in, BindCtx&) {
+  const k::DT from = in.dt(), to = in.dt();
+  const Ref xr = in.ref(), yr = in.ref();
+  const int64_t ldx = in.i64(), ldy = in.i64(), rows = in.i64(), cols = in.i64();
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) {
+    return cuda_status(k::cast_rows(from, to, c.ptr(xr), ldx, c.ptr(yr), ldy, rows, cols, c.stream), "cast_rows");
+  });
+}
+
+}  // namespace
+
+void register_gemm_binders(std::map<StepOp, BindFn>& t) {
+  t[StepOp::kLtMatmul] = bind_lt_matmul;
+  t[StepOp::kCastRows] = bind_cast_rows;
+  register_gemm_sm90_binder(t);
 }
 
 }  // namespace kiln::cuda

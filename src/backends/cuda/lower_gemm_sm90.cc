@@ -105,27 +105,54 @@ Expected<bool> try_emit_gemm_sm90(Lowering& L, const Node& n, const DevValue* a,
     if (ms > 0) *lost = fmt::format("; Hopper GEMM {:.1f} us (tile 64x{})", 1000.0f * ms, bn);
     return false;
   }
-  KILN_CUDA_TRY(k::gemm_sm90_prepare(dt, bn, act));
   KILN_ASSIGN_OR_RETURN(Ref wkn, weight_kn(L, b, s));
-  Ref ar = a->ref, bias = ep.bias ? ep.bias->ref : Ref{}, cr = ep.c ? ep.c->ref : Ref{};
   const bool has_bias = ep.bias != nullptr, has_c = ep.c != nullptr;
   std::vector<int> reads = {a->ref.weight ? -1 : a->ref.id};
-  if (has_c && !cr.weight) reads.push_back(cr.id);
-  if (has_bias && !bias.weight) reads.push_back(bias.id);
-  const int64_t m = s.m, nn = s.n, kk = s.k;
-  const float alpha = ep.alpha, beta = has_c ? ep.beta : 0.0f;
+  if (has_c && !ep.c->ref.weight) reads.push_back(ep.c->ref.id);
+  if (has_bias && !ep.bias->ref.weight) reads.push_back(ep.bias->ref.id);
   std::string impl = fmt::format("kernel gemm_sm90 {} m={} n={} k={}{}{}{} (CUTLASS TMA+wgmma, tile 64x{}x64, programmatic "
                                  "launch; {:.1f} us{})",
                                  dt == k::DT::kF16 ? "fp16" : "bf16", s.m, s.n, s.k, has_bias ? " +bias" : "",
                                  has_c ? (ep.beta == 1.0f && ep.alpha == 1.0f ? " +residual" : " +C") : "",
                                  ep.act.empty() ? "" : " +" + ep.act, bn, 1000.0f * ms,
                                  lt_ms > 0 ? fmt::format(" vs cuBLASLt {:.1f} us", 1000.0f * lt_ms) : "");
-  L.emit(&n, impl, reads, {y.id}, [=](const RunCtx& c) -> Status {
+  ByteWriter w;
+  w.put(int32_t(dt));
+  w.put(int32_t(bn));
+  w.put(int32_t(act));
+  for (int64_t v : {s.m, s.n, s.k}) w.i64(v);
+  w.put(ep.alpha);
+  w.put(has_c ? ep.beta : 0.0f);
+  put(w, a->ref);
+  put(w, wkn);
+  put(w, has_bias ? ep.bias->ref : Ref{});
+  put(w, has_c ? ep.c->ref : Ref{});
+  put(w, y);
+  L.emit(&n, impl, reads, {y.id}, StepOp::kGemmSm90, std::move(w));
+  L.steps.back().triggers_dependents = true;
+  return true;
+}
+
+namespace {
+
+Expected<StepFn> bind_gemm_sm90(Params& in, BindCtx&) {
+  const k::DT dt = in.dt();
+  const int bn = in.i32(), act = in.i32();
+  const int64_t m = in.i64(), nn = in.i64(), kk = in.i64();
+  const float alpha = in.f32(), beta = in.f32();
+  const Ref ar = in.ref(), wkn = in.ref(), bias = in.opt_ref(), cr = in.opt_ref(), y = in.ref();
+  KILN_RETURN_IF_ERROR(in.done());
+  if (!k::gemm_sm90_available()) {
+    return KILN_ERROR(kUnsupported, "step '{}': this kiln was built without the Hopper GEMM", in.step().label);
+  }
+  // Once per (tile, activation) before the first launch, outside graph capture.
+  KILN_CUDA_TRY(k::gemm_sm90_prepare(dt, bn, act));
+  return StepFn([=](const RunCtx& c) -> Status {
     k::GemmSm90Args g;
     g.a = c.ptr(ar);
     g.b = c.ptr(wkn);
-    g.bias = has_bias ? c.ptr(bias) : nullptr;
-    g.c = has_c ? c.ptr(cr) : nullptr;
+    g.bias = bias.id >= 0 ? c.ptr(bias) : nullptr;
+    g.c = cr.id >= 0 ? c.ptr(cr) : nullptr;
     g.d = c.ptr(y);
     g.m = m;
     g.n = nn;
@@ -138,8 +165,10 @@ Expected<bool> try_emit_gemm_sm90(Lowering& L, const Node& n, const DevValue* a,
     g.pdl = true;
     return cuda_status(k::gemm_sm90(dt, g, c.stream), "gemm_sm90");
   });
-  L.steps.back().triggers_dependents = true;
-  return true;
 }
+
+}  // namespace
+
+void register_gemm_sm90_binder(std::map<StepOp, BindFn>& t) { t[StepOp::kGemmSm90] = bind_gemm_sm90; }
 
 }  // namespace kiln::cuda

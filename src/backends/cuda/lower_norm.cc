@@ -26,13 +26,20 @@ Status lower_softmax(Lowering& L, const Node& n) {
   if (prod(x->dims, size_t(axis) + 1, size_t(r)) != 1) KILN_UNSUPPORTED("Softmax over a non-innermost axis");
   int64_t cols = r ? x->dims[size_t(axis)] : 1, rows = x->numel() / std::max<int64_t>(cols, 1);
   const DevValue& y = L.define(n.outputs[0]);
-  Ref xr = x->ref, yr = y.ref;
-  k::DT dt = x->dt;
-  bool log = n.op == OpKind::kLogSoftmax;
-  L.emit(&n, log ? "kernel log_softmax" : "kernel softmax", {read_id(x)}, {yr.id}, [=](const RunCtx& c) {
+  const bool log = n.op == OpKind::kLogSoftmax;
+  emit_softmax(L, &n, log ? "kernel log_softmax" : "kernel softmax", x->dt, x->ref, y.ref, rows, cols, log);
+  return Status::ok();
+}
+
+Expected<StepFn> bind_softmax(Params& in, BindCtx&) {
+  const k::DT dt = in.dt();
+  const Ref xr = in.ref(), yr = in.ref();
+  const int64_t rows = in.i64(), cols = in.i64();
+  const bool log = in.flag();
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) {
     return cuda_status(k::softmax(dt, c.ptr(xr), c.ptr(yr), rows, cols, log, c.stream), "softmax");
   });
-  return Status::ok();
 }
 
 Status lower_layer_norm(Lowering& L, const Node& n) {
@@ -63,21 +70,41 @@ Status lower_layer_norm(Lowering& L, const Node& n) {
     y_dt = k::DT::kF32;
   }
   const DevValue& y = L.define(out, Layout::kRowMajor, y_dt);
-  Ref xr = x->ref, sr = scale->ref, yr = y.ref, br = bias ? bias->ref : Ref{};
-  bool has_bias = bias != nullptr;
   const bool pdl = L.follows_trigger();
+  ByteWriter w;
+  w.u8(rms);
+  w.put(int32_t(dt));
+  w.put(int32_t(y_dt));
+  put(w, x->ref);
+  put(w, scale->ref);
+  put(w, bias ? bias->ref : Ref{});
+  put(w, y.ref);
+  w.i64(rows);
+  w.i64(cols);
+  w.put(eps);
+  w.u8(pdl);
   L.emit(&n, fmt::format("kernel {}{}{}", rms ? "rms_norm" : "layer_norm", y_dt != dt ? " (f32 output)" : "",
                          pdl ? " (programmatic launch)" : ""),
-         {read_id(x), read_id(scale), bias ? read_id(bias) : -1}, {yr.id}, [=](const RunCtx& c) {
-           if (rms) {
-             return cuda_status(k::rms_norm(dt, c.ptr(xr), c.ptr(sr), c.ptr(yr), y_dt, rows, cols, eps, c.stream, pdl),
-                               "rms_norm");
-           }
-           return cuda_status(k::layer_norm(dt, c.ptr(xr), c.ptr(sr), has_bias ? c.ptr(br) : nullptr, c.ptr(yr), y_dt,
-                                            rows, cols, eps, c.stream, pdl), "layer_norm");
-         });
+         {read_id(x), read_id(scale), bias ? read_id(bias) : -1}, {y.ref.id}, StepOp::kLayerNorm, std::move(w));
   L.steps.back().triggers_dependents = true;  // the kernels call pdl_launch_dependents() first
   return Status::ok();
+}
+
+Expected<StepFn> bind_layer_norm(Params& in, BindCtx&) {
+  const bool rms = in.flag();
+  const k::DT dt = in.dt(), y_dt = in.dt();
+  const Ref xr = in.ref(), sr = in.ref(), br = in.opt_ref(), yr = in.ref();
+  const int64_t rows = in.i64(), cols = in.i64();
+  const float eps = in.f32();
+  const bool pdl = in.flag();
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) {
+    if (rms) {
+      return cuda_status(k::rms_norm(dt, c.ptr(xr), c.ptr(sr), c.ptr(yr), y_dt, rows, cols, eps, c.stream, pdl), "rms_norm");
+    }
+    return cuda_status(k::layer_norm(dt, c.ptr(xr), c.ptr(sr), br.id >= 0 ? c.ptr(br) : nullptr, c.ptr(yr), y_dt, rows,
+                                     cols, eps, c.stream, pdl), "layer_norm");
+  });
 }
 
 // Inference BatchNormalization folds to y = x * s[c] + t[c], s = scale / sqrt(var + eps),
@@ -107,14 +134,27 @@ Status lower_batch_norm(Lowering& L, const Node& n) {
   bool nhwc = x->layout == Layout::kNHWC;
   int64_t outer = nhwc ? x->dims[0] * spatial : x->dims[0], inner = nhwc ? 1 : spatial;
   const DevValue& y = L.define(n.outputs[0], x->layout);
-  Ref xr = x->ref, yr = y.ref;
-  k::DT dt = x->dt;
-  L.emit(&n, "kernel channel_affine", {read_id(x)}, {yr.id}, [=](const RunCtx& cx) {
+  ByteWriter w;
+  w.put(int32_t(x->dt));
+  put(w, x->ref);
+  put(w, sr);
+  put(w, tr);
+  put(w, y.ref);
+  for (int64_t v : {outer, c, inner}) w.i64(v);
+  L.emit(&n, "kernel channel_affine", {read_id(x)}, {y.ref.id}, StepOp::kChannelAffine, std::move(w));
+  return Status::ok();
+}
+
+Expected<StepFn> bind_channel_affine(Params& in, BindCtx&) {
+  const k::DT dt = in.dt();
+  const Ref xr = in.ref(), sr = in.ref(), tr = in.ref(), yr = in.ref();
+  const int64_t outer = in.i64(), c = in.i64(), inner = in.i64();
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& cx) {
     return cuda_status(k::channel_affine(dt, cx.ptr(xr), static_cast<const float*>(cx.ptr(sr)),
                                          static_cast<const float*>(cx.ptr(tr)), cx.ptr(yr), outer, c, inner, cx.stream),
                        "channel_affine");
   });
-  return Status::ok();
 }
 
 std::optional<k::Reduce> reduce_of(OpKind op) {
@@ -132,12 +172,31 @@ std::optional<k::Reduce> reduce_of(OpKind op) {
   }
 }
 
+// Emits y = reduce(x viewed as [outer, cnt, inner]) over the middle axis.
+void emit_reduce_3d(Lowering& L, const Node& n, std::string label, k::Reduce op, const DevValue* x, int64_t outer,
+                    int64_t cnt, int64_t inner, Ref yr) {
+  ByteWriter w;
+  w.put(int32_t(op));
+  w.put(int32_t(x->dt));
+  put(w, x->ref);
+  put(w, yr);
+  for (int64_t v : {outer, cnt, inner}) w.i64(v);
+  L.emit(&n, std::move(label), {read_id(x)}, {yr.id}, StepOp::kReduce, std::move(w));
+}
+
 // Emits a reduction of x's axes [a0, a1) (contiguous, row-major x) into y.
 void emit_reduce(Lowering& L, const Node& n, k::Reduce op, const DevValue* x, size_t a0, size_t a1, Ref yr) {
-  int64_t outer = prod(x->dims, 0, a0), cnt = prod(x->dims, a0, a1), inner = prod(x->dims, a1, x->dims.size());
-  Ref xr = x->ref;
-  k::DT dt = x->dt;
-  L.emit(&n, "kernel reduce", {read_id(x)}, {yr.id}, [=](const RunCtx& c) {
+  emit_reduce_3d(L, n, "kernel reduce", op, x, prod(x->dims, 0, a0), prod(x->dims, a0, a1),
+                 prod(x->dims, a1, x->dims.size()), yr);
+}
+
+Expected<StepFn> bind_reduce(Params& in, BindCtx&) {
+  const k::Reduce op = in.en(k::Reduce::kLogSumExp);
+  const k::DT dt = in.dt();
+  const Ref xr = in.ref(), yr = in.ref();
+  const int64_t outer = in.i64(), cnt = in.i64(), inner = in.i64();
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) {
     return cuda_status(k::reduce(op, dt, c.ptr(xr), c.ptr(yr), outer, cnt, inner, c.stream), "reduce");
   });
 }
@@ -183,14 +242,26 @@ Status lower_arg(Lowering& L, const Node& n) {
   if (axis < 0) axis += r;
   int64_t outer = prod(x->dims, 0, size_t(axis)), cnt = x->dims[size_t(axis)], inner = prod(x->dims, size_t(axis) + 1, size_t(r));
   const DevValue& y = L.define(n.outputs[0]);
-  Ref xr = x->ref, yr = y.ref;
-  k::DT dt = x->dt;
-  bool mx = n.op == OpKind::kArgMax;
-  L.emit(&n, "kernel arg_reduce", {read_id(x)}, {yr.id}, [=](const RunCtx& c) {
+  ByteWriter w;
+  w.u8(n.op == OpKind::kArgMax);
+  w.put(int32_t(x->dt));
+  put(w, x->ref);
+  put(w, y.ref);
+  for (int64_t v : {outer, cnt, inner}) w.i64(v);
+  L.emit(&n, "kernel arg_reduce", {read_id(x)}, {y.ref.id}, StepOp::kArgReduce, std::move(w));
+  return Status::ok();
+}
+
+Expected<StepFn> bind_arg_reduce(Params& in, BindCtx&) {
+  const bool mx = in.flag();
+  const k::DT dt = in.dt();
+  const Ref xr = in.ref(), yr = in.ref();
+  const int64_t outer = in.i64(), cnt = in.i64(), inner = in.i64();
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) {
     return cuda_status(k::arg_reduce(mx, dt, c.ptr(xr), static_cast<int64_t*>(c.ptr(yr)), outer, cnt, inner, c.stream),
                        "arg_reduce");
   });
-  return Status::ok();
 }
 
 // GlobalAverage/MaxPool: a reduce over the spatial axes; from NHWC it is [N, HW, C] -> [N, C],
@@ -203,11 +274,7 @@ Status lower_global_pool(Lowering& L, const Node& n) {
   int64_t nb = x->dims[0], c = x->dims[1], hw = prod(x->dims, 2, x->dims.size());
   bool nhwc = x->layout == Layout::kNHWC;
   int64_t outer = nhwc ? nb : nb * c, inner = nhwc ? c : 1;
-  Ref xr = x->ref, yr = y.ref;
-  k::DT dt = x->dt;
-  L.emit(&n, fmt::format("kernel reduce ({})", nhwc ? "NHWC" : "NCHW"), {read_id(x)}, {yr.id}, [=](const RunCtx& cx) {
-    return cuda_status(k::reduce(op, dt, cx.ptr(xr), cx.ptr(yr), outer, hw, inner, cx.stream), "reduce");
-  });
+  emit_reduce_3d(L, n, fmt::format("kernel reduce ({})", nhwc ? "NHWC" : "NCHW"), op, x, outer, hw, inner, y.ref);
   return Status::ok();
 }
 
@@ -228,6 +295,26 @@ void register_norm_lowerings(std::map<OpKind, LowerFn>& t) {
   t[OpKind::kArgMin] = lower_arg;
   t[OpKind::kGlobalAveragePool] = lower_global_pool;
   t[OpKind::kGlobalMaxPool] = lower_global_pool;
+}
+
+void emit_softmax(Lowering& L, const Node* n, std::string label, k::DT dt, Ref x, Ref y, int64_t rows, int64_t cols,
+                  bool log) {
+  ByteWriter w;
+  w.put(int32_t(dt));
+  put(w, x);
+  put(w, y);
+  w.i64(rows);
+  w.i64(cols);
+  w.u8(log);
+  L.emit(n, std::move(label), {x.weight ? -1 : x.id}, {y.id}, StepOp::kSoftmax, std::move(w));
+}
+
+void register_norm_binders(std::map<StepOp, BindFn>& t) {
+  t[StepOp::kSoftmax] = bind_softmax;
+  t[StepOp::kLayerNorm] = bind_layer_norm;
+  t[StepOp::kChannelAffine] = bind_channel_affine;
+  t[StepOp::kReduce] = bind_reduce;
+  t[StepOp::kArgReduce] = bind_arg_reduce;
 }
 
 }  // namespace kiln::cuda

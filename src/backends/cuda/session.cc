@@ -3,6 +3,7 @@
 // copies are true async DMA. Nothing is allocated in the steady-state loop.
 #include <cuda_profiler_api.h>
 
+#include <chrono>
 #include <cstring>
 #include <map>
 
@@ -15,6 +16,12 @@ namespace {
 
 constexpr size_t kAlign = 256;
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+size_t io_bytes(const DeviceIo& d) {
+  size_t n = 1;
+  for (int64_t x : d.dims) n *= size_t(x);
+  return n * size_t(k::dt_size(k::DT(d.device_dtype)));
+}
 
 // Owns device/pinned memory and handles; frees them on every path, including failed builds.
 struct DeviceMem {
@@ -40,33 +47,33 @@ class CudaSession : public Session {
   }
 
   Status init() {
-    const Lowering& L = *e_->lowering;
+    const DevicePlan& P = e_->plan;
     KILN_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     KILN_CUDA_TRY(cudaEventCreateWithFlags(&io_event_, cudaEventDisableTiming));
     KILN_CUDA_TRY(cublasLtCreate(&lt_));
     KILN_CUDA_TRY(cudnnCreate(&dnn_));
     KILN_CUDA_TRY(cudnnSetStream(dnn_, stream_));
     bytes_ = align_up(e_->rep.arena_peak) + align_up(e_->opt.workspace_bytes) +
-             align_up(sizeof(int) * size_t(std::max(1, L.bad_index_slots())));
+             align_up(sizeof(int) * size_t(std::max(1, P.bad_index_slots)));
     KILN_CUDA_TRY(cudaMalloc(&mem_.p, bytes_));
     char* base = static_cast<char*>(mem_.p);
     ctx_.stream = stream_;
     ctx_.lt = lt_;
     ctx_.dnn = dnn_;
     ctx_.arena = base;
-    ctx_.offsets = &e_->offsets;
+    ctx_.offsets = &P.offsets;
     ctx_.weights = &e_->weight_ptrs;
     ctx_.workspace = base + align_up(e_->rep.arena_peak);
     ctx_.workspace_bytes = e_->opt.workspace_bytes;
     ctx_.bad_index = reinterpret_cast<int*>(base + align_up(e_->rep.arena_peak) + align_up(e_->opt.workspace_bytes));
     size_t host = 0;
-    for (const DevValue& d : e_->input_stage) host += align_up(d.bytes());
-    for (const DevValue& d : e_->output_stage) host += align_up(d.bytes());
-    host += sizeof(int) * size_t(std::max(1, L.bad_index_slots()));
+    for (const DeviceIo& d : P.inputs) host += align_up(io_bytes(d));
+    for (const DeviceIo& d : P.outputs) host += align_up(io_bytes(d));
+    host += sizeof(int) * size_t(std::max(1, P.bad_index_slots));
     KILN_CUDA_TRY(cudaMallocHost(&pinned_.p, std::max<size_t>(host, 1)));
     char* h = static_cast<char*>(pinned_.p);
-    for (const DevValue& d : e_->input_stage) { in_host_.push_back(h); h += align_up(d.bytes()); }
-    for (const DevValue& d : e_->output_stage) { out_host_.push_back(h); h += align_up(d.bytes()); }
+    for (const DeviceIo& d : P.inputs) { in_host_.push_back(h); h += align_up(io_bytes(d)); }
+    for (const DeviceIo& d : P.outputs) { out_host_.push_back(h); h += align_up(io_bytes(d)); }
     bad_host_ = reinterpret_cast<int*>(h);
     KILN_CUDA_TRY(cudaMemsetAsync(mem_.p, 0, bytes_, stream_));
     if (e_->rep.cuda_graph) {
@@ -89,11 +96,11 @@ class CudaSession : public Session {
     KILN_CUDA_TRY(cudaStreamSynchronize(stream_));
     KILN_RETURN_IF_ERROR(check_bad_indices());
     std::vector<Data> outs;
-    for (size_t i = 0; i < e_->output_stage.size(); ++i) {
-      const DevValue& d = e_->output_stage[i];
-      KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(ir_dtype_of(d.dt), d.dims));
-      std::memcpy(t.raw(), out_host_[i], d.bytes());
-      KILN_ASSIGN_OR_RETURN(Tensor ir, convert_tensor(t, e_->graph.outputs[i]->type.dtype));
+    for (size_t i = 0; i < e_->plan.outputs.size(); ++i) {
+      const DeviceIo& d = e_->plan.outputs[i];
+      KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(ir_dtype_of(k::DT(d.device_dtype)), d.dims));
+      std::memcpy(t.raw(), out_host_[i], io_bytes(d));
+      KILN_ASSIGN_OR_RETURN(Tensor ir, convert_tensor(t, DType(d.ir_dtype)));
       outs.emplace_back(std::move(ir));
     }
     return outs;
@@ -128,7 +135,7 @@ class CudaSession : public Session {
     KILN_RETURN_IF_ERROR(stage_inputs(inputs));
     KILN_RETURN_IF_ERROR(enqueue(true));
     KILN_CUDA_TRY(cudaStreamSynchronize(stream_));
-    const auto& steps = e_->lowering->steps;
+    const auto& steps = e_->plan.steps;
     std::vector<cudaEvent_t> ev(steps.size() + 1, nullptr);
     Status st;
     for (auto& e : ev) {
@@ -160,44 +167,44 @@ class CudaSession : public Session {
   size_t device_bytes() const override { return bytes_; }
 
   Status run_buffers(const std::vector<IoBuffer>& inputs, const std::vector<IoBuffer>& outputs, void* stream) override {
-    const Graph& g = e_->graph;
-    auto check = [](const char* what, size_t i, const Value* v, const DevValue& d, const IoBuffer& b) -> Status {
-      if (b.dtype != v->type.dtype || b.dims != d.dims) {
+    const Graph& g = *e_->graph;
+    const DevicePlan& P = e_->plan;
+    auto check = [](const char* what, size_t i, const Value* v, const DeviceIo& d, const IoBuffer& b) -> Status {
+      if (b.dtype != DType(d.ir_dtype) || b.dims != d.dims) {
         return KILN_ERROR(kInvalidArgument, "{} {} ('{}'): got {}{}, the engine takes {}{}", what, i, v->name,
-                          dtype_name(b.dtype), dims_to_string(b.dims), dtype_name(v->type.dtype), dims_to_string(d.dims));
+                          dtype_name(b.dtype), dims_to_string(b.dims), dtype_name(DType(d.ir_dtype)), dims_to_string(d.dims));
       }
-      if (!b.data && d.numel() > 0) return KILN_ERROR(kInvalidArgument, "{} {} ('{}'): null data", what, i, v->name);
+      if (!b.data && io_bytes(d) > 0) return KILN_ERROR(kInvalidArgument, "{} {} ('{}'): null data", what, i, v->name);
       return Status::ok();
     };
-    if (inputs.size() != e_->input_stage.size() || outputs.size() != e_->output_stage.size()) {
-      return KILN_ERROR(kInvalidArgument, "expected {} inputs and {} outputs, got {} and {}", e_->input_stage.size(),
-                        e_->output_stage.size(), inputs.size(), outputs.size());
+    if (inputs.size() != P.inputs.size() || outputs.size() != P.outputs.size()) {
+      return KILN_ERROR(kInvalidArgument, "expected {} inputs and {} outputs, got {} and {}", P.inputs.size(),
+                        P.outputs.size(), inputs.size(), outputs.size());
     }
-    for (size_t i = 0; i < inputs.size(); ++i) KILN_RETURN_IF_ERROR(check("input", i, g.inputs[i], e_->input_stage[i], inputs[i]));
+    for (size_t i = 0; i < inputs.size(); ++i) KILN_RETURN_IF_ERROR(check("input", i, g.inputs[i], P.inputs[i], inputs[i]));
     for (size_t i = 0; i < outputs.size(); ++i) {
-      KILN_RETURN_IF_ERROR(check("output", i, g.outputs[i], e_->output_stage[i], outputs[i]));
+      KILN_RETURN_IF_ERROR(check("output", i, g.outputs[i], P.outputs[i], outputs[i]));
     }
     // The forward starts after the caller's queued work (which may be producing the inputs).
     auto caller = static_cast<cudaStream_t>(stream);
     KILN_CUDA_TRY(cudaEventRecord(io_event_, caller));
     KILN_CUDA_TRY(cudaStreamWaitEvent(stream_, io_event_));
     for (size_t i = 0; i < inputs.size(); ++i) {
-      const DevValue& d = e_->input_stage[i];
-      KILN_CUDA_TRY(cudaMemcpyAsync(ctx_.ptr(d.ref), inputs[i].data, d.bytes(),
+      const DeviceIo& d = P.inputs[i];
+      KILN_CUDA_TRY(cudaMemcpyAsync(ctx_.ptr(d.ref), inputs[i].data, io_bytes(d),
                                     inputs[i].on_device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice, stream_));
     }
-    const Lowering& L = *e_->lowering;
-    if (L.bad_index_slots()) {
-      KILN_CUDA_TRY(cudaMemsetAsync(ctx_.bad_index, 0, sizeof(int) * size_t(L.bad_index_slots()), stream_));
+    if (P.bad_index_slots) {
+      KILN_CUDA_TRY(cudaMemsetAsync(ctx_.bad_index, 0, sizeof(int) * size_t(P.bad_index_slots), stream_));
     }
     KILN_RETURN_IF_ERROR(enqueue(false));
     for (size_t i = 0; i < outputs.size(); ++i) {
-      const DevValue& d = e_->output_stage[i];
-      KILN_CUDA_TRY(cudaMemcpyAsync(outputs[i].data, ctx_.ptr(d.ref), d.bytes(),
+      const DeviceIo& d = P.outputs[i];
+      KILN_CUDA_TRY(cudaMemcpyAsync(outputs[i].data, ctx_.ptr(d.ref), io_bytes(d),
                                     outputs[i].on_device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost, stream_));
     }
-    if (L.bad_index_slots()) {
-      KILN_CUDA_TRY(cudaMemcpyAsync(bad_host_, ctx_.bad_index, sizeof(int) * size_t(L.bad_index_slots()),
+    if (P.bad_index_slots) {
+      KILN_CUDA_TRY(cudaMemcpyAsync(bad_host_, ctx_.bad_index, sizeof(int) * size_t(P.bad_index_slots),
                                     cudaMemcpyDeviceToHost, stream_));
     }
     KILN_CUDA_TRY(cudaStreamSynchronize(stream_));
@@ -206,20 +213,19 @@ class CudaSession : public Session {
 
  private:
   Status run_steps() {
-    for (size_t i = 0; i < e_->lowering->steps.size(); ++i) KILN_RETURN_IF_ERROR(run_step(i));
+    for (size_t i = 0; i < e_->fns.size(); ++i) KILN_RETURN_IF_ERROR(run_step(i));
     return Status::ok();
   }
 
   Status run_step(size_t i) {
-    const Step& s = e_->lowering->steps[i];
-    Status st = s.fn(ctx_);
-    return st ? st : st.with_context(s.label);
+    Status st = e_->fns[i](ctx_);
+    return st ? st : st.with_context(e_->plan.steps[i].label);
   }
 
   // One CUDA graph per run of device steps between host steps (a CPU node costs its round trip,
   // not the graph for the whole forward); host steps stay out of every graph and run in order.
   Status capture() {
-    const auto& steps = e_->lowering->steps;
+    const auto& steps = e_->plan.steps;
     for (size_t i = 0; i < steps.size();) {
       if (steps[i].host) {
         segments_.push_back({i, i + 1, nullptr});
@@ -260,12 +266,12 @@ class CudaSession : public Session {
   }
 
   Status stage_inputs(const std::vector<Data>& inputs) {
-    KILN_RETURN_IF_ERROR(check_inputs(e_->graph, inputs));
-    for (size_t i = 0; i < e_->input_stage.size(); ++i) {
-      const DevValue& d = e_->input_stage[i];
+    KILN_RETURN_IF_ERROR(check_inputs(*e_->graph, inputs));
+    for (size_t i = 0; i < e_->plan.inputs.size(); ++i) {
+      const DeviceIo& d = e_->plan.inputs[i];
       const Tensor& t = inputs[i].tensor;
-      if (t.nbytes() != d.bytes()) {
-        return KILN_ERROR(kInvalidArgument, "input '{}': {} does not match the engine's {}", e_->graph.inputs[i]->name,
+      if (t.nbytes() != io_bytes(d) || DType(d.ir_dtype) != t.dtype()) {
+        return KILN_ERROR(kInvalidArgument, "input '{}': {} does not match the engine's {}", e_->graph->inputs[i]->name,
                           t.summary(), dims_to_string(d.dims));
       }
       std::memcpy(in_host_[i], t.raw(), t.nbytes());
@@ -275,24 +281,24 @@ class CudaSession : public Session {
 
   // with_io: copy staged inputs in and outputs out around the forward.
   Status enqueue(bool with_io) {
-    const Lowering& L = *e_->lowering;
+    const DevicePlan& P = e_->plan;
     if (with_io) {
-      for (size_t i = 0; i < e_->input_stage.size(); ++i) {
-        const DevValue& d = e_->input_stage[i];
-        KILN_CUDA_TRY(cudaMemcpyAsync(ctx_.ptr(d.ref), in_host_[i], d.bytes(), cudaMemcpyHostToDevice, stream_));
+      for (size_t i = 0; i < P.inputs.size(); ++i) {
+        const DeviceIo& d = P.inputs[i];
+        KILN_CUDA_TRY(cudaMemcpyAsync(ctx_.ptr(d.ref), in_host_[i], io_bytes(d), cudaMemcpyHostToDevice, stream_));
       }
-      if (L.bad_index_slots()) {
-        KILN_CUDA_TRY(cudaMemsetAsync(ctx_.bad_index, 0, sizeof(int) * size_t(L.bad_index_slots()), stream_));
+      if (P.bad_index_slots) {
+        KILN_CUDA_TRY(cudaMemsetAsync(ctx_.bad_index, 0, sizeof(int) * size_t(P.bad_index_slots), stream_));
       }
     }
     KILN_RETURN_IF_ERROR(forward());
     if (with_io) {
-      for (size_t i = 0; i < e_->output_stage.size(); ++i) {
-        const DevValue& d = e_->output_stage[i];
-        KILN_CUDA_TRY(cudaMemcpyAsync(out_host_[i], ctx_.ptr(d.ref), d.bytes(), cudaMemcpyDeviceToHost, stream_));
+      for (size_t i = 0; i < P.outputs.size(); ++i) {
+        const DeviceIo& d = P.outputs[i];
+        KILN_CUDA_TRY(cudaMemcpyAsync(out_host_[i], ctx_.ptr(d.ref), io_bytes(d), cudaMemcpyDeviceToHost, stream_));
       }
-      if (L.bad_index_slots()) {
-        KILN_CUDA_TRY(cudaMemcpyAsync(bad_host_, ctx_.bad_index, sizeof(int) * size_t(L.bad_index_slots()),
+      if (P.bad_index_slots) {
+        KILN_CUDA_TRY(cudaMemcpyAsync(bad_host_, ctx_.bad_index, sizeof(int) * size_t(P.bad_index_slots),
                                       cudaMemcpyDeviceToHost, stream_));
       }
     }
@@ -300,11 +306,11 @@ class CudaSession : public Session {
   }
 
   Status check_bad_indices() {
-    const Lowering& L = *e_->lowering;
-    if (!L.bad_index_slots()) return Status::ok();
-    for (const Step& s : L.steps) {
+    const DevicePlan& P = e_->plan;
+    if (!P.bad_index_slots) return Status::ok();
+    for (const DeviceStep& s : P.steps) {
       if (s.bad_index_slot >= 0 && bad_host_[s.bad_index_slot] > 0) {
-        return KILN_ERROR(kInvalidArgument, "{}: {} index value(s) out of range", s.node ? s.node->describe() : s.label,
+        return KILN_ERROR(kInvalidArgument, "{}: {} index value(s) out of range", s.node.empty() ? s.label : s.node,
                           bad_host_[s.bad_index_slot]);
       }
     }
@@ -331,102 +337,96 @@ class CudaSession : public Session {
 
 }  // namespace
 
-EngineImpl::EngineImpl(const Graph& g, const BuildOptions& o) : graph(g), opt(o) {
-  lowering = std::make_unique<Lowering>(g, o);
-}
-
 EngineImpl::~EngineImpl() {
+  fns.clear();
+  keep_alive.clear();  // descriptors and libraries before the handles that made them
   if (weight_block) cudaFree(weight_block);
-  if (lowering) {
-    if (lowering->dnn) cudnnDestroy(lowering->dnn);
-    if (lowering->lt) cublasLtDestroy(lowering->lt);
-    if (lowering->build_workspace) cudaFree(lowering->build_workspace);
+  if (dnn) cudnnDestroy(dnn);
+  if (lt) cublasLtDestroy(lt);
+}
+
+Status EngineImpl::finish() {
+  using clock = std::chrono::steady_clock;
+  auto ms_since = [](clock::time_point t) { return std::chrono::duration<double, std::milli>(clock::now() - t).count(); };
+  auto t0 = clock::now();
+  size_t weights = 0;
+  for (std::string_view w : plan.weights) weights += align_up(w.size());
+  if (opt.memory_budget_bytes) {
+    size_t need = weights + plan.arena_peak + opt.workspace_bytes;
+    if (need > opt.memory_budget_bytes) {
+      return KILN_ERROR(kOutOfMemory,
+                        "the engine needs {:.1f} MiB of GPU memory per session (weights {:.1f}, arena {:.1f}, workspace "
+                        "{:.1f}), over the memory budget of {:.1f} MiB",
+                        double(need) / (1 << 20), double(weights) / (1 << 20), double(plan.arena_peak) / (1 << 20),
+                        double(opt.workspace_bytes) / (1 << 20), double(opt.memory_budget_bytes) / (1 << 20));
+    }
   }
-}
-
-Status EngineImpl::create_build_resources() {
-  KILN_CUDA_TRY(cudnnCreate(&lowering->dnn));
-  KILN_CUDA_TRY(cublasLtCreate(&lowering->lt));
-  KILN_CUDA_TRY(cudaMalloc(&lowering->build_workspace, opt.workspace_bytes));
-  return Status::ok();
-}
-
-Status EngineImpl::upload_weights() {
-  const auto& w = lowering->weight_data;
-  size_t total = 0;
-  for (const auto& b : w) total += align_up(b.size());
-  rep.weight_bytes = total;
-  if (total == 0) return Status::ok();
-  Status st = cuda_status(cudaMalloc(&weight_block, total), "cudaMalloc (weights)");
-  if (!st) {
-    weight_block = nullptr;
-    return Status(st.code(), fmt::format("uploading {:.1f} MiB of weights: {}", double(total) / (1 << 20), st.message()));
+  if (weights > 0) {
+    Status st = cuda_status(cudaMalloc(&weight_block, weights), "cudaMalloc (weights)");
+    if (!st) {
+      weight_block = nullptr;
+      return Status(st.code(), fmt::format("uploading {:.1f} MiB of weights: {}", double(weights) / (1 << 20), st.message()));
+    }
   }
   char* p = static_cast<char*>(weight_block);
-  for (const auto& b : w) {
+  for (std::string_view w : plan.weights) {
     weight_ptrs.push_back(p);
-    if (!b.empty()) KILN_CUDA_TRY(cudaMemcpy(p, b.data(), b.size(), cudaMemcpyHostToDevice));
-    p += align_up(b.size());
+    if (!w.empty()) KILN_CUDA_TRY(cudaMemcpy(p, w.data(), w.size(), cudaMemcpyHostToDevice));
+    p += align_up(w.size());
   }
-  // The host copies are no longer needed; drop them (large models).
-  lowering->weight_data.clear();
-  lowering->weight_data.shrink_to_fit();
-  return Status::ok();
-}
+  // The device holds the weights now: a build drops its host copies, a load stops viewing its file
+  // (serialize() reads them back from the device). Binding checks references against the count.
+  for (std::string_view w : plan.weights) weight_sizes.push_back(w.size());
+  plan.weight_store.clear();
+  plan.weight_store.shrink_to_fit();
+  for (std::string_view& w : plan.weights) w = std::string_view();
+  const double upload_ms = ms_since(t0);
+  auto t1 = clock::now();
+  KILN_CUDA_TRY(cudnnCreate(&dnn));
+  KILN_CUDA_TRY(cublasLtCreate(&lt));
+  const double handles_ms = ms_since(t1);
+  auto t2 = clock::now();
+  BindCtx bc{plan, graph, opt, dnn, lt, keep_alive};
+  KILN_ASSIGN_OR_RETURN(fns, bind_plan(bc));
+  const double bind_ms = ms_since(t2);
 
-namespace {
-
-// What became of each node that graph passes removed (Graph::absorbed), and the kernel each node
-// fused at lowering ended in: every ONNX node of the model then has a line in the report.
-void add_provenance(const Graph& g, std::vector<NodePlacement>& nodes) {
-  std::map<std::string, std::string> impl_of;  // describe() -> implementation
-  for (const NodePlacement& p : nodes) {
-    if (p.impl != "fused") impl_of[p.node] = p.impl;
-  }
-  const std::string into = "into ";
-  for (NodePlacement& p : nodes) {  // lowering-fused nodes: their target's kernel
-    if (p.impl != "fused" || p.why.rfind(into, 0) != 0) continue;
-    auto it = impl_of.find(p.why.substr(into.size()));
-    if (it == impl_of.end()) continue;
-    p.impl = it->second;
-    p.why = "fused " + p.why;
-    impl_of[p.node] = p.impl;  // a graph pass's node may have been fused into this one
-  }
-  for (const Absorbed& a : g.absorbed) {
-    NodePlacement p{a.node, Placement::kPass, "-", ""};
-    if (a.into) {
-      std::string target = a.into->describe();
-      if (auto it = impl_of.find(target); it != impl_of.end()) p.impl = it->second;
-      p.why = fmt::format("fused by graph pass {} into {}", a.pass, target);
-    } else if (a.pass == "fold-constants") {
-      p.why = "evaluated at build time (fold-constants)";
-    } else {
-      p.why = fmt::format("removed by graph pass {} (no work left)", a.pass);
-    }
-    nodes.push_back(std::move(p));
-  }
-}
-
-}  // namespace
-
-void EngineImpl::finish_report(double build_ms) {
-  const Lowering& L = *lowering;
-  rep.nodes = L.placements;
-  add_provenance(L.graph(), rep.nodes);
+  const std::string context = rep.load_phases;  // set by Engine::load before finish()
+  rep = BuildReport{};
+  rep.load_phases = fmt::format("{}weights {:.1f} MiB uploaded in {:.1f} ms, cuDNN and cuBLASLt handles {:.1f} ms, {} steps "
+                                "bound in {:.1f} ms", context, double(weights) / (1 << 20), upload_ms, handles_ms,
+                                plan.steps.size(), bind_ms);
+  for (const DevicePlacement& d : plan.placements) rep.nodes.push_back({d.node, Placement(d.placement), d.impl, d.why});
   rep.precision = std::string(precision_name(opt.precision));
+  rep.weight_bytes = weights;
+  rep.arena_peak = plan.arena_peak;
+  rep.arena_naive = plan.arena_naive;
+  rep.arena_lower_bound = plan.arena_lower_bound;
   rep.workspace_bytes = opt.workspace_bytes;
-  rep.steps = int(L.steps.size());
-  rep.cpu_steps = 0;
-  for (const Step& s : L.steps) rep.cpu_steps += s.host;
+  rep.steps = int(plan.steps.size());
+  for (const DeviceStep& s : plan.steps) rep.cpu_steps += s.host;
   // Sessions capture each run of device steps between host steps as a graph of its own.
   int runs = 0;
-  for (size_t i = 0; i < L.steps.size(); ++i) runs += !L.steps[i].host && (i == 0 || L.steps[i - 1].host);
+  for (size_t i = 0; i < plan.steps.size(); ++i) runs += !plan.steps[i].host && (i == 0 || plan.steps[i - 1].host);
   rep.cuda_graph = opt.cuda_graph;
   if (!opt.cuda_graph) rep.graph_note = "disabled";
   else if (rep.cpu_steps) rep.graph_note = fmt::format("{} graph(s) around {} host step(s)", runs, rep.cpu_steps);
-  cudaDeviceProp p{};
-  if (cudaGetDeviceProperties(&p, 0) == cudaSuccess) rep.device_name = p.name;
-  rep.build_ms = build_ms;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) rep.device_name = prop.name;
+  return Status::ok();
+}
+
+Expected<std::pair<std::string, std::string>> EngineImpl::serialize() const {
+  DevicePlan copy = plan;
+  size_t total = 0;
+  for (size_t n : weight_sizes) total += align_up(n);
+  std::string host(total, '\0');
+  if (total) KILN_CUDA_TRY(cudaMemcpy(host.data(), weight_block, total, cudaMemcpyDeviceToHost));
+  size_t at = 0;
+  for (size_t i = 0; i < weight_sizes.size(); ++i) {
+    copy.weights[i] = std::string_view(host).substr(at, weight_sizes[i]);
+    at += align_up(weight_sizes[i]);
+  }
+  return std::make_pair(write_device_plan(copy), write_device_weights(copy));
 }
 
 Expected<std::unique_ptr<Session>> EngineImpl::new_session() {

@@ -1,0 +1,149 @@
+// The CUDA executor: step records (runtime/device_plan.h) -> closures that enqueue work.
+//
+// Each step kind has an encoder, used by the lowering that emits it, and a binder, which reads the
+// parameters back, creates what the launch needs (cuDNN and cuBLASLt descriptors, a loaded cubin,
+// the Hopper GEMM's prepared kernel) and returns the closure. A build binds the records it just
+// emitted and a loaded engine binds the records its file holds: one path, so what was built is what
+// runs after a load. Binders live beside their lowering (lower_*.cc), which knows the parameters'
+// meaning; each checks every buffer reference and reads its parameters to the last byte.
+//
+//   ByteWriter p;  put(p, x.ref);  put(p, y.ref);  p.i64(n);          // in a lowering
+//   L.emit(&n, "kernel cast", {x.ref.id}, {y.ref.id}, StepOp::kCast, std::move(p));
+//
+//   Expected<StepFn> bind_cast(Params& in, BindCtx&) {                  // its binder
+//     Ref x = in.ref(), y = in.ref();  int64_t n = in.i64();
+//     KILN_RETURN_IF_ERROR(in.done());
+//     return StepFn([=](const RunCtx& c) { ... k::cast(..., c.ptr(x), c.ptr(y), n, c.stream) ... });
+//   }
+#pragma once
+
+#include <cublasLt.h>
+#include <cudnn.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "backends/cuda/engine.h"
+#include "backends/cuda/kernels/kernels.h"
+#include "runtime/device_plan.h"
+
+namespace kiln::cuda {
+
+using Ref = ::kiln::DeviceRef;
+
+// The step kinds. Numbers are part of the engine-file format: append, never renumber.
+enum class StepOp : uint16_t {
+  kHostOp = 1,     // one node on the CPU kernels: inputs copied down, outputs up
+  kCast,           // k::cast
+  kCastRows,       // k::cast_rows
+  kCopyNd,         // k::copy_nd (transpose, slice, expand, concat, split, layout changes, patches)
+  kUnary,
+  kBinary,
+  kWhere,
+  kGather,
+  kFill,
+  kSoftmax,
+  kLayerNorm,      // LayerNorm and RMSNorm
+  kChannelAffine,
+  kReduce,
+  kArgReduce,
+  kDepthwiseConv,
+  kSpaceToDepth,
+  kMaxPoolNhwc,
+  kCudnnPool,
+  kCudnnConv,
+  kLtMatmul,
+  kGemmSm90,
+  kAttention,
+  kGenerated,      // an NVRTC-compiled elementwise kernel, by its cubin
+  kLast = kGenerated,
+};
+
+// What a step sees when it runs: the session's stream, handles and memory.
+struct RunCtx {
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  cudnnHandle_t dnn = nullptr;
+  char* arena = nullptr;
+  const std::vector<uint64_t>* offsets = nullptr;  // arena offset per buffer id
+  const std::vector<void*>* weights = nullptr;     // device pointer per weight id
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  int* bad_index = nullptr;  // device counters, one per step that checks indices
+
+  void* ptr(Ref r) const { return r.weight ? (*weights)[size_t(r.id)] : arena + (*offsets)[size_t(r.id)]; }
+};
+
+using StepFn = std::function<Status(const RunCtx&)>;
+
+// ---- parameters ---------------------------------------------------------------------------------
+
+void put(ByteWriter& w, Ref r);
+void put(ByteWriter& w, const k::NdStrides& s);
+void put(ByteWriter& w, const std::vector<int64_t>& v);
+
+// A step's parameters being read by its binder: bounds-checked, buffer references checked against
+// the plan, and done() fails unless every byte was read.
+class Params {
+ public:
+  Params(const DeviceStep& s, const DevicePlan& p);
+  Ref ref();          // a buffer (arena or weight), must exist
+  Ref opt_ref();      // the same, or none (id -1)
+  int64_t i64() { return r_.get<int64_t>("an integer"); }
+  int32_t i32() { return r_.get<int32_t>("an integer"); }
+  float f32() { return r_.get<float>("a number"); }
+  double f64() { return r_.get<double>("a number"); }
+  bool flag() { return r_.get_in<uint8_t>("a flag", 0, 1) != 0; }
+  k::DT dt();
+  template <typename E>
+  E en(E last) {  // an enum in [0, last]
+    return E(r_.get_in<int32_t>("an enum", 0, int32_t(last)));
+  }
+  k::NdStrides nd();
+  std::vector<int64_t> dims();
+  std::string_view bytes() { return r_.view("bytes"); }
+  const DeviceStep& step() const { return s_; }
+  Status done();  // the error naming the step when anything was malformed or left unread
+
+ private:
+  const DeviceStep& s_;
+  const DevicePlan& p_;
+  ByteReader r_;
+  std::string bad_;
+};
+
+// ---- binding ------------------------------------------------------------------------------------
+
+struct BindCtx {
+  const DevicePlan& plan;
+  const Graph* graph = nullptr;  // the plan's graph: host steps run its nodes
+  const BuildOptions& opt;
+  cudnnHandle_t dnn = nullptr;   // for descriptors that need a handle
+  cublasLtHandle_t lt = nullptr;
+  // Descriptors, loaded libraries and other resources the closures use; freed with the engine.
+  std::vector<std::shared_ptr<void>>& keep_alive;
+};
+
+using BindFn = Expected<StepFn> (*)(Params&, BindCtx&);
+void register_gemm_binders(std::map<StepOp, BindFn>& t);
+void register_conv_binders(std::map<StepOp, BindFn>& t);
+void register_elementwise_binders(std::map<StepOp, BindFn>& t);
+void register_data_binders(std::map<StepOp, BindFn>& t);
+void register_norm_binders(std::map<StepOp, BindFn>& t);
+void register_attention_binders(std::map<StepOp, BindFn>& t);
+void register_fused_binders(std::map<StepOp, BindFn>& t);
+void register_host_binders(std::map<StepOp, BindFn>& t);
+
+// Every step of the plan bound, in order; an unknown kind or a malformed record is an error naming
+// the step.
+Expected<std::vector<StepFn>> bind_plan(BindCtx& ctx);
+
+// Holds a library object with its destroy function in keep_alive.
+template <typename T, typename D>
+void hold(std::vector<std::shared_ptr<void>>& keep, T p, D destroy) {
+  keep.push_back(std::shared_ptr<void>(p, [destroy](void* q) { (void)destroy(static_cast<T>(q)); }));
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,156 @@
+// Host steps: a node the CUDA backend declined runs with its CPU kernel inside the GPU plan. The
+// step waits for the stream, copies its device inputs down, runs the kernel and copies its outputs
+// up; constant inputs travel in the record. Sessions capture the device steps around it as graphs
+// of their own (session.cc), so a CPU node costs its round trip, not the whole forward's graph.
+#include <cstring>
+
+#include "backends/cuda/lower.h"
+#include "ops/op_registry.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+enum class HostIn : uint8_t { kNone, kDevice, kConstant };
+
+bool has_subgraph(const Node& n) {
+  for (const auto& [k, a] : n.attrs) {
+    if (a.g || !a.graphs.empty()) return true;
+  }
+  return false;
+}
+
+struct In {
+  HostIn kind = HostIn::kNone;
+  Ref ref;
+  k::DT dt = k::DT::kF32;
+  std::vector<int64_t> dims;
+  Tensor host;
+};
+struct Out {
+  Ref ref;
+  k::DT dt = k::DT::kF32;
+};
+
+Expected<StepFn> bind_host_op(Params& in, BindCtx& bc) {
+  const int32_t idx = in.step().node_index;
+  if (!bc.graph || idx < 0 || size_t(idx) >= bc.graph->nodes.size()) {
+    return KILN_ERROR(kInvalidModel, "step '{}': a host step of no node of the plan's graph", in.step().label);
+  }
+  const Node* node = bc.graph->nodes[size_t(idx)].get();
+  if (!op_def(node->op).cpu) return KILN_ERROR(kUnsupported, "{}: no CPU kernel for {}", node->describe(), op_name(node->op));
+  if (in.i32() != int32_t(node->inputs.size())) {
+    return KILN_ERROR(kInvalidModel, "step '{}': its inputs do not match {}", in.step().label, node->describe());
+  }
+  std::vector<In> ins(node->inputs.size());
+  for (In& x : ins) {
+    x.kind = in.en(HostIn::kConstant);
+    if (x.kind == HostIn::kNone) continue;
+    if (x.kind == HostIn::kDevice) {
+      x.ref = in.ref();
+      x.dt = in.dt();
+      x.dims = in.dims();
+      continue;
+    }
+    const auto dtype = in.en(DType::kInt2);
+    const std::vector<int64_t> dims = in.dims();
+    const std::string_view bytes = in.bytes();
+    KILN_ASSIGN_OR_RETURN(x.host, Tensor::create(dtype, dims));
+    if (dtype == DType::kString || x.host.nbytes() != bytes.size()) {
+      return KILN_ERROR(kInvalidModel, "step '{}': a constant input of the wrong size", in.step().label);
+    }
+    if (!bytes.empty()) std::memcpy(x.host.raw(), bytes.data(), bytes.size());
+  }
+  std::vector<std::optional<Out>> outs(node->outputs.size());
+  if (in.i32() != int32_t(outs.size())) {
+    return KILN_ERROR(kInvalidModel, "step '{}': its outputs do not match {}", in.step().label, node->describe());
+  }
+  for (auto& o : outs) {
+    Ref r = in.opt_ref();
+    k::DT dt = in.dt();
+    if (r.id >= 0) o = Out{r, dt};
+  }
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([node, ins, outs](const RunCtx& c) -> Status {
+    KILN_CUDA_TRY(cudaStreamSynchronize(c.stream));
+    std::vector<Data> held;
+    std::vector<const Data*> ptrs;
+    held.reserve(ins.size());
+    for (size_t i = 0; i < ins.size(); ++i) {
+      const In& x = ins[i];
+      if (x.kind == HostIn::kNone) { ptrs.push_back(nullptr); continue; }
+      if (x.kind == HostIn::kConstant) { held.emplace_back(x.host); ptrs.push_back(&held.back()); continue; }
+      KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(ir_dtype_of(x.dt), x.dims));
+      KILN_CUDA_TRY(cudaMemcpy(t.raw(), c.ptr(x.ref), t.nbytes(), cudaMemcpyDeviceToHost));
+      KILN_ASSIGN_OR_RETURN(Tensor ir, convert_tensor(t, node->inputs[i]->type.dtype));
+      held.emplace_back(std::move(ir));
+      ptrs.push_back(&held.back());
+    }
+    KernelCtx ctx(*node, std::move(ptrs), nullptr);
+    KILN_RETURN_IF_ERROR(op_def(node->op).cpu(ctx).with_context(node->describe()));
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (!outs[i]) continue;
+      KILN_ASSIGN_OR_RETURN(Tensor t, convert_tensor(ctx.outputs()[i].tensor, ir_dtype_of(outs[i]->dt)));
+      KILN_CUDA_TRY(cudaMemcpy(c.ptr(outs[i]->ref), t.raw(), t.nbytes(), cudaMemcpyHostToDevice));
+    }
+    return Status::ok();
+  });
+}
+
+}  // namespace
+
+Status lower_on_cpu(Lowering& L, const Node& n) {
+  if (!op_def(n.op).cpu) return KILN_ERROR(kUnsupported, "{}: no backend can run op {}", n.describe(), op_name(n.op));
+  if (has_subgraph(n)) {
+    return KILN_ERROR(kUnsupported, "{}: control flow (subgraphs) is not supported by the CUDA engine yet",
+                      n.describe());
+  }
+  if (L.node_index(&n) < 0) return KILN_ERROR(kInternal, "{}: not a top-level node", n.describe());
+  ByteWriter w;
+  std::vector<int> reads, writes;
+  w.put(int32_t(n.inputs.size()));
+  for (const Value* v : n.inputs) {
+    if (!v) {
+      w.put(int32_t(HostIn::kNone));
+      continue;
+    }
+    if (const Tensor* c = L.constant(v)) {
+      if (c->dtype() == DType::kString) {
+        return KILN_ERROR(kUnsupported, "{}: a string constant input on the host inside a GPU engine", n.describe());
+      }
+      w.put(int32_t(HostIn::kConstant));
+      w.put(int32_t(c->dtype()));
+      put(w, c->dims());
+      w.str(std::string_view(static_cast<const char*>(c->raw()), c->nbytes()));
+      continue;
+    }
+    KILN_ASSIGN_OR_RETURN(const DevValue* d, L.rowmajor(v));
+    w.put(int32_t(HostIn::kDevice));
+    put(w, d->ref);
+    w.put(int32_t(d->dt));
+    put(w, d->dims);
+    if (!d->ref.weight) reads.push_back(d->ref.id);
+  }
+  w.put(int32_t(n.outputs.size()));
+  for (const Value* o : n.outputs) {
+    if (!o) {
+      put(w, Ref{});
+      w.put(int32_t(k::DT::kF32));
+      continue;
+    }
+    if (!to_kdt(o->type.dtype)) {
+      return KILN_ERROR(kUnsupported, "{}: output '{}' is {}, which the GPU cannot hold", n.describe(), o->name,
+                        dtype_name(o->type.dtype));
+    }
+    const DevValue& d = L.define(o);
+    put(w, d.ref);
+    w.put(int32_t(d.dt));
+    writes.push_back(d.ref.id);
+  }
+  L.emit(&n, "cpu kernel (host round trip)", reads, writes, StepOp::kHostOp, std::move(w), /*host=*/true);
+  return Status::ok();
+}
+
+void register_host_binders(std::map<StepOp, BindFn>& t) { t[StepOp::kHostOp] = bind_host_op; }
+
+}  // namespace kiln::cuda

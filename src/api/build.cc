@@ -40,7 +40,12 @@ Status add_batch_bindings(const Graph& g, int64_t batch, std::map<std::string, s
   return Status::ok();
 }
 
-Expected<Engine> build_model(Model m, const BuildConfig& config) {
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+// import_ms: what reading the model took (its own clock), for the report's phase line.
+Expected<Engine> build_model(Model m, const BuildConfig& config, double import_ms) {
   auto t0 = std::chrono::steady_clock::now();
   KILN_RETURN_IF_ERROR(validate_config(config));
   Graph& g = *m.graph;
@@ -55,6 +60,7 @@ Expected<Engine> build_model(Model m, const BuildConfig& config) {
   po.dump_ir_after = config.dump_ir_after;
   KILN_ASSIGN_OR_RETURN(PassReport pr, run_passes(g, default_pipeline(), po));
   if (config.print_pass_report) std::fprintf(stderr, "%s", pr.to_text().c_str());
+  const double passes_ms = ms_since(t0);
 
   auto impl = std::make_shared<Engine::Impl>();
   impl->config = config;
@@ -72,7 +78,10 @@ Expected<Engine> build_model(Model m, const BuildConfig& config) {
     if (e) {
       impl->device = Device::kCuda;
       impl->gpu = std::move(*e);
-      impl->build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      impl->build_ms = import_ms + ms_since(t0);
+      impl->build_note = fmt::format("build phases: import {:.1f} ms, shapes and passes {:.1f}, GPU engine {:.1f} (of "
+                                     "which {})\n", import_ms, passes_ms, impl->build_ms - import_ms - passes_ms,
+                                     impl->gpu->load_phases());
       return Engine(std::move(impl));
     }
     // Only "cannot run this here" falls back; a GPU fault (out of memory...) is the answer.
@@ -83,7 +92,9 @@ Expected<Engine> build_model(Model m, const BuildConfig& config) {
   if (want == Device::kAuto) std::fprintf(stderr, "kiln: warning: running on the CPU reference backend: %s\n", why.c_str());
   impl->device = Device::kCpu;
   impl->report = plan_report(*impl->plan);
-  impl->build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  impl->build_ms = import_ms + ms_since(t0);
+  impl->build_note = fmt::format("build phases: import {:.1f} ms, shapes and passes {:.1f}, plan {:.1f}\n", import_ms,
+                                 passes_ms, impl->build_ms - import_ms - passes_ms);
   return Engine(std::move(impl));
 }
 
@@ -102,17 +113,19 @@ Status validate_config(const BuildConfig& c) {
 }
 
 Expected<Engine> build(const std::string& onnx_path, const BuildConfig& config) {
+  auto t0 = std::chrono::steady_clock::now();
   ImportOptions io;
   io.infer = false;  // after the shapes are bound
   KILN_ASSIGN_OR_RETURN(Model m, import_onnx_file(onnx_path, io));
-  return build_model(std::move(m), config);
+  return build_model(std::move(m), config, ms_since(t0));
 }
 
 Expected<Engine> build_from_bytes(const void* data, size_t size, const BuildConfig& config, const std::string& base_dir) {
+  auto t0 = std::chrono::steady_clock::now();
   ImportOptions io;
   io.infer = false;
   KILN_ASSIGN_OR_RETURN(Model m, import_onnx_bytes(data, size, base_dir, io));
-  return build_model(std::move(m), config);
+  return build_model(std::move(m), config, ms_since(t0));
 }
 
 }  // namespace kiln

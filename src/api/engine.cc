@@ -133,7 +133,9 @@ const std::vector<TensorInfo>& Engine::inputs() const { return impl_->inputs; }
 const std::vector<TensorInfo>& Engine::outputs() const { return impl_->outputs; }
 Device Engine::device() const { return impl_->device; }
 const BuildConfig& Engine::config() const { return impl_->config; }
-std::string Engine::report() const { return impl_->load_note + (impl_->gpu ? impl_->gpu->report() : impl_->report); }
+std::string Engine::report() const {
+  return impl_->load_note + impl_->build_note + (impl_->gpu ? impl_->gpu->report() : impl_->report);
+}
 double Engine::build_ms() const { return impl_->build_ms; }
 size_t Engine::weight_bytes() const {
   if (impl_->gpu) return impl_->gpu->weight_bytes();
@@ -161,7 +163,10 @@ Expected<std::string> Engine::serialize() const {
   meta["format_version"] = kEngineFormatVersion;
   meta["device"] = std::string(device_name(impl_->device));
   meta["config"] = config_to_json(impl_->config);
-  if (impl_->gpu) meta["target"] = impl_->gpu->target();
+  if (impl_->gpu) {
+    meta["target"] = impl_->gpu->target();
+    meta["graph_weights"] = false;  // the device plan's DWGT holds the weights, laid out for the GPU
+  }
   meta["report"] = impl_->gpu ? impl_->gpu->report() : impl_->report;
   auto io = [](const std::vector<TensorInfo>& v) {
     nlohmann::json a = nlohmann::json::array();

@@ -33,6 +33,7 @@ struct Engine::Impl {
   std::shared_ptr<DeviceEngine> gpu;  // set when device == kCuda
   std::string report;                 // the CPU engine's (a GPU engine's comes from `gpu`)
   std::string load_note;              // a loaded engine: where its load time went
+  std::string build_note;             // a built engine: where its build time went
   double build_ms = 0;
 };
 

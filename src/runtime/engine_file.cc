@@ -205,11 +205,18 @@ Expected<std::string> write_engine_file(const nlohmann::json& meta, const Plan& 
   all_constants(g, consts);
   std::unordered_set<const Value*> elided;
   ByteWriter wtab, wght;
+  // Without graph weights (a GPU engine, whose device plan holds its own), elided constants are
+  // declared in GRPH and have no data anywhere.
+  const bool graph_weights = meta.is_object() ? meta.value("graph_weights", true) : true;
   uint32_t n_elided = 0;
-  for (const Value* v : consts) n_elided += elide(*v);
+  for (const Value* v : consts) n_elided += elide(*v) && graph_weights;
   wtab.u32(n_elided);
   for (const Value* v : consts) {
     if (!elide(*v)) continue;
+    if (!graph_weights) {
+      elided.insert(v);
+      continue;
+    }
     const Tensor& t = *v->constant;
     if (!t.raw()) return KILN_ERROR(kInternal, "constant '{}' has no data to save", v->name);
     elided.insert(v);
@@ -313,8 +320,10 @@ Expected<EngineFile> read_engine_file(std::string_view bytes, std::shared_ptr<co
     it->second->constant = Tensor::view(decl.dtype(), decl.dims(), std::const_pointer_cast<void>(owner), data);
   }
   if (!wt.ok()) return err(wt.failed());
+  const bool graph_weights = f.meta.value("graph_weights", true);
+  if (!graph_weights && n != 0) return err("WTAB lists weights, but META says the graph carries none");
   for (const auto& [vn, v] : by_name) {
-    if (v->constant && v->constant->numel() > 0 && !v->constant->raw()) {
+    if (graph_weights && v->constant && v->constant->numel() > 0 && !v->constant->raw()) {
       return err(fmt::format("constant '{}' has no data in WTAB", vn));
     }
   }

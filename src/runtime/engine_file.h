@@ -13,6 +13,8 @@
 //         metadata, the build report. Read first, so a mismatch is named before anything else.
 //   GRPH  the optimized graph in kiln's IR text (docs/ir.md), constants over 16 elements elided
 //   WTAB  the weight table: per elided constant its value name, dtype, dims, offset and size in WGHT
+//         (none when META has "graph_weights": false — a GPU engine, whose DWGT holds the weights
+//         as the device uses them; its graph's elided constants then have no data)
 //   WGHT  the weights, each 64-byte aligned (string tensors as u32 length + bytes per element)
 //   PLAN  the steps: slot count, input/output/constant refs, per step kind, node, refs, frees
 //   (any section a backend adds after PLAN, e.g. its kernel choices, is carried through by tag)

@@ -8,7 +8,11 @@
 //   bash tests/fuzz/run.sh build-fuzz 60        (or: make fuzz; this target gets a quarter of the time)
 //   build-fuzz/tests/kiln_fuzz_engine build-fuzz/artifacts-engine/crash-...   (replay one input)
 //
-// Seeds: tests/fuzz/corpus-engine (small CPU engines written by `kiln build --device cpu`).
+// A GPU engine cannot load on the machine that fuzzes (no GPU), so its device plan (DPLN, DWGT
+// sections: runtime/device_plan.h) is also read directly whenever the file parses.
+//
+// Seeds: tests/fuzz/corpus-engine (small CPU engines written by `kiln build --device cpu`, and one
+// with a device plan appended).
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -16,6 +20,7 @@
 #include <vector>
 
 #include "kiln/engine.h"
+#include "runtime/device_plan.h"
 #include "runtime/engine_file.h"
 
 namespace {
@@ -42,11 +47,21 @@ void try_load(const std::string& bytes) {
   (void)s->run(in);
 }
 
+void try_device_plan(const std::string& bytes) {
+  auto f = kiln::read_engine_file(std::string_view(bytes), nullptr, "fuzz.kiln");
+  if (!f) return;
+  auto dpln = f->extra.find("DPLN");
+  auto dwgt = f->extra.find("DWGT");
+  if (dpln == f->extra.end() || dwgt == f->extra.end()) return;
+  (void)kiln::read_device_plan(dpln->second, dwgt->second, "fuzz.kiln");
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string bytes(reinterpret_cast<const char*>(data), size);
   try_load(bytes);
+  try_device_plan(bytes);
   if (bytes.size() >= 32) {  // the same bytes with a checksum that matches them
     uint64_t sum = kiln::engine_checksum(bytes.data(), bytes.size() - 8);
     std::memcpy(bytes.data() + bytes.size() - 8, &sum, 8);
@@ -55,6 +70,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     sum = kiln::engine_checksum(bytes.data(), bytes.size() - 8);
     std::memcpy(bytes.data() + bytes.size() - 8, &sum, 8);
     try_load(bytes);
+    try_device_plan(bytes);
   }
   return 0;
 }

@@ -186,3 +186,40 @@ TEST(EngineFile, InconsistentPlansAreRejected) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// A GPU engine's file leaves its graph's weights out (its device plan carries them): the file is
+// smaller by the weights and reads back with the large constants declared but empty.
+TEST(EngineFile, WithoutGraphWeights) {
+  auto plan = plan_host(parse(kModel));
+  ASSERT_TRUE(plan);
+  nlohmann::json meta = {{"device", "cpu"}, {"graph_weights", false}};
+  auto bytes = write_engine_file(meta, *plan);
+  ASSERT_TRUE(bytes) << bytes.status().message();
+  auto with = written(*plan);
+  EXPECT_LT(bytes->size() + 20 * sizeof(float), with->size() + 64);  // %w's 80 bytes are gone
+  auto f = read_engine_file(std::make_shared<const std::string>(*bytes), "m.kiln");
+  ASSERT_TRUE(f) << f.status().message();
+  bool found = false;
+  for (const auto& v : f->plan.graph->values) {
+    if (v->name == "w") {
+      found = true;
+      ASSERT_TRUE(v->constant);
+      EXPECT_EQ(v->constant->raw(), nullptr);
+      EXPECT_EQ(v->constant->dims(), (std::vector<int64_t>{20}));
+    }
+    if (v->name == "b") {
+      EXPECT_NE(v->constant->raw(), nullptr);  // inline constants stay
+    }
+  }
+  EXPECT_TRUE(found);
+  // Saved again from what was read: still no weights, still readable.
+  auto again = write_engine_file(f->meta, f->plan);
+  ASSERT_TRUE(again) << again.status().message();
+  EXPECT_TRUE(read_engine_file(std::make_shared<const std::string>(*again), "m.kiln"));
+}
+
+}  // namespace
+}  // namespace kiln

@@ -32,11 +32,13 @@ int build_main(LoadOptions load, const EngineOptions& eng, const BuildCliOptions
   }
   std::printf("build: %.1f ms\n", engine->build_ms());
   if (opt.output.empty()) return 0;
+  auto t0 = std::chrono::steady_clock::now();
   if (Status s = engine->save(opt.output); !s) return fail(s);
+  const double save_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::error_code ec;
   auto size = std::filesystem::file_size(opt.output, ec);
-  std::printf("wrote %s (%.1f MiB, %s engine)\n", opt.output.c_str(), double(size) / (1 << 20),
-              std::string(device_name(engine->device())).c_str());
+  std::printf("wrote %s (%.1f MiB, %s engine) in %.1f ms\n", opt.output.c_str(), double(size) / (1 << 20),
+              std::string(device_name(engine->device())).c_str(), save_ms);
   return 0;
 }
 

@@ -33,6 +33,7 @@ class EngineImpl : public Engine, public std::enable_shared_from_this<EngineImpl
   BuildReport rep;
   cudnnHandle_t dnn = nullptr;                      // for binding (descriptors, algorithm checks)
   cublasLtHandle_t lt = nullptr;
+  bool uses_dnn = false, uses_lt = false;           // whether any step needs cuDNN / cuBLASLt handles
 };
 
 // A node the CUDA backend declined, as a host step (lower_host.cc).

@@ -50,9 +50,13 @@ class CudaSession : public Session {
     const DevicePlan& P = e_->plan;
     KILN_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     KILN_CUDA_TRY(cudaEventCreateWithFlags(&io_event_, cudaEventDisableTiming));
-    KILN_CUDA_TRY(cublasLtCreate(&lt_));
-    KILN_CUDA_TRY(cudnnCreate(&dnn_));
-    KILN_CUDA_TRY(cudnnSetStream(dnn_, stream_));
+    // A library's handle only where a step uses it: a cold process pays ~100 ms for cuDNN's first
+    // handle (bench/RESULTS.md, init_costs), which a transformer never needs.
+    if (e_->uses_lt) KILN_CUDA_TRY(cublasLtCreate(&lt_));
+    if (e_->uses_dnn) {
+      KILN_CUDA_TRY(cudnnCreate(&dnn_));
+      KILN_CUDA_TRY(cudnnSetStream(dnn_, stream_));
+    }
     bytes_ = align_up(e_->rep.arena_peak) + align_up(e_->opt.workspace_bytes) +
              align_up(sizeof(int) * size_t(std::max(1, P.bad_index_slots)));
     KILN_CUDA_TRY(cudaMalloc(&mem_.p, bytes_));
@@ -382,8 +386,12 @@ Status EngineImpl::finish() {
   for (std::string_view& w : plan.weights) w = std::string_view();
   const double upload_ms = ms_since(t0);
   auto t1 = clock::now();
-  KILN_CUDA_TRY(cudnnCreate(&dnn));
-  KILN_CUDA_TRY(cublasLtCreate(&lt));
+  for (const DeviceStep& st : plan.steps) {
+    uses_dnn = uses_dnn || st.kind == uint16_t(StepOp::kCudnnConv) || st.kind == uint16_t(StepOp::kCudnnPool);
+    uses_lt = uses_lt || st.kind == uint16_t(StepOp::kLtMatmul);
+  }
+  if (uses_dnn) KILN_CUDA_TRY(cudnnCreate(&dnn));
+  if (uses_lt) KILN_CUDA_TRY(cublasLtCreate(&lt));
   const double handles_ms = ms_since(t1);
   auto t2 = clock::now();
   BindCtx bc{plan, graph, opt, dnn, lt, keep_alive};

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "api/engine_impl.h"
+#include "support/mapped_file.h"
 #include "backends/backend.h"
 #include "runtime/engine_file.h"
 
@@ -90,40 +91,6 @@ class CpuSession : public Session::Impl {
   std::shared_ptr<const Plan> plan_;
 };
 
-// The file mapped read-only: its pages come from the page cache with no copy, and the plan's
-// weights view them in place for as long as the engine lives.
-struct Mapping {
-  void* p = nullptr;
-  size_t size = 0;
-  ~Mapping() {
-    if (p) munmap(p, size);
-  }
-};
-
-Expected<std::shared_ptr<const Mapping>> map_file(const std::string& path) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) return KILN_ERROR(kIo, "{}: is a directory, not an engine file", path);
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return KILN_ERROR(kIo, "{}: cannot open: {}", path, std::strerror(errno));
-  struct stat st {};
-  auto m = std::make_shared<Mapping>();
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    return KILN_ERROR(kIo, "{}: cannot read: {}", path, std::strerror(errno));
-  }
-  m->size = size_t(st.st_size);
-  if (m->size > 0) {
-    void* p = ::mmap(nullptr, m->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      ::close(fd);
-      return KILN_ERROR(kIo, "{}: cannot map: {}", path, std::strerror(errno));
-    }
-    m->p = p;
-    ::madvise(p, m->size, MADV_SEQUENTIAL | MADV_WILLNEED);
-  }
-  ::close(fd);
-  return std::shared_ptr<const Mapping>(std::move(m));
-}
 
 }  // namespace
 
@@ -248,7 +215,7 @@ Expected<Engine> load_view(std::string_view bytes, std::shared_ptr<const void> o
 
 Expected<Engine> Engine::load(const std::string& path) {
   auto t0 = std::chrono::steady_clock::now();
-  KILN_ASSIGN_OR_RETURN(std::shared_ptr<const Mapping> m, map_file(path));
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> m, map_file(path));
   std::string_view bytes(static_cast<const char*>(m->p), m->size);
   return load_view(bytes, m, path, ms_since(t0));
 }

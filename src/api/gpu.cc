@@ -71,7 +71,10 @@ class GpuEngine : public DeviceEngine {
   std::string report() const override { return cache_line_ + e_->report().to_text(); }
   Expected<std::map<std::string, std::string>> sections() const override {
     KILN_ASSIGN_OR_RETURN(auto s, e_->serialize());
-    return std::map<std::string, std::string>{{"DPLN", std::move(s.first)}, {"DWGT", std::move(s.second)}};
+    std::map<std::string, std::string> m;  // moved in: an initializer list would copy the weights
+    m.emplace("DPLN", std::move(s.first));
+    m.emplace("DWGT", std::move(s.second));
+    return m;
   }
   size_t weight_bytes() const override { return e_->report().weight_bytes; }
   double build_ms() const override { return e_->report().build_ms; }

@@ -7,7 +7,7 @@ namespace kiln {
 
 namespace {
 
-constexpr size_t kWeightAlign = 64;
+constexpr size_t kWeightAlign = kDeviceWeightAlign;
 constexpr uint32_t kDevicePlanVersion = 1;
 
 void put_ref(ByteWriter& w, const DeviceRef& r) {

@@ -77,8 +77,12 @@ struct DevicePlan {
   void view_store();
 };
 
-// The DPLN section (everything but the weights' bytes) and the DWGT section (each weight 64-byte
-// aligned, offsets in DPLN).
+// Each weight's offset in DWGT is a multiple of this: the layout of the one device allocation that
+// holds them, so the device's copy can be written out as it is.
+inline constexpr size_t kDeviceWeightAlign = 256;
+
+// The DPLN section (everything but the weights' bytes) and the DWGT section (each weight at a
+// multiple of kDeviceWeightAlign, offsets in DPLN).
 std::string write_device_plan(const DevicePlan& p);
 std::string write_device_weights(const DevicePlan& p);
 // Reads both sections; `dwgt` is viewed, not copied. Checks what can be checked without the

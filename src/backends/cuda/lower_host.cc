@@ -4,8 +4,8 @@
 // of their own (session.cc), so a CPU node costs its round trip, not the whole forward's graph.
 #include <cstring>
 
+#include "backends/backend.h"
 #include "backends/cuda/lower.h"
-#include "ops/op_registry.h"
 
 namespace kiln::cuda {
 
@@ -38,7 +38,6 @@ Expected<StepFn> bind_host_op(Params& in, BindCtx& bc) {
     return KILN_ERROR(kInvalidModel, "step '{}': a host step of no node of the plan's graph", in.step().label);
   }
   const Node* node = bc.graph->nodes[size_t(idx)].get();
-  if (!op_def(node->op).cpu) return KILN_ERROR(kUnsupported, "{}: no CPU kernel for {}", node->describe(), op_name(node->op));
   if (in.i32() != int32_t(node->inputs.size())) {
     return KILN_ERROR(kInvalidModel, "step '{}': its inputs do not match {}", in.step().label, node->describe());
   }
@@ -86,11 +85,15 @@ Expected<StepFn> bind_host_op(Params& in, BindCtx& bc) {
       held.emplace_back(std::move(ir));
       ptrs.push_back(&held.back());
     }
-    KernelCtx ctx(*node, std::move(ptrs), nullptr);
-    KILN_RETURN_IF_ERROR(op_def(node->op).cpu(ctx).with_context(node->describe()));
+    // Through the CPU backend's interface (backends/backend.h), which also checks each output
+    // against its inferred type.
+    KILN_ASSIGN_OR_RETURN(std::vector<Data> results, run_node_on_cpu(*node, std::move(ptrs), nullptr));
     for (size_t i = 0; i < outs.size(); ++i) {
       if (!outs[i]) continue;
-      KILN_ASSIGN_OR_RETURN(Tensor t, convert_tensor(ctx.outputs()[i].tensor, ir_dtype_of(outs[i]->dt)));
+      if (i >= results.size() || !results[i].is_tensor()) {
+        return KILN_ERROR(kInternal, "{}: output {} is not a tensor", node->describe(), i);
+      }
+      KILN_ASSIGN_OR_RETURN(Tensor t, convert_tensor(results[i].tensor, ir_dtype_of(outs[i]->dt)));
       KILN_CUDA_TRY(cudaMemcpy(c.ptr(outs[i]->ref), t.raw(), t.nbytes(), cudaMemcpyHostToDevice));
     }
     return Status::ok();
@@ -100,7 +103,9 @@ Expected<StepFn> bind_host_op(Params& in, BindCtx& bc) {
 }  // namespace
 
 Status lower_on_cpu(Lowering& L, const Node& n) {
-  if (!op_def(n.op).cpu) return KILN_ERROR(kUnsupported, "{}: no backend can run op {}", n.describe(), op_name(n.op));
+  static const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  std::string why;
+  if (!cpu->supports(n, &why)) return KILN_ERROR(kUnsupported, "{}: no backend can run it ({})", n.describe(), why);
   if (has_subgraph(n)) {
     return KILN_ERROR(kUnsupported, "{}: control flow (subgraphs) is not supported by the CUDA engine yet",
                       n.describe());

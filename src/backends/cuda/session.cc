@@ -429,12 +429,18 @@ Expected<std::pair<std::string, std::string>> EngineImpl::serialize() const {
   for (size_t n : weight_sizes) total += align_up(n);
   std::string host(total, '\0');
   if (total) KILN_CUDA_TRY(cudaMemcpy(host.data(), weight_block, total, cudaMemcpyDeviceToHost));
-  size_t at = 0;
+  // The device block is laid out as DWGT is (each weight at a multiple of kDeviceWeightAlign):
+  // written out as it is, up to the last weight's end.
+  static_assert(kAlign == kDeviceWeightAlign);
+  size_t at = 0, end = 0;
   for (size_t i = 0; i < weight_sizes.size(); ++i) {
     copy.weights[i] = std::string_view(host).substr(at, weight_sizes[i]);
+    end = at + weight_sizes[i];
     at += align_up(weight_sizes[i]);
   }
-  return std::make_pair(write_device_plan(copy), write_device_weights(copy));
+  std::string dpln = write_device_plan(copy);
+  host.resize(end);
+  return std::make_pair(std::move(dpln), std::move(host));
 }
 
 Expected<std::unique_ptr<Session>> EngineImpl::new_session() {

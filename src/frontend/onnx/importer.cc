@@ -11,6 +11,7 @@
 #include "frontend/onnx/normalize.h"
 #include "frontend/onnx/onnx_tensor.h"
 #include "ops/infer.h"
+#include "support/mapped_file.h"
 
 namespace kiln {
 
@@ -24,8 +25,10 @@ std::string describe_proto_node(const onnx::NodeProto& n, int index) {
 
 class Importer {
  public:
-  Importer(Model& m, const ImportOptions& opt, std::string base_dir) : model_(m), opt_(opt) {
+  Importer(Model& m, const ImportOptions& opt, std::string base_dir, std::shared_ptr<const onnx::ModelProto> proto)
+      : model_(m), opt_(opt) {
     topt_.base_dir = std::move(base_dir);
+    topt_.owner = std::move(proto);
   }
 
   Status import(const onnx::ModelProto& p) {
@@ -53,6 +56,8 @@ class Importer {
       }
     }
     for (const auto& f : p.functions()) functions_[{f.domain(), f.name()}] = &f;
+    // Inlining rewrites graphs into temporary copies; their tensors must be copied, not viewed.
+    if (!functions_.empty()) topt_.owner = nullptr;
     model_.producer_name = p.producer_name();
     model_.producer_version = p.producer_version();
     model_.domain = p.domain();
@@ -189,7 +194,6 @@ class Importer {
   // Model-local functions are inlined: their nodes replace the call, with fresh value names.
   Status inline_functions(const onnx::GraphProto& in, onnx::GraphProto* out, int depth) {
     *out = in;
-    if (functions_.empty()) return Status::ok();
     bool changed = true;
     int rounds = 0;
     while (changed) {
@@ -242,8 +246,11 @@ class Importer {
     if (depth > opt_.max_subgraph_depth) {
       return KILN_ERROR(kInvalidModel, "subgraphs are nested more than {} deep", opt_.max_subgraph_depth);
     }
-    onnx::GraphProto gp;
-    KILN_RETURN_IF_ERROR(inline_functions(gp_in, &gp, depth));
+    // A graph calling model-local functions is rewritten into a copy (and tensors are then copied
+    // out of it, not viewed: see import()); otherwise it is read where it was parsed.
+    onnx::GraphProto inlined;
+    if (!functions_.empty()) KILN_RETURN_IF_ERROR(inline_functions(gp_in, &inlined, depth));
+    const onnx::GraphProto& gp = functions_.empty() ? gp_in : inlined;
     auto g = std::make_unique<Graph>();
     g->name = gp.name();
     g->parent = parent;
@@ -419,15 +426,17 @@ Expected<Model> import_onnx_bytes(const void* data, size_t size, const std::stri
   if (size > size_t(INT_MAX)) {
     return KILN_ERROR(kUnsupported, "the model file is {} bytes; protobuf files over 2 GB must keep weights as external data", size);
   }
-  onnx::ModelProto p;
+  // Shared: the initializers' large raw data is viewed in place, so the protobuf lives as long as
+  // any of them does.
+  auto p = std::make_shared<onnx::ModelProto>();
   google::protobuf::io::CodedInputStream cis(static_cast<const uint8_t*>(data), int(size));
   cis.SetRecursionLimit(4 * opt.max_subgraph_depth + 64);
-  if (!p.ParseFromCodedStream(&cis) || !cis.ConsumedEntireMessage()) {
+  if (!p->ParseFromCodedStream(&cis) || !cis.ConsumedEntireMessage()) {
     return KILN_ERROR(kInvalidModel, "not a valid ONNX protobuf (truncated or corrupt file, or nested too deeply)");
   }
   Model m;
-  Importer imp(m, opt, base_dir);
-  KILN_RETURN_IF_ERROR(imp.import(p));
+  Importer imp(m, opt, base_dir, p);
+  KILN_RETURN_IF_ERROR(imp.import(*p));
   KILN_RETURN_IF_ERROR(bind_input_shapes(*m.graph, opt.input_shapes));
   if (opt.infer) KILN_RETURN_IF_ERROR(infer_types(*m.graph));
   return m;
@@ -436,11 +445,10 @@ Expected<Model> import_onnx_bytes(const void* data, size_t size, const std::stri
 Expected<Model> import_onnx_file(const std::string& path, const ImportOptions& opt) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) return KILN_ERROR(kIo, "'{}' is a directory, not an ONNX file", path);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return KILN_ERROR(kIo, "cannot open '{}': {}", path, std::strerror(errno));
-  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  auto mapped = map_file(path);
+  if (!mapped) return KILN_ERROR(kIo, "cannot open '{}': {}", path, std::strerror(errno));
   fs::path dir = fs::path(path).parent_path();
-  auto m = import_onnx_bytes(bytes.data(), bytes.size(), dir.empty() ? "." : dir.string(), opt);
+  auto m = import_onnx_bytes((*mapped)->p, (*mapped)->size, dir.empty() ? "." : dir.string(), opt);
   if (!m) return m.status().with_context(path);
   m->source_path = path;
   return m;

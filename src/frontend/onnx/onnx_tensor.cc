@@ -213,6 +213,12 @@ Expected<Tensor> tensor_from_proto(const onnx::TensorProto& p, const TensorReadO
       return KILN_ERROR(kInvalidModel, "{} has {} values but its dims {} need {}", what, have, dims_to_string(dims), n);
     }
   }
+  // Large raw data is viewed where the protobuf holds it (aligned for any element type).
+  constexpr size_t kViewBytes = 4096;
+  if (opt.owner && !packed && p.has_raw_data() && *dt != DType::kString && p.raw_data().size() >= kViewBytes &&
+      reinterpret_cast<uintptr_t>(p.raw_data().data()) % 16 == 0) {
+    return Tensor::view(*dt, dims, std::const_pointer_cast<void>(opt.owner), const_cast<char*>(p.raw_data().data()));
+  }
   auto created = Tensor::create(*dt, dims);
   if (!created) return Status(created.status().code(), what + ": " + created.status().message());
   Tensor t = std::move(*created);

@@ -1,6 +1,7 @@
 // TensorProto <-> Tensor, with external data resolved inside the model's folder only.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "ir/tensor.h"
@@ -12,6 +13,9 @@ namespace kiln::onnx_io {
 struct TensorReadOptions {
   // Folder that external data paths are relative to; empty: external data is refused.
   std::string base_dir;
+  // What keeps the parsed protobuf alive: when set, large raw_data tensors view the protobuf's
+  // bytes instead of being copied (a 400 MB model is otherwise copied and zero-filled again).
+  std::shared_ptr<const void> owner;
 };
 
 // Converts a TensorProto; `what` names it in errors ("initializer 'w'").

@@ -249,12 +249,19 @@ Expected<std::string> write_engine_file(const nlohmann::json& meta, const Plan& 
     for (uint32_t f : s.frees) wplan.u32(f);
   }
 
+  const std::string meta_text = meta.dump();
   ByteWriter w;
+  // Reserved up front: a GPU engine's weights are hundreds of MB, and growing the buffer by
+  // doubling would copy them several times.
+  size_t total = kHeaderBytes + 8 + 6 * (kSectionHeaderBytes + kAlign) + text.size() + wtab.bytes().size() +
+                 wght.bytes().size() + wplan.bytes().size() + meta_text.size();
+  for (const auto& [tag, data] : extra) total += kSectionHeaderBytes + kAlign + data.size();
+  w.bytes().reserve(total);
   w.raw(kMagic, sizeof(kMagic));
   w.u32(kEngineFormatVersion);
   w.u32(0);
   w.u64(0);  // the size, patched below
-  section(w, "META", meta.dump());
+  section(w, "META", meta_text);
   section(w, "GRPH", text);
   section(w, "WTAB", wtab.bytes());
   section(w, "WGHT", wght.bytes());

@@ -57,6 +57,7 @@ examples: build
 	$(BUILD)/examples/classify models/efficientnet-lite0/model.onnx models/efficientnet-lite0/chelsea.npy \
 	  $(BUILD)/examples/efficientnet-lite0.kiln cpu
 	$(BUILD)/examples/load_engine $(BUILD)/examples/efficientnet-lite0.kiln 2
+	$(BUILD)/examples/load_engine_shared $(BUILD)/examples/efficientnet-lite0.kiln 1
 
 fuzz: $(DEPS_STAMP)
 	bash tests/fuzz/run.sh $(BUILD)-fuzz 60

@@ -28,7 +28,7 @@ nlohmann::json target_json(const cuda::TargetInfo& t) {
 void warn_cpu_nodes(const cuda::BuildReport& r) {
   std::vector<const cuda::NodePlacement*> cpu;
   for (const auto& n : r.nodes) {
-    if (n.placement == cuda::Placement::kCpu) cpu.push_back(&n);
+    if (n.placement == cuda::Placement::kHost) cpu.push_back(&n);
   }
   if (cpu.empty()) return;
   std::string list;

@@ -31,6 +31,30 @@ class Backend {
 
 std::unique_ptr<Backend> make_cpu_backend();
 
+// A backend that lowers a graph node by node into the steps of its plan (the CUDA backend). The
+// placer (runtime/placement.h) offers it each node in order and decides what happens to the nodes
+// it declines; the backend never calls the CPU kernels or the graph passes itself.
+class StepBackend {
+ public:
+  virtual ~StepBackend() = default;
+  virtual std::string_view name() const = 0;  // the report's column: "cuda"
+  // The node whose steps already cover n (an epilogue fused into a convolution, the views feeding
+  // a fused attention), or null.
+  virtual const Node* fused_into(const Node& n) const = 0;
+  // Values known at build time (initializers, and what the placer folded: set_constant).
+  virtual const Tensor* constant(const Value* v) const = 0;
+  virtual void set_constant(const Value* v, Tensor t) = 0;
+  struct Lowered {
+    bool alias = false;  // no work: n's outputs are views of its inputs
+    std::string impl;    // what n became, for the report
+  };
+  // Lowers n into steps; kUnsupported with the reason declines it, having emitted nothing.
+  virtual Expected<Lowered> lower(const Node& n) = 0;
+  // n as a host step of this backend's plan: inputs copied to the host, the CPU backend's kernel
+  // (run_node_on_cpu), outputs copied back. Called only for nodes the CPU backend supports.
+  virtual Status lower_host(const Node& n) = 0;
+};
+
 // One node on the CPU reference kernels (a plan's host steps run through this): `ins` per node
 // input (null: omitted); `outer` resolves values of n's graph that its subgraph bodies read.
 // Each output is checked against its inferred type.

@@ -446,7 +446,7 @@ Status run_case(const Case& c, cuda::Precision prec, uint64_t seed, double* err,
   }
   std::vector<bool> impl_seen(impls.size(), false);
   for (const auto& p : engine->report().nodes) {
-    if (p.placement == cuda::Placement::kCpu && !(c.fp32_on_cpu && prec == cuda::Precision::kFp32)) {
+    if (p.placement == cuda::Placement::kHost && !(c.fp32_on_cpu && prec == cuda::Precision::kFp32)) {
       return KILN_ERROR(kInternal, "{} ran on the CPU: {}", p.node, p.why);
     }
     for (size_t i = 0; i < impls.size(); ++i) impl_seen[i] = impl_seen[i] || p.impl.find(impls[i]) != std::string::npos;

@@ -7,23 +7,13 @@
 
 #include "backends/cuda/device.h"
 #include "backends/cuda/engine_impl.h"
+#include "backends/backend.h"
 #include "ops/op_registry.h"
-#include "passes/fold_constants.h"
+#include "runtime/placement.h"
 #include "runtime/memory_planner.h"
 #include "support/dtype.h"
 
 namespace kiln::cuda {
-
-std::string_view placement_name(Placement p) {
-  switch (p) {
-    case Placement::kCuda: return "cuda";
-    case Placement::kCpu: return "cpu";
-    case Placement::kFolded: return "folded";
-    case Placement::kAlias: return "alias";
-    case Placement::kPass: return "pass";
-  }
-  return "?";
-}
 
 bool gpu_available(std::string* reason) {
   static const DeviceInfo info = probe_device();
@@ -38,24 +28,10 @@ struct Stages {
   std::vector<DevValue> input_stage, output_stage;
 };
 
-constexpr int64_t kMaxFoldElements = int64_t(1) << 24;
-
 bool static_shape(const Value* v) {
   if (!v->type.is_tensor() || !v->type.shape) return false;
   for (const Dim& d : v->type.shape->dims) {
     if (!d.is_static()) return false;
-  }
-  return true;
-}
-
-// Evaluates n on the host when every input is known at build time (see passes/fold_constants).
-Expected<bool> try_fold(Lowering& L, const Node& n) {
-  std::vector<std::optional<Tensor>> outs;
-  auto known = [&L](const Value* v) { return L.constant(v); };
-  KILN_ASSIGN_OR_RETURN(bool folded, fold_node(n, known, kMaxFoldElements, &outs));
-  if (!folded) return false;
-  for (size_t i = 0; i < n.outputs.size(); ++i) {
-    if (n.outputs[i] && outs[i]) L.set_constant(n.outputs[i], std::move(*outs[i]));
   }
   return true;
 }
@@ -157,36 +133,48 @@ std::vector<DeviceIo> device_io(const std::vector<DevValue>& stages, const std::
   return r;
 }
 
-// What became of each node that graph passes removed (Graph::absorbed), and the kernel each node
-// fused at lowering ended in: every ONNX node of the model then has a line in the report.
-void add_provenance(const Graph& g, std::vector<NodePlacement>& nodes) {
-  std::map<std::string, std::string> impl_of;  // describe() -> implementation
-  for (const NodePlacement& p : nodes) {
-    if (p.impl != "fused") impl_of[p.node] = p.impl;
-  }
-  const std::string into = "into ";
-  for (NodePlacement& p : nodes) {  // lowering-fused nodes: their target's kernel
-    if (p.impl != "fused" || p.why.rfind(into, 0) != 0) continue;
-    auto it = impl_of.find(p.why.substr(into.size()));
-    if (it == impl_of.end()) continue;
-    p.impl = it->second;
-    p.why = "fused " + p.why;
-    impl_of[p.node] = p.impl;  // a graph pass's node may have been fused into this one
-  }
-  for (const Absorbed& a : g.absorbed) {
-    NodePlacement p{a.node, Placement::kPass, "-", ""};
-    if (a.into) {
-      std::string target = a.into->describe();
-      if (auto it = impl_of.find(target); it != impl_of.end()) p.impl = it->second;
-      p.why = fmt::format("fused by graph pass {} into {}", a.pass, target);
-    } else if (a.pass == "fold-constants") {
-      p.why = "evaluated at build time (fold-constants)";
+// The CUDA backend as the placer sees it (backends/backend.h): each node lowered by its family's
+// lowering (lower_*.cc) or by a multi-node pattern rooted at it; a decline leaves no step behind.
+class CudaStepBackend : public StepBackend {
+ public:
+  explicit CudaStepBackend(Lowering& L) : L_(L) {}
+  std::string_view name() const override { return "cuda"; }
+  const Node* fused_into(const Node& n) const override { return L_.fused_into(&n); }
+  const Tensor* constant(const Value* v) const override { return L_.constant(v); }
+  void set_constant(const Value* v, Tensor t) override { L_.set_constant(v, std::move(t)); }
+
+  Expected<Lowered> lower(const Node& n) override {
+    const size_t emitted = L_.steps.size();
+    Status s;
+    if (auto rp = L_.replacements.find(&n); rp != L_.replacements.end()) {
+      s = lower_replacement(L_, n, rp->second);
     } else {
-      p.why = fmt::format("removed by graph pass {} (no work left)", a.pass);
+      auto it = table_.find(n.op);
+      s = it == table_.end() ? KILN_ERROR(kUnsupported, "no CUDA lowering for {}", op_name(n.op)) : it->second(L_, n);
     }
-    nodes.push_back(std::move(p));
+    if (!s) {
+      // A lowering may decline after emitting a step of its own (a patch copy before the GEMM
+      // that then finds no algorithm): drop it, so the node's host step is its only work.
+      L_.steps.resize(emitted);
+      return s;
+    }
+    Lowered r;
+    r.alias = L_.steps.size() == emitted;
+    if (r.alias) r.impl = "no work (same buffer)";
+    const std::string prefix = n.describe() + ": ";
+    for (size_t i = emitted; i < L_.steps.size(); ++i) {  // every step the node became, in order
+      const std::string& lb = L_.steps[i].label;
+      r.impl += (r.impl.empty() ? "" : " + ") + (lb.rfind(prefix, 0) == 0 ? lb.substr(prefix.size()) : lb);
+    }
+    return r;
   }
-}
+
+  Status lower_host(const Node& n) override { return lower_on_cpu(L_, n); }
+
+ private:
+  Lowering& L_;
+  const std::map<OpKind, LowerFn>& table_ = lowering_table();
+};
 
 // Build-time handles and autotuning scratch, freed on every path.
 struct BuildResources {
@@ -207,48 +195,10 @@ Expected<DevicePlan> lower_graph(const Graph& g, const BuildOptions& opt) {
   KILN_CUDA_TRY(cudaMalloc(&L.build_workspace, opt.workspace_bytes));
   Stages e;
   KILN_RETURN_IF_ERROR(lower_inputs(L, e));
-  const auto& table = lowering_table();
   find_patterns(L);
-  for (const auto& up : g.nodes) {
-    const Node& n = *up;
-    if (L.is_fused(&n)) continue;
-    KILN_ASSIGN_OR_RETURN(bool folded, try_fold(L, n));
-    if (folded) {
-      L.place(&n, Placement::kFolded, "constant at build time");
-      continue;
-    }
-    if (auto rp = L.replacements.find(&n); rp != L.replacements.end()) {
-      KILN_RETURN_IF_ERROR(lower_replacement(L, n, rp->second));
-      L.place(&n, Placement::kCuda, L.steps.back().label.substr(n.describe().size() + 2));
-      continue;
-    }
-    auto it = table.find(n.op);
-    size_t placed = L.placements.size(), emitted = L.steps.size();
-    Status s = it == table.end() ? KILN_ERROR(kUnsupported, "no CUDA lowering for {}", op_name(n.op)) : it->second(L, n);
-    if (s) {
-      // Placed unless lowering placed it itself (mark_fused adds the placements of fused nodes).
-      bool self_placed = false;
-      for (size_t i = placed; i < L.placements.size(); ++i) self_placed = self_placed || L.placements[i].node == n.describe();
-      if (!self_placed) {
-        std::string impl;  // every step the node became, in order
-        for (size_t i = emitted; i < L.steps.size(); ++i) {
-          const std::string& lb = L.steps[i].label;
-          std::string prefix = n.describe() + ": ";
-          impl += (impl.empty() ? "" : " + ") + (lb.rfind(prefix, 0) == 0 ? lb.substr(prefix.size()) : lb);
-        }
-        if (L.steps.size() == emitted) L.place(&n, Placement::kAlias, "no work (same buffer)");
-        else L.place(&n, Placement::kCuda, impl);
-      }
-      continue;
-    }
-    if (s.code() != ErrorCode::kUnsupported) return s.with_context(n.describe());
-    // A lowering may decline after emitting a step of its own (a patch copy before the GEMM that
-    // then finds no algorithm): drop it, so the CPU kernel is the node's only work.
-    L.steps.resize(emitted);
-    L.placements.resize(placed);
-    KILN_RETURN_IF_ERROR(lower_on_cpu(L, n));
-    L.place(&n, Placement::kCpu, "cpu kernel", s.message());
-  }
+  CudaStepBackend backend(L);
+  static const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  KILN_ASSIGN_OR_RETURN(std::vector<NodePlacement> rows, place_nodes(g, backend, *cpu));
   KILN_RETURN_IF_ERROR(lower_outputs(L, e));
   drop_unread_steps(L, e);
 
@@ -261,7 +211,6 @@ Expected<DevicePlan> lower_graph(const Graph& g, const BuildOptions& opt) {
   for (auto& w : L.weight_data) dp.weight_store.emplace_back(w.begin(), w.end());
   L.weight_data.clear();
   dp.view_store();
-  std::vector<NodePlacement> rows = L.placements;
   add_provenance(g, rows);
   for (NodePlacement& r : rows) dp.placements.push_back({r.node, uint8_t(r.placement), r.impl, r.why});
   return dp;

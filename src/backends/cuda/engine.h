@@ -19,6 +19,7 @@
 
 #include "ir/graph.h"
 #include "kiln/engine.h"
+#include "runtime/placement.h"
 
 namespace kiln::cuda {
 
@@ -58,24 +59,10 @@ struct IoBuffer {
   bool on_device = false;
 };
 
-// Where one ONNX node's work went.
-enum class Placement {
-  kCuda,    // steps on the GPU (its own, or fused into another node's)
-  kCpu,     // the CPU kernel, because the CUDA backend declined the node
-  kFolded,  // evaluated once at build time
-  kAlias,   // no work: the output is the input's buffer
-  kPass,    // removed or fused by a graph pass before lowering
-};
-// "cuda", "cpu", "folded", "alias", "pass": the first column of the `kiln build --report` table.
-std::string_view placement_name(Placement p);
-
-// Where one ONNX node ended up and why.
-struct NodePlacement {
-  std::string node;  // Node::describe()
-  Placement placement = Placement::kCuda;
-  std::string impl;  // "cublasLt fp16 bias+gelu", "cudnn conv NHWC algo 1 +bias+relu", "kernel softmax"
-  std::string why;   // for cpu: why the CUDA backend declined it; for fused nodes: into what
-};
+// Where each ONNX node's work went (runtime/placement.h): kDevice is this backend ("cuda"),
+// kHost a host step on the CPU backend's kernel.
+using ::kiln::NodePlacement;
+using ::kiln::Placement;
 
 struct BuildReport {
   std::vector<NodePlacement> nodes;

@@ -263,14 +263,7 @@ int Lowering::node_index(const Node* n) const {
   return it == node_index_.end() ? -1 : it->second;
 }
 
-void Lowering::mark_fused(const Node* n, const Node* into) {
-  fused_[n] = into;
-  place(n, Placement::kCuda, "fused", "into " + into->describe());
-}
-
-void Lowering::place(const Node* n, Placement where, std::string impl, std::string why) {
-  placements.push_back({n->describe(), where, std::move(impl), std::move(why)});
-}
+void Lowering::mark_fused(const Node* n, const Node* into) { fused_[n] = into; }
 
 const std::map<OpKind, LowerFn>& lowering_table() {
   static const std::map<OpKind, LowerFn> table = [] {

@@ -145,19 +145,17 @@ class Lowering {
   // Whether the last emitted step triggers its dependents early (Step::triggers_dependents): a
   // kernel emitted now gains from programmatic serialization, if it waits before its first access.
   bool follows_trigger() const { return !steps.empty() && steps.back().triggers_dependents; }
-  void mark_fused(const Node* n, const Node* into);  // n needs no step of its own
+  void mark_fused(const Node* n, const Node* into);  // n needs no step of its own (into's cover it)
   bool is_fused(const Node* n) const { return fused_.count(n) != 0; }
   const Node* fused_into(const Node* n) const {
     auto it = fused_.find(n);
     return it == fused_.end() ? nullptr : it->second;
   }
-  void place(const Node* n, Placement where, std::string impl, std::string why = "");
 
   // Results, read by the engine after lowering.
   std::vector<Step> steps;
   std::vector<size_t> buffer_bytes;        // per arena buffer id
   std::vector<std::vector<char>> weight_data;  // per weight id, host bytes to upload
-  std::vector<NodePlacement> placements;
   std::unordered_map<const Value*, DevValue> values;
   // Graph inputs converted to the build's dtype by a first step: the value as the host staged it
   // (a lowering that reads it directly, like the f32 image of space-to-depth, saves the pass).

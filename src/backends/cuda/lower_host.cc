@@ -102,10 +102,8 @@ Expected<StepFn> bind_host_op(Params& in, BindCtx& bc) {
 
 }  // namespace
 
+// The placer has checked that the CPU backend supports n.
 Status lower_on_cpu(Lowering& L, const Node& n) {
-  static const std::unique_ptr<Backend> cpu = make_cpu_backend();
-  std::string why;
-  if (!cpu->supports(n, &why)) return KILN_ERROR(kUnsupported, "{}: no backend can run it ({})", n.describe(), why);
   if (has_subgraph(n)) {
     return KILN_ERROR(kUnsupported, "{}: control flow (subgraphs) is not supported by the CUDA engine yet",
                       n.describe());

@@ -403,7 +403,9 @@ Status EngineImpl::finish() {
   rep.load_phases = fmt::format("{}weights {:.1f} MiB uploaded in {:.1f} ms, cuDNN and cuBLASLt handles {:.1f} ms, {} steps "
                                 "bound in {:.1f} ms", context, double(weights) / (1 << 20), upload_ms, handles_ms,
                                 plan.steps.size(), bind_ms);
-  for (const DevicePlacement& d : plan.placements) rep.nodes.push_back({d.node, Placement(d.placement), d.impl, d.why});
+  for (const DevicePlacement& d : plan.placements) {
+    rep.nodes.push_back(NodePlacement{d.node, Placement(d.placement), d.impl, d.why});
+  }
   rep.precision = std::string(precision_name(opt.precision));
   rep.weight_bytes = weights;
   rep.arena_peak = plan.arena_peak;
@@ -455,9 +457,9 @@ std::string BuildReport::to_text() const {
   int gpu = 0, cpu = 0, folded = 0, pass = 0;
   for (const NodePlacement& n : nodes) {
     switch (n.placement) {
-      case Placement::kCuda:
+      case Placement::kDevice:
       case Placement::kAlias: ++gpu; break;
-      case Placement::kCpu: ++cpu; break;
+      case Placement::kHost: ++cpu; break;
       case Placement::kFolded: ++folded; break;
       case Placement::kPass: ++pass; break;
     }

@@ -1,0 +1,95 @@
+// The placer (placement.h).
+#include "runtime/placement.h"
+
+#include <map>
+
+#include "backends/backend.h"
+#include "passes/fold_constants.h"
+
+namespace kiln {
+
+namespace {
+
+// Outputs over this many elements stay computed at run time (a fold would trade a cheap op for a
+// large weight); fold-constants uses the same bound.
+constexpr int64_t kMaxFoldElements = int64_t(1) << 24;
+
+}  // namespace
+
+std::string placement_name(Placement p, std::string_view device) {
+  switch (p) {
+    case Placement::kDevice: return std::string(device);
+    case Placement::kHost: return "cpu";
+    case Placement::kFolded: return "folded";
+    case Placement::kAlias: return "alias";
+    case Placement::kPass: return "pass";
+  }
+  return "?";
+}
+
+Expected<std::vector<NodePlacement>> place_nodes(const Graph& g, StepBackend& device, const Backend& host) {
+  std::vector<NodePlacement> rows;
+  auto known = [&device](const Value* v) { return device.constant(v); };
+  for (const auto& up : g.nodes) {
+    const Node& n = *up;
+    if (const Node* into = device.fused_into(n)) {
+      rows.push_back({n.describe(), Placement::kDevice, "fused", "into " + into->describe()});
+      continue;
+    }
+    // Known inputs: evaluated now, on the CPU backend's kernels (passes/fold_constants.h).
+    std::vector<std::optional<Tensor>> outs;
+    KILN_ASSIGN_OR_RETURN(bool folded, fold_node(n, known, kMaxFoldElements, &outs));
+    if (folded) {
+      for (size_t i = 0; i < n.outputs.size(); ++i) {
+        if (n.outputs[i] && outs[i]) device.set_constant(n.outputs[i], std::move(*outs[i]));
+      }
+      rows.push_back({n.describe(), Placement::kFolded, "constant at build time", ""});
+      continue;
+    }
+    Expected<StepBackend::Lowered> low = device.lower(n);
+    if (low) {
+      rows.push_back({n.describe(), low->alias ? Placement::kAlias : Placement::kDevice, low->impl, ""});
+      continue;
+    }
+    if (low.status().code() != ErrorCode::kUnsupported) return low.status().with_context(n.describe());
+    std::string why;
+    if (!host.supports(n, &why)) {
+      return KILN_ERROR(kUnsupported, "{}: no backend can run it ({}: {}; {}: {})", n.describe(), device.name(),
+                        low.status().message(), host.name(), why);
+    }
+    KILN_RETURN_IF_ERROR(device.lower_host(n));
+    rows.push_back({n.describe(), Placement::kHost, "cpu kernel", low.status().message()});
+  }
+  return rows;
+}
+
+void add_provenance(const Graph& g, std::vector<NodePlacement>& nodes) {
+  std::map<std::string, std::string> impl_of;  // describe() -> implementation
+  for (const NodePlacement& p : nodes) {
+    if (p.impl != "fused") impl_of[p.node] = p.impl;
+  }
+  const std::string into = "into ";
+  for (NodePlacement& p : nodes) {  // nodes fused at lowering: their target's kernel
+    if (p.impl != "fused" || p.why.rfind(into, 0) != 0) continue;
+    auto it = impl_of.find(p.why.substr(into.size()));
+    if (it == impl_of.end()) continue;
+    p.impl = it->second;
+    p.why = "fused " + p.why;
+    impl_of[p.node] = p.impl;  // a graph pass's node may have been fused into this one
+  }
+  for (const Absorbed& a : g.absorbed) {
+    NodePlacement p{a.node, Placement::kPass, "-", ""};
+    if (a.into) {
+      std::string target = a.into->describe();
+      if (auto it = impl_of.find(target); it != impl_of.end()) p.impl = it->second;
+      p.why = fmt::format("fused by graph pass {} into {}", a.pass, target);
+    } else if (a.pass == "fold-constants") {
+      p.why = "evaluated at build time (fold-constants)";
+    } else {
+      p.why = fmt::format("removed by graph pass {} (no work left)", a.pass);
+    }
+    nodes.push_back(std::move(p));
+  }
+}
+
+}  // namespace kiln

@@ -265,6 +265,15 @@ int Lowering::node_index(const Node* n) const {
 
 void Lowering::mark_fused(const Node* n, const Node* into) { fused_[n] = into; }
 
+std::string_view act_name(Act a) {
+  switch (a) {
+    case Act::kNone: return "";
+    case Act::kRelu: return "relu";
+    case Act::kGelu: return "gelu";
+  }
+  return "?";
+}
+
 const std::map<OpKind, LowerFn>& lowering_table() {
   static const std::map<OpKind, LowerFn> table = [] {
     std::map<OpKind, LowerFn> t;

@@ -216,9 +216,13 @@ struct GemmShape {
   int64_t batch = 1, stride_a = 0, stride_b = 0, stride_d = 0;  // elements
 };
 
+// The activation a GEMM or convolution applies in its epilogue.
+enum class Act { kNone, kRelu, kGelu };
+std::string_view act_name(Act a);  // "", "relu", "gelu"
+
 struct Epilogue {
   const DevValue* bias = nullptr;  // [n] in the output dtype
-  std::string act;                 // "", "relu", "gelu"
+  Act act = Act::kNone;
   const DevValue* c = nullptr;     // full [m,n] addend (Gemm's C), scaled by beta
   float alpha = 1, beta = 0;
 };

@@ -643,7 +643,7 @@ Status lower_conv(Lowering& L, const Node& n) {
       bv.dt = *dt;
       ep.bias = &bv;
     }
-    if (relu) ep.act = "relu";
+    if (relu) ep.act = Act::kRelu;
     if (z) {
       ep.c = z;
       ep.beta = 1;

@@ -249,10 +249,12 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
                                                                                           : CUBLAS_COMPUTE_32F;
   cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
   if (ep.bias) {
-    epi = ep.act == "relu" ? CUBLASLT_EPILOGUE_RELU_BIAS : ep.act == "gelu" ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
-  } else if (ep.act == "relu") {
+    epi = ep.act == Act::kRelu ? CUBLASLT_EPILOGUE_RELU_BIAS
+          : ep.act == Act::kGelu ? CUBLASLT_EPILOGUE_GELU_BIAS
+                                 : CUBLASLT_EPILOGUE_BIAS;
+  } else if (ep.act == Act::kRelu) {
     epi = CUBLASLT_EPILOGUE_RELU;
-  } else if (ep.act == "gelu") {
+  } else if (ep.act == Act::kGelu) {
     epi = CUBLASLT_EPILOGUE_GELU;
   }
   KILN_ASSIGN_OR_RETURN(LtDescs lt, make_lt_descs(L.keep_alive, dt, ct, s, epi));
@@ -273,7 +275,7 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
                                  dt == k::DT::kF32 ? "fp32" : dt == k::DT::kF16 ? "fp16" : "bf16", s.m, s.n, s.k,
                                  s.batch > 1 ? fmt::format(" batch={}", s.batch) : "", has_bias ? " +bias" : "",
                                  ep.c ? (ep.beta == 1.0f && ep.alpha == 1.0f ? " +residual" : " +C") : "",
-                                 ep.act.empty() ? "" : " +" + ep.act) +
+                                 ep.act == Act::kNone ? "" : " +" + std::string(act_name(ep.act))) +
                      " (" + describe_algo(algo) +
                      (lt_ms > 0 ? fmt::format(", {:.1f} us{}", 1000.0f * lt_ms, lost) : "") + ")";
   ByteWriter w;
@@ -414,7 +416,7 @@ bool erf_gelu_as_tanh(k::DT dt) { return dt == k::DT::kF16 || dt == k::DT::kBF16
 // half-precision builds, see erf_gelu_as_tanh).
 const Value* fuse_activation(Lowering& L, const Value* out, k::DT dt, Epilogue& ep, std::vector<const Node*>& fused) {
   if (const Node* act = next_op(L, out, OpKind::kRelu)) {
-    ep.act = "relu";
+    ep.act = Act::kRelu;
     fused.push_back(act);
     return act->outputs[0];
   }
@@ -424,7 +426,7 @@ const Value* fuse_activation(Lowering& L, const Value* out, k::DT dt, Epilogue& 
   const Value* gin = reshape && !L.is_graph_output(reshape->outputs[0]) ? reshape->outputs[0] : out;
   if (const Node* g = next_op(L, gin, OpKind::kGelu)) {
     if (g->attr_string("approximate", "none") != "tanh" && !erf_gelu_as_tanh(dt)) return out;
-    ep.act = "gelu";
+    ep.act = Act::kGelu;
     if (gin != out) fused.push_back(reshape);
     fused.push_back(g);
     return g->outputs[0];

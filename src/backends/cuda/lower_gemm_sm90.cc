@@ -27,7 +27,8 @@ namespace kiln::cuda {
 namespace {
 
 // 0 none, 2 gelu (the kernel's two epilogue activations); -1 for anything else.
-int act_code(const std::string& act) { return act.empty() ? 0 : act == "gelu" ? 2 : -1; }
+// The kernel's activation code (kernels.h GemmSm90Args::act); -1: it has none for a.
+int act_code(Act a) { return a == Act::kNone ? 0 : a == Act::kGelu ? 2 : -1; }
 
 // The weight as B[K,N] row-major in the device dtype: a MatMul's [K,N] constant as it is, a Gemm
 // with transB's [N,K] transposed on the host once per weight.
@@ -114,7 +115,7 @@ Expected<bool> try_emit_gemm_sm90(Lowering& L, const Node& n, const DevValue* a,
                                  "launch; {:.1f} us{})",
                                  dt == k::DT::kF16 ? "fp16" : "bf16", s.m, s.n, s.k, has_bias ? " +bias" : "",
                                  has_c ? (ep.beta == 1.0f && ep.alpha == 1.0f ? " +residual" : " +C") : "",
-                                 ep.act.empty() ? "" : " +" + ep.act, bn, 1000.0f * ms,
+                                 ep.act == Act::kNone ? "" : " +" + std::string(act_name(ep.act)), bn, 1000.0f * ms,
                                  lt_ms > 0 ? fmt::format(" vs cuBLASLt {:.1f} us", 1000.0f * lt_ms) : "");
   ByteWriter w;
   w.put(int32_t(dt));

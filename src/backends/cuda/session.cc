@@ -372,6 +372,10 @@ Status EngineImpl::finish() {
       return Status(st.code(), fmt::format("uploading {:.1f} MiB of weights: {}", double(weights) / (1 << 20), st.message()));
     }
   }
+  // The padding between weights is zeroed too: serialize() writes the block out as it is, and an
+  // engine file's bytes must not depend on what the allocation held before (compute-sanitizer's
+  // initcheck found them uninitialized).
+  if (weights > 0) KILN_CUDA_TRY(cudaMemset(weight_block, 0, weights));
   char* p = static_cast<char*>(weight_block);
   for (std::string_view w : plan.weights) {
     weight_ptrs.push_back(p);

@@ -193,6 +193,9 @@ Expected<DevicePlan> lower_graph(const Graph& g, const BuildOptions& opt) {
   KILN_CUDA_TRY(cudnnCreate(&L.dnn));
   KILN_CUDA_TRY(cublasLtCreate(&L.lt));
   KILN_CUDA_TRY(cudaMalloc(&L.build_workspace, opt.workspace_bytes));
+  // Zeroed, as each session's workspace is: cuBLASLt's split-K reduction reads workspace bytes its
+  // GEMM did not write (compute-sanitizer's initcheck), and timing should not depend on them.
+  KILN_CUDA_TRY(cudaMemset(L.build_workspace, 0, opt.workspace_bytes));
   Stages e;
   KILN_RETURN_IF_ERROR(lower_inputs(L, e));
   find_patterns(L);

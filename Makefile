@@ -7,7 +7,7 @@ CMAKE_ARGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 ONNX123    := $(BUILD)/onnx-1.23-node
 DEPS_STAMP := $(BUILD)/.deps-stamp
 
-.PHONY: all deps build demo test unit conformance errors engines examples fuzz clean
+.PHONY: all deps build demo test unit conformance errors engines examples fuzz test-sanitize clean
 
 all: build
 
@@ -58,6 +58,12 @@ examples: build
 	  $(BUILD)/examples/efficientnet-lite0.kiln cpu
 	$(BUILD)/examples/load_engine $(BUILD)/examples/efficientnet-lite0.kiln 2
 	$(BUILD)/examples/load_engine_shared $(BUILD)/examples/efficientnet-lite0.kiln 1
+
+# ASan + UBSan over the unit tests, pass goldens, bad-input and engine-file suites and the
+# conformance suites (CPU code; tests/sanitize/run.sh). Not part of `make test` (its build alone
+# takes longer than the rest of the suite on 2 cores).
+test-sanitize: $(DEPS_STAMP) $(ONNX123)/.stamp
+	bash tests/sanitize/run.sh $(BUILD)-asan
 
 fuzz: $(DEPS_STAMP)
 	bash tests/fuzz/run.sh $(BUILD)-fuzz 60

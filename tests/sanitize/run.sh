@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The sanitizer lane (`make test-sanitize`): kiln built with clang, AddressSanitizer and
+# UndefinedBehaviorSanitizer (-fno-sanitize-recover=all: the first report fails the run), then
+#   - the unit tests (with the pass goldens, tests/passes, which they read),
+#   - the bad-input suite (tests/error) and the engine-file suite (tests/engine) against the
+#     sanitized CLI,
+#   - the conformance suites on the CPU backend through the default pass pipeline
+#     (CONFORMANCE=all, the default; CONFORMANCE=sample runs the ONNX 1.12 suites only).
+# CPU code only (KILN_CUDA=OFF): the CUDA kernels get compute-sanitizer on the GPU machine
+# (bench/sanitize-gpu.sh). Any sanitizer report makes the step that hit it fail, and the lane
+# exits non-zero; reports are in BUILD_DIR/*.log.
+#
+#   bash tests/sanitize/run.sh [BUILD_DIR]       (default build-asan; reuses its build)
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+BUILD="${1:-build-asan}"
+case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
+CXX_BIN="${CXX:-clang++}"
+if ! "$CXX_BIN" --version 2>/dev/null | grep -qi clang; then
+  echo "sanitize: needs clang++ (apt-get install clang); CXX=$CXX_BIN is not clang" >&2
+  exit 2
+fi
+JOBS="${JOBS:-$(nproc)}"
+SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+mkdir -p "$BUILD"
+cmake -S "$ROOT" -B "$BUILD" -DCMAKE_CXX_COMPILER="$CXX_BIN" -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_CXX_FLAGS="$SAN" -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DCMAKE_EXE_LINKER_FLAGS="$SAN" \
+  -DCMAKE_SHARED_LINKER_FLAGS="$SAN" -DKILN_CUDA=OFF >"$BUILD/sanitize-configure.log" 2>&1 || {
+  cat "$BUILD/sanitize-configure.log" >&2
+  echo "sanitize: cmake configure failed" >&2
+  exit 2
+}
+cmake --build "$BUILD" --target kiln kiln_unit_tests kiln_conformance -j "$JOBS" >"$BUILD/sanitize-build.log" 2>&1 || {
+  tail -30 "$BUILD/sanitize-build.log" >&2
+  echo "sanitize: build failed (log: $BUILD/sanitize-build.log)" >&2
+  exit 2
+}
+
+# Reports abort the process with a non-zero exit, which each suite counts as a failure.
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1:symbolize=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:symbolize=1}"
+status=0
+step() {  # step NAME COMMAND...: runs it, its output to BUILD/NAME.log, and says how it went
+  local name=$1
+  shift
+  local t0=$SECONDS
+  "$@" >"$BUILD/$name.log" 2>&1
+  local rc=$?
+  local reports
+  reports=$(grep -cE "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:" "$BUILD/$name.log")
+  echo "sanitize: $name: exit $rc, $reports sanitizer report(s), $((SECONDS - t0)) s ($(tail -1 "$BUILD/$name.log"))"
+  if [[ $rc -ne 0 || $reports -ne 0 ]]; then
+    status=1
+    grep -m 5 -A 12 -E "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:" "$BUILD/$name.log"
+  fi
+}
+step unit bash -c "cd '$BUILD' && ctest --output-on-failure -j '$JOBS'"
+step errors bash tests/error/run.sh "$BUILD/kiln"
+step engines bash tests/engine/run.sh "$BUILD/kiln"
+ONNX123="$ROOT/build/onnx-1.23-node"
+if [[ "${CONFORMANCE:-all}" == all && -f "$ONNX123/.stamp" ]]; then
+  step conformance "$BUILD/tests/kiln_conformance" --onnx-1.23-node "$ONNX123" --jobs "$JOBS" --pipeline \
+    --check-targets tests/conformance/targets.txt
+else
+  step conformance "$BUILD/tests/kiln_conformance" --jobs "$JOBS" --pipeline
+fi
+if [[ $status -eq 0 ]]; then echo "make test-sanitize: no sanitizer reports"; fi
+exit $status

@@ -7,7 +7,7 @@ CMAKE_ARGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 ONNX123    := $(BUILD)/onnx-1.23-node
 DEPS_STAMP := $(BUILD)/.deps-stamp
 
-.PHONY: all deps build demo test unit conformance errors engines examples fuzz test-sanitize clean
+.PHONY: all deps build demo test unit conformance errors engines examples fuzz fuzz-long test-sanitize clean
 
 all: build
 
@@ -67,6 +67,11 @@ test-sanitize: $(DEPS_STAMP) $(ONNX123)/.stamp
 
 fuzz: $(DEPS_STAMP)
 	bash tests/fuzz/run.sh $(BUILD)-fuzz 60
+
+# Every fuzz target for SECONDS each (default 600), with the grown corpora kept in build-fuzz.
+SECONDS ?= 600
+fuzz-long: $(DEPS_STAMP)
+	bash tests/fuzz/run.sh $(BUILD)-fuzz $(SECONDS) each
 
 test: unit conformance errors engines examples fuzz
 	@echo "make test: all checks passed"

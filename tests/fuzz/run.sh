@@ -2,9 +2,11 @@
 # Build and run the libFuzzer targets: the ONNX importer and graph passes
 # (tests/fuzz/fuzz_import.cc), the .npy reader that `kiln run --input` uses
 # (tests/fuzz/fuzz_npy.cc), models run on the CPU backend (tests/fuzz/fuzz_run.cc), and the engine
-# file loader (tests/fuzz/fuzz_engine.cc, seeded from tests/fuzz/corpus-engine).
+# file loader (tests/fuzz/fuzz_engine.cc, seeded from tests/fuzz/corpus-engine) and the IR text
+# parser (tests/fuzz/fuzz_ir_text.cc, seeded with the pass goldens' graphs).
 #
-#   bash tests/fuzz/run.sh [BUILD_DIR] [SECONDS]      (make fuzz: BUILD_DIR=build-fuzz, 60 s)
+#   bash tests/fuzz/run.sh [BUILD_DIR] [SECONDS] [each]  (make fuzz: build-fuzz, 60 s; make
+#                                                        fuzz-long SECONDS=N: N s for every target)
 #
 # Configures BUILD_DIR with clang and ASan+UBSan+libFuzzer instrumentation, builds only the fuzz
 # targets, seeds the importer's corpus from Debian's libonnx-testdata and the reader's with .npy
@@ -34,6 +36,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 BUILD="${1:-build-fuzz}"
 DURATION="${2:-60}"
+MODE="${3:-}"  # "each": every target fuzzes for SECONDS (make fuzz-long); default: the others a quarter
 case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
 if ! [[ "$DURATION" =~ ^[0-9]+$ ]]; then
   echo "usage: $0 [BUILD_DIR] [SECONDS]" >&2
@@ -61,8 +64,8 @@ cmake -S "$ROOT" -B "$BUILD" \
   echo "fuzz: cmake configure failed (log: $BUILD/fuzz-configure.log)" >&2
   exit 2
 }
-cmake --build "$BUILD" --target kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run kiln_fuzz_engine -j "$(nproc)"
-for t in kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run kiln_fuzz_engine; do
+cmake --build "$BUILD" --target kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run kiln_fuzz_engine kiln_fuzz_ir_text -j "$(nproc)"
+for t in kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run kiln_fuzz_engine kiln_fuzz_ir_text; do
   [[ -x "$BUILD/tests/$t" ]] || { echo "fuzz: $BUILD/tests/$t was not built" >&2; exit 2; }
 done
 
@@ -211,6 +214,23 @@ fuzz_target() {
 NPY_CORPUS="$BUILD/npy-corpus" RUN_CORPUS="$BUILD/run-corpus" ENGINE_CORPUS="$BUILD/engine-corpus"
 mkdir -p "$NPY_CORPUS" "$RUN_CORPUS" "$ENGINE_CORPUS"
 QUARTER=$(( DURATION / 4 > 5 ? DURATION / 4 : 5 ))
+[[ "$MODE" == each ]] && QUARTER=$DURATION
+# IR text seeds: every graph of the pass goldens, one file each.
+IR_SEEDS="$BUILD/ir-seeds" IR_CORPUS="$BUILD/ir-corpus"
+rm -rf "$IR_SEEDS"
+mkdir -p "$IR_SEEDS" "$IR_CORPUS"
+python3 - "$ROOT/tests/passes" "$IR_SEEDS" <<'PY'
+import os, re, sys
+src, out = sys.argv[1:3]
+n = 0
+for name in sorted(os.listdir(src)):
+    if not name.endswith(".kir"):
+        continue
+    text = open(os.path.join(src, name)).read()
+    for m in re.finditer(r"^graph .*?^}$", text, re.S | re.M):
+        n += 1
+        open(os.path.join(out, f"{name[:-4]}_{n}.kir"), "w").write(m.group(0) + "\n")
+PY
 status=0
 fuzz_target kiln_fuzz_import "$DURATION" "$ARTIFACTS" "$BUILD/fuzz.log" "$CORPUS" "$SEEDS" "${EXTRA_CORPORA[@]}" || status=1
 fuzz_target kiln_fuzz_npy "$QUARTER" "$BUILD/artifacts-npy" "$BUILD/fuzz-npy.log" "$NPY_CORPUS" "$NPY_SEEDS" || status=1
@@ -218,4 +238,5 @@ fuzz_target kiln_fuzz_run "$QUARTER" "$BUILD/artifacts-run" "$BUILD/fuzz-run.log
   "${EXTRA_CORPORA[@]}" || status=1
 fuzz_target kiln_fuzz_engine "$QUARTER" "$BUILD/artifacts-engine" "$BUILD/fuzz-engine.log" "$ENGINE_CORPUS" \
   "$ROOT/tests/fuzz/corpus-engine" || status=1
+fuzz_target kiln_fuzz_ir_text "$QUARTER" "$BUILD/artifacts-ir" "$BUILD/fuzz-ir.log" "$IR_CORPUS" "$IR_SEEDS" || status=1
 exit "$status"

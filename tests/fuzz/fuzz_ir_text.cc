@@ -1,0 +1,25 @@
+// libFuzzer target for kiln's IR text parser (docs/ir.md): bytes -> parse_graph. Graphs come in as
+// text from users (`--dump-ir-after`, pass goldens) and inside every engine file (GRPH). An error
+// Status is a fine answer; a crash, sanitizer report or hang is a finding. A graph that parses and
+// verifies must print and parse again (the printer and parser agree on everything they accept).
+//
+//   bash tests/fuzz/run.sh build-fuzz 60     (make fuzz; this target gets a quarter of the time)
+//   build-fuzz/tests/kiln_fuzz_ir_text FILE   (replay one input)
+//
+// Seeds: each graph of the pass goldens (tests/passes/*.kir), split by run.sh.
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "ir/text.h"
+#include "ir/verifier.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  std::string_view text(reinterpret_cast<const char*>(data), size);
+  auto g = kiln::parse_graph(text);
+  if (!g) return 0;
+  if (!kiln::verify_graph(**g)) return 0;
+  std::string printed = kiln::print_graph(**g);
+  if (!kiln::parse_graph(printed)) __builtin_trap();  // a verified graph the parser refuses once printed
+  return 0;
+}

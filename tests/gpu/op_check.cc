@@ -8,6 +8,8 @@
 //
 //   kiln_gpu_op_check [--seed S] [--filter SUBSTRING] [--precision fp32|fp16|bf16|all]
 // Prints one line per (case, precision) and then `N passed, M failed`; exit 1 on any failure.
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -568,6 +570,105 @@ Status check_shared_weights(uint64_t seed) {
   return Status::ok();
 }
 
+// Resources are released (issue 30 item 4): 1,000 sessions created, run and destroyed, then 20
+// engines (with convolutions, so cuDNN handles too) built and destroyed, leave the device's free
+// memory and the process's resident host memory where they were after the first of each (a stream,
+// event, handle, graph or arena kept alive per session or engine would show).
+Status check_session_churn(uint64_t seed) {
+  Rng rng{std::mt19937_64(seed)};
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, graph_with_weights(
+      "graph g(%x: f32[2,8,16,16], %w: f32[8,8,3,3], %m: f32[256,64]) {\n"
+      " %c = Conv(%x, %w) {pads = [1, 1, 1, 1]} : f32[2,8,16,16]\n %r = Relu(%c) : f32[2,8,16,16]\n"
+      " %s = const dense<i64[2]> [16, 256]\n %f = Reshape(%r, %s) : f32[16,256]\n %y = MatMul(%f, %m) : f32[16,64]\n"
+      " return %y\n}", rng));
+  auto free_bytes = []() -> Expected<size_t> {
+    size_t free = 0, total = 0;
+    KILN_CUDA_TRY(cudaMemGetInfo(&free, &total));
+    return free;
+  };
+  auto rss_mib = [] {
+    long pages = 0, resident = 0;
+    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+      std::fclose(f);
+    }
+    return double(resident) * double(sysconf(_SC_PAGESIZE)) / double(1 << 20);
+  };
+  std::vector<Data> inputs;
+  for (const Value* v : g->inputs) inputs.emplace_back(rng.random(v->type.dtype, static_dims(v), 0));
+  cuda::BuildOptions bo;
+  bo.precision = cuda::Precision::kFp16;
+  bo.workspace_bytes = size_t(4) << 20;
+  KILN_ASSIGN_OR_RETURN(auto engine, cuda::Engine::build(*g, bo));
+  size_t free0 = 0;
+  double rss0 = 0;
+  std::string trace;  // host RSS and device use after 100, 300 and 1,000 sessions: linear growth is a leak
+  for (int i = 0; i < 1000; ++i) {
+    KILN_ASSIGN_OR_RETURN(auto session, engine->new_session());
+    KILN_ASSIGN_OR_RETURN(auto out, session->run(inputs));
+    session.reset();
+    if (i == 0) {
+      KILN_ASSIGN_OR_RETURN(free0, free_bytes());
+      rss0 = rss_mib();
+    }
+    if (i == 99 || i == 299 || i == 999) {
+      KILN_ASSIGN_OR_RETURN(size_t f, free_bytes());
+      trace += fmt::format(" {}: host {:+.1f} device {:+.1f};", i + 1, rss_mib() - rss0,
+                           (double(free0) - double(f)) / double(1 << 20));
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(size_t free1, free_bytes());
+  const double rss1 = rss_mib();
+  engine.reset();
+  // Which part grows, when something does: sessions without CUDA graphs, and of an engine with no
+  // convolution (no cuDNN handle), 300 each.
+  for (int variant = 0; variant < 2; ++variant) {
+    cuda::BuildOptions vo = bo;
+    vo.cuda_graph = variant != 0;
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> vg, variant == 0 ? graph_with_weights(
+        "graph g(%x: f32[2,8,16,16], %w: f32[8,8,3,3], %m: f32[256,64]) {\n"
+        " %c = Conv(%x, %w) {pads = [1, 1, 1, 1]} : f32[2,8,16,16]\n %r = Relu(%c) : f32[2,8,16,16]\n"
+        " %s = const dense<i64[2]> [16, 256]\n %f = Reshape(%r, %s) : f32[16,256]\n %y = MatMul(%f, %m) : f32[16,64]\n"
+        " return %y\n}", rng) : mlp_graph(rng));
+    std::vector<Data> vin;
+    for (const Value* v : vg->inputs) vin.emplace_back(rng.random(v->type.dtype, static_dims(v), 0));
+    KILN_ASSIGN_OR_RETURN(auto ve, cuda::Engine::build(*vg, vo));
+    double r0 = 0;
+    for (int i = 0; i < 300; ++i) {
+      KILN_ASSIGN_OR_RETURN(auto session, ve->new_session());
+      KILN_ASSIGN_OR_RETURN(auto out, session->run(vin));
+      if (i == 0) r0 = rss_mib();
+    }
+    trace += fmt::format(" 300 sessions {}: host {:+.1f};", variant == 0 ? "without graphs" : "of an MLP (no cuDNN)",
+                         rss_mib() - r0);
+  }
+  size_t free2 = 0;
+  double rss2 = 0;
+  for (int i = 0; i < 20; ++i) {
+    KILN_ASSIGN_OR_RETURN(auto e, cuda::Engine::build(*g, bo));
+    KILN_ASSIGN_OR_RETURN(auto session, e->new_session());
+    KILN_ASSIGN_OR_RETURN(auto out, session->run(inputs));
+    session.reset();
+    e.reset();
+    if (i == 0) {
+      KILN_ASSIGN_OR_RETURN(free2, free_bytes());
+      rss2 = rss_mib();
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(size_t free3, free_bytes());
+  const double rss3 = rss_mib();
+  const double mib = 1 << 20;
+  const double dev_sessions = (double(free0) - double(free1)) / mib, dev_engines = (double(free2) - double(free3)) / mib;
+  std::printf("%s", fmt::format("     session_churn: 999 sessions: device {:+.1f} MiB, host RSS {:+.1f} MiB (after{}); 19 "
+                                "engines: device {:+.1f} MiB, host RSS {:+.1f} MiB\n",
+                                dev_sessions, rss1 - rss0, trace, dev_engines, rss3 - rss2).c_str());
+  if (dev_sessions > 4 || dev_engines > 4 || rss1 - rss0 > 32 || rss3 - rss2 > 32) {
+    return KILN_ERROR(kInternal, "memory grew: sessions device {:.1f} MiB host {:.1f} MiB, engines device {:.1f} MiB "
+                      "host {:.1f} MiB", dev_sessions, rss1 - rss0, dev_engines, rss3 - rss2);
+  }
+  return Status::ok();
+}
+
 // Session::run_buffers (the public API's device-pointer run): inputs and outputs in device memory,
 // ordered after work on the caller's own stream, and host buffers through the same call; both
 // bit-identical to Session::run.
@@ -692,6 +793,7 @@ int main(int argc, char** argv) {
     for (auto [name, fn] : {std::pair<const char*, Status (*)(uint64_t)>{"concurrent_sessions", check_concurrent_sessions},
                             {"shared_weights", check_shared_weights},
                             {"device_buffers", check_device_buffers},
+                            {"session_churn", check_session_churn},
                             {"out_of_memory", check_out_of_memory}}) {
       Status s = fn(seed);
       (s ? passed : failed)++;

@@ -35,9 +35,9 @@ Expected<bool> fold_node(const Node& n, const std::function<const Tensor*(const 
     if (!o) continue;
     auto dims = static_dims(o);
     if (!dims) continue;  // the kernel computes it; checked below
-    int64_t numel = 1;
-    for (int64_t d : *dims) numel *= d;
-    if (numel > max_elements) return false;
+    // Checked: a hostile model's dims can overflow the product (the sanitizer lane found it).
+    Expected<int64_t> numel = checked_numel(*dims);
+    if (!numel || *numel > max_elements) return false;
   }
   std::vector<const Data*> ins;
   size_t h = 0;

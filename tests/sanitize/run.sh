@@ -10,7 +10,10 @@
 # (bench/sanitize-gpu.sh). Any sanitizer report makes the step that hit it fail, and the lane
 # exits non-zero; reports are in BUILD_DIR/*.log.
 #
-#   bash tests/sanitize/run.sh [BUILD_DIR]       (default build-asan; reuses its build)
+#   bash tests/sanitize/run.sh [BUILD_DIR]          (default build-asan; reuses its build)
+#   bash tests/sanitize/run.sh build-fuzz sample     (`make test`: reuses the fuzz build, which is
+#       already compiled with ASan + UBSan, adds the CLI and the unit tests to it and runs the unit,
+#       bad-input and engine-file suites; no conformance)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -23,15 +26,23 @@ if ! "$CXX_BIN" --version 2>/dev/null | grep -qi clang; then
 fi
 JOBS="${JOBS:-$(nproc)}"
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+MODE="${2:-all}"
+TARGETS=(kiln kiln_unit_tests kiln_conformance)
 mkdir -p "$BUILD"
-cmake -S "$ROOT" -B "$BUILD" -DCMAKE_CXX_COMPILER="$CXX_BIN" -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_FLAGS="$SAN" -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DCMAKE_EXE_LINKER_FLAGS="$SAN" \
-  -DCMAKE_SHARED_LINKER_FLAGS="$SAN" -DKILN_CUDA=OFF >"$BUILD/sanitize-configure.log" 2>&1 || {
-  cat "$BUILD/sanitize-configure.log" >&2
-  echo "sanitize: cmake configure failed" >&2
-  exit 2
-}
-cmake --build "$BUILD" --target kiln kiln_unit_tests kiln_conformance -j "$JOBS" >"$BUILD/sanitize-build.log" 2>&1 || {
+if [[ "$MODE" == sample ]]; then
+  # The fuzz build's configuration (tests/fuzz/run.sh) is kept: ASan + UBSan everywhere.
+  [[ -f "$BUILD/CMakeCache.txt" ]] || { echo "sanitize: $BUILD is not configured (run make fuzz first)" >&2; exit 2; }
+  TARGETS=(kiln kiln_unit_tests)
+else
+  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_CXX_COMPILER="$CXX_BIN" -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_CXX_FLAGS="$SAN" -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DCMAKE_EXE_LINKER_FLAGS="$SAN" \
+    -DCMAKE_SHARED_LINKER_FLAGS="$SAN" -DKILN_CUDA=OFF >"$BUILD/sanitize-configure.log" 2>&1 || {
+    cat "$BUILD/sanitize-configure.log" >&2
+    echo "sanitize: cmake configure failed" >&2
+    exit 2
+  }
+fi
+cmake --build "$BUILD" --target "${TARGETS[@]}" -j "$JOBS" >"$BUILD/sanitize-build.log" 2>&1 || {
   tail -30 "$BUILD/sanitize-build.log" >&2
   echo "sanitize: build failed (log: $BUILD/sanitize-build.log)" >&2
   exit 2
@@ -55,15 +66,17 @@ step() {  # step NAME COMMAND...: runs it, its output to BUILD/NAME.log, and say
     grep -m 5 -A 12 -E "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:" "$BUILD/$name.log"
   fi
 }
-step unit bash -c "cd '$BUILD' && ctest --output-on-failure -j '$JOBS'"
+step unit "$BUILD/tests/kiln_unit_tests" --gtest_brief=1
 step errors bash tests/error/run.sh "$BUILD/kiln"
 step engines bash tests/engine/run.sh "$BUILD/kiln"
 ONNX123="$ROOT/build/onnx-1.23-node"
-if [[ "${CONFORMANCE:-all}" == all && -f "$ONNX123/.stamp" ]]; then
+if [[ "$MODE" == sample ]]; then
+  :  # the conformance suites run under the sanitizers in make test-sanitize
+elif [[ "${CONFORMANCE:-all}" == all && -f "$ONNX123/.stamp" ]]; then
   step conformance "$BUILD/tests/kiln_conformance" --onnx-1.23-node "$ONNX123" --jobs "$JOBS" --pipeline \
     --check-targets tests/conformance/targets.txt
 else
   step conformance "$BUILD/tests/kiln_conformance" --jobs "$JOBS" --pipeline
 fi
-if [[ $status -eq 0 ]]; then echo "make test-sanitize: no sanitizer reports"; fi
+if [[ $status -eq 0 ]]; then echo "sanitize ($MODE): no sanitizer reports"; fi
 exit $status

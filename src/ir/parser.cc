@@ -216,7 +216,20 @@ class Parser {
     return punct("}");
   }
 
+  // Dim expressions, seq<opt<...>> types and subgraphs are parsed recursively; a hostile text can
+  // nest them without bound (the IR text fuzzer found "((((..." overflowing the stack), so deeper
+  // than kMaxNesting is an error.
+  static constexpr int kMaxNesting = 100;
+  struct Nest {
+    explicit Nest(int& d) : depth(++d) {}
+    ~Nest() { --depth; }
+    int& depth;
+  };
+  Status too_deep() const { return error(cur(), fmt::format("nested more than {} deep", kMaxNesting)); }
+
   Expected<Type> parse_type_here() {
+    Nest nest(depth_);
+    if (depth_ > kMaxNesting) return too_deep();
     const Token& t = cur();
     if (accept("?")) return Type();
     if (t.kind != Tok::kIdent) return expected("a type like f32[N,3]");
@@ -547,6 +560,8 @@ class Parser {
   }
 
   Expected<std::shared_ptr<Graph>> subgraph(Graph* g, Node* node, const Scope& scope) {
+    Nest nest(depth_);
+    if (depth_ > kMaxNesting) return too_deep();
     auto sg = std::make_shared<Graph>();
     sg->parent = g;
     sg->parent_node = node;
@@ -657,6 +672,8 @@ class Parser {
   }
 
   Expected<Dim> dim_expr() {
+    Nest nest(depth_);
+    if (depth_ > kMaxNesting) return too_deep();
     KILN_ASSIGN_OR_RETURN(Dim d, dim_term());
     for (;;) {
       if (accept("+")) {
@@ -687,6 +704,8 @@ class Parser {
     }
   }
   Expected<Dim> dim_unary() {
+    Nest nest(depth_);
+    if (depth_ > kMaxNesting) return too_deep();
     if (accept("-")) {
       KILN_ASSIGN_OR_RETURN(Dim d, dim_unary());
       return Dim(int64_t{0}) - d;
@@ -732,6 +751,7 @@ class Parser {
 
   std::vector<Token> t_;
   size_t p_ = 0;
+  int depth_ = 0;  // current nesting (Nest)
   ParseOptions opt_;
 };
 

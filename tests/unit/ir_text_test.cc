@@ -510,3 +510,26 @@ TEST(IrDot, ClustersLabelsAndEdges) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// Nesting without bound is an error, not a stack overflow (found by the IR text fuzzer: a dim of
+// thousands of '(').
+TEST(IrText, DeepNestingIsAnError) {
+  for (const std::string& deep : {std::string(5000, '(') + "1", std::string(5000, '-') + "1"}) {
+    auto g = parse_graph("graph main(%x: f32[" + deep + "]) {\n  return %x\n}");
+    ASSERT_FALSE(g);
+    EXPECT_NE(g.status().message().find("nested more than 100 deep"), std::string::npos) << g.status().message();
+  }
+  std::string types;
+  for (int i = 0; i < 2000; ++i) types += "seq<";
+  auto g = parse_graph("graph main(%x: " + types + "f32[1]) {\n  return %x\n}");
+  ASSERT_FALSE(g);
+  EXPECT_NE(g.status().message().find("nested more than 100 deep"), std::string::npos) << g.status().message();
+  // Ordinary nesting still parses.
+  EXPECT_TRUE(parse_graph("graph main(%x: f32[((((N+1))))]) {\n  return %x\n}"));
+}
+
+}  // namespace
+}  // namespace kiln

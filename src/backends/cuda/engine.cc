@@ -249,14 +249,11 @@ Expected<std::shared_ptr<Engine>> Engine::load(const Graph* g, const BuildOption
   if (g && (e->plan.inputs.size() != g->inputs.size() || e->plan.outputs.size() != g->outputs.size())) {
     return KILN_ERROR(kInvalidModel, "{}: the device plan's inputs and outputs are not the graph's", name);
   }
-  for (const DeviceIo& io : e->plan.inputs) {
-    if (io.device_dtype > uint8_t(k::DT::kBool) || io.ir_dtype < 0 || io.ir_dtype >= kNumDTypes) {
-      return KILN_ERROR(kInvalidModel, "{}: an input of unknown dtype", name);
-    }
-  }
-  for (const DeviceIo& io : e->plan.outputs) {
-    if (io.device_dtype > uint8_t(k::DT::kBool) || io.ir_dtype < 0 || io.ir_dtype >= kNumDTypes) {
-      return KILN_ERROR(kInvalidModel, "{}: an output of unknown dtype", name);
+  for (const auto* ios : {&e->plan.inputs, &e->plan.outputs}) {
+    for (const DeviceIo& io : *ios) {
+      if (io.device_dtype > uint8_t(k::DT::kBool) || io.ir_dtype < 0 || io.ir_dtype >= kNumDTypes) {
+        return KILN_ERROR(kInvalidModel, "{}: an {} of unknown dtype", name, ios == &e->plan.inputs ? "input" : "output");
+      }
     }
   }
   for (const DevicePlacement& p : e->plan.placements) {

@@ -47,6 +47,13 @@ enum class Precision {
 };
 std::string_view precision_name(Precision p);  // "fp32", "tf32", "fp16", "bf16"
 
+// The values one input dim may take at run time: min..max, with opt the size autotuning favours
+// (0: max). min == max fixes the dim.
+struct DimRange {
+  int64_t min = 1, max = 1, opt = 0;
+  bool operator==(const DimRange&) const = default;
+};
+
 // Everything that shapes an engine. It is recorded in the engine file, so a loaded engine says how
 // it was built. Defaults are what `kiln build model.onnx` does.
 struct BuildConfig {
@@ -56,6 +63,11 @@ struct BuildConfig {
   // every input that shares it.
   std::map<std::string, std::vector<int64_t>> shapes;
   int64_t batch = 0;  // > 0: binds every input's leading symbolic dim to it
+  // Ranges for inputs' dims, for an engine that runs every shape in them ("input_ids" ->
+  // {{1,64},{16,512}}: batch 1..64, sequence 16..512). A dim the model names (ONNX dim_param) takes
+  // its range in every input that shares the name; an unnamed one is named "<input>_<dim>". An input
+  // is named in `shapes` or here, not both.
+  std::map<std::string, std::vector<DimRange>> shape_ranges;
   std::vector<std::string> disabled_passes;  // graph passes to skip, by name ("fuse-attention")
 
   bool autotune = true;      // time library algorithms and kiln's kernels at build (else heuristics)
@@ -80,11 +92,15 @@ struct BuildConfig {
   bool print_pass_report = false;
 };
 
-// An input or output of an engine. dims[i] < 0: not fixed by the engine (a symbolic dim).
+// An input or output of an engine. shape[i] < 0: not fixed by the engine (a symbolic dim), whose
+// name is dim_names[i] and whose values at run time are min_shape[i]..max_shape[i] (the build's
+// range; 0..INT64_MAX when it has none). Fixed dims have an empty name and min == max == shape.
 struct TensorInfo {
   std::string name;
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;
+  std::vector<int64_t> min_shape, max_shape;
+  std::vector<std::string> dim_names;
 };
 
 class Session;

@@ -14,11 +14,12 @@ namespace {
 
 // BuildConfig::batch: binds the leading dim of every input whose leading dim is symbolic (an input
 // with a fixed, different batch, or with other symbolic dims, is an error naming it).
-Status add_batch_bindings(const Graph& g, int64_t batch, std::map<std::string, std::vector<int64_t>>& shapes) {
+Status add_batch_bindings(const Graph& g, const BuildConfig& c, std::map<std::string, std::vector<int64_t>>& shapes) {
+  const int64_t batch = c.batch;
   if (batch == 0) return Status::ok();
   if (batch < 0) return KILN_ERROR(kInvalidArgument, "batch {}: expected a positive number", batch);
   for (const Value* v : g.inputs) {
-    if (shapes.count(v->name) || v->constant || !v->type.shape || v->type.shape->rank() == 0) continue;
+    if (shapes.count(v->name) || c.shape_ranges.count(v->name) || v->constant || !v->type.shape || v->type.shape->rank() == 0) continue;
     const auto& dims = v->type.shape->dims;
     if (dims[0].is_static()) {
       if (dims[0].value() != batch) {
@@ -50,8 +51,9 @@ Expected<Engine> build_model(Model m, const BuildConfig& config, double import_m
   KILN_RETURN_IF_ERROR(validate_config(config));
   Graph& g = *m.graph;
   std::map<std::string, std::vector<int64_t>> shapes = config.shapes;
-  KILN_RETURN_IF_ERROR(add_batch_bindings(g, config.batch, shapes));
+  KILN_RETURN_IF_ERROR(add_batch_bindings(g, config, shapes));
   KILN_RETURN_IF_ERROR(bind_input_shapes(g, shapes));
+  KILN_ASSIGN_OR_RETURN(auto ranges, bind_shape_ranges(g, config.shape_ranges));
   KILN_RETURN_IF_ERROR(infer_types(g));
   // The default pipeline, for every device: the CPU gains as much as the GPU from fewer nodes, and
   // both then run the same graph.
@@ -64,8 +66,9 @@ Expected<Engine> build_model(Model m, const BuildConfig& config, double import_m
 
   auto impl = std::make_shared<Engine::Impl>();
   impl->config = config;
-  impl->inputs = tensor_infos(g.inputs);
-  impl->outputs = tensor_infos(g.outputs);
+  impl->ranges = ranges;
+  impl->inputs = tensor_infos(g.inputs, ranges);
+  impl->outputs = tensor_infos(g.outputs, ranges);
   Device want = config.device;
   std::string why;
   bool gpu = want != Device::kCpu && gpu_usable(&why);
@@ -109,6 +112,18 @@ Status validate_config(const BuildConfig& c) {
   }
   if (c.workspace_bytes == 0) return KILN_ERROR(kInvalidArgument, "workspace_bytes must be positive");
   if (c.batch < 0) return KILN_ERROR(kInvalidArgument, "batch {}: expected a positive number (or 0: leave)", c.batch);
+  for (const auto& [name, dims] : c.shape_ranges) {
+    if (c.shapes.count(name)) {
+      return KILN_ERROR(kInvalidArgument, "input '{}' is given both a shape and shape ranges; give one", name);
+    }
+    for (size_t k = 0; k < dims.size(); ++k) {
+      const DimRange& r = dims[k];
+      if (r.min < 1 || r.max < r.min || r.opt < 0 || (r.opt != 0 && (r.opt < r.min || r.opt > r.max))) {
+        return KILN_ERROR(kInvalidArgument, "shape range {} for input '{}' dimension {}: expected 1 <= min <= opt <= max",
+                          describe_range(r), name, k);
+      }
+    }
+  }
   return Status::ok();
 }
 

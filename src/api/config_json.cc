@@ -12,6 +12,13 @@ nlohmann::json config_to_json(const BuildConfig& c) {
   j["precision"] = std::string(precision_name(c.precision));
   j["shapes"] = c.shapes;
   j["batch"] = c.batch;
+  nlohmann::json ranges = nlohmann::json::object();
+  for (const auto& [name, dims] : c.shape_ranges) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const DimRange& r : dims) a.push_back({r.min, r.max, r.opt});
+    ranges[name] = a;
+  }
+  j["shape_ranges"] = ranges;
   j["disabled_passes"] = c.disabled_passes;
   j["autotune"] = c.autotune;
   j["cuda_graph"] = c.cuda_graph;
@@ -25,7 +32,7 @@ nlohmann::json config_to_json(const BuildConfig& c) {
 
 Expected<BuildConfig> config_from_json(const nlohmann::json& j) {
   if (!j.is_object()) return KILN_ERROR(kInvalidModel, "build configuration is not a JSON object");
-  static const std::set<std::string> kKeys = {"device", "precision", "shapes", "batch", "disabled_passes", "autotune",
+  static const std::set<std::string> kKeys = {"device", "precision", "shapes", "batch", "shape_ranges", "disabled_passes", "autotune",
                                               "cuda_graph", "workspace_bytes", "memory_budget_bytes", "timing_cache", "gemm_sm90",
                                               "gemm_sm90_tile"};
   for (const auto& [k, v] : j.items()) {
@@ -46,6 +53,13 @@ Expected<BuildConfig> config_from_json(const nlohmann::json& j) {
     if (!found) return KILN_ERROR(kInvalidModel, "build configuration: unknown precision '{}'", prec);
     c.shapes = j.at("shapes").get<std::map<std::string, std::vector<int64_t>>>();
     c.batch = j.at("batch").get<int64_t>();
+    if (j.contains("shape_ranges")) {  // engine files written before ranges existed have none
+      for (const auto& [name, a] : j.at("shape_ranges").items()) {
+        std::vector<DimRange> dims;
+        for (const auto& r : a) dims.push_back(DimRange{r.at(0).get<int64_t>(), r.at(1).get<int64_t>(), r.at(2).get<int64_t>()});
+        c.shape_ranges[name] = std::move(dims);
+      }
+    }
     c.disabled_passes = j.at("disabled_passes").get<std::vector<std::string>>();
     c.autotune = j.at("autotune").get<bool>();
     c.cuda_graph = j.at("cuda_graph").get<bool>();
@@ -59,22 +73,6 @@ Expected<BuildConfig> config_from_json(const nlohmann::json& j) {
   }
   if (Status s = validate_config(c); !s) return KILN_ERROR(kInvalidModel, "build configuration: {}", s.message());
   return c;
-}
-
-std::vector<TensorInfo> tensor_infos(const std::vector<Value*>& values) {
-  std::vector<TensorInfo> out;
-  for (const Value* v : values) {
-    TensorInfo t;
-    t.name = v ? v->name : "";
-    if (v && v->type.kind == Type::Kind::kTensor) {
-      t.dtype = v->type.dtype;
-      if (v->type.shape) {
-        for (const Dim& d : v->type.shape->dims) t.shape.push_back(d.is_static() ? d.value() : -1);
-      }
-    }
-    out.push_back(std::move(t));
-  }
-  return out;
 }
 
 }  // namespace kiln

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <limits>
 #include <fstream>
 
 #include "api/engine_impl.h"
@@ -50,6 +51,9 @@ Expected<std::vector<Data>> to_data(const std::vector<TensorView>& views, const 
   if (views.size() != infos.size()) {
     return KILN_ERROR(kInvalidArgument, "expected {} inputs, got {}", infos.size(), views.size());
   }
+  std::vector<std::vector<int64_t>> shapes;
+  for (const TensorView& v : views) shapes.push_back(v.shape);
+  KILN_RETURN_IF_ERROR(check_run_shapes(infos, shapes));
   std::vector<Data> out;
   for (size_t i = 0; i < views.size(); ++i) {
     KILN_ASSIGN_OR_RETURN(Data d, to_data(views[i], infos[i], i));
@@ -101,7 +105,10 @@ const std::vector<TensorInfo>& Engine::outputs() const { return impl_->outputs; 
 Device Engine::device() const { return impl_->device; }
 const BuildConfig& Engine::config() const { return impl_->config; }
 std::string Engine::report() const {
-  return impl_->load_note + impl_->build_note + (impl_->gpu ? impl_->gpu->report() : impl_->report);
+  std::string ranges;
+  for (const auto& [sym, r] : impl_->ranges) ranges += fmt::format("{}{} {}", ranges.empty() ? "" : ", ", sym, describe_range(r));
+  if (!ranges.empty()) ranges = "shape ranges: " + ranges + "\n";
+  return impl_->load_note + impl_->build_note + ranges + (impl_->gpu ? impl_->gpu->report() : impl_->report);
 }
 double Engine::build_ms() const { return impl_->build_ms; }
 size_t Engine::weight_bytes() const {
@@ -137,7 +144,18 @@ Expected<std::string> Engine::serialize() const {
   meta["report"] = impl_->gpu ? impl_->gpu->report() : impl_->report;
   auto io = [](const std::vector<TensorInfo>& v) {
     nlohmann::json a = nlohmann::json::array();
-    for (const TensorInfo& t : v) a.push_back({{"name", t.name}, {"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}});
+    for (const TensorInfo& t : v) {
+      nlohmann::json x = {{"name", t.name}, {"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}};
+      // A dynamic engine's ranged dims, for `kiln inspect` (unbounded dims have no range).
+      nlohmann::json ranges = nlohmann::json::array();
+      for (size_t k = 0; k < t.shape.size() && k < t.dim_names.size(); ++k) {
+        if (t.shape[k] < 0 && t.max_shape[k] != std::numeric_limits<int64_t>::max()) {
+          ranges.push_back({{"dim", k}, {"name", t.dim_names[k]}, {"min", t.min_shape[k]}, {"max", t.max_shape[k]}});
+        }
+      }
+      if (!ranges.empty()) x["ranges"] = ranges;
+      a.push_back(x);
+    }
     return a;
   };
   meta["inputs"] = io(impl_->inputs);
@@ -190,8 +208,9 @@ Expected<Engine> load_view(std::string_view bytes, std::shared_ptr<const void> o
   auto config = config_from_json(f.meta["config"]);
   if (!config) return err(config.status().message());
   impl->config = *config;
-  impl->inputs = tensor_infos(f.plan.graph->inputs);
-  impl->outputs = tensor_infos(f.plan.graph->outputs);
+  impl->ranges = symbol_ranges(*f.plan.graph, impl->config.shape_ranges);
+  impl->inputs = tensor_infos(f.plan.graph->inputs, impl->ranges);
+  impl->outputs = tensor_infos(f.plan.graph->outputs, impl->ranges);
   std::string device = f.meta.value("device", "");
   impl->plan = std::make_shared<const Plan>(std::move(f.plan));
   if (device == "cpu") {

@@ -29,6 +29,7 @@ struct Engine::Impl {
   BuildConfig config;
   Device device = Device::kCpu;
   std::vector<TensorInfo> inputs, outputs;
+  std::map<std::string, DimRange> ranges;  // symbolic dims' ranges (BuildConfig::shape_ranges)
   std::shared_ptr<const Plan> plan;
   std::shared_ptr<DeviceEngine> gpu;  // set when device == kCuda
   std::string report;                 // the CPU engine's (a GPU engine's comes from `gpu`)
@@ -54,7 +55,19 @@ Status validate_config(const BuildConfig& c);
 // BuildConfig <-> the JSON recorded in engine files (config_json.cc); unknown keys are errors.
 nlohmann::json config_to_json(const BuildConfig& c);
 Expected<BuildConfig> config_from_json(const nlohmann::json& j);
-std::vector<TensorInfo> tensor_infos(const std::vector<Value*>& values);
+
+// Shape ranges (shape_ranges.cc). bind_shape_ranges makes ranged input dims symbolic (fixed ones,
+// min == max, static) and returns each symbol's range; symbol_ranges recovers them from a graph so
+// bound (a loaded engine's); tensor_infos describes values with them; check_run_shapes is the
+// one-line error for a shape a session cannot take (wrong rank, fixed dim, outside a range, a
+// shared dim that differs between inputs).
+Expected<std::map<std::string, DimRange>> bind_shape_ranges(Graph& g,
+                                                            const std::map<std::string, std::vector<DimRange>>& ranges);
+std::map<std::string, DimRange> symbol_ranges(const Graph& g, const std::map<std::string, std::vector<DimRange>>& ranges);
+std::vector<TensorInfo> tensor_infos(const std::vector<Value*>& values, const std::map<std::string, DimRange>& ranges);
+Status check_run_shapes(const std::vector<TensorInfo>& infos, const std::vector<std::vector<int64_t>>& shapes);
+std::string describe_range(const DimRange& r);  // "1..64", "16..512@128"
+
 
 // The GPU side (gpu.cc; without CUDA it reports that it is missing).
 bool gpu_usable(std::string* why);

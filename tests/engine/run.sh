@@ -101,6 +101,62 @@ expect_err small_index_out_of_range "node 'emb'" "$KILN" run "$TMP/small.kiln" -
   --input "c=$TMP/c.npy"
 expect_err small_wrong_dtype "input 'idx'" "$KILN" run "$TMP/small.kiln" --input "idx=$M/chelsea.npy" --input "c=$TMP/c.npy"
 
+# A dynamic engine: shape ranges at build (--shapes NAME:MIN..MAXx...), any shape in them at run
+# time, byte-identical to the model run at that exact shape; a shape outside them, of another rank,
+# or with a shared dim that differs between inputs is one error line naming the input and the dim.
+python3 - "$TMP" <<'PY' || bad dyn_model "python could not write the model"
+import sys, numpy as np, onnx
+from onnx import helper as h, TensorProto as T
+out = sys.argv[1]
+rng = np.random.default_rng(7)
+g = h.make_graph(
+    [h.make_node("MatMul", ["x", "w"], ["xw"], name="proj"),
+     h.make_node("Unsqueeze", ["mask", "axis"], ["m3"], name="m3"),
+     h.make_node("Mul", ["xw", "m3"], ["y0"], name="masked"),
+     h.make_node("Softmax", ["y0"], ["y"], axis=1, name="soft")],
+    "dyn",
+    [h.make_tensor_value_info("x", T.FLOAT, ["batch", "seq", 8]),
+     h.make_tensor_value_info("mask", T.FLOAT, ["batch", "seq"])],
+    [h.make_tensor_value_info("y", T.FLOAT, ["batch", "seq", 4])],
+    [h.make_tensor("w", T.FLOAT, [8, 4], rng.standard_normal(32).astype(np.float32).tolist()),
+     h.make_tensor("axis", T.INT64, [1], [2])])
+onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), f"{out}/dyn.onnx")
+for b, s in [(1, 4), (3, 7), (8, 16), (2, 17), (9, 4)]:
+    np.save(f"{out}/x-{b}-{s}.npy", rng.standard_normal((b, s, 8)).astype(np.float32))
+    np.save(f"{out}/mask-{b}-{s}.npy", (rng.random((b, s)) > 0.3).astype(np.float32))
+np.save(f"{out}/x-rank2.npy", rng.standard_normal((3, 8)).astype(np.float32))
+PY
+D="$TMP/dyn.kiln"
+expect_ok build_dynamic "$KILN" build "$TMP/dyn.onnx" --device cpu --shapes x:1..8x4..16@8x8 --report -o "$D"
+grep -q "shape ranges: batch 1..8, seq 4..16@8" "$TMP/build_dynamic.out" && ok dynamic_report_ranges \
+  || bad dynamic_report_ranges "$(grep -m1 'shape ranges' "$TMP/build_dynamic.out")"
+expect_ok inspect_dynamic "$KILN" inspect "$D"
+grep -q "x  *f32\[batch 1..8,seq 4..16,8\]" "$TMP/inspect_dynamic.out" && ok inspect_dynamic_ranges \
+  || bad inspect_dynamic_ranges "$(grep -m1 ' x ' "$TMP/inspect_dynamic.out")"
+for bs in 1-4 3-7 8-16; do
+  b=${bs%-*} s=${bs#*-}
+  expect_ok "dyn_run_onnx_$bs" "$KILN" run "$TMP/dyn.onnx" --device cpu --shapes "x:${b}x${s}x8" --shapes "mask:${b}x${s}" \
+    --input "x=$TMP/x-$bs.npy" --input "mask=$TMP/mask-$bs.npy" --output-dir "$TMP/dyn-onnx-$bs"
+  expect_ok "dyn_run_engine_$bs" "$KILN" run "$D" --input "x=$TMP/x-$bs.npy" --input "mask=$TMP/mask-$bs.npy" \
+    --output-dir "$TMP/dyn-engine-$bs"
+  same_outputs "dyn_identical_$bs" "$TMP/dyn-onnx-$bs" "$TMP/dyn-engine-$bs"
+done
+expect_err dyn_above_range "input 'x': dimension 1 ('seq') is 17, outside the engine's range 4..16" \
+  "$KILN" run "$D" --input "x=$TMP/x-2-17.npy" --input "mask=$TMP/mask-2-17.npy"
+expect_err dyn_batch_above_range "dimension 0 ('batch') is 9, outside the engine's range 1..8" \
+  "$KILN" run "$D" --input "x=$TMP/x-9-4.npy" --input "mask=$TMP/mask-9-4.npy"
+expect_err dyn_shared_dim "input 'mask': dimension 0 ('batch') is 1, but 3 in input 'x'" \
+  "$KILN" run "$D" --input "x=$TMP/x-3-7.npy" --input "mask=$TMP/mask-1-4.npy"
+expect_err dyn_rank "got shape [3,8] but the model expects f32[?,?,8]" "$KILN" run "$D" --input "x=$TMP/x-rank2.npy" --input "mask=$TMP/mask-1-4.npy"
+expect_err dyn_range_on_fixed_dim "the model fixes it at 8" "$KILN" build "$TMP/dyn.onnx" --device cpu \
+  --shapes x:1..8x4..16x4..8 -o "$TMP/bad.kiln"
+expect_err dyn_range_conflict "shape ranges give dim 'batch' the range" "$KILN" build "$TMP/dyn.onnx" --device cpu \
+  --shapes x:1..8x4..16x8 --shapes mask:1..4x4..16 -o "$TMP/bad.kiln"
+expect_err dyn_range_backwards "shape range 8..1 for input 'x' dimension 0" "$KILN" build "$TMP/dyn.onnx" --device cpu \
+  --shapes x:8..1x4..16x8 -o "$TMP/bad.kiln"
+expect_err dyn_range_not_number "dimension '1..z' is not" "$KILN" build "$TMP/dyn.onnx" --device cpu \
+  --shapes x:1..zx4x8 -o "$TMP/bad.kiln"
+
 # Damaged engine files.
 python3 - "$E" "$TMP" <<'PY'
 import struct, sys

@@ -99,6 +99,13 @@ bool is_engine_file(const std::string& path);
 Expected<Model> load_model(const LoadOptions& load);
 // "x:1x3x224x224" -> {"x", {1,3,224,224}}; "x:" (a scalar) -> {"x", {}}.
 Expected<std::pair<std::string, std::vector<int64_t>>> parse_shape_flag(const std::string& flag);
+// A --shapes flag that may give ranges: "ids:1..64x16..512@128" (per dim N, or MIN..MAX[@OPT]).
+struct ShapeFlag {
+  std::string name;
+  std::vector<DimRange> dims;  // exact dims have min == max
+  bool ranged = false;         // some dim is a range
+};
+Expected<ShapeFlag> parse_shape_spec(const std::string& flag);
 // A file name for a tensor name: characters outside [A-Za-z0-9._-] become '_'.
 std::string file_name_for(const std::string& tensor_name);
 // "f32[?,3,224,224]": an engine input or output as messages show it.

@@ -1,3 +1,4 @@
+#include <limits>
 #include <random>
 
 #include "cli.h"
@@ -9,26 +10,56 @@ int fail(const Status& s) {
   return 1;
 }
 
-Expected<std::pair<std::string, std::vector<int64_t>>> parse_shape_flag(const std::string& flag) {
+Expected<ShapeFlag> parse_shape_spec(const std::string& flag) {
   size_t colon = flag.rfind(':');
   if (colon == std::string::npos || colon == 0) {
-    return KILN_ERROR(kInvalidArgument, "--shapes '{}': expected NAME:DIMS, e.g. input:1x3x224x224", flag);
+    return KILN_ERROR(kInvalidArgument, "--shapes '{}': expected NAME:DIMS, e.g. input:1x3x224x224 or ids:1..64x16..512", flag);
   }
-  std::string name = flag.substr(0, colon), spec = flag.substr(colon + 1);
-  std::vector<int64_t> dims;
+  ShapeFlag out;
+  out.name = flag.substr(0, colon);
+  const std::string spec = flag.substr(colon + 1);
+  auto number = [&](const std::string& item, const std::string& text) -> Expected<int64_t> {
+    if (text.empty() || text.size() > 18 || text.find_first_not_of("0123456789") != std::string::npos) {
+      return KILN_ERROR(kInvalidArgument, "--shapes '{}': dimension '{}' is not a non-negative integer or a range MIN..MAX[@OPT]",
+                        flag, item);
+    }
+    return int64_t(std::stoll(text));
+  };
   size_t pos = 0;
   while (pos < spec.size()) {
     size_t x = spec.find('x', pos);
     std::string item = spec.substr(pos, x == std::string::npos ? std::string::npos : x - pos);
-    if (item.empty() || item.size() > 18 || item.find_first_not_of("0123456789") != std::string::npos) {
-      return KILN_ERROR(kInvalidArgument, "--shapes '{}': dimension '{}' is not a non-negative integer", flag, item);
+    size_t dots = item.find("..");
+    DimRange r;
+    if (dots == std::string::npos) {
+      KILN_ASSIGN_OR_RETURN(r.min, number(item, item));
+      r.max = r.min;
+    } else {
+      size_t at = item.find('@', dots);
+      KILN_ASSIGN_OR_RETURN(r.min, number(item, item.substr(0, dots)));
+      KILN_ASSIGN_OR_RETURN(r.max, number(item, item.substr(dots + 2, at == std::string::npos ? std::string::npos : at - dots - 2)));
+      if (at != std::string::npos) {
+        KILN_ASSIGN_OR_RETURN(r.opt, number(item, item.substr(at + 1)));
+      }
+      out.ranged = true;
     }
-    dims.push_back(std::stoll(item));
+    out.dims.push_back(r);
     if (x == std::string::npos) break;
     pos = x + 1;
     if (pos == spec.size()) return KILN_ERROR(kInvalidArgument, "--shapes '{}': trailing 'x'", flag);
   }
-  return std::make_pair(name, dims);
+  return out;
+}
+
+Expected<std::pair<std::string, std::vector<int64_t>>> parse_shape_flag(const std::string& flag) {
+  KILN_ASSIGN_OR_RETURN(ShapeFlag f, parse_shape_spec(flag));
+  if (f.ranged) {
+    return KILN_ERROR(kInvalidArgument, "--shapes '{}': ranges are for building an engine (kiln build, run, bench); give exact "
+                      "dims here", flag);
+  }
+  std::vector<int64_t> dims;
+  for (const DimRange& r : f.dims) dims.push_back(r.min);
+  return std::make_pair(f.name, dims);
 }
 
 Expected<Model> load_model(const LoadOptions& load) {
@@ -61,7 +92,10 @@ std::string info_string(const TensorInfo& t) {
 
 Expected<Tensor> random_input(const TensorInfo& v, uint64_t seed) {
   std::vector<int64_t> dims;
-  for (int64_t d : v.shape) {
+  for (size_t k = 0; k < v.shape.size(); ++k) {
+    int64_t d = v.shape[k];
+    // A ranged dim of a dynamic engine: its largest value.
+    if (d < 0 && k < v.max_shape.size() && v.max_shape[k] != std::numeric_limits<int64_t>::max()) d = v.max_shape[k];
     if (d < 0) {
       return KILN_ERROR(kInvalidArgument, "input '{}' has shape {}: bind its dims with --shapes {}:{}", v.name,
                         info_string(v), v.name, "1x...");

@@ -67,9 +67,14 @@ Expected<Engine> open_engine(const LoadOptions& load, const EngineOptions& eng, 
   KILN_ASSIGN_OR_RETURN(c.device, parse_device(eng.device));
   KILN_ASSIGN_OR_RETURN(c.precision, parse_precision(eng.precision));
   for (const auto& f : load.shapes) {
-    KILN_ASSIGN_OR_RETURN(auto s, parse_shape_flag(f));
-    if (!c.shapes.emplace(s.first, s.second).second) {
-      return KILN_ERROR(kInvalidArgument, "--shapes names input '{}' twice", s.first);
+    KILN_ASSIGN_OR_RETURN(ShapeFlag s, parse_shape_spec(f));
+    if (c.shapes.count(s.name) || c.shape_ranges.count(s.name)) {
+      return KILN_ERROR(kInvalidArgument, "--shapes names input '{}' twice", s.name);
+    }
+    if (s.ranged) {
+      c.shape_ranges[s.name] = s.dims;
+    } else {
+      for (const DimRange& r : s.dims) c.shapes[s.name].push_back(r.min);
     }
   }
   c.batch = batch;

@@ -66,10 +66,18 @@ int inspect_engine(const std::string& path) {
   for (const char* io : {"inputs", "outputs"}) {
     std::printf("%s:\n", io);
     for (const auto& t : j.value(io, nlohmann::json::array())) {
-      std::string shape;
+      std::vector<std::string> dims;
       for (const auto& d : t.value("shape", nlohmann::json::array())) {
-        shape += (shape.empty() ? "" : ",") + (d.get<int64_t>() < 0 ? std::string("?") : std::to_string(d.get<int64_t>()));
+        dims.push_back(d.get<int64_t>() < 0 ? std::string("?") : std::to_string(d.get<int64_t>()));
       }
+      for (const auto& r : t.value("ranges", nlohmann::json::array())) {  // a dynamic engine's ranged dims
+        size_t k = r.value("dim", size_t(0));
+        if (k < dims.size()) {
+          dims[k] = fmt::format("{} {}..{}", r.value("name", std::string()), r.value("min", int64_t(0)), r.value("max", int64_t(0)));
+        }
+      }
+      std::string shape;
+      for (const std::string& d : dims) shape += (shape.empty() ? "" : ",") + d;
       std::printf("  %-24s %s[%s]\n", t.value("name", std::string()).c_str(), t.value("dtype", std::string()).c_str(),
                   shape.c_str());
     }

@@ -51,7 +51,7 @@ CLI::Validator pass_name(bool dump) {
 
 void add_load_options(CLI::App* app, kiln::cli::LoadOptions& load) {
   app->add_option("model", load.model, "ONNX model, or an engine file from `kiln build -o`")->required();
-  app->add_option("--shapes", load.shapes, "bind an input's shape, e.g. input:1x3x224x224 (repeatable)");
+  app->add_option("--shapes", load.shapes, "bind an input's shape, e.g. input:1x3x224x224, or give ranges for a dynamic engine, e.g. ids:1..64x16..512@128 (repeatable)");
 }
 
 void add_input_options(CLI::App* app, kiln::cli::RunOptions& run) {
@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
 
   CLI::App* be = app.add_subcommand("bench", "time a model's forward (CUDA events on the GPU)");
   be->add_option("model", load.model, "ONNX model or engine file")->required();
-  be->add_option("--shapes", load.shapes, "bind an input's shape, e.g. input:1x3x224x224 (repeatable)");
+  be->add_option("--shapes", load.shapes, "bind an input's shape, e.g. input:1x3x224x224, or give ranges for a dynamic engine, e.g. ids:1..64x16..512@128 (repeatable)");
   add_engine_options(be, eng);
   be->add_option("--batch", bench.batch, "bind the leading symbolic dim of every input to N")->check(kPositiveInt);
   be->add_option("--warmup", bench.warmup, "untimed forwards first")->default_val(20);

@@ -9,8 +9,13 @@ Exit code: 0 when every check PASSes and nothing errored, 1 otherwise.
 """
 import argparse, datetime, json, os, shlex, subprocess, sys, time, traceback
 
-MODELS = ("resnet50", "mobilenet_v2", "bert", "gpt2", "vit_b_16")
-LARGE_BATCH = {"resnet50": 256, "mobilenet_v2": 256, "vit_b_16": 256, "bert": 64, "gpt2": 64}
+MODELS = ("resnet50", "mobilenet_v2", "bert", "gpt2", "vit_b_16", "unet_block", "seg_head", "style_net")
+LARGE_BATCH = {"resnet50": 256, "mobilenet_v2": 256, "vit_b_16": 256, "bert": 64, "gpt2": 64, "unet_block": 64,
+               "seg_head": 64, "style_net": 64}
+# Small image models built from the ops other architectures lean on (issue 27): GroupNorm + SiLU
+# and nearest upsampling (diffusion UNets), bilinear Resize (segmentation heads), reflection
+# padding + InstanceNorm (style transfer, GAN generators). Not in the default run's table.
+ARCH_BLOCKS = ("unet_block", "seg_head", "style_net")
 CLASSIFIERS = ("resnet50", "mobilenet_v2", "vit_b_16")
 SEQ = 128
 REL_L2_PASS = 2e-2        # fp16 threshold vs the fp32 reference
@@ -44,6 +49,12 @@ def build_model(name):
                 return self.net(pixel_values)
         return Image(m).eval(), ["pixel_values"], None
 
+    if name in ARCH_BLOCKS:
+        class Image(Wrapper):
+            def forward(self, pixel_values):
+                return self.net(pixel_values)
+        return Image(arch_block(name)).eval(), ["pixel_values"], None
+
     import transformers
     # attn_implementation="eager": attention as plain MatMul/Softmax ops in the ONNX export (SDPA
     # would trace into a fused op or a data-dependent mask path), and the same math in every peer.
@@ -72,6 +83,53 @@ def build_model(name):
                 return self.net(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
         return Gpt2(hf).eval(), ["input_ids"], vocab
     raise ValueError(f"unknown model {name}")
+
+
+def arch_block(name):
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+
+    class UNetBlock(nn.Module):  # GroupNorm(32) -> SiLU -> conv, twice, residual; nearest 2x upsample
+        def __init__(self):
+            super().__init__()
+            self.inp = nn.Conv2d(3, 128, 3, stride=2, padding=1)
+            self.n1, self.c1 = nn.GroupNorm(32, 128), nn.Conv2d(128, 128, 3, padding=1)
+            self.n2, self.c2 = nn.GroupNorm(32, 128), nn.Conv2d(128, 128, 3, padding=1)
+            self.out = nn.Conv2d(128, 3, 3, padding=1)
+
+        def forward(self, x):
+            h = self.inp(x)
+            r = self.c2(F.silu(self.n2(self.c1(F.silu(self.n1(h))))))
+            return self.out(F.interpolate(h + r, scale_factor=2.0, mode="nearest"))
+
+    class SegHead(nn.Module):  # strided convs, 1x1 classifier, bilinear resize back to the input size
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(3, 64, 3, stride=4, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+                                      nn.Conv2d(64, 128, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(128, 21, 1))
+
+        def forward(self, x):
+            return F.interpolate(self.body(x), size=x.shape[-2:], mode="bilinear", align_corners=False)
+
+    class StyleNet(nn.Module):  # reflection pads, InstanceNorm(affine) + ReLU, a constant pad
+        def __init__(self):
+            super().__init__()
+            self.c1, self.n1 = nn.Conv2d(3, 32, 9), nn.InstanceNorm2d(32, affine=True)
+            self.c2, self.n2 = nn.Conv2d(32, 64, 3, stride=2), nn.InstanceNorm2d(64, affine=True)
+            self.c3 = nn.Conv2d(64, 3, 3)
+
+        def forward(self, x):
+            h = F.relu(self.n1(self.c1(F.pad(x, (4, 4, 4, 4), mode="reflect"))))
+            h = F.relu(self.n2(self.c2(F.pad(h, (1, 1, 1, 1), mode="reflect"))))
+            return self.c3(F.pad(h, (1, 1, 1, 1)))
+
+    m = {"unet_block": UNetBlock, "seg_head": SegHead, "style_net": StyleNet}[name]()
+    for mod in m.modules():  # non-trivial affine parameters, so a dropped scale or shift shows
+        if isinstance(mod, (nn.GroupNorm, nn.InstanceNorm2d, nn.BatchNorm2d)) and mod.weight is not None:
+            nn.init.uniform_(mod.weight, 0.5, 1.5)
+            nn.init.uniform_(mod.bias, -0.2, 0.2)
+    return m
 
 
 def calibrate_bn(m, batch=16):
@@ -458,7 +516,8 @@ def write_results(args, hdr, records):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kiln", default="build/kiln", help="kiln binary (default build/kiln)")
-    p.add_argument("--models", default=",".join(MODELS), help="comma list from " + ",".join(MODELS))
+    p.add_argument("--models", default=",".join(m for m in MODELS if m not in ARCH_BLOCKS),
+                   help="comma list from " + ",".join(MODELS) + " (default: the first five)")
     p.add_argument("--out", default="/tmp/kiln-peers", help="folder for ONNX files, .npy data and results")
     p.add_argument("--iters", type=int, default=200, help="timed iterations (default 200)")
     p.add_argument("--warmup", type=int, default=50, help="untimed warm-up iterations (default 50)")

@@ -6,7 +6,7 @@
 // built again from an engine file (graph, weights and autotuned choices written and read back)
 // does not give bit-identical outputs.
 //
-//   kiln_gpu_op_check [--seed S] [--filter SUBSTRING] [--precision fp32|fp16|bf16|all]
+//   kiln_gpu_op_check [--seed S] [--filter SUBSTRING[,SUBSTRING...]] [--precision fp32|fp16|bf16|all]
 // Prints one line per (case, precision) and then `N passed, M failed`; exit 1 on any failure.
 #include <unistd.h>
 
@@ -313,6 +313,31 @@ const std::vector<Case> kCases = {
   {"global_avgpool", "graph g(%x: f32[2,64,7,7]) {\n %y = GlobalAveragePool(%x) : f32[2,64,1,1]\n return %y\n}"},
   {"conv_then_transpose", "graph g(%x: f32[1,4,6,6], %w: f32[8,4,3,3]) {\n %c = Conv(%x, %w) : f32[1,8,4,4]\n %y = Transpose(%c) {perm = [0, 2, 3, 1]} : f32[1,4,4,8]\n return %y\n}", {"w"}, 1e-4, 2e-2},
   {"batchnorm", "graph g(%x: f32[2,6,5,5], %s: f32[6], %b: f32[6], %m: f32[6], %v: f32[6]) {\n %va = Abs(%v) : f32[6]\n %y = BatchNormalization(%x, %s, %b, %m, %va) : f32[2,6,5,5]\n return %y\n}", {"s", "b", "m", "v"}},
+  // GroupNormalization / InstanceNormalization (k::group_norm): chunked statistics, per-channel affine, fused activation.
+  {"group_norm", "graph g(%x: f32[2,32,9,11], %s: f32[32], %b: f32[32]) {\n %y = GroupNormalization(%x, %s, %b) {num_groups = 8} : f32[2,32,9,11]\n return %y\n}", {"s", "b"}, 1e-4, 2e-2, true, 4, "kernel group_norm"},
+  {"group_norm_per_group_params", "graph g(%x: f32[2,12,5,5], %s: f32[3], %b: f32[3]) {\n %y = GroupNormalization(%x, %s, %b) {num_groups = 3, epsilon = 0.001} : f32[2,12,5,5]\n return %y\n}", {"s", "b"}, 1e-4, 2e-2},
+  {"group_norm_long_rows", "graph g(%x: f32[1,32,96,96], %s: f32[32], %b: f32[32]) {\n %y = GroupNormalization(%x, %s, %b) {num_groups = 8} : f32[1,32,96,96]\n return %y\n}", {"s", "b"}, 1e-4, 2e-2},
+  {"group_norm_silu", "graph g(%x: f32[2,16,8,8], %s: f32[16], %b: f32[16]) {\n %n = GroupNormalization(%x, %s, %b) {num_groups = 4} : f32[2,16,8,8]\n %g = Sigmoid(%n) : f32[2,16,8,8]\n %y = Mul(%n, %g) : f32[2,16,8,8]\n return %y\n}", {"s", "b"}, 1e-4, 2e-2, true, 4, "+silu"},
+  {"instance_norm_relu", "graph g(%x: f32[3,5,7,6], %s: f32[5], %b: f32[5]) {\n %n = InstanceNormalization(%x, %s, %b) {epsilon = 1e-05} : f32[3,5,7,6]\n %y = Relu(%n) : f32[3,5,7,6]\n return %y\n}", {"s", "b"}, 1e-4, 2e-2, true, 4, "+relu"},
+  {"instance_norm_1d", "graph g(%x: f32[2,8,50], %s: f32[8], %b: f32[8]) {\n %y = InstanceNormalization(%x, %s, %b) : f32[2,8,50]\n return %y\n}", {"s", "b"}, 1e-4, 2e-2},
+  // Pad (k::pad_nd): each mode, negative pads (a crop), the opset-18 axes input, integers.
+  {"pad_constant", "graph g(%x: f32[2,3,5,6]) {\n %p = const dense<i64[8]> [0, 0, 1, 2, 0, 1, 2, 0]\n %v = const dense<f32[]> [1.5]\n %y = Pad(%x, %p, %v) : f32[2,4,8,8]\n return %y\n}", {}, 1e-4, 1e-2, true, 4, "kernel pad"},
+  {"pad_reflect", "graph g(%x: f32[2,3,5,6]) {\n %p = const dense<i64[8]> [0, 0, 2, 1, 0, 0, 1, 3]\n %y = Pad(%x, %p) {mode = \"reflect\"} : f32[2,3,8,10]\n return %y\n}"},
+  {"pad_edge", "graph g(%x: f32[2,3,5,6]) {\n %p = const dense<i64[8]> [0, 0, 2, 1, 0, 0, 1, 3]\n %y = Pad(%x, %p) {mode = \"edge\"} : f32[2,3,8,10]\n return %y\n}"},
+  {"pad_wrap", "graph g(%x: f32[3,5,6]) {\n %p = const dense<i64[6]> [0, 2, 1, 0, 1, 3]\n %y = Pad(%x, %p) {mode = \"wrap\"} : f32[3,8,10]\n return %y\n}"},
+  {"pad_negative_crop", "graph g(%x: f32[2,3,5,6]) {\n %p = const dense<i64[8]> [0, 0, -1, 1, 0, 0, 1, -2]\n %y = Pad(%x, %p) : f32[2,3,5,5]\n return %y\n}"},
+  {"pad_axes", "graph g(%x: f32[2,3,5,6]) {\n %p = const dense<i64[4]> [1, 2, 3, 0]\n %a = const dense<i64[2]> [-1, 1]\n %y = Pad(%x, %p, _, %a) : f32[2,5,5,10]\n return %y\n}"},
+  {"pad_i64", "graph g(%x: i64[4,5]) {\n %p = const dense<i64[4]> [1, 0, 2, 3]\n %v = const dense<i64[]> [7]\n %y = Pad(%x, %p, %v) : i64[7,8]\n return %y\n}", {}, 0, 0, false, 100},
+  // Resize (k::resize): nearest as torch exports it, linear in each coordinate transform, sizes, 1-D and 3-D.
+  {"resize_nearest_2x", "graph g(%x: f32[2,3,8,8]) {\n %sc = const dense<f32[4]> [1, 1, 2, 2]\n %y = Resize(%x, _, %sc) {coordinate_transformation_mode = \"asymmetric\", mode = \"nearest\", nearest_mode = \"floor\"} : f32[2,3,16,16]\n return %y\n}", {}, 1e-6, 1e-2, true, 4, "kernel resize"},
+  {"resize_nearest_sizes", "graph g(%x: f32[1,4,7,9]) {\n %sz = const dense<i64[4]> [1, 4, 12, 5]\n %y = Resize(%x, _, _, %sz) : f32[1,4,12,5]\n return %y\n}", {}, 1e-6, 1e-2},
+  {"resize_bilinear_half_pixel", "graph g(%x: f32[2,3,8,8]) {\n %sc = const dense<f32[4]> [1, 1, 2, 2]\n %y = Resize(%x, _, %sc) {mode = \"linear\"} : f32[2,3,16,16]\n return %y\n}"},
+  {"resize_bilinear_align_corners", "graph g(%x: f32[1,3,5,7]) {\n %sz = const dense<i64[4]> [1, 3, 9, 4]\n %y = Resize(%x, _, _, %sz) {coordinate_transformation_mode = \"align_corners\", mode = \"linear\"} : f32[1,3,9,4]\n return %y\n}"},
+  {"resize_bilinear_pytorch", "graph g(%x: f32[1,2,6,6]) {\n %sc = const dense<f32[4]> [1, 1, 0.5, 1.5]\n %y = Resize(%x, _, %sc) {coordinate_transformation_mode = \"pytorch_half_pixel\", mode = \"linear\"} : f32[1,2,3,9]\n return %y\n}"},
+  {"resize_linear_1d", "graph g(%x: f32[2,4,10]) {\n %sc = const dense<f32[3]> [1, 1, 2.5]\n %y = Resize(%x, _, %sc) {mode = \"linear\"} : f32[2,4,25]\n return %y\n}"},
+  {"resize_nhwc_between_convs", "graph g(%x: f32[2,16,9,7], %w1: f32[16,16,3,3], %w2: f32[8,16,3,3]) {\n %c = Conv(%x, %w1) {pads = [1, 1, 1, 1]} : f32[2,16,9,7]\n %sc = const dense<f32[4]> [1, 1, 2, 2]\n %u = Resize(%c, _, %sc) {coordinate_transformation_mode = \"asymmetric\", mode = \"nearest\", nearest_mode = \"floor\"} : f32[2,16,18,14]\n %y = Conv(%u, %w2) {pads = [1, 1, 1, 1]} : f32[2,8,18,14]\n return %y\n}", {"w1", "w2"}, 1e-4, 2e-2, true, 4, ", NHWC)"},
+  {"resize_bilinear_nhwc", "graph g(%x: f32[1,16,6,5], %w1: f32[16,16,1,1]) {\n %c = Conv(%x, %w1) : f32[1,16,6,5]\n %sz = const dense<i64[4]> [1, 16, 11, 13]\n %y = Resize(%c, _, _, %sz) {mode = \"linear\"} : f32[1,16,11,13]\n return %y\n}", {"w1"}, 1e-4, 2e-2, true, 4, ", NHWC)"},
+  {"resize_trilinear", "graph g(%x: f32[1,2,4,5,6]) {\n %sc = const dense<f32[5]> [1, 1, 2, 2, 2]\n %y = Resize(%x, _, %sc) {mode = \"linear\"} : f32[1,2,8,10,12]\n return %y\n}"},
 };
 // clang-format on
 
@@ -372,7 +397,7 @@ struct Reference {
 // as in every real build. The lowering no longer matches them itself: fusion is the passes' call.
 const std::set<std::string> kThroughPasses = {
     "gelu_erf_pattern", "gelu_tanh_pattern", "attention_bert", "attention_bert_rowmask", "attention_cross",
-    "attention_causal", "attention_vit_packed", "gemm_tanh_gelu", "linear_erf_gelu"};
+    "attention_causal", "attention_vit_packed", "gemm_tanh_gelu", "linear_erf_gelu", "group_norm_silu"};
 
 Expected<Reference> cpu_reference(const Case& c, uint64_t seed) {
   Reference r;
@@ -742,6 +767,20 @@ Status check_out_of_memory(uint64_t seed) {
   return Status::ok();
 }
 
+// --filter: comma-separated substrings, any of which selects a case; empty selects all.
+bool matches_filter(const std::string& name, const std::string& filter) {
+  if (filter.empty()) return true;
+  size_t at = 0;
+  while (at <= filter.size()) {
+    size_t comma = filter.find(',', at);
+    std::string part = filter.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    if (!part.empty() && name.find(part) != std::string::npos) return true;
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -773,7 +812,7 @@ int main(int argc, char** argv) {
   std::printf("seed %llu (re-run with --seed to reproduce)\n", static_cast<unsigned long long>(seed));
   int passed = 0, failed = 0;
   for (const Case& c : kCases) {
-    if (!filter.empty() && std::string(c.name).find(filter) == std::string::npos) continue;
+    if (!matches_filter(c.name, filter)) continue;
     std::vector<std::pair<cuda::Precision, double>> runs;
     if (precision == "all" || precision == "fp32") runs.push_back({cuda::Precision::kFp32, c.tol32});
     if (c.half && (precision == "all" || precision == "fp16")) runs.push_back({cuda::Precision::kFp16, c.tol16});

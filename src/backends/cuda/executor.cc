@@ -76,6 +76,7 @@ const std::map<StepOp, BindFn>& binders() {
     register_norm_binders(t);
     register_attention_binders(t);
     register_fused_binders(t);
+    register_resample_binders(t);
     register_host_binders(t);
     return t;
   }();

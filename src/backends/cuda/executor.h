@@ -58,7 +58,10 @@ enum class StepOp : uint16_t {
   kGemmSm90,
   kAttention,
   kGenerated,      // an NVRTC-compiled elementwise kernel, by its cubin
-  kLast = kGenerated,
+  kGroupNorm,      // k::group_norm (GroupNormalization, InstanceNormalization)
+  kPad,            // k::pad_nd (Pad: constant, reflect, edge, wrap)
+  kResize,         // k::resize (Resize: nearest and linear)
+  kLast = kResize,
 };
 
 // What a step sees when it runs: the session's stream, handles and memory.
@@ -134,6 +137,7 @@ void register_data_binders(std::map<StepOp, BindFn>& t);
 void register_norm_binders(std::map<StepOp, BindFn>& t);
 void register_attention_binders(std::map<StepOp, BindFn>& t);
 void register_fused_binders(std::map<StepOp, BindFn>& t);
+void register_resample_binders(std::map<StepOp, BindFn>& t);
 void register_host_binders(std::map<StepOp, BindFn>& t);
 
 // Every step of the plan bound, in order; an unknown kind or a malformed record is an error naming

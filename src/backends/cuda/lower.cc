@@ -284,6 +284,7 @@ const std::map<OpKind, LowerFn>& lowering_table() {
     register_norm_lowerings(t);
     register_attention_lowerings(t);
     register_fused_lowerings(t);
+    register_resample_lowerings(t);
     return t;
   }();
   return table;

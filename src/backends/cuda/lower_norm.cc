@@ -157,6 +157,90 @@ Expected<StepFn> bind_channel_affine(Params& in, BindCtx&) {
   });
 }
 
+// Whether n is a FusedElementwise whose body is SiLU of its one input: Sigmoid(a) then a * that.
+bool is_silu(const Node& n) {
+  if (n.op != OpKind::kFusedElementwise || n.inputs.size() != 1) return false;
+  const Graph* b = n.attr_graph("body");
+  if (!b || b->inputs.size() != 1 || b->outputs.size() != 1 || b->nodes.size() != 2) return false;
+  const Node& sig = *b->nodes[0];
+  const Node& mul = *b->nodes[1];
+  const Value* a = b->inputs[0];
+  if (sig.op != OpKind::kSigmoid || sig.inputs[0] != a || mul.op != OpKind::kMul) return false;
+  const Value* s = sig.outputs[0];
+  return mul.outputs[0] == b->outputs[0] &&
+         ((mul.inputs[0] == a && mul.inputs[1] == s) || (mul.inputs[0] == s && mul.inputs[1] == a));
+}
+
+// InstanceNormalization and GroupNormalization (k::group_norm): statistics per (batch, group) in
+// f32, the channel's scale and shift (constants, per channel or, GroupNormalization-18, per group),
+// and the output's only reader fused in when it is Relu or SiLU (diffusion UNets' GroupNorm ->
+// SiLU). NCHW-ordered x; statistics scratch in the arena.
+Status lower_group_norm(Lowering& L, const Node& n) {
+  const bool instance = n.op == OpKind::kInstanceNormalization;
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
+  if (!is_float_dt(x->dt) || x->dims.size() < 2) KILN_UNSUPPORTED("{} on {}", op_name(n.op), dtype_name(x->ir_dtype));
+  const int64_t nb = x->dims[0], c = x->dims[1], spatial = prod(x->dims, 2, x->dims.size());
+  const int64_t groups = instance ? c : n.attr_int("num_groups", 0);
+  if (groups < 1 || c % groups != 0) KILN_UNSUPPORTED("{} channels in {} groups", c, groups);
+  const Tensor *sc = L.constant(n.inputs[1]), *sh = L.constant(n.inputs[2]);
+  if (!sc || !sh) KILN_UNSUPPORTED("{} scale or bias computed at run time", op_name(n.op));
+  std::vector<float> s(static_cast<size_t>(c)), t(static_cast<size_t>(c));
+  for (const Tensor* p : {sc, sh}) {
+    if (p->numel() != c && p->numel() != groups) KILN_UNSUPPORTED("{} parameter of {} values", op_name(n.op), p->numel());
+  }
+  for (int64_t i = 0; i < c; ++i) {
+    s[size_t(i)] = float(sc->as_double(sc->numel() == c ? i : i / (c / groups)));
+    t[size_t(i)] = float(sh->as_double(sh->numel() == c ? i : i / (c / groups)));
+  }
+  if (k::group_norm_scratch_bytes(nb, c, groups, spatial) == 0 || (c / groups) * spatial > int64_t(65535) * 8192) {
+    KILN_UNSUPPORTED("{} groups of {} values", nb * groups, (c / groups) * spatial);
+  }
+  KILN_ASSIGN_OR_RETURN(Ref sr, L.upload_raw(s.data(), s.size() * sizeof(float)));
+  KILN_ASSIGN_OR_RETURN(Ref tr, L.upload_raw(t.data(), t.size() * sizeof(float)));
+  const Value* out = n.outputs[0];
+  int act = 0;
+  const Node* next = L.only_consumer(out);
+  if (next && next->op == OpKind::kRelu) act = 1;
+  else if (next && is_silu(*next)) act = 2;
+  if (act) out = next->outputs[0];
+  const int scratch = L.scratch(k::group_norm_scratch_bytes(nb, c, groups, spatial));
+  const DevValue& y = L.define(out);
+  const float eps = n.attr_float("epsilon", 1e-5f);
+  ByteWriter w;
+  w.put(int32_t(x->dt));
+  put(w, x->ref);
+  put(w, sr);
+  put(w, tr);
+  put(w, y.ref);
+  put(w, Ref{false, scratch});
+  for (int64_t v : {nb, c, groups, spatial}) w.i64(v);
+  w.put(eps);
+  w.put(int32_t(act));
+  if (act) L.mark_fused(next, &n);
+  L.emit(&n, fmt::format("kernel group_norm ({} groups){}", groups, act == 1 ? " +relu" : act == 2 ? " +silu" : ""),
+         {read_id(x), scratch}, {y.ref.id, scratch}, StepOp::kGroupNorm, std::move(w));
+  return Status::ok();
+}
+
+Expected<StepFn> bind_group_norm(Params& in, BindCtx&) {
+  const k::DT dt = in.dt();
+  const Ref xr = in.ref(), sr = in.ref(), tr = in.ref(), yr = in.ref(), scr = in.ref();
+  const int64_t nb = in.i64(), c = in.i64(), groups = in.i64(), spatial = in.i64();
+  const float eps = in.f32();
+  const int32_t act = in.i32();
+  KILN_RETURN_IF_ERROR(in.done());
+  if (nb < 0 || c < 1 || groups < 1 || c % groups != 0 || spatial < 0 || act < 0 || act > 2 || !sr.weight || !tr.weight ||
+      scr.weight) {
+    return KILN_ERROR(kInvalidModel, "{}: malformed group_norm parameters", in.step().label);
+  }
+  return StepFn([=](const RunCtx& cx) {
+    return cuda_status(k::group_norm(dt, cx.ptr(xr), static_cast<const float*>(cx.ptr(sr)),
+                                     static_cast<const float*>(cx.ptr(tr)), cx.ptr(yr), nb, c, groups, spatial, eps, act,
+                                     cx.ptr(scr), cx.stream),
+                       "group_norm");
+  });
+}
+
 std::optional<k::Reduce> reduce_of(OpKind op) {
   switch (op) {
     case OpKind::kReduceSum: return k::Reduce::kSum;
@@ -286,6 +370,8 @@ void register_norm_lowerings(std::map<OpKind, LowerFn>& t) {
   t[OpKind::kLayerNormalization] = lower_layer_norm;
   t[OpKind::kRMSNormalization] = lower_layer_norm;
   t[OpKind::kBatchNormalization] = lower_batch_norm;
+  t[OpKind::kInstanceNormalization] = lower_group_norm;
+  t[OpKind::kGroupNormalization] = lower_group_norm;
   for (OpKind op : {OpKind::kReduceSum, OpKind::kReduceMean, OpKind::kReduceMax, OpKind::kReduceMin,
                     OpKind::kReduceProd, OpKind::kReduceSumSquare, OpKind::kReduceL1, OpKind::kReduceL2,
                     OpKind::kReduceLogSumExp}) {
@@ -313,6 +399,7 @@ void register_norm_binders(std::map<StepOp, BindFn>& t) {
   t[StepOp::kSoftmax] = bind_softmax;
   t[StepOp::kLayerNorm] = bind_layer_norm;
   t[StepOp::kChannelAffine] = bind_channel_affine;
+  t[StepOp::kGroupNorm] = bind_group_norm;
   t[StepOp::kReduce] = bind_reduce;
   t[StepOp::kArgReduce] = bind_arg_reduce;
 }

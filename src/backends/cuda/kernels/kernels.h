@@ -133,6 +133,30 @@ cudaError_t arg_reduce(bool is_max, DT dt, const void* x, int64_t* y, int64_t ou
 cudaError_t channel_affine(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t outer,
                            int64_t c, int64_t inner, cudaStream_t s);
 
+// GroupNormalization / InstanceNormalization (groups == c) of NCHW x viewed as [n, c, spatial]:
+// each (batch, group) is normalized by its own statistics, then y = act(x_hat * scale[ch] +
+// shift[ch]) with act 0 none, 1 relu, 2 silu (scale and shift f32). `scratch` holds
+// group_norm_scratch_bytes(...) bytes (per-row statistics and per-chunk partials).
+size_t group_norm_scratch_bytes(int64_t n, int64_t c, int64_t groups, int64_t spatial);
+cudaError_t group_norm(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t n, int64_t c,
+                       int64_t groups, int64_t spatial, float eps, int act, void* scratch, cudaStream_t s);
+
+// Pad of x (dims in_dims) into y (out_dims), rank <= kMaxRank, any element width up to 8 bytes:
+// y[o] = x[src(o - begin)] per dim, where a coordinate outside x is the constant `value_bits`
+// (mode 0), mirrored (1, reflect), clamped (2, edge) or wrapped (3). Negative begin crops.
+cudaError_t pad_nd(int elem_bytes, const void* x, void* y, int rank, const int64_t* in_dims, const int64_t* out_dims,
+                   const int64_t* begin, int mode, uint64_t value_bits, cudaStream_t s);
+
+// Resize of the sp (1..3) dims of x viewed as [outer, in_dims..., inner] to [outer, out_dims...,
+// inner] (inner > 1: the channels of NHWC): nearest (`nearest`: 0 round_prefer_floor,
+// 1 round_prefer_ceil, 2 floor, 3 ceil) or (bi/tri)linear, with the coordinate transform `ctm`:
+// 0 half_pixel, 1 pytorch_half_pixel, 2 asymmetric, 3 align_corners, 4 half_pixel_symmetric,
+// 5 tf_half_pixel_for_nn; scales[d] = output / input. `scratch` holds resize_scratch_bytes(...).
+size_t resize_scratch_bytes(int sp, const int64_t* out_dims);
+cudaError_t resize(DT dt, const void* x, void* y, int64_t outer, int sp, const int64_t* in_dims, const int64_t* out_dims,
+                   int64_t inner, const double* scales, bool linear, int ctm, int nearest, void* scratch,
+                   cudaStream_t s);
+
 // ---- convolution ---------------------------------------------------------------------------------
 
 // Depthwise 2-D convolution in NHWC (one filter per channel): x [n,h,w,c], filter [r,s,c],

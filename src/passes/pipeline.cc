@@ -48,6 +48,9 @@ std::vector<Pass> default_pipeline() {
       // Before fuse-matmul-add, which would hide a MatMul that a BatchNormalization follows.
       {"fold-batchnorm", "fold inference BatchNormalization into the Conv/Gemm/MatMul before it",
        fold_batchnorm},
+      // 1-D convolutions as 2-D ones over a height of 1 (between free views): one convolution path
+      // per backend. After fold-batchnorm, which folds into the 1-D form as into any Conv.
+      {"conv-as-planar", "1-D Conv -> Unsqueeze + 2-D Conv over a height of 1 + Squeeze", conv_as_planar},
       // Q/K/V projections reading one input -> one wide MatMul + Split: fewer, fuller GEMMs.
       // Before fuse-matmul-add, which would turn 2-D members into Gemms first.
       {"merge-sibling-matmuls", "MatMuls sharing their input and K -> one MatMul over concatenated weights + Split",

@@ -250,13 +250,14 @@ const std::vector<Case> kCases = {
   // The Hopper GEMM (lower_gemm_sm90.cc), forced: a transformer layer (QKV product, fused attention
   // with a row mask, output projection + residual, LayerNorm, FFN with GELU, residual, LayerNorm),
   // where the attention and both LayerNorms follow a gemm_sm90 step and so are launched with
-  // programmatic serialization; 64 rows, both tiles. (Tolerance: the bf16 build, on cuBLASLt, is
-  // 0.09-0.11 off over the layer; fp16 0.009.)
+  // programmatic serialization; 64 rows, both tiles. (Tolerance: over the layer the bf16 build is
+  // 0.05-0.20 off depending on the random seed (12 seeds, 2026-11-25: 2 failed the earlier 0.16);
+  // fp16 about 0.015. bf16 checks against 4 x tol16.)
   {"gemm_sm90_layer_tile64", kSm90Layer,
-   {"wqkv", "bqkv", "wo", "bo", "g1", "e1", "w1", "b1", "w2", "b2", "g2", "e2"}, 1e-4, 4e-2, true, 4,
+   {"wqkv", "bqkv", "wo", "bo", "g1", "e1", "w1", "b1", "w2", "b2", "g2", "e2"}, 1e-4, 6e-2, true, 4,
    "tile 64x64x64|layer_norm (programmatic launch)|, programmatic launch)", true, false, 1, 64},
   {"gemm_sm90_layer_tile32", kSm90Layer,
-   {"wqkv", "bqkv", "wo", "bo", "g1", "e1", "w1", "b1", "w2", "b2", "g2", "e2"}, 1e-4, 4e-2, true, 4,
+   {"wqkv", "bqkv", "wo", "bo", "g1", "e1", "w1", "b1", "w2", "b2", "g2", "e2"}, 1e-4, 6e-2, true, 4,
    "tile 64x32x64|layer_norm (programmatic launch)|, programmatic launch)", true, false, 1, 32},
   // Gemm with transB (the weight transposed to [K,N] at build), 37 rows and N = 160 (partial tiles
   // in both), K = 200 (a partial K tile); a residual with GELU and no bias.
@@ -337,6 +338,20 @@ const std::vector<Case> kCases = {
   {"resize_linear_1d", "graph g(%x: f32[2,4,10]) {\n %sc = const dense<f32[3]> [1, 1, 2.5]\n %y = Resize(%x, _, %sc) {mode = \"linear\"} : f32[2,4,25]\n return %y\n}"},
   {"resize_nhwc_between_convs", "graph g(%x: f32[2,16,9,7], %w1: f32[16,16,3,3], %w2: f32[8,16,3,3]) {\n %c = Conv(%x, %w1) {pads = [1, 1, 1, 1]} : f32[2,16,9,7]\n %sc = const dense<f32[4]> [1, 1, 2, 2]\n %u = Resize(%c, _, %sc) {coordinate_transformation_mode = \"asymmetric\", mode = \"nearest\", nearest_mode = \"floor\"} : f32[2,16,18,14]\n %y = Conv(%u, %w2) {pads = [1, 1, 1, 1]} : f32[2,8,18,14]\n return %y\n}", {"w1", "w2"}, 1e-4, 2e-2, true, 4, ", NHWC)"},
   {"resize_bilinear_nhwc", "graph g(%x: f32[1,16,6,5], %w1: f32[16,16,1,1]) {\n %c = Conv(%x, %w1) : f32[1,16,6,5]\n %sz = const dense<i64[4]> [1, 16, 11, 13]\n %y = Resize(%c, _, _, %sz) {mode = \"linear\"} : f32[1,16,11,13]\n return %y\n}", {"w1"}, 1e-4, 2e-2, true, 4, ", NHWC)"},
+  // CumSum (RoBERTa's position ids: cumsum of the mask) and GatherElements (k::cumsum, k::gather_elements).
+  {"cumsum_i64_positions", "graph g(%m: i64[3,40]) {\n %a = const dense<i64[]> [1]\n %c = CumSum(%m, %a) : i64[3,40]\n %y = Mul(%c, %m) : i64[3,40]\n return %y\n}", {}, 0, 0, false, 2, "kernel cumsum"},
+  {"cumsum_f32_exclusive_reverse", "graph g(%x: f32[4,33,5]) {\n %a = const dense<i64[]> [-2]\n %y = CumSum(%x, %a) {exclusive = 1, reverse = 1} : f32[4,33,5]\n return %y\n}", {}, 1e-5, 2e-2},
+  {"cumsum_i32_axis0", "graph g(%x: i32[17,6]) {\n %a = const dense<i32[]> [0]\n %y = CumSum(%x, %a) : i32[17,6]\n return %y\n}", {}, 0, 0, false, 9},
+  {"gather_elements_axis1", "graph g(%x: f32[4,9,3], %i: i64[4,5,3]) {\n %y = GatherElements(%x, %i) {axis = 1} : f32[4,5,3]\n return %y\n}", {}, 0, 1e-2, true, 9, "kernel gather_elements"},
+  {"gather_elements_last_i32", "graph g(%x: f32[6,10], %i: i32[6,4]) {\n %y = GatherElements(%x, %i) {axis = -1} : f32[6,4]\n return %y\n}", {}, 0, 1e-2, true, 10},
+  // 1-D convolutions through the conv-as-planar pass: cuDNN's 2-D convolution over a height of 1.
+  {"conv1d_speech", "graph g(%x: f32[2,16,50], %w: f32[32,16,5], %b: f32[32]) {\n %c = Conv(%x, %w, %b) {pads = [2, 2]} : f32[2,32,50]\n %y = Relu(%c) : f32[2,32,50]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2, true, 4, "cudnn conv"},
+  {"conv1d_strided_grouped", "graph g(%x: f32[1,8,37], %w: f32[8,2,3]) {\n %y = Conv(%x, %w) {dilations = [2], group = 4, pads = [1, 3], strides = [2]} : f32[1,8,19]\n return %y\n}", {"w"}, 1e-4, 2e-2},
+  // ConvTranspose (cudnnConvolutionBackwardData): UNet-style 2x upsampling, pads with output_padding, groups, 1-D.
+  {"convtranspose_2x", "graph g(%x: f32[2,16,7,9], %w: f32[16,8,2,2], %b: f32[8]) {\n %y = ConvTranspose(%x, %w, %b) {strides = [2, 2]} : f32[2,8,14,18]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2, true, 4, "cudnn conv-transpose"},
+  {"convtranspose_pad_outpad", "graph g(%x: f32[1,8,5,5], %w: f32[8,4,3,3]) {\n %y = ConvTranspose(%x, %w) {output_padding = [1, 1], pads = [1, 1, 1, 1], strides = [2, 2]} : f32[1,4,10,10]\n return %y\n}", {"w"}, 1e-4, 2e-2},
+  {"convtranspose_grouped", "graph g(%x: f32[1,8,6,6], %w: f32[8,2,3,3], %b: f32[4]) {\n %y = ConvTranspose(%x, %w, %b) {group = 2} : f32[1,4,8,8]\n return %y\n}", {"w", "b"}, 1e-4, 2e-2},
+  {"convtranspose1d", "graph g(%x: f32[2,8,20], %w: f32[8,4,4]) {\n %y = ConvTranspose(%x, %w) {pads = [1, 1], strides = [2]} : f32[2,4,40]\n return %y\n}", {"w"}, 1e-4, 2e-2, true, 4, "cudnn conv-transpose"},
   {"resize_trilinear", "graph g(%x: f32[1,2,4,5,6]) {\n %sc = const dense<f32[5]> [1, 1, 2, 2, 2]\n %y = Resize(%x, _, %sc) {mode = \"linear\"} : f32[1,2,8,10,12]\n return %y\n}"},
 };
 // clang-format on
@@ -397,7 +412,8 @@ struct Reference {
 // as in every real build. The lowering no longer matches them itself: fusion is the passes' call.
 const std::set<std::string> kThroughPasses = {
     "gelu_erf_pattern", "gelu_tanh_pattern", "attention_bert", "attention_bert_rowmask", "attention_cross",
-    "attention_causal", "attention_vit_packed", "gemm_tanh_gelu", "linear_erf_gelu", "group_norm_silu"};
+    "attention_causal", "attention_vit_packed", "gemm_tanh_gelu", "linear_erf_gelu", "group_norm_silu", "conv1d_speech",
+    "conv1d_strided_grouped", "convtranspose1d"};
 
 Expected<Reference> cpu_reference(const Case& c, uint64_t seed) {
   Reference r;

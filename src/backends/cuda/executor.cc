@@ -77,6 +77,7 @@ const std::map<StepOp, BindFn>& binders() {
     register_attention_binders(t);
     register_fused_binders(t);
     register_resample_binders(t);
+    register_conv_transpose_binders(t);
     register_host_binders(t);
     return t;
   }();

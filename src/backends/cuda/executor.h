@@ -61,7 +61,10 @@ enum class StepOp : uint16_t {
   kGroupNorm,      // k::group_norm (GroupNormalization, InstanceNormalization)
   kPad,            // k::pad_nd (Pad: constant, reflect, edge, wrap)
   kResize,         // k::resize (Resize: nearest and linear)
-  kLast = kResize,
+  kCumSum,         // k::cumsum
+  kGatherElements, // k::gather_elements
+  kCudnnConvTranspose,  // cudnnConvolutionBackwardData (ConvTranspose)
+  kLast = kCudnnConvTranspose,
 };
 
 // What a step sees when it runs: the session's stream, handles and memory.
@@ -138,6 +141,7 @@ void register_norm_binders(std::map<StepOp, BindFn>& t);
 void register_attention_binders(std::map<StepOp, BindFn>& t);
 void register_fused_binders(std::map<StepOp, BindFn>& t);
 void register_resample_binders(std::map<StepOp, BindFn>& t);
+void register_conv_transpose_binders(std::map<StepOp, BindFn>& t);
 void register_host_binders(std::map<StepOp, BindFn>& t);
 
 // Every step of the plan bound, in order; an unknown kind or a malformed record is an error naming

@@ -14,6 +14,7 @@
 #include <cublasLt.h>
 #include <cudnn.h>
 
+#include <array>
 #include <functional>
 #include <map>
 #include <memory>
@@ -256,6 +257,25 @@ Expected<bool> try_emit_gemm_sm90(Lowering& L, const Node& n, const DevValue* a,
                                   const Epilogue& ep, Ref y, k::DT dt, float lt_ms, std::string* lost);
 
 void register_gemm_sm90_binder(std::map<StepOp, BindFn>& t);  // lower_gemm_sm90.cc
+// cuDNN descriptors of one 2-D convolution x (xdims) * w (wdims, [K, C/group, R, S]) -> y (ydims), in
+// the layout lay, held in `keep` (lower_conv.cc); key is the timing cache's signature of it.
+struct ConvDescs {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t c = nullptr;
+  size_t xb = 0, wb = 0, yb = 0;  // bytes
+  std::string key;
+};
+Expected<ConvDescs> make_conv_descs(std::vector<std::shared_ptr<void>>& keep, Precision prec, size_t workspace, k::DT dt,
+                                    Layout lay, const std::vector<int64_t>& xdims, const std::array<int64_t, 4>& wdims,
+                                    std::array<int, 2> pads, std::array<int, 2> stride, std::array<int, 2> dil,
+                                    int64_t group, const std::vector<int64_t>& ydims);
+Expected<cudnnTensorDescriptor_t> make_tensor_desc(std::vector<std::shared_ptr<void>>& keep, const std::vector<int64_t>& d,
+                                                   k::DT dt, Layout lay);
+// A [K, C, R, S] filter as [K, R, S, C] (cuDNN's NHWC filter layout).
+Expected<Tensor> filter_krsc(const Tensor& w);
+void register_conv_transpose_lowerings(std::map<OpKind, LowerFn>& t);  // lower_conv_transpose.cc
+
 
 // Convenience for lowering functions.
 #define KILN_UNSUPPORTED(...) return KILN_ERROR(kUnsupported, __VA_ARGS__)

@@ -194,14 +194,6 @@ struct DevBuf {
 
 // The cuDNN descriptors of one 2-D convolution: x [n, c, h, w] and y in layout lay, filter
 // [k, c, r, s] (KRSC in memory when NHWC), symmetric pads.
-struct ConvDescs {
-  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
-  cudnnFilterDescriptor_t w = nullptr;
-  cudnnConvolutionDescriptor_t c = nullptr;
-  size_t xb = 0, wb = 0, yb = 0;  // bytes
-  std::string key;                // the timing cache's signature of this convolution
-};
-
 struct AlgoChoice {
   cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
   float ms = -1;          // timed, or -1 when chosen by heuristic
@@ -961,6 +953,20 @@ void register_conv_lowerings(std::map<OpKind, LowerFn>& t) {
   t[OpKind::kConv] = lower_conv;
   t[OpKind::kMaxPool] = lower_pool;
   t[OpKind::kAveragePool] = lower_pool;
+}
+
+Expected<ConvDescs> make_conv_descs(std::vector<std::shared_ptr<void>>& keep, Precision prec, size_t workspace, k::DT dt,
+                                    Layout lay, const std::vector<int64_t>& xdims, const std::array<int64_t, 4>& wdims,
+                                    std::array<int, 2> pads, std::array<int, 2> stride, std::array<int, 2> dil,
+                                    int64_t group, const std::vector<int64_t>& ydims) {
+  return conv_descs(keep, prec, workspace, dt, lay, xdims, wdims, pads, stride, dil, group, ydims);
+}
+
+Expected<Tensor> filter_krsc(const Tensor& w) { return to_krsc(w); }
+
+Expected<cudnnTensorDescriptor_t> make_tensor_desc(std::vector<std::shared_ptr<void>>& keep, const std::vector<int64_t>& d,
+                                                   k::DT dt, Layout lay) {
+  return tensor_desc(keep, d, dt, lay);
 }
 
 }  // namespace kiln::cuda

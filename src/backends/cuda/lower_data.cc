@@ -1,5 +1,5 @@
 // Data movement: views that need no work (Reshape, Squeeze, Flatten...), strided copies
-// (Transpose, Slice, Expand, Concat, Split) and Gather. Every copy is one copy_nd launch that
+// (Transpose, Slice, Expand, Concat, Split), Gather, GatherElements and CumSum. Every copy is one copy_nd launch that
 // reads its input through the input's logical strides, so NHWC inputs are read in place.
 #include <algorithm>
 
@@ -204,6 +204,93 @@ Status lower_constant_of_shape(Lowering& L, const Node& n) {
   return Status::ok();
 }
 
+// CumSum along a constant axis: one thread per line (position ids over an attention mask are
+// short lines; nothing here is bandwidth-bound).
+Status lower_cumsum(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
+  if (x->dt != k::DT::kF32 && x->dt != k::DT::kF16 && x->dt != k::DT::kBF16 && x->dt != k::DT::kI64 && x->dt != k::DT::kI32) {
+    KILN_UNSUPPORTED("CumSum of {}", dtype_name(x->ir_dtype));
+  }
+  const Tensor* a = L.constant(n.inputs[1]);
+  if (!a || a->numel() != 1) KILN_UNSUPPORTED("CumSum axis computed at run time");
+  const int64_t r = int64_t(x->dims.size());
+  int64_t axis = a->as_int(0);
+  if (axis < 0) axis += r;
+  if (axis < 0 || axis >= r) KILN_UNSUPPORTED("CumSum axis {} of a rank-{} input", a->as_int(0), r);
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < axis; ++i) outer *= x->dims[size_t(i)];
+  for (int64_t i = axis + 1; i < r; ++i) inner *= x->dims[size_t(i)];
+  const DevValue& y = L.define(n.outputs[0]);
+  ByteWriter p;
+  p.put(int32_t(x->dt));
+  put(p, x->ref);
+  put(p, y.ref);
+  for (int64_t v : {outer, x->dims[size_t(axis)], inner}) p.i64(v);
+  p.u8(n.attr_int("exclusive", 0) != 0);
+  p.u8(n.attr_int("reverse", 0) != 0);
+  L.emit(&n, "kernel cumsum", {read_id(x)}, {y.ref.id}, StepOp::kCumSum, std::move(p));
+  return Status::ok();
+}
+
+Expected<StepFn> bind_cumsum(Params& in, BindCtx&) {
+  const k::DT dt = in.dt();
+  const Ref xr = in.ref(), yr = in.ref();
+  const int64_t outer = in.i64(), len = in.i64(), inner = in.i64();
+  const bool exclusive = in.flag(), reverse = in.flag();
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) {
+    return cuda_status(k::cumsum(dt, c.ptr(xr), c.ptr(yr), outer, len, inner, exclusive, reverse, c.stream), "cumsum");
+  });
+}
+
+// GatherElements where indices and data agree on every dim but the axis (what models write).
+Status lower_gather_elements(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
+  KILN_ASSIGN_OR_RETURN(const DevValue* idx, L.rowmajor(n.inputs[1]));
+  if (idx->dt != k::DT::kI64 && idx->dt != k::DT::kI32) KILN_UNSUPPORTED("GatherElements indices of {}", dtype_name(idx->ir_dtype));
+  const int64_t r = int64_t(x->dims.size());
+  int64_t axis = n.attr_int("axis", 0);
+  if (axis < 0) axis += r;
+  if (axis < 0 || axis >= r || idx->dims.size() != x->dims.size()) KILN_UNSUPPORTED("GatherElements axis {}", axis);
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < r; ++i) {
+    if (i != axis && idx->dims[size_t(i)] != x->dims[size_t(i)]) {
+      KILN_UNSUPPORTED("GatherElements with indices {} smaller than the data {} off the axis", dims_to_string(idx->dims),
+                       dims_to_string(x->dims));
+    }
+    if (i < axis) outer *= x->dims[size_t(i)];
+    if (i > axis) inner *= x->dims[size_t(i)];
+  }
+  if (x->dims[size_t(axis)] == 0 && idx->numel() > 0) KILN_UNSUPPORTED("GatherElements from an empty axis");
+  const DevValue& y = L.define(n.outputs[0]);
+  if (y.numel() == 0) return Status::ok();
+  ByteWriter p;
+  p.put(int32_t(k::dt_size(x->dt)));
+  put(p, x->ref);
+  put(p, idx->ref);
+  put(p, y.ref);
+  for (int64_t v : {outer, x->dims[size_t(axis)], inner, idx->dims[size_t(axis)]}) p.i64(v);
+  p.put(int32_t(idx->dt));
+  const int slot = L.new_bad_index_slot();
+  L.emit(&n, "kernel gather_elements", {read_id(x), read_id(idx)}, {y.ref.id}, StepOp::kGatherElements, std::move(p));
+  L.steps.back().bad_index_slot = slot;
+  return Status::ok();
+}
+
+Expected<StepFn> bind_gather_elements(Params& in, BindCtx&) {
+  const int eb = in.i32();
+  const Ref xr = in.ref(), ir = in.ref(), yr = in.ref();
+  const int64_t outer = in.i64(), ad = in.i64(), inner = in.i64(), n_axis = in.i64();
+  const k::DT idt = in.dt();
+  const int slot = in.step().bad_index_slot;
+  if (slot < 0) return KILN_ERROR(kInvalidModel, "step '{}': a gather without its index check", in.step().label);
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) {
+    return cuda_status(k::gather_elements(eb, c.ptr(xr), outer, ad, inner, c.ptr(ir), idt, n_axis, c.ptr(yr),
+                                          c.bad_index + slot, c.stream), "gather_elements");
+  });
+}
+
 }  // namespace
 
 void register_data_lowerings(std::map<OpKind, LowerFn>& t) {
@@ -218,6 +305,8 @@ void register_data_lowerings(std::map<OpKind, LowerFn>& t) {
   t[OpKind::kSplit] = lower_split;
   t[OpKind::kGather] = lower_gather;
   t[OpKind::kConstantOfShape] = lower_constant_of_shape;
+  t[OpKind::kCumSum] = lower_cumsum;
+  t[OpKind::kGatherElements] = lower_gather_elements;
 }
 
 void emit_copy_nd(Lowering& L, const Node* n, std::string label, int eb, Ref src, int64_t src_off, const k::NdStrides& s,
@@ -238,6 +327,8 @@ void register_data_binders(std::map<StepOp, BindFn>& t) {
   t[StepOp::kCopyNd] = bind_copy_nd;
   t[StepOp::kGather] = bind_gather;
   t[StepOp::kFill] = bind_fill;
+  t[StepOp::kCumSum] = bind_cumsum;
+  t[StepOp::kGatherElements] = bind_gather_elements;
 }
 
 }  // namespace kiln::cuda

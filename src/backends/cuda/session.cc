@@ -427,7 +427,8 @@ Status EngineImpl::finish() {
   const double upload_ms = ms_since(t0);
   auto t1 = clock::now();
   for (const DeviceStep& st : plan.steps) {
-    uses_dnn = uses_dnn || st.kind == uint16_t(StepOp::kCudnnConv) || st.kind == uint16_t(StepOp::kCudnnPool);
+    uses_dnn = uses_dnn || st.kind == uint16_t(StepOp::kCudnnConv) || st.kind == uint16_t(StepOp::kCudnnPool) ||
+               st.kind == uint16_t(StepOp::kCudnnConvTranspose);
     uses_lt = uses_lt || st.kind == uint16_t(StepOp::kLtMatmul);
   }
   if (uses_dnn) {

@@ -157,6 +157,16 @@ cudaError_t resize(DT dt, const void* x, void* y, int64_t outer, int sp, const i
                    int64_t inner, const double* scales, bool linear, int ctm, int nearest, void* scratch,
                    cudaStream_t s);
 
+// CumSum of x viewed as [outer, n, inner] along n (ONNX exclusive and reverse); f32/f16/bf16 sum
+// in f32, i32/i64 in i64.
+cudaError_t cumsum(DT dt, const void* x, void* y, int64_t outer, int64_t n, int64_t inner, bool exclusive, bool reverse,
+                   cudaStream_t s);
+// GatherElements: y[o, j, i] = data[o, idx[o, j, i], i] with data [outer, axis_dim, inner] and idx,
+// y [outer, n_axis, inner] (the lowering checks that the other dims agree); negative indices wrap,
+// out-of-range ones are clamped and counted in *bad_count.
+cudaError_t gather_elements(int elem_bytes, const void* data, int64_t outer, int64_t axis_dim, int64_t inner, const void* idx,
+                            DT idx_dt, int64_t n_axis, void* y, int* bad_count, cudaStream_t s);
+
 // ---- convolution ---------------------------------------------------------------------------------
 
 // Depthwise 2-D convolution in NHWC (one filter per channel): x [n,h,w,c], filter [r,s,c],

@@ -1,0 +1,95 @@
+// CumSum along one axis and GatherElements: small index-and-accumulate kernels that models use
+// on position ids and masks (RoBERTa's CumSum over the attention mask, GatherElements in
+// detection and sequence heads).
+#include "backends/cuda/kernels/common.cuh"
+
+namespace kiln::cuda::k {
+
+namespace {
+
+// One thread per line of x viewed as [outer, n, inner]; each walks its line in order.
+template <class T, class A>
+__global__ void cumsum_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t outer, int64_t n, int64_t inner,
+                              bool exclusive, bool reverse) {
+  const int64_t lines = outer * inner;
+  for (int64_t l = global_tid(); l < lines; l += global_threads()) {
+    const int64_t o = l / inner, in = l - o * inner;
+    const int64_t base = o * n * inner + in;
+    A acc = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t j = reverse ? n - 1 - k : k;
+      const int64_t at = base + j * inner;
+      const A v = static_cast<A>(widen(x[at]));
+      if (exclusive) {
+        y[at] = convert<T>(acc);
+        acc += v;
+      } else {
+        acc += v;
+        y[at] = convert<T>(acc);
+      }
+    }
+  }
+}
+
+template <class U, class T, class I>
+__global__ void gather_elements_kernel(const T* __restrict__ data, const I* __restrict__ idx, T* __restrict__ y,
+                                       int64_t axis_dim, int64_t n_axis, int64_t inner, int64_t total, int* bad_count) {
+  for (int64_t i = global_tid(); i < total; i += global_threads()) {
+    // y and idx are [outer, n_axis, inner]; data is [outer, axis_dim, inner].
+    const U in = static_cast<U>(i) % static_cast<U>(inner);
+    const U o = static_cast<U>(i) / static_cast<U>(inner) / static_cast<U>(n_axis);
+    int64_t id = static_cast<int64_t>(idx[i]);
+    if (id < 0) id += axis_dim;
+    if (id < 0 || id >= axis_dim) {
+      if (bad_count != nullptr) atomicAdd(bad_count, 1);
+      id = id < 0 ? 0 : axis_dim - 1;
+    }
+    y[i] = data[(static_cast<int64_t>(o) * axis_dim + id) * inner + static_cast<int64_t>(in)];
+  }
+}
+
+}  // namespace
+
+cudaError_t cumsum(DT dt, const void* x, void* y, int64_t outer, int64_t n, int64_t inner, bool exclusive, bool reverse,
+                   cudaStream_t s) {
+  if (outer < 0 || n < 0 || inner < 0) return cudaErrorInvalidValue;
+  if (outer * n * inner == 0) return cudaSuccess;
+  const unsigned grid = grid_for(outer * inner, 128);
+  switch (dt) {
+    case DT::kF32: cumsum_kernel<float, float><<<grid, 128, 0, s>>>(static_cast<const float*>(x), static_cast<float*>(y), outer, n, inner, exclusive, reverse); break;
+    case DT::kF16: cumsum_kernel<__half, float><<<grid, 128, 0, s>>>(static_cast<const __half*>(x), static_cast<__half*>(y), outer, n, inner, exclusive, reverse); break;
+    case DT::kBF16: cumsum_kernel<__nv_bfloat16, float><<<grid, 128, 0, s>>>(static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(y), outer, n, inner, exclusive, reverse); break;
+    case DT::kI64: cumsum_kernel<int64_t, int64_t><<<grid, 128, 0, s>>>(static_cast<const int64_t*>(x), static_cast<int64_t*>(y), outer, n, inner, exclusive, reverse); break;
+    case DT::kI32: cumsum_kernel<int32_t, int64_t><<<grid, 128, 0, s>>>(static_cast<const int32_t*>(x), static_cast<int32_t*>(y), outer, n, inner, exclusive, reverse); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t gather_elements(int elem_bytes, const void* data, int64_t outer, int64_t axis_dim, int64_t inner, const void* idx,
+                            DT idx_dt, int64_t n_axis, void* y, int* bad_count, cudaStream_t s) {
+  if (outer < 0 || axis_dim < 0 || inner < 0 || n_axis < 0 || (idx_dt != DT::kI64 && idx_dt != DT::kI32)) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t total = outer * n_axis * inner;
+  if (total == 0) return cudaSuccess;
+  if (axis_dim == 0) return cudaErrorInvalidValue;  // every index is out of range
+  return dispatch_bytes(elem_bytes, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    auto go = [&](auto u, auto i) {
+      using U = decltype(u);
+      using I = decltype(i);
+      gather_elements_kernel<U, T, I><<<grid_for(total), kBlock, 0, s>>>(static_cast<const T*>(data), static_cast<const I*>(idx),
+                                                                        static_cast<T*>(y), axis_dim, n_axis, inner, total,
+                                                                        bad_count);
+    };
+    if (fits_u32(total)) {
+      if (idx_dt == DT::kI64) go(uint32_t{}, int64_t{}); else go(uint32_t{}, int32_t{});
+    } else {
+      if (idx_dt == DT::kI64) go(uint64_t{}, int64_t{}); else go(uint64_t{}, int32_t{});
+    }
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace kiln::cuda::k

@@ -86,6 +86,22 @@ std::optional<UnaryInfo> unary_of(OpKind op) {
     case OpKind::kHardSigmoid: return UnaryInfo{k::Unary::kHardSigmoid};
     case OpKind::kHardSwish: return UnaryInfo{k::Unary::kHardSwish};
     case OpKind::kNot: return UnaryInfo{k::Unary::kNot};
+    case OpKind::kSelu: return UnaryInfo{k::Unary::kSelu};
+    case OpKind::kCelu: return UnaryInfo{k::Unary::kCelu};
+    case OpKind::kThresholdedRelu: return UnaryInfo{k::Unary::kThresholdedRelu};
+    case OpKind::kSwish: return UnaryInfo{k::Unary::kSwish};
+    case OpKind::kMish: return UnaryInfo{k::Unary::kMish};
+    case OpKind::kSoftsign: return UnaryInfo{k::Unary::kSoftsign};
+    case OpKind::kShrink: return UnaryInfo{k::Unary::kShrink};
+    case OpKind::kTan: return UnaryInfo{k::Unary::kTan};
+    case OpKind::kAtan: return UnaryInfo{k::Unary::kAtan};
+    case OpKind::kAsin: return UnaryInfo{k::Unary::kAsin};
+    case OpKind::kAcos: return UnaryInfo{k::Unary::kAcos};
+    case OpKind::kSinh: return UnaryInfo{k::Unary::kSinh};
+    case OpKind::kCosh: return UnaryInfo{k::Unary::kCosh};
+    case OpKind::kAsinh: return UnaryInfo{k::Unary::kAsinh};
+    case OpKind::kAcosh: return UnaryInfo{k::Unary::kAcosh};
+    case OpKind::kAtanh: return UnaryInfo{k::Unary::kAtanh};
     default: return std::nullopt;
   }
 }
@@ -104,6 +120,17 @@ Status lower_unary(Lowering& L, const Node& n) {
       break;
     case OpKind::kLeakyRelu: p.a = n.attr_float("alpha", 0.01f); break;
     case OpKind::kElu: p.a = n.attr_float("alpha", 1.0f); break;
+    case OpKind::kCelu: p.a = n.attr_float("alpha", 1.0f); break;
+    case OpKind::kThresholdedRelu: p.a = n.attr_float("alpha", 1.0f); break;
+    case OpKind::kSwish: p.a = n.attr_float("alpha", 1.0f); break;
+    case OpKind::kSelu:
+      p.a = n.attr_float("alpha", 1.67326319217681884765625f);
+      p.b = n.attr_float("gamma", 1.05070102214813232421875f);
+      break;
+    case OpKind::kShrink:
+      p.a = n.attr_float("lambd", 0.5f);
+      p.b = n.attr_float("bias", 0.0f);
+      break;
     case OpKind::kHardSigmoid:
       p.a = n.attr_float("alpha", 0.2f);
       p.b = n.attr_float("beta", 0.5f);
@@ -135,7 +162,7 @@ Status lower_unary(Lowering& L, const Node& n) {
 }
 
 Expected<StepFn> bind_unary(Params& in, BindCtx&) {
-  const k::Unary op = in.en(k::Unary::kNot);
+  const k::Unary op = in.en(k::Unary::kAtanh);
   const k::DT dt = in.dt();
   const Ref xr = in.ref(), yr = in.ref();
   const int64_t count = in.i64();
@@ -166,6 +193,7 @@ std::optional<k::Binary> binary_of(OpKind op) {
     case OpKind::kAnd: return k::Binary::kAnd;
     case OpKind::kOr: return k::Binary::kOr;
     case OpKind::kXor: return k::Binary::kXor;
+    case OpKind::kPRelu: return k::Binary::kPRelu;
     default: return std::nullopt;
   }
 }
@@ -191,7 +219,7 @@ Expected<DevValue> emit_binary(Lowering& L, const Node& n, k::Binary op, const D
 }
 
 Expected<StepFn> bind_binary(Params& in, BindCtx&) {
-  const k::Binary op = in.en(k::Binary::kXor);
+  const k::Binary op = in.en(k::Binary::kPRelu);
   const k::DT dt = in.dt();
   const Ref ar = in.ref();
   const k::NdStrides sa = in.nd();
@@ -312,12 +340,14 @@ void register_elementwise_lowerings(std::map<OpKind, LowerFn>& t) {
                     OpKind::kReciprocal, OpKind::kNeg, OpKind::kAbs, OpKind::kErf, OpKind::kFloor, OpKind::kCeil,
                     OpKind::kSin, OpKind::kCos, OpKind::kSoftplus, OpKind::kSign, OpKind::kRound, OpKind::kGelu,
                     OpKind::kClip, OpKind::kLeakyRelu, OpKind::kElu, OpKind::kHardSigmoid, OpKind::kHardSwish,
-                    OpKind::kNot}) {
+                    OpKind::kNot, OpKind::kSelu, OpKind::kCelu, OpKind::kThresholdedRelu, OpKind::kSwish, OpKind::kMish,
+                    OpKind::kSoftsign, OpKind::kShrink, OpKind::kTan, OpKind::kAtan, OpKind::kAsin, OpKind::kAcos,
+                    OpKind::kSinh, OpKind::kCosh, OpKind::kAsinh, OpKind::kAcosh, OpKind::kAtanh}) {
     t[op] = lower_unary;
   }
   for (OpKind op : {OpKind::kAdd, OpKind::kSum, OpKind::kSub, OpKind::kMul, OpKind::kDiv, OpKind::kPow, OpKind::kMax,
                     OpKind::kMin, OpKind::kMod, OpKind::kEqual, OpKind::kLess, OpKind::kLessOrEqual, OpKind::kGreater,
-                    OpKind::kGreaterOrEqual, OpKind::kAnd, OpKind::kOr, OpKind::kXor}) {
+                    OpKind::kGreaterOrEqual, OpKind::kAnd, OpKind::kOr, OpKind::kXor, OpKind::kPRelu}) {
     t[op] = lower_binary;
   }
   t[OpKind::kWhere] = lower_where;

@@ -161,6 +161,22 @@ __device__ __forceinline__ float unary_f32(float x, UnaryParams p) {
   else if constexpr (OP == Unary::kHardSigmoid) return fmaxf(0.f, fminf(1.f, p.a * x + p.b));
   else if constexpr (OP == Unary::kHardSwish) return x * fmaxf(0.f, fminf(1.f, x * (1.f / 6.f) + 0.5f));
   else if constexpr (OP == Unary::kSilu) return x / (1.f + expf(-x));
+  else if constexpr (OP == Unary::kSelu) return p.b * (x > 0.f ? x : p.a * expm1f(x));
+  else if constexpr (OP == Unary::kCelu) return fmaxf(0.f, x) + fminf(0.f, p.a * expm1f(x / p.a));
+  else if constexpr (OP == Unary::kThresholdedRelu) return x > p.a ? x : 0.f;
+  else if constexpr (OP == Unary::kSwish) return x / (1.f + expf(-p.a * x));
+  else if constexpr (OP == Unary::kMish) return x * tanhf(fmaxf(x, 0.f) + log1pf(expf(-fabsf(x))));
+  else if constexpr (OP == Unary::kSoftsign) return x / (1.f + fabsf(x));
+  else if constexpr (OP == Unary::kShrink) return x < -p.a ? x + p.b : (x > p.a ? x - p.b : 0.f);
+  else if constexpr (OP == Unary::kTan) return tanf(x);
+  else if constexpr (OP == Unary::kAtan) return atanf(x);
+  else if constexpr (OP == Unary::kAsin) return asinf(x);
+  else if constexpr (OP == Unary::kAcos) return acosf(x);
+  else if constexpr (OP == Unary::kSinh) return sinhf(x);
+  else if constexpr (OP == Unary::kCosh) return coshf(x);
+  else if constexpr (OP == Unary::kAsinh) return asinhf(x);
+  else if constexpr (OP == Unary::kAcosh) return acoshf(x);
+  else if constexpr (OP == Unary::kAtanh) return atanhf(x);
   else return x;  // kNot: rejected by unary_ok for floats
 }
 
@@ -228,6 +244,22 @@ cudaError_t with_unary(Unary op, F&& f) {
     case Unary::kHardSwish: return f(UnaryC<Unary::kHardSwish>{});
     case Unary::kSilu: return f(UnaryC<Unary::kSilu>{});
     case Unary::kNot: return f(UnaryC<Unary::kNot>{});
+    case Unary::kSelu: return f(UnaryC<Unary::kSelu>{});
+    case Unary::kCelu: return f(UnaryC<Unary::kCelu>{});
+    case Unary::kThresholdedRelu: return f(UnaryC<Unary::kThresholdedRelu>{});
+    case Unary::kSwish: return f(UnaryC<Unary::kSwish>{});
+    case Unary::kMish: return f(UnaryC<Unary::kMish>{});
+    case Unary::kSoftsign: return f(UnaryC<Unary::kSoftsign>{});
+    case Unary::kShrink: return f(UnaryC<Unary::kShrink>{});
+    case Unary::kTan: return f(UnaryC<Unary::kTan>{});
+    case Unary::kAtan: return f(UnaryC<Unary::kAtan>{});
+    case Unary::kAsin: return f(UnaryC<Unary::kAsin>{});
+    case Unary::kAcos: return f(UnaryC<Unary::kAcos>{});
+    case Unary::kSinh: return f(UnaryC<Unary::kSinh>{});
+    case Unary::kCosh: return f(UnaryC<Unary::kCosh>{});
+    case Unary::kAsinh: return f(UnaryC<Unary::kAsinh>{});
+    case Unary::kAcosh: return f(UnaryC<Unary::kAcosh>{});
+    case Unary::kAtanh: return f(UnaryC<Unary::kAtanh>{});
   }
   return cudaErrorInvalidValue;
 }
@@ -267,6 +299,7 @@ __device__ __forceinline__ float binary_f32(float a, float b) {
   else if constexpr (OP == Binary::kPow) return powf(a, b);
   else if constexpr (OP == Binary::kMax) return (a > b || a != a) ? a : b;  // NaN propagates
   else if constexpr (OP == Binary::kMin) return (a < b || a != a) ? a : b;
+  else if constexpr (OP == Binary::kPRelu) return a < 0.f ? a * b : a;
   else return fmodf(a, b);  // kMod: floats require fmod=1 in ONNX, which is C fmod
 }
 
@@ -297,6 +330,7 @@ __device__ __forceinline__ T binary_int(T a, T b) {
     }
     return static_cast<T>(r);
   } else if constexpr (OP == Binary::kMax) return a > b ? a : b;
+  else if constexpr (OP == Binary::kPRelu) return a < 0 ? static_cast<T>(static_cast<Un>(a) * static_cast<Un>(b)) : a;
   else return a < b ? a : b;  // kMin
 }
 
@@ -347,6 +381,7 @@ cudaError_t with_binary(Binary op, F&& f) {
     case Binary::kAnd: return f(BinaryC<Binary::kAnd>{});
     case Binary::kOr: return f(BinaryC<Binary::kOr>{});
     case Binary::kXor: return f(BinaryC<Binary::kXor>{});
+    case Binary::kPRelu: return f(BinaryC<Binary::kPRelu>{});
   }
   return cudaErrorInvalidValue;
 }

@@ -56,6 +56,14 @@ enum class Unary : int {
   kHardSwish,    // x * max(0, min(1, x / 6 + 0.5))
   kSilu,         // x * sigmoid(x)
   kNot,          // bool
+  kSelu,         // p.b * (x > 0 ? x : p.a * (exp(x) - 1))
+  kCelu,         // max(0, x) + min(0, p.a * (exp(x / p.a) - 1))
+  kThresholdedRelu,  // x > p.a ? x : 0
+  kSwish,        // x * sigmoid(p.a * x)
+  kMish,         // x * tanh(softplus(x))
+  kSoftsign,     // x / (1 + |x|)
+  kShrink,       // x < -p.a ? x + p.b : (x > p.a ? x - p.b : 0)
+  kTan, kAtan, kAsin, kAcos, kSinh, kCosh, kAsinh, kAcosh, kAtanh,
 };
 struct UnaryParams {
   float a = 0, b = 0;
@@ -69,6 +77,7 @@ enum class Binary : int {
   kAdd, kSub, kMul, kDiv, kPow, kMax, kMin, kMod,
   kEqual, kLess, kLessOrEqual, kGreater, kGreaterOrEqual,
   kAnd, kOr, kXor,
+  kPRelu,  // a < 0 ? a * b : a (b: the slope, broadcast)
 };
 cudaError_t binary(Binary op, DT dt, const void* a, const NdStrides& sa, const void* b, const NdStrides& sb, void* y,
                    cudaStream_t s);

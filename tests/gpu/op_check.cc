@@ -328,6 +328,8 @@ const std::vector<Case> kCases = {
   {"pad_wrap", "graph g(%x: f32[3,5,6]) {\n %p = const dense<i64[6]> [0, 2, 1, 0, 1, 3]\n %y = Pad(%x, %p) {mode = \"wrap\"} : f32[3,8,10]\n return %y\n}"},
   {"pad_negative_crop", "graph g(%x: f32[2,3,5,6]) {\n %p = const dense<i64[8]> [0, 0, -1, 1, 0, 0, 1, -2]\n %y = Pad(%x, %p) : f32[2,3,5,5]\n return %y\n}"},
   {"pad_axes", "graph g(%x: f32[2,3,5,6]) {\n %p = const dense<i64[4]> [1, 2, 3, 0]\n %a = const dense<i64[2]> [-1, 1]\n %y = Pad(%x, %p, _, %a) : f32[2,5,5,10]\n return %y\n}"},
+  {"pad_reflect_long_rows", "graph g(%x: f32[2,3,5,100]) {\n %p = const dense<i64[8]> [0, 0, 2, 3, 0, 0, 1, 4]\n %y = Pad(%x, %p) {mode = \"reflect\"} : f32[2,3,8,107]\n return %y\n}"},
+  {"pad_constant_long_rows_crop", "graph g(%x: f32[2,3,5,100]) {\n %p = const dense<i64[8]> [0, 0, 1, -3, 0, 0, 2, 5]\n %v = const dense<f32[]> [-0.5]\n %y = Pad(%x, %p, %v) : f32[2,3,8,102]\n return %y\n}"},
   {"pad_i64", "graph g(%x: i64[4,5]) {\n %p = const dense<i64[4]> [1, 0, 2, 3]\n %v = const dense<i64[]> [7]\n %y = Pad(%x, %p, %v) : i64[7,8]\n return %y\n}", {}, 0, 0, false, 100},
   // Resize (k::resize): nearest as torch exports it, linear in each coordinate transform, sizes, 1-D and 3-D.
   {"resize_nearest_2x", "graph g(%x: f32[2,3,8,8]) {\n %sc = const dense<f32[4]> [1, 1, 2, 2]\n %y = Resize(%x, _, %sc) {coordinate_transformation_mode = \"asymmetric\", mode = \"nearest\", nearest_mode = \"floor\"} : f32[2,3,16,16]\n return %y\n}", {}, 1e-6, 1e-2, true, 4, "kernel resize"},

@@ -158,6 +158,31 @@ __global__ void resize_kernel(const T* __restrict__ x, T* __restrict__ y, Resize
   }
 }
 
+// The same by rows: a block per output row (every dim but the last), its source row found once and
+// the row's elements walked by the block's threads (coalesced; no per-element index division).
+template <class T>
+__global__ void pad_rows_kernel(const T* __restrict__ x, T* __restrict__ y, PadGeom g, int mode, T value, int64_t rows) {
+  const int last = g.rank - 1;
+  const int64_t w_out = g.out[last], w_in = g.in[last], b = g.begin[last];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    int64_t rest = r, src = 0, stride = w_in;
+    bool inside = true;
+    for (int d = last - 1; d >= 0; --d) {
+      const int64_t o = rest % g.out[d];
+      rest /= g.out[d];
+      const int64_t s = pad_source(o - g.begin[d], g.in[d], mode);
+      if (s < 0) inside = false;
+      src += s * stride;
+      stride *= g.in[d];
+    }
+    T* yr = y + r * w_out;
+    for (int64_t w = threadIdx.x; w < w_out; w += blockDim.x) {
+      const int64_t s = pad_source(w - b, w_in, mode);
+      yr[w] = inside && s >= 0 ? x[src + s] : value;
+    }
+  }
+}
+
 }  // namespace
 
 cudaError_t pad_nd(int elem_bytes, const void* x, void* y, int rank, const int64_t* in_dims, const int64_t* out_dims,
@@ -182,7 +207,13 @@ cudaError_t pad_nd(int elem_bytes, const void* x, void* y, int rank, const int64
     } else {
       T v;
       memcpy(&v, &value_bits, sizeof(T));
-      if (fits_u32(total)) {
+      const int64_t w_out = g.out[rank - 1];
+      if (w_out >= 64) {  // rows long enough to keep a block's threads busy
+        const int64_t rows = total / w_out;
+        const unsigned grid = static_cast<unsigned>(rows < kMaxGrid * 16 ? rows : kMaxGrid * 16);
+        pad_rows_kernel<T><<<grid, w_out >= 256 ? 256 : 128, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), g, mode,
+                                                                       v, rows);
+      } else if (fits_u32(total)) {
         pad_kernel<uint32_t, T><<<grid_for(total), kBlock, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), g, mode, v,
                                                                   total);
       } else {
@@ -222,6 +253,26 @@ cudaError_t resize(DT dt, const void* x, void* y, int64_t outer, int sp, const i
   if (total == 0) return cudaSuccess;
   auto* taps = static_cast<Tap*>(scratch);
   resize_table_kernel<<<grid_for(entries), kBlock, 0, s>>>(g, linear, ctm, nearest, taps, entries);
+  // Nearest in NHWC copies whole pixels: 16 bytes at a time when a pixel's channels allow.
+  const int64_t pixel_bytes = inner * dt_size(dt);
+  if (!linear && pixel_bytes % 16 == 0 && aligned_to(x, 16) && aligned_to(y, 16)) {
+    ResizeGeom gv = g;
+    gv.inner = pixel_bytes / 16;
+    const int64_t tv = total / inner * gv.inner;
+    auto go = [&](auto u, auto spc) {
+      using U = decltype(u);
+      resize_kernel<U, decltype(spc)::value, false, uint4>
+          <<<grid_for(tv), kBlock, 0, s>>>(static_cast<const uint4*>(x), static_cast<uint4*>(y), gv, taps, tv);
+    };
+    auto by_sp = [&](auto u) {
+      if (sp == 1) go(u, std::integral_constant<int, 1>{});
+      else if (sp == 2) go(u, std::integral_constant<int, 2>{});
+      else go(u, std::integral_constant<int, 3>{});
+    };
+    if (fits_u32(tv)) by_sp(uint32_t{});
+    else by_sp(uint64_t{});
+    return cudaGetLastError();
+  }
   return dispatch_f32ish(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const auto* xt = static_cast<const T*>(x);

@@ -373,6 +373,13 @@ const std::vector<Case> kCases = {
   {"prelu_channel", "graph g(%x: f32[2,5,4,4], %s: f32[5,1,1]) {\n %y = PRelu(%x, %s) : f32[2,5,4,4]\n return %y\n}", {"s"}, 1e-5, 1e-2, true, 4, "binary PRelu"},
   // Control flow as a host step inside the GPU plan: the If's bodies read a device value of the outer graph.
   {"if_outer_scope", "graph g(%c: bool[], %x: f32[4,6]) {\n %a = Add(%x, %x) : f32[4,6]\n %r = If(%c) {else_branch = graph e() {\n %t = Neg(%a) : f32[4,6]\n return %t\n}, then_branch = graph t() {\n %u = Relu(%a) : f32[4,6]\n return %u\n}} : f32[4,6]\n %y = Sigmoid(%r) : f32[4,6]\n return %y\n}", {}, 1e-5, 1e-2, true, 4, "cpu kernel"},
+  // Tile, DepthToSpace (DCR, CRD) and SpaceToDepth as one copy_nd each.
+  {"tile", "graph g(%x: f32[2,3,5]) {\n %r = const dense<i64[3]> [2, 1, 3]\n %y = Tile(%x, %r) : f32[4,3,15]\n return %y\n}", {}, 0, 1e-2, true, 4, "copy_nd (tile)"},
+  {"depth_to_space_dcr", "graph g(%x: f32[2,12,3,5]) {\n %y = DepthToSpace(%x) {blocksize = 2} : f32[2,3,6,10]\n return %y\n}"},
+  {"depth_to_space_crd", "graph g(%x: f32[2,18,3,4]) {\n %y = DepthToSpace(%x) {blocksize = 3, mode = \"CRD\"} : f32[2,2,9,12]\n return %y\n}"},
+  {"space_to_depth", "graph g(%x: f32[2,3,6,8]) {\n %y = SpaceToDepth(%x) {blocksize = 2} : f32[2,12,3,4]\n return %y\n}"},
+  {"trilu_upper_k1", "graph g(%x: f32[3,7,9]) {\n %k = const dense<i64[]> [1]\n %y = Trilu(%x, %k) : f32[3,7,9]\n return %y\n}", {}, 0, 1e-2, true, 4, "kernel trilu"},
+  {"trilu_lower_causal", "graph g(%x: f32[2,16,16]) {\n %y = Trilu(%x) {upper = 0} : f32[2,16,16]\n return %y\n}"},
   {"resize_trilinear", "graph g(%x: f32[1,2,4,5,6]) {\n %sc = const dense<f32[5]> [1, 1, 2, 2, 2]\n %y = Resize(%x, _, %sc) {mode = \"linear\"} : f32[1,2,8,10,12]\n return %y\n}"},
 };
 // clang-format on

@@ -64,7 +64,8 @@ enum class StepOp : uint16_t {
   kCumSum,         // k::cumsum
   kGatherElements, // k::gather_elements
   kCudnnConvTranspose,  // cudnnConvolutionBackwardData (ConvTranspose)
-  kLast = kCudnnConvTranspose,
+  kTrilu,          // k::trilu
+  kLast = kTrilu,
 };
 
 // What a step sees when it runs: the session's stream, handles and memory.

@@ -1,5 +1,6 @@
 // Data movement: views that need no work (Reshape, Squeeze, Flatten...), strided copies
-// (Transpose, Slice, Expand, Concat, Split), Gather, GatherElements and CumSum. Every copy is one copy_nd launch that
+// (Transpose, Slice, Expand, Concat, Split, Tile, DepthToSpace, SpaceToDepth), Gather, GatherElements
+// and CumSum; Trilu. Every copy is one copy_nd launch that
 // reads its input through the input's logical strides, so NHWC inputs are read in place.
 #include <algorithm>
 
@@ -204,6 +205,93 @@ Status lower_constant_of_shape(Lowering& L, const Node& n) {
   return Status::ok();
 }
 
+// Tile: the output viewed as [r0, d0, r1, d1, ...] (repeat, then the input's dim), read with
+// stride 0 along each repeat: one copy_nd over up to four dims.
+Status lower_tile(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
+  const Tensor* reps = L.constant(n.inputs[1]);
+  if (!reps) KILN_UNSUPPORTED("Tile repeats computed at run time");
+  const std::vector<int64_t> r = reps->to_int_vector();
+  if (r.size() != x->dims.size() || 2 * r.size() > size_t(k::kMaxRank)) KILN_UNSUPPORTED("Tile of rank {}", x->dims.size());
+  std::vector<int64_t> dims, ss, ds;
+  const std::vector<int64_t> xs = x->strides();
+  std::vector<int64_t> out = dims_of(n.outputs[0]);
+  const std::vector<int64_t> os = contiguous_strides(out);
+  for (size_t i = 0; i < r.size(); ++i) {
+    dims.insert(dims.end(), {r[i], x->dims[i]});
+    ss.insert(ss.end(), {0, xs[i]});
+    ds.insert(ds.end(), {x->dims[i] * os[i], os[i]});
+  }
+  const DevValue& y = L.define(n.outputs[0]);
+  if (y.numel() == 0) return Status::ok();
+  emit_copy(L, n, "tile", x, 0, ss, y.ref, 0, ds, dims);
+  return Status::ok();
+}
+
+// DepthToSpace (DCR and CRD) and SpaceToDepth: a permutation of the 6-D view [N, ., ., ., ., .]
+// of a row-major NCHW input, written contiguously (one copy_nd).
+Status lower_depth_space(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
+  if (x->dims.size() != 4) KILN_UNSUPPORTED("{} of rank {}", op_name(n.op), x->dims.size());
+  const int64_t b = n.attr_int("blocksize", 0);
+  const int64_t N = x->dims[0], C = x->dims[1], H = x->dims[2], W = x->dims[3];
+  if (b < 1) KILN_UNSUPPORTED("blocksize {}", b);
+  std::vector<int64_t> dims, ss;
+  if (n.op == OpKind::kDepthToSpace) {
+    if (C % (b * b) != 0) KILN_UNSUPPORTED("DepthToSpace of {} channels by {}", C, b);
+    const int64_t c2 = C / (b * b), hw = H * W;
+    // y [N, C', H, b1, W, b2] reads x[n, b1, b2, c', h, w] (DCR) or x[n, c', b1, b2, h, w] (CRD).
+    dims = {N, c2, H, b, W, b};
+    if (n.attr_string("mode", "DCR") == "CRD") ss = {C * hw, b * b * hw, W, b * hw, 1, hw};
+    else ss = {C * hw, hw, W, b * c2 * hw, 1, c2 * hw};
+  } else {
+    if (H % b != 0 || W % b != 0) KILN_UNSUPPORTED("SpaceToDepth of {}x{} by {}", H, W, b);
+    // y [N, b1, b2, C, H/b, W/b] reads x[n, c, h' * b + b1, w' * b + b2].
+    dims = {N, b, b, C, H / b, W / b};
+    ss = {C * H * W, W, 1, H * W, b * W, b};
+  }
+  const DevValue& y = L.define(n.outputs[0]);
+  if (y.numel() == 0) return Status::ok();
+  emit_copy(L, n, n.op == OpKind::kDepthToSpace ? "depth_to_space" : "space_to_depth", x, 0, ss, y.ref, 0,
+            contiguous_strides(dims), dims);
+  return Status::ok();
+}
+
+// Trilu: the upper (j - i >= k) or lower (j - i <= k) triangle of the last two dims kept, the rest 0.
+Status lower_trilu(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
+  if (x->dims.size() < 2) KILN_UNSUPPORTED("Trilu of rank {}", x->dims.size());
+  int64_t kk = 0;
+  if (n.has_input(1)) {
+    const Tensor* t = L.constant(n.inputs[1]);
+    if (!t || t->numel() != 1) KILN_UNSUPPORTED("Trilu k computed at run time");
+    kk = t->as_int(0);
+  }
+  const size_t r = x->dims.size();
+  const int64_t rows = x->dims[r - 2], cols = x->dims[r - 1];
+  const DevValue& y = L.define(n.outputs[0]);
+  if (y.numel() == 0) return Status::ok();
+  ByteWriter p;
+  p.put(int32_t(k::dt_size(x->dt)));
+  put(p, x->ref);
+  put(p, y.ref);
+  for (int64_t v : {y.numel() / std::max<int64_t>(rows * cols, 1), rows, cols, kk}) p.i64(v);
+  p.u8(n.attr_int("upper", 1) != 0);
+  L.emit(&n, "kernel trilu", {read_id(x)}, {y.ref.id}, StepOp::kTrilu, std::move(p));
+  return Status::ok();
+}
+
+Expected<StepFn> bind_trilu(Params& in, BindCtx&) {
+  const int eb = in.i32();
+  const Ref xr = in.ref(), yr = in.ref();
+  const int64_t batch = in.i64(), rows = in.i64(), cols = in.i64(), kk = in.i64();
+  const bool upper = in.flag();
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) {
+    return cuda_status(k::trilu(eb, c.ptr(xr), c.ptr(yr), batch, rows, cols, kk, upper, c.stream), "trilu");
+  });
+}
+
 // CumSum along a constant axis: one thread per line (position ids over an attention mask are
 // short lines; nothing here is bandwidth-bound).
 Status lower_cumsum(Lowering& L, const Node& n) {
@@ -306,6 +394,10 @@ void register_data_lowerings(std::map<OpKind, LowerFn>& t) {
   t[OpKind::kGather] = lower_gather;
   t[OpKind::kConstantOfShape] = lower_constant_of_shape;
   t[OpKind::kCumSum] = lower_cumsum;
+  t[OpKind::kTile] = lower_tile;
+  t[OpKind::kTrilu] = lower_trilu;
+  t[OpKind::kDepthToSpace] = lower_depth_space;
+  t[OpKind::kSpaceToDepth] = lower_depth_space;
   t[OpKind::kGatherElements] = lower_gather_elements;
 }
 
@@ -329,6 +421,7 @@ void register_data_binders(std::map<StepOp, BindFn>& t) {
   t[StepOp::kFill] = bind_fill;
   t[StepOp::kCumSum] = bind_cumsum;
   t[StepOp::kGatherElements] = bind_gather_elements;
+  t[StepOp::kTrilu] = bind_trilu;
 }
 
 }  // namespace kiln::cuda

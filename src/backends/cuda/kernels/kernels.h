@@ -173,6 +173,10 @@ cudaError_t cumsum(DT dt, const void* x, void* y, int64_t outer, int64_t n, int6
 // GatherElements: y[o, j, i] = data[o, idx[o, j, i], i] with data [outer, axis_dim, inner] and idx,
 // y [outer, n_axis, inner] (the lowering checks that the other dims agree); negative indices wrap,
 // out-of-range ones are clamped and counted in *bad_count.
+// Trilu over the last two dims of x viewed as [batch, rows, cols]: element (i, j) kept when
+// j - i >= k (upper) or j - i <= k (lower), else zero; any element width.
+cudaError_t trilu(int elem_bytes, const void* x, void* y, int64_t batch, int64_t rows, int64_t cols, int64_t k, bool upper,
+                  cudaStream_t s);
 cudaError_t gather_elements(int elem_bytes, const void* data, int64_t outer, int64_t axis_dim, int64_t inner, const void* idx,
                             DT idx_dt, int64_t n_axis, void* y, int* bad_count, cudaStream_t s);
 

@@ -1,4 +1,4 @@
-// CumSum along one axis and GatherElements: small index-and-accumulate kernels that models use
+// CumSum along one axis, GatherElements and Trilu: small index kernels that models use
 // on position ids and masks (RoBERTa's CumSum over the attention mask, GatherElements in
 // detection and sequence heads).
 #include "backends/cuda/kernels/common.cuh"
@@ -48,7 +48,37 @@ __global__ void gather_elements_kernel(const T* __restrict__ data, const I* __re
   }
 }
 
+template <class U, class T>
+__global__ void trilu_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t cols, int64_t k, bool upper,
+                             int64_t total) {
+  for (int64_t i = global_tid(); i < total; i += global_threads()) {
+    const U q = static_cast<U>(i) / static_cast<U>(cols);
+    const int64_t j = static_cast<int64_t>(static_cast<U>(i) - q * static_cast<U>(cols));
+    const int64_t r = static_cast<int64_t>(q % static_cast<U>(rows));
+    const bool keep = upper ? j - r >= k : j - r <= k;
+    y[i] = keep ? x[i] : T{};
+  }
+}
+
 }  // namespace
+
+cudaError_t trilu(int elem_bytes, const void* x, void* y, int64_t batch, int64_t rows, int64_t cols, int64_t k, bool upper,
+                  cudaStream_t s) {
+  if (batch < 0 || rows < 0 || cols < 0) return cudaErrorInvalidValue;
+  const int64_t total = batch * rows * cols;
+  if (total == 0) return cudaSuccess;
+  return dispatch_bytes(elem_bytes, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (fits_u32(total)) {
+      trilu_kernel<uint32_t, T><<<grid_for(total), kBlock, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), rows, cols, k,
+                                                                   upper, total);
+    } else {
+      trilu_kernel<uint64_t, T><<<grid_for(total), kBlock, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), rows, cols, k,
+                                                                   upper, total);
+    }
+    return cudaGetLastError();
+  });
+}
 
 cudaError_t cumsum(DT dt, const void* x, void* y, int64_t outer, int64_t n, int64_t inner, bool exclusive, bool reverse,
                    cudaStream_t s) {

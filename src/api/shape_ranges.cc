@@ -39,7 +39,10 @@ Expected<std::map<std::string, DimRange>> bind_shape_ranges(Graph& g,
                                                             const std::map<std::string, std::vector<DimRange>>& ranges) {
   std::map<std::string, DimRange> symbols;  // symbol -> its range (min == max: bound to a value)
   std::map<std::string, std::string> where;  // symbol -> the input that gave its range
-  for (const auto& [name, dims] : ranges) {
+  for (const auto& entry : ranges) {
+    // Named copies, not structured bindings: the lambda below captures them (clang 14 cannot).
+    const std::string& name = entry.first;
+    const std::vector<DimRange>& dims = entry.second;
     auto it = std::find_if(g.inputs.begin(), g.inputs.end(), [&](const Value* v) { return v->name == name; });
     if (it == g.inputs.end()) {
       std::string names;

@@ -40,6 +40,10 @@ Expected<StepFn> bind_copy_nd(Params& in, BindCtx&) {
   });
 }
 
+// Gather and GatherElements share their record: element bytes, data, indices, output, the data
+// viewed as [outer, axis, inner], the index count (Gather) or the axis length of indices
+// (GatherElements), the index dtype; both count out-of-range indices in the step's slot.
+template <bool kElements>
 Expected<StepFn> bind_gather(Params& in, BindCtx&) {
   const int eb = in.i32();
   const Ref xr = in.ref(), ir = in.ref(), yr = in.ref();
@@ -49,8 +53,13 @@ Expected<StepFn> bind_gather(Params& in, BindCtx&) {
   if (slot < 0) return KILN_ERROR(kInvalidModel, "step '{}': a gather without its index check", in.step().label);
   KILN_RETURN_IF_ERROR(in.done());
   return StepFn([=](const RunCtx& c) {
-    return cuda_status(k::gather(eb, c.ptr(xr), outer, ad, inner, c.ptr(ir), idt, n_idx, c.ptr(yr), c.bad_index + slot,
-                                 c.stream), "gather");
+    if constexpr (kElements) {
+      return cuda_status(k::gather_elements(eb, c.ptr(xr), outer, ad, inner, c.ptr(ir), idt, n_idx, c.ptr(yr),
+                                            c.bad_index + slot, c.stream), "gather_elements");
+    } else {
+      return cuda_status(k::gather(eb, c.ptr(xr), outer, ad, inner, c.ptr(ir), idt, n_idx, c.ptr(yr), c.bad_index + slot,
+                                   c.stream), "gather");
+    }
   });
 }
 
@@ -365,20 +374,6 @@ Status lower_gather_elements(Lowering& L, const Node& n) {
   return Status::ok();
 }
 
-Expected<StepFn> bind_gather_elements(Params& in, BindCtx&) {
-  const int eb = in.i32();
-  const Ref xr = in.ref(), ir = in.ref(), yr = in.ref();
-  const int64_t outer = in.i64(), ad = in.i64(), inner = in.i64(), n_axis = in.i64();
-  const k::DT idt = in.dt();
-  const int slot = in.step().bad_index_slot;
-  if (slot < 0) return KILN_ERROR(kInvalidModel, "step '{}': a gather without its index check", in.step().label);
-  KILN_RETURN_IF_ERROR(in.done());
-  return StepFn([=](const RunCtx& c) {
-    return cuda_status(k::gather_elements(eb, c.ptr(xr), outer, ad, inner, c.ptr(ir), idt, n_axis, c.ptr(yr),
-                                          c.bad_index + slot, c.stream), "gather_elements");
-  });
-}
-
 }  // namespace
 
 void register_data_lowerings(std::map<OpKind, LowerFn>& t) {
@@ -417,10 +412,10 @@ void emit_copy_nd(Lowering& L, const Node* n, std::string label, int eb, Ref src
 
 void register_data_binders(std::map<StepOp, BindFn>& t) {
   t[StepOp::kCopyNd] = bind_copy_nd;
-  t[StepOp::kGather] = bind_gather;
+  t[StepOp::kGather] = bind_gather<false>;
   t[StepOp::kFill] = bind_fill;
   t[StepOp::kCumSum] = bind_cumsum;
-  t[StepOp::kGatherElements] = bind_gather_elements;
+  t[StepOp::kGatherElements] = bind_gather<true>;
   t[StepOp::kTrilu] = bind_trilu;
 }
 

@@ -18,6 +18,11 @@ std::vector<Pass> default_pipeline() {
        [](Graph& g) { return fold_constants(g); }},
       // Drops Identity, inference Dropout, no-op Cast/Reshape/Expand/Transpose and cancelling
       // pairs, so the fusions below find their producer and consumer directly connected.
+      // Two-operand Einsums that are matrix products -> Transpose/Reshape/MatMul, which every
+      // backend runs as a GEMM and the attention pattern below can match. Needs the static shapes
+      // fold-constants leaves; before canonicalize, which drops the no-op views it may add.
+      {"einsum-as-matmul", "two-operand Einsum that is a (batched) matrix product -> MatMul between views",
+       einsum_as_matmul},
       {"canonicalize", "remove no-op and self-cancelling nodes", canonicalize},
       // NHWC exports (tf2onnx) wrap each Conv in layout Transposes with the activations and
       // residual adds between them in NHWC: moving each Transpose down through those elementwise

@@ -380,6 +380,9 @@ const std::vector<Case> kCases = {
   {"space_to_depth", "graph g(%x: f32[2,3,6,8]) {\n %y = SpaceToDepth(%x) {blocksize = 2} : f32[2,12,3,4]\n return %y\n}"},
   {"trilu_upper_k1", "graph g(%x: f32[3,7,9]) {\n %k = const dense<i64[]> [1]\n %y = Trilu(%x, %k) : f32[3,7,9]\n return %y\n}", {}, 0, 1e-2, true, 4, "kernel trilu"},
   {"trilu_lower_causal", "graph g(%x: f32[2,16,16]) {\n %y = Trilu(%x) {upper = 0} : f32[2,16,16]\n return %y\n}"},
+  // Einsum through the einsum-as-matmul pass: a GEMM between views.
+  {"einsum_scores", "graph g(%q: f32[2,4,8,16], %k: f32[2,4,10,16]) {\n %y = Einsum(%q, %k) {equation = \"bhid,bhjd->bhij\"} : f32[2,4,8,10]\n return %y\n}", {}, 1e-4, 2e-2},
+  {"einsum_projection", "graph g(%x: f32[2,5,32], %w: f32[32,24]) {\n %y = Einsum(%x, %w) {equation = \"bsd,df->bsf\"} : f32[2,5,24]\n return %y\n}", {"w"}, 1e-4, 2e-2},
   {"resize_trilinear", "graph g(%x: f32[1,2,4,5,6]) {\n %sc = const dense<f32[5]> [1, 1, 2, 2, 2]\n %y = Resize(%x, _, %sc) {mode = \"linear\"} : f32[1,2,8,10,12]\n return %y\n}"},
 };
 // clang-format on
@@ -441,7 +444,7 @@ struct Reference {
 const std::set<std::string> kThroughPasses = {
     "gelu_erf_pattern", "gelu_tanh_pattern", "attention_bert", "attention_bert_rowmask", "attention_cross",
     "attention_causal", "attention_vit_packed", "gemm_tanh_gelu", "linear_erf_gelu", "group_norm_silu", "conv1d_speech",
-    "conv1d_strided_grouped", "convtranspose1d"};
+    "conv1d_strided_grouped", "convtranspose1d", "einsum_scores", "einsum_projection"};
 
 Expected<Reference> cpu_reference(const Case& c, uint64_t seed) {
   Reference r;

@@ -383,6 +383,11 @@ const std::vector<Case> kCases = {
   // Einsum through the einsum-as-matmul pass: a GEMM between views.
   {"einsum_scores", "graph g(%q: f32[2,4,8,16], %k: f32[2,4,10,16]) {\n %y = Einsum(%q, %k) {equation = \"bhid,bhjd->bhij\"} : f32[2,4,8,10]\n return %y\n}", {}, 1e-4, 2e-2},
   {"einsum_projection", "graph g(%x: f32[2,5,32], %w: f32[32,24]) {\n %y = Einsum(%x, %w) {equation = \"bsd,df->bsf\"} : f32[2,5,24]\n return %y\n}", {"w"}, 1e-4, 2e-2},
+  // GatherND (batch_dims 0 and 1), ScatterND (KV-cache style row writes), ScatterElements; indices unique.
+  {"gather_nd", "graph g(%x: f32[4,5,6], %i: i64[3,2]) {\n %y = GatherND(%x, %i) : f32[3,6]\n return %y\n}", {}, 0, 1e-2, true, 4, "kernel gather_nd"},
+  {"gather_nd_batch1", "graph g(%x: f32[2,5,6], %i: i64[2,3,1]) {\n %y = GatherND(%x, %i) {batch_dims = 1} : f32[2,3,6]\n return %y\n}", {}, 0, 1e-2, true, 5},
+  {"scatter_nd_rows", "graph g(%x: f32[2,8,16], %u: f32[2,3,16]) {\n %i = const dense<i64[2,3,2]> [0, 5, 0, 1, 0, 7, 1, 0, 1, 6, 1, 2]\n %y = ScatterND(%x, %i, %u) : f32[2,8,16]\n return %y\n}", {}, 0, 1e-2, true, 4, "kernel scatter_nd"},
+  {"scatter_elements_axis1", "graph g(%x: f32[3,6], %u: f32[3,2]) {\n %i = const dense<i64[3,2]> [1, 4, 0, -1, 3, 2]\n %y = ScatterElements(%x, %i, %u) {axis = 1} : f32[3,6]\n return %y\n}", {}, 0, 1e-2, true, 4, "kernel scatter_elements"},
   {"resize_trilinear", "graph g(%x: f32[1,2,4,5,6]) {\n %sc = const dense<f32[5]> [1, 1, 2, 2, 2]\n %y = Resize(%x, _, %sc) {mode = \"linear\"} : f32[1,2,8,10,12]\n return %y\n}"},
 };
 // clang-format on

@@ -65,7 +65,9 @@ enum class StepOp : uint16_t {
   kGatherElements, // k::gather_elements
   kCudnnConvTranspose,  // cudnnConvolutionBackwardData (ConvTranspose)
   kTrilu,          // k::trilu
-  kLast = kTrilu,
+  kGatherND,       // k::gather_nd
+  kScatter,        // k::scatter (ScatterND, ScatterElements)
+  kLast = kScatter,
 };
 
 // What a step sees when it runs: the session's stream, handles and memory.

@@ -1,6 +1,6 @@
 // Data movement: views that need no work (Reshape, Squeeze, Flatten...), strided copies
 // (Transpose, Slice, Expand, Concat, Split, Tile, DepthToSpace, SpaceToDepth), Gather, GatherElements
-// and CumSum; Trilu. Every copy is one copy_nd launch that
+// and CumSum; Trilu; GatherND, ScatterND and ScatterElements. Every copy is one copy_nd launch that
 // reads its input through the input's logical strides, so NHWC inputs are read in place.
 #include <algorithm>
 
@@ -301,6 +301,146 @@ Expected<StepFn> bind_trilu(Params& in, BindCtx&) {
   });
 }
 
+int64_t prod_of(const std::vector<int64_t>& d, size_t from, size_t to) {
+  int64_t p = 1;
+  for (size_t i = from; i < to && i < d.size(); ++i) p *= d[i];
+  return p;
+}
+
+// The index tuple over data dims [from, from + k): their sizes and row-major element strides.
+k::IndexTuple index_tuple(const std::vector<int64_t>& d, size_t from, size_t k) {
+  k::IndexTuple t;
+  t.k = int(k);
+  for (size_t j = 0; j < k; ++j) {
+    t.dims[j] = d[from + j];
+    t.strides[j] = prod_of(d, from + j + 1, d.size());
+  }
+  return t;
+}
+
+void put_tuple(ByteWriter& w, const k::IndexTuple& t) {
+  put(w, std::vector<int64_t>(t.dims, t.dims + t.k));
+  put(w, std::vector<int64_t>(t.strides, t.strides + t.k));
+}
+
+Expected<k::IndexTuple> read_tuple(Params& in) {
+  const std::vector<int64_t> dims = in.dims(), strides = in.dims();
+  if (dims.size() != strides.size() || dims.size() > size_t(k::kMaxRank)) {
+    return KILN_ERROR(kInvalidModel, "step '{}': a malformed index tuple", in.step().label);
+  }
+  k::IndexTuple t;
+  t.k = int(dims.size());
+  std::copy(dims.begin(), dims.end(), t.dims);
+  std::copy(strides.begin(), strides.end(), t.strides);
+  return t;
+}
+
+// GatherND with any batch_dims: the output viewed as [batch, index tuples, slice].
+Status lower_gather_nd(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
+  KILN_ASSIGN_OR_RETURN(const DevValue* idx, L.rowmajor(n.inputs[1]));
+  if (idx->dt != k::DT::kI64 && idx->dt != k::DT::kI32) KILN_UNSUPPORTED("GatherND indices of {}", dtype_name(idx->ir_dtype));
+  const size_t b = size_t(n.attr_int("batch_dims", 0)), q = idx->dims.size(), r = x->dims.size();
+  if (q < 1) KILN_UNSUPPORTED("GatherND with scalar indices");
+  const size_t kk = size_t(idx->dims[q - 1]);
+  if (b + kk > r || b >= q || kk > size_t(k::kMaxRank)) KILN_UNSUPPORTED("GatherND of {} by {}", dims_to_string(x->dims), dims_to_string(idx->dims));
+  const DevValue& y = L.define(n.outputs[0]);
+  if (y.numel() == 0) return Status::ok();
+  ByteWriter p;
+  p.put(int32_t(k::dt_size(x->dt)));
+  put(p, x->ref);
+  put(p, idx->ref);
+  put(p, y.ref);
+  p.put(int32_t(idx->dt));
+  for (int64_t v : {prod_of(x->dims, 0, b), prod_of(idx->dims, b, q - 1), prod_of(x->dims, b + kk, r), prod_of(x->dims, b, r)}) {
+    p.i64(v);
+  }
+  put_tuple(p, index_tuple(x->dims, b, kk));
+  const int slot = L.new_bad_index_slot();
+  L.emit(&n, "kernel gather_nd", {read_id(x), read_id(idx)}, {y.ref.id}, StepOp::kGatherND, std::move(p));
+  L.steps.back().bad_index_slot = slot;
+  return Status::ok();
+}
+
+Expected<StepFn> bind_gather_nd(Params& in, BindCtx&) {
+  const int eb = in.i32();
+  const Ref xr = in.ref(), ir = in.ref(), yr = in.ref();
+  const k::DT idt = in.dt();
+  const int64_t nb = in.i64(), ni = in.i64(), nr = in.i64(), batch_stride = in.i64();
+  KILN_ASSIGN_OR_RETURN(k::IndexTuple t, read_tuple(in));
+  const int slot = in.step().bad_index_slot;
+  if (slot < 0) return KILN_ERROR(kInvalidModel, "step '{}': a gather without its index check", in.step().label);
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) {
+    return cuda_status(k::gather_nd(eb, c.ptr(xr), c.ptr(ir), idt, c.ptr(yr), nb, ni, nr, t, batch_stride, c.bad_index + slot,
+                                    c.stream), "gather_nd");
+  });
+}
+
+// ScatterND and ScatterElements with reduction "none" (KV-cache writes, detection heads): the
+// output is a copy of data with the updates written over it.
+Status lower_scatter(Lowering& L, const Node& n) {
+  const bool elements = n.op == OpKind::kScatterElements;
+  if (n.attr_string("reduction", "none") != "none") KILN_UNSUPPORTED("{} with reduction", op_name(n.op));
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
+  KILN_ASSIGN_OR_RETURN(const DevValue* idx, L.rowmajor(n.inputs[1]));
+  KILN_ASSIGN_OR_RETURN(const DevValue* upd, L.rowmajor(n.inputs[2]));
+  if (idx->dt != k::DT::kI64 && idx->dt != k::DT::kI32) KILN_UNSUPPORTED("{} indices of {}", op_name(n.op), dtype_name(idx->ir_dtype));
+  if (upd->dt != x->dt) KILN_UNSUPPORTED("{} updates of another dtype", op_name(n.op));
+  const size_t r = x->dims.size(), q = idx->dims.size();
+  int64_t a = 0, n_axis = 0, inner = 0, nr_or_axis = 0;
+  k::IndexTuple t;
+  if (elements) {
+    a = n.attr_int("axis", 0);
+    if (a < 0) a += int64_t(r);
+    if (a < 0 || a >= int64_t(r) || q != r || upd->dims != idx->dims) KILN_UNSUPPORTED("ScatterElements axis {}", a);
+    for (size_t i = 0; i < r; ++i) {
+      if (int64_t(i) != a && idx->dims[i] != x->dims[i]) KILN_UNSUPPORTED("ScatterElements indices smaller than the data");
+    }
+    nr_or_axis = x->dims[size_t(a)];
+    n_axis = idx->dims[size_t(a)];
+    inner = prod_of(x->dims, size_t(a) + 1, r);
+  } else {
+    if (q < 1) KILN_UNSUPPORTED("ScatterND with scalar indices");
+    const size_t kk = size_t(idx->dims[q - 1]);
+    if (kk > r || kk > size_t(k::kMaxRank)) KILN_UNSUPPORTED("ScatterND tuples of {}", kk);
+    nr_or_axis = prod_of(x->dims, kk, r);
+    t = index_tuple(x->dims, 0, kk);
+  }
+  const DevValue& y = L.define(n.outputs[0]);
+  ByteWriter p;
+  p.put(int32_t(k::dt_size(x->dt)));
+  put(p, x->ref);
+  put(p, idx->ref);
+  put(p, upd->ref);
+  put(p, y.ref);
+  p.put(int32_t(idx->dt));
+  p.u8(elements);
+  for (int64_t v : {x->numel(), upd->numel(), nr_or_axis, n_axis, inner}) p.i64(v);
+  put_tuple(p, t);
+  const int slot = L.new_bad_index_slot();
+  L.emit(&n, elements ? "kernel scatter_elements" : "kernel scatter_nd", {read_id(x), read_id(idx), read_id(upd)},
+         {y.ref.id}, StepOp::kScatter, std::move(p));
+  L.steps.back().bad_index_slot = slot;
+  return Status::ok();
+}
+
+Expected<StepFn> bind_scatter(Params& in, BindCtx&) {
+  const int eb = in.i32();
+  const Ref xr = in.ref(), ir = in.ref(), ur = in.ref(), yr = in.ref();
+  const k::DT idt = in.dt();
+  const bool elements = in.flag();
+  const int64_t numel = in.i64(), upd_numel = in.i64(), nr_or_axis = in.i64(), n_axis = in.i64(), inner = in.i64();
+  KILN_ASSIGN_OR_RETURN(k::IndexTuple t, read_tuple(in));
+  const int slot = in.step().bad_index_slot;
+  if (slot < 0) return KILN_ERROR(kInvalidModel, "step '{}': a scatter without its index check", in.step().label);
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) {
+    return cuda_status(k::scatter(eb, c.ptr(xr), numel, c.ptr(ir), idt, c.ptr(ur), upd_numel, c.ptr(yr), elements, nr_or_axis,
+                                  t, n_axis, inner, c.bad_index + slot, c.stream), "scatter");
+  });
+}
+
 // CumSum along a constant axis: one thread per line (position ids over an attention mask are
 // short lines; nothing here is bandwidth-bound).
 Status lower_cumsum(Lowering& L, const Node& n) {
@@ -391,6 +531,9 @@ void register_data_lowerings(std::map<OpKind, LowerFn>& t) {
   t[OpKind::kCumSum] = lower_cumsum;
   t[OpKind::kTile] = lower_tile;
   t[OpKind::kTrilu] = lower_trilu;
+  t[OpKind::kGatherND] = lower_gather_nd;
+  t[OpKind::kScatterND] = lower_scatter;
+  t[OpKind::kScatterElements] = lower_scatter;
   t[OpKind::kDepthToSpace] = lower_depth_space;
   t[OpKind::kSpaceToDepth] = lower_depth_space;
   t[OpKind::kGatherElements] = lower_gather_elements;
@@ -417,6 +560,8 @@ void register_data_binders(std::map<StepOp, BindFn>& t) {
   t[StepOp::kCumSum] = bind_cumsum;
   t[StepOp::kGatherElements] = bind_gather<true>;
   t[StepOp::kTrilu] = bind_trilu;
+  t[StepOp::kGatherND] = bind_gather_nd;
+  t[StepOp::kScatter] = bind_scatter;
 }
 
 }  // namespace kiln::cuda

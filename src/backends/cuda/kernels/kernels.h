@@ -173,6 +173,23 @@ cudaError_t cumsum(DT dt, const void* x, void* y, int64_t outer, int64_t n, int6
 // GatherElements: y[o, j, i] = data[o, idx[o, j, i], i] with data [outer, axis_dim, inner] and idx,
 // y [outer, n_axis, inner] (the lowering checks that the other dims agree); negative indices wrap,
 // out-of-range ones are clamped and counted in *bad_count.
+// The k indexed dims of GatherND/ScatterND: their sizes (negative indices wrap) and element strides.
+struct IndexTuple {
+  int k = 0;
+  int64_t dims[kMaxRank] = {};
+  int64_t strides[kMaxRank] = {};
+};
+// GatherND: y [nb, ni, nr] = data[b, idx[b, i, 0..k), r] with data's batch b at b * batch_stride;
+// out-of-range tuples are clamped and counted in *bad.
+cudaError_t gather_nd(int elem_bytes, const void* data, const void* idx, DT idx_dt, void* y, int64_t nb, int64_t ni,
+                      int64_t nr, const IndexTuple& t, int64_t batch_stride, int* bad, cudaStream_t s);
+// ScatterND / ScatterElements with reduction "none": y = data (copied unless the same buffer), then
+// each update written where its index says (ScatterND: slices of nr elements at tuples of t;
+// ScatterElements: along an axis of nr_or_axis elements, idx/upd viewed as [outer, n_axis, inner]).
+// Out-of-range indices are skipped and counted in *bad; duplicates land in an unspecified order.
+cudaError_t scatter(int elem_bytes, const void* data, int64_t data_numel, const void* idx, DT idx_dt, const void* upd,
+                    int64_t upd_numel, void* y, bool elements, int64_t nr_or_axis, const IndexTuple& t, int64_t n_axis,
+                    int64_t inner, int* bad, cudaStream_t s);
 // Trilu over the last two dims of x viewed as [batch, rows, cols]: element (i, j) kept when
 // j - i >= k (upper) or j - i <= k (lower), else zero; any element width.
 cudaError_t trilu(int elem_bytes, const void* x, void* y, int64_t batch, int64_t rows, int64_t cols, int64_t k, bool upper,

@@ -1,4 +1,5 @@
-// CumSum along one axis, GatherElements and Trilu: small index kernels that models use
+// CumSum along one axis, GatherElements, GatherND, ScatterND, ScatterElements and Trilu: small index
+// kernels that models use
 // on position ids and masks (RoBERTa's CumSum over the attention mask, GatherElements in
 // detection and sequence heads).
 #include "backends/cuda/kernels/common.cuh"
@@ -60,7 +61,115 @@ __global__ void trilu_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t
   }
 }
 
+template <class I>
+__device__ __forceinline__ int64_t nd_offset(const I* tup, const IndexTuple& t, int* bad, bool* ok) {
+  int64_t off = 0;
+  for (int j = 0; j < t.k; ++j) {
+    int64_t v = static_cast<int64_t>(tup[j]);
+    if (v < 0) v += t.dims[j];
+    if (v < 0 || v >= t.dims[j]) {
+      *ok = false;
+      v = v < 0 ? 0 : t.dims[j] - 1;
+    }
+    off += v * t.strides[j];
+  }
+  if (!*ok && bad != nullptr) atomicAdd(bad, 1);
+  return off;
+}
+
+// GatherND: y[b, i, r] = data[b, idx[b, i, :], r] (y viewed as [nb, ni, nr]).
+template <class T, class I>
+__global__ void gather_nd_kernel(const T* __restrict__ data, const I* __restrict__ idx, T* __restrict__ y, int64_t ni,
+                                 int64_t nr, IndexTuple t, int64_t batch_stride, int64_t total, int* bad) {
+  for (int64_t i = global_tid(); i < total; i += global_threads()) {
+    const int64_t r = i % nr, q = i / nr, b = q / ni;
+    bool ok = true;
+    // Each index tuple is checked once: by the thread of its first element.
+    const int64_t off = nd_offset(idx + q * t.k, t, r == 0 ? bad : nullptr, &ok);
+    y[i] = data[b * batch_stride + off + r];
+  }
+}
+
+// ScatterND (no reduction): y (already a copy of data)[idx[q, :], r] = upd[q, r].
+template <class T, class I>
+__global__ void scatter_nd_kernel(const I* __restrict__ idx, const T* __restrict__ upd, T* __restrict__ y, int64_t nr,
+                                  IndexTuple t, int64_t total, int* bad) {
+  for (int64_t u = global_tid(); u < total; u += global_threads()) {
+    const int64_t r = u % nr, q = u / nr;
+    bool ok = true;
+    const int64_t off = nd_offset(idx + q * t.k, t, r == 0 ? bad : nullptr, &ok);
+    if (ok) y[off + r] = upd[u];
+  }
+}
+
+// ScatterElements (no reduction): y (a copy of data, [outer, axis_dim, inner])[o, idx[u], i] = upd[u]
+// with idx and upd [outer, n_axis, inner].
+template <class T, class I>
+__global__ void scatter_elements_kernel(const I* __restrict__ idx, const T* __restrict__ upd, T* __restrict__ y,
+                                        int64_t axis_dim, int64_t n_axis, int64_t inner, int64_t total, int* bad) {
+  for (int64_t u = global_tid(); u < total; u += global_threads()) {
+    const int64_t in = u % inner, o = u / inner / n_axis;
+    int64_t id = static_cast<int64_t>(idx[u]);
+    if (id < 0) id += axis_dim;
+    if (id < 0 || id >= axis_dim) {
+      if (bad != nullptr) atomicAdd(bad, 1);
+      continue;
+    }
+    y[(o * axis_dim + id) * inner + in] = upd[u];
+  }
+}
+
 }  // namespace
+
+cudaError_t gather_nd(int elem_bytes, const void* data, const void* idx, DT idx_dt, void* y, int64_t nb, int64_t ni,
+                      int64_t nr, const IndexTuple& t, int64_t batch_stride, int* bad, cudaStream_t s) {
+  if (nb < 0 || ni < 0 || nr < 0 || t.k < 0 || t.k > kMaxRank || (idx_dt != DT::kI64 && idx_dt != DT::kI32)) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t total = nb * ni * nr;
+  if (total == 0) return cudaSuccess;
+  return dispatch_bytes(elem_bytes, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (idx_dt == DT::kI64) {
+      gather_nd_kernel<T, int64_t><<<grid_for(total), kBlock, 0, s>>>(static_cast<const T*>(data), static_cast<const int64_t*>(idx),
+                                                                      static_cast<T*>(y), ni, nr, t, batch_stride, total, bad);
+    } else {
+      gather_nd_kernel<T, int32_t><<<grid_for(total), kBlock, 0, s>>>(static_cast<const T*>(data), static_cast<const int32_t*>(idx),
+                                                                      static_cast<T*>(y), ni, nr, t, batch_stride, total, bad);
+    }
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t scatter(int elem_bytes, const void* data, int64_t data_numel, const void* idx, DT idx_dt, const void* upd,
+                    int64_t upd_numel, void* y, bool elements, int64_t nr_or_axis, const IndexTuple& t, int64_t n_axis,
+                    int64_t inner, int* bad, cudaStream_t s) {
+  if (data_numel < 0 || upd_numel < 0 || (idx_dt != DT::kI64 && idx_dt != DT::kI32)) return cudaErrorInvalidValue;
+  if (data_numel > 0 && data != y) {
+    const cudaError_t e = cudaMemcpyAsync(y, data, size_t(data_numel) * size_t(elem_bytes), cudaMemcpyDeviceToDevice, s);
+    if (e != cudaSuccess) return e;
+  }
+  if (upd_numel == 0) return cudaSuccess;
+  return dispatch_bytes(elem_bytes, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    auto go = [&](auto ix) {
+      using I = decltype(ix);
+      const I* ip = static_cast<const I*>(idx);
+      if (elements) {
+        if (n_axis < 1 || inner < 1) return;
+        scatter_elements_kernel<T, I><<<grid_for(upd_numel), kBlock, 0, s>>>(ip, static_cast<const T*>(upd), static_cast<T*>(y),
+                                                                             nr_or_axis, n_axis, inner, upd_numel, bad);
+      } else {
+        if (nr_or_axis < 1) return;
+        scatter_nd_kernel<T, I><<<grid_for(upd_numel), kBlock, 0, s>>>(ip, static_cast<const T*>(upd), static_cast<T*>(y),
+                                                                       nr_or_axis, t, upd_numel, bad);
+      }
+    };
+    if (idx_dt == DT::kI64) go(int64_t{});
+    else go(int32_t{});
+    return cudaGetLastError();
+  });
+}
 
 cudaError_t trilu(int elem_bytes, const void* x, void* y, int64_t batch, int64_t rows, int64_t cols, int64_t k, bool upper,
                   cudaStream_t s) {

@@ -16,6 +16,7 @@ Expected<bool> einsum_as_matmul(Graph& g);               // einsum_as_matmul.cc 
 Expected<bool> conv_as_planar(Graph& g);                   // conv_as_planar.cc    "conv-as-planar"
 Expected<bool> fuse_gelu(Graph& g);                      // fuse_gelu.cc       "fuse-gelu"
 Expected<bool> fuse_layernorm(Graph& g);                 // fuse_layernorm.cc  "fuse-layernorm"
+Expected<bool> fuse_groupnorm(Graph& g);                 // fuse_groupnorm.cc  "fuse-groupnorm"
 Expected<bool> fuse_softmax(Graph& g);                   // fuse_softmax.cc    "fuse-softmax"
 Expected<bool> fuse_attention(Graph& g);                 // fuse_attention.cc  "fuse-attention"
 Expected<bool> narrow_masks(Graph& g);                   // narrow_masks.cc    "narrow-masks"

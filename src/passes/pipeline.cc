@@ -38,6 +38,10 @@ std::vector<Pass> default_pipeline() {
       // drops the no-op Casts fp32 exports of LLaMA's RMSNorm carry between its nodes.
       {"fuse-layernorm", "decomposed LayerNorm/RMSNorm over the last axis -> LayerNormalization/RMSNormalization",
        fuse_layernorm},
+      // Reshape -> InstanceNormalization -> Reshape [-> Mul -> Add] (GroupNorm before opset 18)
+      // -> GroupNormalization: one norm kernel, no layout round trip. Needs constant reshape targets
+      // and parameters (after fold-constants); before fuse-elementwise, which would take the Mul/Add.
+      {"fuse-groupnorm", "GroupNorm exported through InstanceNormalization -> GroupNormalization", fuse_groupnorm},
       // Exp / ReduceSum(Exp) -> Softmax, one kernel that the CUDA attention matcher also recognises.
       {"fuse-softmax", "decomposed softmax over the last axis -> Softmax", fuse_softmax},
       // MatMul(Q, K^T) [* c] [+ mask] -> Softmax -> MatMul(., V) -> one Attention node: the GPU

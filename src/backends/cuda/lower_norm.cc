@@ -174,10 +174,21 @@ bool is_silu(const Node& n) {
 // InstanceNormalization and GroupNormalization (k::group_norm): statistics per (batch, group) in
 // f32, the channel's scale and shift (constants, per channel or, GroupNormalization-18, per group),
 // and the output's only reader fused in when it is Relu or SiLU (diffusion UNets' GroupNorm ->
-// SiLU). NCHW-ordered x; statistics scratch in the arena.
+// SiLU). NCHW x, or NHWC straight from a convolution; statistics scratch in the arena.
 Status lower_group_norm(Lowering& L, const Node& n) {
   const bool instance = n.op == OpKind::kInstanceNormalization;
-  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
+  // A convolution's NHWC output is normalized in place of layout (no round trip through NCHW) when
+  // the NHWC statistics kernel has blocks enough to fill the GPU (two per H100 SM); a small batch
+  // takes the round trip, whose row kernel spreads wider (bench/RESULTS.md, fifteenth session:
+  // unet_block b1 0.22 ms in NHWC vs 0.17 through NCHW; b64 4.42 vs 5.19).
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
+  const int64_t groups_attr = instance ? (x->dims.size() > 1 ? x->dims[1] : 0) : n.attr_int("num_groups", 0);
+  const bool nhwc = x->layout == Layout::kNHWC && x->dims.size() == 4 && groups_attr >= 1 &&
+                    k::group_norm_nhwc_blocks(x->dims[0], x->dims[2] * x->dims[3]) >= 264 &&
+                    k::group_norm_nhwc_smem(x->dims[1], groups_attr) <= 48 * 1024;
+  if (!nhwc) {
+    KILN_ASSIGN_OR_RETURN(x, L.rowmajor(n.inputs[0]));
+  }
   if (!is_float_dt(x->dt) || x->dims.size() < 2) KILN_UNSUPPORTED("{} on {}", op_name(n.op), dtype_name(x->ir_dtype));
   const int64_t nb = x->dims[0], c = x->dims[1], spatial = prod(x->dims, 2, x->dims.size());
   const int64_t groups = instance ? c : n.attr_int("num_groups", 0);
@@ -203,8 +214,9 @@ Status lower_group_norm(Lowering& L, const Node& n) {
   if (next && next->op == OpKind::kRelu) act = 1;
   else if (next && is_silu(*next)) act = 2;
   if (act) out = next->outputs[0];
-  const int scratch = L.scratch(k::group_norm_scratch_bytes(nb, c, groups, spatial));
-  const DevValue& y = L.define(out);
+  const int scratch = L.scratch(nhwc ? k::group_norm_nhwc_scratch_bytes(nb, c, groups, spatial)
+                                     : k::group_norm_scratch_bytes(nb, c, groups, spatial));
+  const DevValue& y = L.define(out, nhwc ? Layout::kNHWC : Layout::kRowMajor);
   const float eps = n.attr_float("epsilon", 1e-5f);
   ByteWriter w;
   w.put(int32_t(x->dt));
@@ -216,8 +228,10 @@ Status lower_group_norm(Lowering& L, const Node& n) {
   for (int64_t v : {nb, c, groups, spatial}) w.i64(v);
   w.put(eps);
   w.put(int32_t(act));
+  w.u8(nhwc);
   if (act) L.mark_fused(next, &n);
-  L.emit(&n, fmt::format("kernel group_norm ({} groups){}", groups, act == 1 ? " +relu" : act == 2 ? " +silu" : ""),
+  L.emit(&n, fmt::format("kernel group_norm ({} groups{}){}", groups, nhwc ? ", NHWC" : "",
+                         act == 1 ? " +relu" : act == 2 ? " +silu" : ""),
          {read_id(x), scratch}, {y.ref.id, scratch}, StepOp::kGroupNorm, std::move(w));
   return Status::ok();
 }
@@ -228,12 +242,19 @@ Expected<StepFn> bind_group_norm(Params& in, BindCtx&) {
   const int64_t nb = in.i64(), c = in.i64(), groups = in.i64(), spatial = in.i64();
   const float eps = in.f32();
   const int32_t act = in.i32();
+  const bool nhwc = in.flag();
   KILN_RETURN_IF_ERROR(in.done());
   if (nb < 0 || c < 1 || groups < 1 || c % groups != 0 || spatial < 0 || act < 0 || act > 2 || !sr.weight || !tr.weight ||
       scr.weight) {
     return KILN_ERROR(kInvalidModel, "{}: malformed group_norm parameters", in.step().label);
   }
   return StepFn([=](const RunCtx& cx) {
+    if (nhwc) {
+      return cuda_status(k::group_norm_nhwc(dt, cx.ptr(xr), static_cast<const float*>(cx.ptr(sr)),
+                                            static_cast<const float*>(cx.ptr(tr)), cx.ptr(yr), nb, c, groups, spatial, eps,
+                                            act, cx.ptr(scr), cx.stream),
+                         "group_norm_nhwc");
+    }
     return cuda_status(k::group_norm(dt, cx.ptr(xr), static_cast<const float*>(cx.ptr(sr)),
                                      static_cast<const float*>(cx.ptr(tr)), cx.ptr(yr), nb, c, groups, spatial, eps, act,
                                      cx.ptr(scr), cx.stream),

@@ -149,6 +149,13 @@ cudaError_t channel_affine(DT dt, const void* x, const float* scale, const float
 size_t group_norm_scratch_bytes(int64_t n, int64_t c, int64_t groups, int64_t spatial);
 cudaError_t group_norm(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t n, int64_t c,
                        int64_t groups, int64_t spatial, float eps, int act, void* scratch, cudaStream_t s);
+// The same for x in NHWC ([n, spatial, c]); y in NHWC too. Its statistics run one block per 256
+// pixels of an image: group_norm_nhwc_blocks of them.
+int64_t group_norm_nhwc_blocks(int64_t n, int64_t spatial);
+size_t group_norm_nhwc_smem(int64_t c, int64_t groups);  // shared memory its statistics kernel needs
+size_t group_norm_nhwc_scratch_bytes(int64_t n, int64_t c, int64_t groups, int64_t spatial);
+cudaError_t group_norm_nhwc(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t n, int64_t c,
+                            int64_t groups, int64_t spatial, float eps, int act, void* scratch, cudaStream_t s);
 
 // Pad of x (dims in_dims) into y (out_dims), rank <= kMaxRank, any element width up to 8 bytes:
 // y[o] = x[src(o - begin)] per dim, where a coordinate outside x is the constant `value_bits`

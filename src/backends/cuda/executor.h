@@ -67,7 +67,8 @@ enum class StepOp : uint16_t {
   kTrilu,          // k::trilu
   kGatherND,       // k::gather_nd
   kScatter,        // k::scatter (ScatterND, ScatterElements)
-  kLast = kScatter,
+  kTopK,           // k::topk
+  kLast = kTopK,
 };
 
 // What a step sees when it runs: the session's stream, handles and memory.

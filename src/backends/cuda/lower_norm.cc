@@ -1,5 +1,5 @@
-// Normalizations and reductions: Softmax, LayerNorm, RMSNorm, BatchNorm (inference), Reduce*,
-// ArgMax/ArgMin, GlobalAverage/MaxPool. The kernels keep statistics in f32 whatever the storage
+// Normalizations and reductions: Softmax, LayerNorm, RMSNorm, BatchNorm (inference), GroupNorm and
+// InstanceNorm, Reduce*, ArgMax/ArgMin, TopK, GlobalAverage/MaxPool. The kernels keep statistics in f32 whatever the storage
 // dtype, which is what makes half-precision builds safe here.
 #include <cmath>
 
@@ -369,6 +369,48 @@ Expected<StepFn> bind_arg_reduce(Params& in, BindCtx&) {
   });
 }
 
+// TopK with a constant K over a line of up to 4096 values (k::topk: one block per line).
+Status lower_topk(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
+  if (!is_float_dt(x->dt) && x->dt != k::DT::kI64 && x->dt != k::DT::kI32) {
+    KILN_UNSUPPORTED("TopK of {}", dtype_name(x->ir_dtype));
+  }
+  const Tensor* kt = L.constant(n.inputs[1]);
+  if (!kt || kt->numel() != 1) KILN_UNSUPPORTED("TopK with K computed at run time");
+  const int64_t r = int64_t(x->dims.size());
+  int64_t axis = n.attr_int("axis", -1);
+  if (axis < 0) axis += r;
+  if (axis < 0 || axis >= r) KILN_UNSUPPORTED("TopK axis {}", n.attr_int("axis", -1));
+  const int64_t len = x->dims[size_t(axis)], kk = kt->as_int(0);
+  if (!k::topk_supported(len) || kk < 0 || kk > len) KILN_UNSUPPORTED("TopK of {} from a line of {}", kk, len);
+  const DevValue& v = L.define(n.outputs[0]);
+  Ref ir;
+  if (n.has_output(1)) ir = L.define(n.outputs[1]).ref;
+  ByteWriter w;
+  w.put(int32_t(x->dt));
+  put(w, x->ref);
+  put(w, v.ref);
+  put(w, ir);
+  for (int64_t q : {prod(x->dims, 0, size_t(axis)), len, prod(x->dims, size_t(axis) + 1, size_t(r)), kk}) w.i64(q);
+  w.u8(n.attr_int("largest", 1) != 0);
+  std::vector<int> writes = {v.ref.id};
+  if (ir.id >= 0) writes.push_back(ir.id);
+  L.emit(&n, "kernel topk", {read_id(x)}, writes, StepOp::kTopK, std::move(w));
+  return Status::ok();
+}
+
+Expected<StepFn> bind_topk(Params& in, BindCtx&) {
+  const k::DT dt = in.dt();
+  const Ref xr = in.ref(), vr = in.ref(), ir = in.opt_ref();
+  const int64_t outer = in.i64(), len = in.i64(), inner = in.i64(), kk = in.i64();
+  const bool largest = in.flag();
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) {
+    return cuda_status(k::topk(dt, c.ptr(xr), c.ptr(vr), ir.id >= 0 ? static_cast<int64_t*>(c.ptr(ir)) : nullptr, outer, len,
+                               inner, kk, largest, c.stream), "topk");
+  });
+}
+
 // GlobalAverage/MaxPool: a reduce over the spatial axes; from NHWC it is [N, HW, C] -> [N, C],
 // which is also the row-major [N, C, 1, 1] output.
 Status lower_global_pool(Lowering& L, const Node& n) {
@@ -402,6 +444,7 @@ void register_norm_lowerings(std::map<OpKind, LowerFn>& t) {
   t[OpKind::kArgMin] = lower_arg;
   t[OpKind::kGlobalAveragePool] = lower_global_pool;
   t[OpKind::kGlobalMaxPool] = lower_global_pool;
+  t[OpKind::kTopK] = lower_topk;
 }
 
 void emit_softmax(Lowering& L, const Node* n, std::string label, k::DT dt, Ref x, Ref y, int64_t rows, int64_t cols,
@@ -423,6 +466,7 @@ void register_norm_binders(std::map<StepOp, BindFn>& t) {
   t[StepOp::kGroupNorm] = bind_group_norm;
   t[StepOp::kReduce] = bind_reduce;
   t[StepOp::kArgReduce] = bind_arg_reduce;
+  t[StepOp::kTopK] = bind_topk;
 }
 
 }  // namespace kiln::cuda

@@ -197,6 +197,12 @@ cudaError_t gather_nd(int elem_bytes, const void* data, const void* idx, DT idx_
 cudaError_t scatter(int elem_bytes, const void* data, int64_t data_numel, const void* idx, DT idx_dt, const void* upd,
                     int64_t upd_numel, void* y, bool elements, int64_t nr_or_axis, const IndexTuple& t, int64_t n_axis,
                     int64_t inner, int* bad, cudaStream_t s);
+// TopK along n of x viewed as [outer, n, inner] (n <= 4096: topk_supported): values (x's dtype) and
+// indices (may be null) [outer, k, inner], best first (larger or smaller; NaN above every number;
+// ties by lower index). f32/f16/bf16/i64/i32.
+bool topk_supported(int64_t n);
+cudaError_t topk(DT dt, const void* x, void* values, int64_t* indices, int64_t outer, int64_t n, int64_t inner, int64_t k,
+                 bool largest, cudaStream_t s);
 // Trilu over the last two dims of x viewed as [batch, rows, cols]: element (i, j) kept when
 // j - i >= k (upper) or j - i <= k (lower), else zero; any element width.
 cudaError_t trilu(int elem_bytes, const void* x, void* y, int64_t batch, int64_t rows, int64_t cols, int64_t k, bool upper,

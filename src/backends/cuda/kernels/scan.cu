@@ -1,5 +1,5 @@
-// CumSum along one axis, GatherElements, GatherND, ScatterND, ScatterElements and Trilu: small index
-// kernels that models use
+// CumSum along one axis, GatherElements, GatherND, ScatterND, ScatterElements, Trilu and TopK: small
+// index kernels that models use
 // on position ids and masks (RoBERTa's CumSum over the attention mask, GatherElements in
 // detection and sequence heads).
 #include "backends/cuda/kernels/common.cuh"
@@ -119,7 +119,97 @@ __global__ void scatter_elements_kernel(const I* __restrict__ idx, const T* __re
   }
 }
 
+// TopK: one block per line of x viewed as [outer, n, inner]; the line's (key, index) pairs are
+// bitonic-sorted in shared memory, best first, and the first k written. "Better" is larger (or
+// smaller) first, NaN ranks above every number, ties keep the lower index: the CPU reference's order.
+constexpr int kTopKMax = 4096;
+
+template <class K>
+__device__ __forceinline__ bool topk_better(K a, int ia, K b, int ib, bool largest) {
+  if (ib < 0) return ia >= 0;  // padding is worse than everything
+  if (ia < 0) return false;
+  const bool an = a != a, bn = b != b;  // NaN (floats only; ints never differ from themselves)
+  if (an != bn) return largest ? an : bn;
+  if (!an && a != b) return largest ? a > b : a < b;
+  return ia < ib;
+}
+
+template <class T, class K>
+__global__ void topk_kernel(const T* __restrict__ x, T* __restrict__ vals, int64_t* __restrict__ idx, int64_t n,
+                            int64_t inner, int64_t k, int n2, bool largest) {
+  extern __shared__ unsigned char smem[];
+  K* key = reinterpret_cast<K*>(smem);
+  int* ix = reinterpret_cast<int*>(key + n2);
+  const int64_t line = blockIdx.x, o = line / inner, in = line % inner;
+  const T* xl = x + o * n * inner + in;
+  for (int i = threadIdx.x; i < n2; i += blockDim.x) {
+    if (i < n) {
+      key[i] = static_cast<K>(widen(xl[int64_t(i) * inner]));
+      ix[i] = i;
+    } else {
+      key[i] = K{};
+      ix[i] = -1;
+    }
+  }
+  __syncthreads();
+  for (int size = 2; size <= n2; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < n2; i += blockDim.x) {
+        const int j = i ^ stride;
+        if (j > i) {
+          const bool up = (i & size) == 0;  // this run is sorted best-first
+          const bool jb = topk_better(key[j], ix[j], key[i], ix[i], largest);
+          if (jb == up) {
+            const K tk = key[i];
+            key[i] = key[j];
+            key[j] = tk;
+            const int ti = ix[i];
+            ix[i] = ix[j];
+            ix[j] = ti;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  T* vl = vals + o * k * inner + in;
+  int64_t* il = idx ? idx + o * k * inner + in : nullptr;
+  for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
+    vl[j * inner] = xl[int64_t(ix[j]) * inner];
+    if (il) il[j * inner] = ix[j];
+  }
+}
+
 }  // namespace
+
+bool topk_supported(int64_t n) { return n >= 1 && n <= kTopKMax; }
+
+cudaError_t topk(DT dt, const void* x, void* values, int64_t* indices, int64_t outer, int64_t n, int64_t inner, int64_t k,
+                 bool largest, cudaStream_t s) {
+  if (outer < 0 || inner < 0 || k < 0 || k > n || !topk_supported(n)) return cudaErrorInvalidValue;
+  const int64_t lines = outer * inner;
+  if (lines == 0 || k == 0) return cudaSuccess;
+  if (lines > 0x7fffffff) return cudaErrorInvalidValue;
+  int n2 = 1;
+  while (n2 < n) n2 <<= 1;
+  const int threads = n2 < 512 ? (n2 < 32 ? 32 : n2) : 512;
+  auto go = [&](auto tag, auto key) {
+    using T = typename decltype(tag)::type;
+    using K = decltype(key);
+    const size_t smem = size_t(n2) * (sizeof(K) + sizeof(int));
+    topk_kernel<T, K><<<static_cast<unsigned>(lines), threads, smem, s>>>(static_cast<const T*>(x), static_cast<T*>(values),
+                                                                        indices, n, inner, k, n2, largest);
+    return cudaGetLastError();
+  };
+  switch (dt) {
+    case DT::kF32: return go(Tag<float>{}, 0.f);
+    case DT::kF16: return go(Tag<__half>{}, 0.f);
+    case DT::kBF16: return go(Tag<__nv_bfloat16>{}, 0.f);
+    case DT::kI64: return go(Tag<int64_t>{}, int64_t{});
+    case DT::kI32: return go(Tag<int32_t>{}, int64_t{});
+    default: return cudaErrorInvalidValue;
+  }
+}
 
 cudaError_t gather_nd(int elem_bytes, const void* data, const void* idx, DT idx_dt, void* y, int64_t nb, int64_t ni,
                       int64_t nr, const IndexTuple& t, int64_t batch_stride, int* bad, cudaStream_t s) {

@@ -148,6 +148,12 @@ expect_err dyn_batch_above_range "dimension 0 ('batch') is 9, outside the engine
 expect_err dyn_shared_dim "input 'mask': dimension 0 ('batch') is 1, but 3 in input 'x'" \
   "$KILN" run "$D" --input "x=$TMP/x-3-7.npy" --input "mask=$TMP/mask-1-4.npy"
 expect_err dyn_rank "got shape [3,8] but the model expects f32[?,?,8]" "$KILN" run "$D" --input "x=$TMP/x-rank2.npy" --input "mask=$TMP/mask-1-4.npy"
+expect_ok dyn_bench_at_shape "$KILN" bench "$D" --shapes x:3x5x8 --shapes mask:3x5 --warmup 0 --iterations 2
+expect_ok dyn_run_random_at_shape "$KILN" run "$D" --shapes x:2x9x8 --shapes mask:2x9 --random-inputs --output-dir "$TMP/dyn-rand"
+python3 -c "import numpy as np, sys; y = np.load('$TMP/dyn-rand/y.npy'); sys.exit(0 if y.shape == (2, 9, 4) else 1)" \
+  && ok dyn_random_output_shape || bad dyn_random_output_shape "output shape is not (2, 9, 4)"
+expect_err dyn_run_shape_outside "--shapes gives input 'x' dimension 1 = 20, outside the engine's 4..16" \
+  "$KILN" run "$D" --shapes x:2x20x8 --random-inputs
 expect_err dyn_range_on_fixed_dim "the model fixes it at 8" "$KILN" build "$TMP/dyn.onnx" --device cpu \
   --shapes x:1..8x4..16x4..8 -o "$TMP/bad.kiln"
 expect_err dyn_range_conflict "shape ranges give dim 'batch' the range" "$KILN" build "$TMP/dyn.onnx" --device cpu \

@@ -49,6 +49,11 @@ int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt) {
   RunOptions ro;
   ro.random_inputs = true;
   ro.seed = opt.seed;
+  if (is_engine_file(load.model)) {
+    auto rs = engine_run_shapes(*engine, load);
+    if (!rs) return fail(rs.status());
+    ro.run_shapes = *rs;
+  }
   auto inputs = gather_inputs(*engine, ro, "");
   if (!inputs) return fail(inputs.status());
   auto session = engine->create_session();

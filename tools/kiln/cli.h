@@ -31,6 +31,9 @@ struct RunOptions {
   int top_k = 0;                     // print the k largest scores of each output
   std::string labels;                // one class name per line, for --top-k
   int64_t batch = 0;                 // bind the leading symbolic dim of every input (0: leave)
+  // A dynamic engine file's exact input shapes for random data (--shapes on it); else each ranged
+  // dim takes its range's largest value.
+  std::map<std::string, std::vector<int64_t>> run_shapes;
 };
 
 // Phase 3: checking outputs.
@@ -111,7 +114,10 @@ std::string file_name_for(const std::string& tensor_name);
 // "f32[?,3,224,224]": an engine input or output as messages show it.
 std::string info_string(const TensorInfo& t);
 // A random tensor for an engine input (fails if a dim is not fixed).
-Expected<Tensor> random_input(const TensorInfo& v, uint64_t seed);
+Expected<Tensor> random_input(const TensorInfo& v, uint64_t seed, const std::vector<int64_t>* dims = nullptr);
+// --shapes given with an engine file: exact shapes inside the engine's shape ranges, checked (a
+// static engine, or a shape outside a range, is an error saying so).
+Expected<std::map<std::string, std::vector<int64_t>>> engine_run_shapes(const Engine& e, const LoadOptions& load);
 // Checks a user-given tensor against an engine input (dtype, rank, fixed dims).
 Status check_input_tensor(const TensorInfo& v, const Tensor& t, const std::string& source);
 // Input data in engine-input order: --input files, else DIR/<file_name_for(name)>.npy when

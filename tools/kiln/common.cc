@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <limits>
 #include <random>
 
@@ -90,18 +91,8 @@ std::string info_string(const TensorInfo& t) {
   return s + "]";
 }
 
-Expected<Tensor> random_input(const TensorInfo& v, uint64_t seed) {
-  std::vector<int64_t> dims;
-  for (size_t k = 0; k < v.shape.size(); ++k) {
-    int64_t d = v.shape[k];
-    // A ranged dim of a dynamic engine: its largest value.
-    if (d < 0 && k < v.max_shape.size() && v.max_shape[k] != std::numeric_limits<int64_t>::max()) d = v.max_shape[k];
-    if (d < 0) {
-      return KILN_ERROR(kInvalidArgument, "input '{}' has shape {}: bind its dims with --shapes {}:{}", v.name,
-                        info_string(v), v.name, "1x...");
-    }
-    dims.push_back(d);
-  }
+// Seeded random data of v's dtype and the given dims.
+Expected<Tensor> random_tensor(const TensorInfo& v, const std::vector<int64_t>& dims, uint64_t seed) {
   KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(v.dtype, dims));
   // One stream per input, so adding an input does not change the others' values.
   std::seed_seq seq{seed, uint64_t(std::hash<std::string>{}(v.name))};
@@ -118,6 +109,51 @@ Expected<Tensor> random_input(const TensorInfo& v, uint64_t seed) {
     }
   });
   return t;
+}
+
+Expected<std::map<std::string, std::vector<int64_t>>> engine_run_shapes(const Engine& e, const LoadOptions& load) {
+  std::map<std::string, std::vector<int64_t>> out;
+  for (const std::string& f : load.shapes) {
+    KILN_ASSIGN_OR_RETURN(auto s, parse_shape_flag(f));
+    auto it = std::find_if(e.inputs().begin(), e.inputs().end(), [&](const TensorInfo& t) { return t.name == s.first; });
+    if (it == e.inputs().end()) return KILN_ERROR(kInvalidArgument, "--shapes names input '{}', which the engine does not have", s.first);
+    const TensorInfo& t = *it;
+    bool ranged = false;
+    for (size_t k = 0; k < t.shape.size(); ++k) ranged = ranged || (t.shape[k] < 0 && k < t.max_shape.size());
+    if (!ranged) {
+      return KILN_ERROR(kInvalidArgument, "{}: an engine file's input shapes are fixed when it is built (--shapes); build "
+                        "another engine from the ONNX model for that, or build it with shape ranges", load.model);
+    }
+    if (s.second.size() != t.shape.size()) {
+      return KILN_ERROR(kInvalidArgument, "--shapes gives input '{}' {} dims, the engine takes {}", s.first, s.second.size(),
+                        t.shape.size());
+    }
+    for (size_t k = 0; k < t.shape.size(); ++k) {
+      const int64_t lo = t.shape[k] >= 0 ? t.shape[k] : t.min_shape[k], hi = t.shape[k] >= 0 ? t.shape[k] : t.max_shape[k];
+      if (s.second[k] < lo || s.second[k] > hi) {
+        return KILN_ERROR(kInvalidArgument, "--shapes gives input '{}' dimension {} = {}, outside the engine's {}..{}", s.first,
+                          k, s.second[k], lo, hi);
+      }
+    }
+    if (!out.emplace(s.first, s.second).second) return KILN_ERROR(kInvalidArgument, "--shapes names input '{}' twice", s.first);
+  }
+  return out;
+}
+
+Expected<Tensor> random_input(const TensorInfo& v, uint64_t seed, const std::vector<int64_t>* given) {
+  if (given) return random_tensor(v, *given, seed);
+  std::vector<int64_t> dims;
+  for (size_t k = 0; k < v.shape.size(); ++k) {
+    int64_t d = v.shape[k];
+    // A ranged dim of a dynamic engine: its largest value.
+    if (d < 0 && k < v.max_shape.size() && v.max_shape[k] != std::numeric_limits<int64_t>::max()) d = v.max_shape[k];
+    if (d < 0) {
+      return KILN_ERROR(kInvalidArgument, "input '{}' has shape {}: bind its dims with --shapes {}:{}", v.name,
+                        info_string(v), v.name, "1x...");
+    }
+    dims.push_back(d);
+  }
+  return random_tensor(v, dims, seed);
 }
 
 Status check_input_tensor(const TensorInfo& v, const Tensor& t, const std::string& source) {

@@ -56,7 +56,13 @@ int compare_main(const LoadOptions& load, const RunOptions& run, const CompareOp
   if (!(opt.rtol >= 0) || !(opt.atol >= 0)) return fail(KILN_ERROR(kInvalidArgument, "--rtol and --atol must be >= 0"));
   auto engine = open_engine(load, eng, 0);
   if (!engine) return fail(engine.status());
-  auto inputs = gather_inputs(*engine, run, opt.inputs_dir);
+  RunOptions with_shapes = run;
+  if (is_engine_file(load.model)) {
+    auto rs = engine_run_shapes(*engine, load);
+    if (!rs) return fail(rs.status());
+    with_shapes.run_shapes = *rs;
+  }
+  auto inputs = gather_inputs(*engine, with_shapes, opt.inputs_dir);
   if (!inputs) return fail(inputs.status());
   // Read every reference before running, so a missing file fails fast.
   std::vector<Tensor> refs;

@@ -31,7 +31,7 @@ Status check_loaded(const Engine& e, const std::string& path, const LoadOptions&
   auto rebuild = [&](const std::string& what) {
     return KILN_ERROR(kInvalidArgument, "{}: {}; build another engine from the ONNX model for that", path, what);
   };
-  if (!load.shapes.empty()) return rebuild("an engine file's input shapes are fixed when it is built (--shapes)");
+  if (!load.shapes.empty()) KILN_RETURN_IF_ERROR(engine_run_shapes(e, load).status());  // a dynamic engine's run shapes
   if (batch > 0) {
     for (const TensorInfo& t : e.inputs()) {
       if (!t.shape.empty() && t.shape[0] != batch) {

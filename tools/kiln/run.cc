@@ -44,7 +44,8 @@ Expected<std::vector<Tensor>> gather_inputs(const Engine& e, const RunOptions& o
         return KILN_ERROR(kInvalidArgument, "input '{}' ({}) has no value: give --input {}=FILE.npy or --random-inputs",
                           v.name, info_string(v), v.name);
       }
-      KILN_ASSIGN_OR_RETURN(Tensor t, random_input(v, opt.seed));
+      auto given = opt.run_shapes.find(v.name);
+      KILN_ASSIGN_OR_RETURN(Tensor t, random_input(v, opt.seed, given == opt.run_shapes.end() ? nullptr : &given->second));
       data.push_back(std::move(t));
       continue;
     }
@@ -135,7 +136,13 @@ int run_main(const LoadOptions& load, const RunOptions& opt, const EngineOptions
   auto session = engine->create_session();
   if (!session) return fail(session.status());
   auto t1 = std::chrono::steady_clock::now();
-  auto inputs = gather_inputs(*engine, opt, "");
+  RunOptions run = opt;
+  if (is_engine_file(load.model)) {
+    auto rs = engine_run_shapes(*engine, load);
+    if (!rs) return fail(rs.status());
+    run.run_shapes = *rs;
+  }
+  auto inputs = gather_inputs(*engine, run, "");
   if (!inputs) return fail(inputs.status());
   // To a session ready to run (weights uploaded, CUDA graph captured), the first inference apart.
   std::printf("%s: %.1f ms\n", is_engine_file(load.model) ? "load" : "import + build",

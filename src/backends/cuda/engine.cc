@@ -229,7 +229,8 @@ Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptio
     if (v->constant || v->type.kind != Type::Kind::kTensor) continue;
     if (!static_shape(v.get())) {
       return KILN_ERROR(kUnsupported, "value '{}' has shape {}: the CUDA engine needs static shapes (bind them with "
-                        "--shapes NAME:DIMS or --batch)", v->name, v->type.to_string());
+                        "--shapes NAME:DIMS or --batch; shape ranges build CPU engines for now)", v->name,
+                        v->type.to_string());
     }
   }
   auto e = std::make_shared<EngineImpl>(&g, opt);

@@ -284,12 +284,17 @@ cudaError_t cumsum(DT dt, const void* x, void* y, int64_t outer, int64_t n, int6
   if (outer < 0 || n < 0 || inner < 0) return cudaErrorInvalidValue;
   if (outer * n * inner == 0) return cudaSuccess;
   const unsigned grid = grid_for(outer * inner, 128);
+  auto go = [&](auto tag, auto acc) {
+    using T = typename decltype(tag)::type;
+    cumsum_kernel<T, decltype(acc)><<<grid, 128, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), outer, n, inner,
+                                                         exclusive, reverse);
+  };
   switch (dt) {
-    case DT::kF32: cumsum_kernel<float, float><<<grid, 128, 0, s>>>(static_cast<const float*>(x), static_cast<float*>(y), outer, n, inner, exclusive, reverse); break;
-    case DT::kF16: cumsum_kernel<__half, float><<<grid, 128, 0, s>>>(static_cast<const __half*>(x), static_cast<__half*>(y), outer, n, inner, exclusive, reverse); break;
-    case DT::kBF16: cumsum_kernel<__nv_bfloat16, float><<<grid, 128, 0, s>>>(static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(y), outer, n, inner, exclusive, reverse); break;
-    case DT::kI64: cumsum_kernel<int64_t, int64_t><<<grid, 128, 0, s>>>(static_cast<const int64_t*>(x), static_cast<int64_t*>(y), outer, n, inner, exclusive, reverse); break;
-    case DT::kI32: cumsum_kernel<int32_t, int64_t><<<grid, 128, 0, s>>>(static_cast<const int32_t*>(x), static_cast<int32_t*>(y), outer, n, inner, exclusive, reverse); break;
+    case DT::kF32: go(Tag<float>{}, 0.f); break;
+    case DT::kF16: go(Tag<__half>{}, 0.f); break;
+    case DT::kBF16: go(Tag<__nv_bfloat16>{}, 0.f); break;
+    case DT::kI64: go(Tag<int64_t>{}, int64_t{}); break;
+    case DT::kI32: go(Tag<int32_t>{}, int64_t{}); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

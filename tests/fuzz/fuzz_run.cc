@@ -6,8 +6,12 @@
 //   bash tests/fuzz/run.sh build-fuzz 60        (or: make fuzz; this target gets a quarter of the time)
 //   build-fuzz/tests/kiln_fuzz_run build-fuzz/artifacts-run/crash-...   (replay one input)
 //
-// Tensors are capped at 1 MB so that each run stays fast under the sanitizers, and graphs with a
-// Loop are skipped: a loop's trip count is an input, and a model that loops for an hour is not a bug.
+// Tensors are capped at 1 MB so that each run stays fast under the sanitizers, graphs with a Loop
+// are skipped (a loop's trip count is an input, and a model that loops for an hour is not a bug),
+// and so are graphs whose convolutions and products add up to more than 2e7 multiply-adds: a
+// ConvTranspose with a 60x74 kernel over a 48x63 image is 216 ms of honest work in a release build
+// and over libFuzzer's 10 s timeout under the sanitizers (fuzz-long, 2026-11-25).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -60,6 +64,38 @@ kiln::Expected<kiln::Tensor> input_for(const kiln::Value& v) {
   return t;
 }
 
+// Multiply-adds of the graph's Conv, ConvTranspose, MatMul and Gemm nodes, from their shapes
+// (unknown dims counted as 2): convolutions as (output or input elements) x (weight elements per
+// output or input channel), products as output elements x the contracted length.
+double estimated_macs(const kiln::Graph& g) {
+  auto dims = [](const kiln::Value* v) {
+    std::vector<double> d;
+    if (v && v->type.is_tensor() && v->type.shape) {
+      for (const kiln::Dim& x : v->type.shape->dims) d.push_back(x.is_static() ? double(x.value()) : 2.0);
+    }
+    return d;
+  };
+  auto prod = [](const std::vector<double>& d) {
+    double p = 1;
+    for (double x : d) p *= x;
+    return p;
+  };
+  double macs = 0;
+  for (const auto& n : g.nodes) {
+    if (n->inputs.size() < 2 || !n->inputs[0] || !n->inputs[1] || n->outputs.empty() || !n->outputs[0]) continue;
+    const std::vector<double> x = dims(n->inputs[0]), w = dims(n->inputs[1]), y = dims(n->outputs[0]);
+    const double per_channel = w.empty() ? 1 : prod(w) / std::max(1.0, w[0]);
+    switch (n->op) {
+      case kiln::OpKind::kConv: macs += prod(y) * per_channel; break;
+      case kiln::OpKind::kConvTranspose: macs += prod(x) * per_channel; break;
+      case kiln::OpKind::kMatMul:
+      case kiln::OpKind::kGemm: macs += prod(y) * (x.empty() ? 1 : x.back()); break;
+      default: break;
+    }
+  }
+  return macs;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
@@ -80,6 +116,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   kiln::Expected<kiln::Model> model = kiln::import_onnx_bytes(data, size, /*base_dir=*/"", opts);
   if (!model || !kiln::verify_graph(*model->graph) || has_loop(*model->graph)) return 0;
+  if (estimated_macs(*model->graph) > 2e7) return 0;
   kiln::Graph& g = *model->graph;
   if (!kiln::run_passes(g, kiln::default_pipeline())) return 0;
   std::vector<kiln::Data> inputs;

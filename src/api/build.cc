@@ -116,13 +116,7 @@ Status validate_config(const BuildConfig& c) {
     if (c.shapes.count(name)) {
       return KILN_ERROR(kInvalidArgument, "input '{}' is given both a shape and shape ranges; give one", name);
     }
-    for (size_t k = 0; k < dims.size(); ++k) {
-      const DimRange& r = dims[k];
-      if (r.min < 1 || r.max < r.min || r.opt < 0 || (r.opt != 0 && (r.opt < r.min || r.opt > r.max))) {
-        return KILN_ERROR(kInvalidArgument, "shape range {} for input '{}' dimension {}: expected 1 <= min <= opt <= max",
-                          describe_range(r), name, k);
-      }
-    }
+    for (size_t k = 0; k < dims.size(); ++k) KILN_RETURN_IF_ERROR(check_dim_range(name, k, dims[k]));
   }
   return Status::ok();
 }

@@ -67,6 +67,8 @@ std::map<std::string, DimRange> symbol_ranges(const Graph& g, const std::map<std
 std::vector<TensorInfo> tensor_infos(const std::vector<Value*>& values, const std::map<std::string, DimRange>& ranges);
 Status check_run_shapes(const std::vector<TensorInfo>& infos, const std::vector<std::vector<int64_t>>& shapes);
 std::string describe_range(const DimRange& r);  // "1..64", "16..512@128"
+// 1 <= min <= opt <= max (opt 0: max), max within reason; the error names the input and dim.
+Status check_dim_range(const std::string& input, size_t k, const DimRange& r);
 
 
 // The GPU side (gpu.cc; without CUDA it reports that it is missing).

@@ -7,52 +7,35 @@
 #include <limits>
 
 #include "api/engine_impl.h"
+#include "frontend/onnx/importer.h"
 
 namespace kiln {
 
-namespace {
-
-std::string range_string(const DimRange& r) {
+std::string describe_range(const DimRange& r) {
   std::string s = fmt::format("{}..{}", r.min, r.max);
   if (r.opt != 0 && r.opt != r.max) s += fmt::format("@{}", r.opt);
   return s;
 }
 
-Status check_range(const std::string& input, size_t k, const DimRange& r) {
+Status check_dim_range(const std::string& input, size_t k, const DimRange& r) {
   if (r.min < 1 || r.max < r.min || r.opt < 0 || (r.opt != 0 && (r.opt < r.min || r.opt > r.max))) {
-    return KILN_ERROR(kInvalidArgument,
-                      "shape range {} for input '{}' dimension {}: expected 1 <= min <= opt <= max", range_string(r),
-                      input, k);
+    return KILN_ERROR(kInvalidArgument, "shape range {} for input '{}' dimension {}: expected 1 <= min <= opt <= max",
+                      describe_range(r), input, k);
   }
   if (r.max > (int64_t(1) << 40)) {
-    return KILN_ERROR(kInvalidArgument, "shape range {} for input '{}' dimension {}: max is too large", range_string(r),
+    return KILN_ERROR(kInvalidArgument, "shape range {} for input '{}' dimension {}: max is too large", describe_range(r),
                       input, k);
   }
   return Status::ok();
 }
 
-}  // namespace
-
-std::string describe_range(const DimRange& r) { return range_string(r); }
-
 Expected<std::map<std::string, DimRange>> bind_shape_ranges(Graph& g,
                                                             const std::map<std::string, std::vector<DimRange>>& ranges) {
   std::map<std::string, DimRange> symbols;  // symbol -> its range (min == max: bound to a value)
   std::map<std::string, std::string> where;  // symbol -> the input that gave its range
-  for (const auto& entry : ranges) {
-    // Named copies, not structured bindings: the lambda below captures them (clang 14 cannot).
-    const std::string& name = entry.first;
-    const std::vector<DimRange>& dims = entry.second;
-    auto it = std::find_if(g.inputs.begin(), g.inputs.end(), [&](const Value* v) { return v->name == name; });
-    if (it == g.inputs.end()) {
-      std::string names;
-      for (const Value* v : g.inputs) if (!v->constant) names += (names.empty() ? "'" : ", '") + v->name + "'";
-      return KILN_ERROR(kInvalidArgument, "shape ranges name input '{}', but the model's inputs are {}", name, names);
-    }
-    Value& v = **it;
-    if (!v.type.is_tensor()) {
-      return KILN_ERROR(kInvalidArgument, "shape ranges: input '{}' is {}, not a tensor", name, v.type.to_string());
-    }
+  for (const auto& [name, dims] : ranges) {
+    KILN_ASSIGN_OR_RETURN(Value * input, find_tensor_input(g, name, "shape_ranges"));
+    Value& v = *input;
     if (v.type.shape && v.type.shape->rank() != dims.size()) {
       return KILN_ERROR(kInvalidArgument, "shape ranges give input '{}' {} dims, but the model declares {}", name,
                         dims.size(), v.type.shape->to_string());
@@ -60,13 +43,13 @@ Expected<std::map<std::string, DimRange>> bind_shape_ranges(Graph& g,
     if (!v.type.shape) v.type.shape = Shape(std::vector<Dim>(dims.size()));
     for (size_t k = 0; k < dims.size(); ++k) {
       DimRange r = dims[k];
-      KILN_RETURN_IF_ERROR(check_range(name, k, r));
+      KILN_RETURN_IF_ERROR(check_dim_range(name, k, r));
       if (r.opt == 0) r.opt = r.max;
       Dim& d = v.type.shape->dims[k];
       if (d.is_static()) {
         if (r.min != d.value() || r.max != d.value()) {
           return KILN_ERROR(kInvalidArgument, "shape ranges give input '{}' dimension {} the range {}, but the model fixes it at {}",
-                            name, k, range_string(r), d.value());
+                            name, k, describe_range(r), d.value());
         }
         continue;
       }
@@ -80,7 +63,7 @@ Expected<std::map<std::string, DimRange>> bind_shape_ranges(Graph& g,
         where[sym] = name;
       } else if (b->second.min != r.min || b->second.max != r.max) {
         return KILN_ERROR(kInvalidArgument, "shape ranges give dim '{}' the range {} in input '{}' and {} in input '{}'", sym,
-                          range_string(r), name, range_string(b->second), where[sym]);
+                          describe_range(r), name, describe_range(b->second), where[sym]);
       }
       d = r.min == r.max ? Dim(r.min) : Dim::symbol(sym);
     }

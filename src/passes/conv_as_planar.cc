@@ -54,9 +54,7 @@ Expected<bool> conv_as_planar(Graph& g) {
     const Tensor* w = constant_of(g, n->inputs[1]);
     if (!x->type.is_tensor() || !x->type.has_rank() || x->type.shape->rank() != 3 || !w || w->rank() != 3) continue;
     if (!y->type.is_tensor() || !y->type.has_rank() || y->type.shape->rank() != 3) continue;
-    Tensor axis_t = Tensor::create(DType::kInt64, {1}).value();
-    axis_t.data<int64_t>()[0] = 2;
-    Value* axis = g.add_constant(g.unique_name("axis2"), std::move(axis_t));
+    Value* axis = add_i64_constant(g, "axis2", {2});
     Value* wv = g.add_constant(g.unique_name(n->inputs[1]->name + "_2d"), w->reshaped({w->dim(0), w->dim(1), 1, w->dim(2)}));
     Node* up = g.add_node(OpKind::kUnsqueeze, {x, axis}, 1, g.unique_name(n->name + "_unsqueeze"));
     up->outputs[0]->type = with_unit_height(x->type);

@@ -45,12 +45,6 @@ std::optional<Spec> parse(std::string eq) {
 
 std::vector<int64_t> dims_of(const Value* v) { return *v->type.shape->static_dims(); }
 
-Value* add_i64(Graph& g, const std::string& base, const std::vector<int64_t>& v) {
-  Tensor t = Tensor::create(DType::kInt64, {int64_t(v.size())}).value();
-  std::copy(v.begin(), v.end(), t.data<int64_t>());
-  return g.add_constant(g.unique_name(base), std::move(t));
-}
-
 int64_t prod(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{1}, std::multiplies<>()); }
 
 }  // namespace
@@ -119,7 +113,7 @@ Expected<bool> einsum_as_matmul(Graph& g) {
       return t->outputs[0];
     };
     auto reshaped = [&](Value* v, const std::vector<int64_t>& dims, const std::string& tag) {
-      Node* r = g.add_node(OpKind::kReshape, {v, add_i64(g, base + "_" + tag + "_shape", dims)}, 1,
+      Node* r = g.add_node(OpKind::kReshape, {v, add_i64_constant(g, base + "_" + tag + "_shape", dims)}, 1,
                            g.unique_name(base + "_" + tag + "_r"));
       r->outputs[0]->type = Type::tensor(v->type.dtype, Shape::of(dims));
       r->outputs[0]->name = g.unique_name(v->name + "_r");

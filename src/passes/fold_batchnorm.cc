@@ -58,12 +58,6 @@ bool bn_affine(const UseMap& u, const Node& bn, int64_t channels, std::vector<do
   return true;
 }
 
-Value* add_f32(Graph& g, const std::string& base, std::vector<int64_t> dims, const std::vector<double>& v) {
-  Tensor t = Tensor::create(DType::kFloat32, std::move(dims)).value();
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = float(v[size_t(i)]);
-  return g.add_constant(g.unique_name(base), std::move(t));
-}
-
 // Weights scaled along `axis` (the output-channel axis) of a [.., C, ..] tensor.
 Value* scaled(Graph& g, const Value* w, size_t axis, const std::vector<double>& s) {
   const Tensor& t = *w->constant;
@@ -72,7 +66,7 @@ Value* scaled(Graph& g, const Value* w, size_t axis, const std::vector<double>& 
   const int64_t channels = t.dim(axis);
   std::vector<double> v(size_t(t.numel()));
   for (int64_t i = 0; i < t.numel(); ++i) v[size_t(i)] = t.data<float>()[i] * s[size_t((i / inner) % channels)];
-  return add_f32(g, w->name + "_bn", t.dims(), v);
+  return add_f32_constant(g, w->name + "_bn", t.dims(), v);
 }
 
 // Rewires the producer's inputs (weight at 1, bias at 2), forwards the BN output and removes the
@@ -107,7 +101,7 @@ bool fold_conv(UseMap& u, Node& n, Node& bn) {
   std::vector<double> bias(static_cast<size_t>(oc));
   for (int64_t c = 0; c < oc; ++c) bias[size_t(c)] = (b ? b->data<float>()[c] * s[size_t(c)] : 0.0) + t[size_t(c)];
   Value* w2 = scaled(g, n.inputs[1], 0, s);
-  Value* b2 = add_f32(g, (b ? n.inputs[2]->name : n.inputs[1]->name) + "_bn_bias", {oc}, bias);
+  Value* b2 = add_f32_constant(g, (b ? n.inputs[2]->name : n.inputs[1]->name) + "_bn_bias", {oc}, bias);
   finish(u, n, bn, w2, b2);
   return true;
 }
@@ -135,7 +129,7 @@ bool fold_gemm(UseMap& u, Node& n, Node& bn) {
     bias[size_t(j)] = s[size_t(j)] * beta * cj + t[size_t(j)];
   }
   Value* w2 = scaled(g, n.inputs[1], trans_b ? 0 : 1, s);
-  Value* b2 = add_f32(g, n.inputs[1]->name + "_bn_bias", {cols}, bias);
+  Value* b2 = add_f32_constant(g, n.inputs[1]->name + "_bn_bias", {cols}, bias);
   if (!gemm) n.op = OpKind::kGemm;
   n.attrs.erase("beta");
   finish(u, n, bn, w2, b2);

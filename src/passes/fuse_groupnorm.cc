@@ -33,12 +33,6 @@ bool all_equal(const Tensor* t, double v) {
   return true;
 }
 
-Value* add_vector(Graph& g, const std::string& base, const std::vector<double>& v) {
-  Tensor t = Tensor::create(DType::kFloat32, {int64_t(v.size())}).value();
-  for (size_t i = 0; i < v.size(); ++i) t.data<float>()[i] = float(v[i]);
-  return g.add_constant(g.unique_name(base), std::move(t));
-}
-
 // The position a constant of dims `d` broadcast against [N, C, spatial...] puts its C at, or -1.
 int64_t channel_axis_of(const Tensor& t, size_t x_rank) {
   const size_t r = t.rank();
@@ -109,8 +103,8 @@ Expected<bool> fuse_groupnorm(Graph& g) {
     }
     // The last node becomes the GroupNormalization: its output keeps its name, type and readers.
     const std::string base = last->name.empty() ? "groupnorm" : last->name;
-    Value* sv = add_vector(g, base + "_scale", gamma);
-    Value* bv = add_vector(g, base + "_bias", beta);
+    Value* sv = add_f32_constant(g, base + "_scale", {c}, gamma);
+    Value* bv = add_f32_constant(g, base + "_bias", {c}, beta);
     uses.remove_node(last);
     last->op = OpKind::kGroupNormalization;
     last->inputs = {x, sv, bv};

@@ -260,6 +260,18 @@ size_t erase_unused_constants(UseMap& uses, const std::vector<Value*>& candidate
   return dead.size();
 }
 
+Value* add_f32_constant(Graph& g, const std::string& base, std::vector<int64_t> dims, const std::vector<double>& v) {
+  Tensor t = Tensor::create(DType::kFloat32, std::move(dims)).value();
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = float(v[size_t(i)]);
+  return g.add_constant(g.unique_name(base), std::move(t));
+}
+
+Value* add_i64_constant(Graph& g, const std::string& base, const std::vector<int64_t>& v) {
+  Tensor t = Tensor::create(DType::kInt64, {int64_t(v.size())}).value();
+  std::copy(v.begin(), v.end(), t.data<int64_t>());
+  return g.add_constant(g.unique_name(base), std::move(t));
+}
+
 bool is_float(DType t) {
   return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16 || t == DType::kFloat64;
 }

@@ -87,6 +87,10 @@ class UseMap {
 Node* sole_producer(const UseMap& uses, const Value* v, OpKind op);
 // The `op` node of this graph that is v's only reader (one input of it), v not a graph output.
 Node* sole_reader(const UseMap& uses, const Value* v, OpKind op);
+// New constants of this graph named after `base` (made unique): f32 values of the given dims (one
+// per element, in order), and an i64 vector (Reshape targets, axes).
+Value* add_f32_constant(Graph& g, const std::string& base, std::vector<int64_t> dims, const std::vector<double>& v);
+Value* add_i64_constant(Graph& g, const std::string& base, const std::vector<int64_t>& v);
 // The float dtypes the fusions rewrite (f16, bf16, f32, f64).
 bool is_float(DType t);
 // A one-element float constant of this graph, as a double; nullopt for anything else.

@@ -160,6 +160,8 @@ expect_err dyn_range_conflict "shape ranges give dim 'batch' the range" "$KILN" 
   --shapes x:1..8x4..16x8 --shapes mask:1..4x4..16 -o "$TMP/bad.kiln"
 expect_err dyn_range_backwards "shape range 8..1 for input 'x' dimension 0" "$KILN" build "$TMP/dyn.onnx" --device cpu \
   --shapes x:8..1x4..16x8 -o "$TMP/bad.kiln"
+expect_err dyn_range_unknown_input "shape_ranges names input 'nosuch', but the model's inputs are 'x', 'mask'" \
+  "$KILN" build "$TMP/dyn.onnx" --device cpu --shapes nosuch:1..4x8 -o "$TMP/bad.kiln"
 expect_err dyn_range_not_number "dimension '1..z' is not" "$KILN" build "$TMP/dyn.onnx" --device cpu \
   --shapes x:1..zx4x8 -o "$TMP/bad.kiln"
 

@@ -373,20 +373,27 @@ class Importer {
 
 }  // namespace
 
+Expected<Value*> find_tensor_input(Graph& g, const std::string& name, std::string_view who) {
+  auto it = std::find_if(g.inputs.begin(), g.inputs.end(), [&](const Value* v) { return v->name == name; });
+  if (it == g.inputs.end()) {
+    std::string names;
+    for (const Value* v : g.inputs) if (!v->constant) names += (names.empty() ? "'" : ", '") + v->name + "'";
+    return KILN_ERROR(kInvalidArgument, "{} names input '{}', but the model's inputs are {}", who, name, names);
+  }
+  if (!(*it)->type.is_tensor()) {
+    return KILN_ERROR(kInvalidArgument, "{}: input '{}' is {}, not a tensor", who, name, (*it)->type.to_string());
+  }
+  return *it;
+}
+
 Status bind_input_shapes(Graph& g, const std::map<std::string, std::vector<int64_t>>& shapes) {
   std::map<std::string, int64_t> symbols;  // dim_param -> the value a given shape binds it to
   for (const auto& entry : shapes) {
     // Named copies, not structured bindings: lambdas below capture them (clang 14 cannot).
     const std::string& name = entry.first;
     const std::vector<int64_t>& dims = entry.second;
-    auto it = std::find_if(g.inputs.begin(), g.inputs.end(), [&](const Value* v) { return v->name == name; });
-    if (it == g.inputs.end()) {
-      std::string names;
-      for (const Value* v : g.inputs) if (!v->constant) names += (names.empty() ? "'" : ", '") + v->name + "'";
-      return KILN_ERROR(kInvalidArgument, "--shapes names input '{}', but the model's inputs are {}", name, names);
-    }
-    Value& v = **it;
-    if (!v.type.is_tensor()) return KILN_ERROR(kInvalidArgument, "--shapes: input '{}' is {}, not a tensor", name, v.type.to_string());
+    KILN_ASSIGN_OR_RETURN(Value * input, find_tensor_input(g, name, "--shapes"));
+    Value& v = *input;
     KILN_RETURN_IF_ERROR(checked_numel(dims).status().with_context(fmt::format("--shapes for input '{}'", name)));
     if (v.type.shape) {
       const Shape& s = *v.type.shape;

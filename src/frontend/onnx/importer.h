@@ -7,6 +7,7 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ir/graph.h"
@@ -24,6 +25,9 @@ struct ImportOptions {
 
 // Applies ImportOptions::input_shapes to g's inputs; errors name the input and both shapes.
 Status bind_input_shapes(Graph& g, const std::map<std::string, std::vector<int64_t>>& shapes);
+// The tensor input of g named `name`; `who` ("--shapes", "shape_ranges") starts the error that lists
+// the model's inputs when there is none, or says what the input is when it is not a tensor.
+Expected<Value*> find_tensor_input(Graph& g, const std::string& name, std::string_view who);
 
 Expected<Model> import_onnx_file(const std::string& path, const ImportOptions& opt = {});
 // base_dir: folder for external data ("" refuses external data).

@@ -139,7 +139,9 @@ Expected<std::string> Engine::serialize() const {
   meta["config"] = config_to_json(impl_->config);
   if (impl_->gpu) {
     meta["target"] = impl_->gpu->target();
-    meta["graph_weights"] = false;  // the device plan's DWGT holds the weights, laid out for the GPU
+    // A static GPU engine's device plan (DWGT) holds the weights, laid out for the GPU; a dynamic
+    // one lowers shape plans from the graph, whose weights it carries.
+    meta["graph_weights"] = impl_->gpu->graph_weights();
   }
   meta["report"] = impl_->gpu ? impl_->gpu->report() : impl_->report;
   auto io = [](const std::vector<TensorInfo>& v) {

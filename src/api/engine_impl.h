@@ -19,6 +19,9 @@ class DeviceEngine {
   virtual size_t weight_bytes() const = 0;
   virtual double build_ms() const = 0;
   virtual std::string load_phases() const { return ""; }  // a loaded engine: where its load time went
+  // Whether the engine file carries the graph's weights (a dynamic engine lowers shape plans from
+  // the graph as it runs) rather than only the device plan's.
+  virtual bool graph_weights() const { return false; }
   virtual nlohmann::json target() const = 0;  // the device and library versions it needs
   // The engine-file sections it adds (the GPU's device plan and its weights, read back).
   virtual Expected<std::map<std::string, std::string>> sections() const = 0;
@@ -69,9 +72,15 @@ Status check_run_shapes(const std::vector<TensorInfo>& infos, const std::vector<
 std::string describe_range(const DimRange& r);  // "1..64", "16..512@128"
 // 1 <= min <= opt <= max (opt 0: max), max within reason; the error names the input and dim.
 Status check_dim_range(const std::string& input, size_t k, const DimRange& r);
+// A copy of optimized graph `g` (weights shared) with its inputs bound to `shapes` (graph-input
+// order), shapes inferred and the default pipeline run again, which folds the shape arithmetic the
+// bound dims made constant: a dynamic GPU engine's shape plan is lowered from it.
+Expected<std::unique_ptr<Graph>> specialize_graph(const Graph& g, const std::vector<std::vector<int64_t>>& shapes,
+                                                  const BuildConfig& config);
 
 
-// The GPU side (gpu.cc; without CUDA it reports that it is missing).
+// The GPU side (gpu.cc; without CUDA it reports that it is missing). An optimized graph whose
+// inputs keep ranged dims builds a dynamic engine (gpu_dynamic.cc).
 bool gpu_usable(std::string* why);
 Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config);
 // Checks that an engine built for `target` can run here, then binds the device plan its file

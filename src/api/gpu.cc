@@ -6,9 +6,8 @@
 #include "api/engine_impl.h"
 
 #ifdef KILN_HAVE_CUDA
-#include "backends/cuda/engine.h"
+#include "api/gpu_common.h"
 #include "backends/cuda/nvrtc.h"
-#include "backends/cuda/target.h"
 #include "backends/cuda/timing_cache.h"
 #endif
 
@@ -16,15 +15,11 @@ namespace kiln {
 
 #ifdef KILN_HAVE_CUDA
 
-namespace {
-
 nlohmann::json target_json(const cuda::TargetInfo& t) {
   return {{"gpu", t.gpu},           {"sm_major", t.sm_major}, {"sm_minor", t.sm_minor},
           {"cuda_runtime", t.cuda_runtime}, {"cublaslt", t.cublaslt}, {"cudnn", t.cudnn}};
 }
 
-// Nodes the CUDA backend declined run on the host, which at large batch can be orders of magnitude
-// slower and always stops graph capture: say so once, naming the first few and why.
 void warn_cpu_nodes(const cuda::BuildReport& r) {
   std::vector<const cuda::NodePlacement*> cpu;
   for (const auto& n : r.nodes) {
@@ -36,6 +31,8 @@ void warn_cpu_nodes(const cuda::BuildReport& r) {
   std::fprintf(stderr, "kiln: warning: %zu node(s) fall back to the CPU (%s%s); `kiln build --report` lists them\n",
                cpu.size(), list.c_str(), cpu.size() > 3 ? "; ..." : "");
 }
+
+namespace {
 
 class GpuSession : public Session::Impl {
  public:
@@ -91,6 +88,8 @@ class GpuEngine : public DeviceEngine {
   std::string cache_line_;  // "timing cache: ..." for the report (empty for a loaded engine)
 };
 
+}  // namespace
+
 cuda::BuildOptions build_options(const BuildConfig& c) {
   cuda::BuildOptions bo;
   bo.precision = c.precision;
@@ -103,11 +102,18 @@ cuda::BuildOptions build_options(const BuildConfig& c) {
   return bo;
 }
 
+namespace {
+
 // Builds the CUDA engine with `cache` consulted before anything is timed.
 Expected<std::shared_ptr<DeviceEngine>> build_with_cache(std::shared_ptr<const Plan> plan, const BuildConfig& c,
                                                          std::shared_ptr<cuda::TimingCache> cache, std::string source) {
   cuda::BuildOptions bo = build_options(c);
   bo.timing_cache = cache;
+  for (const Value* v : plan->graph->inputs) {
+    if (v->type.shape && !v->type.shape->is_static()) {
+      return build_dynamic_gpu_engine(std::move(plan), c, std::move(cache), std::move(source));
+    }
+  }
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<cuda::Engine> e, cuda::Engine::build(*plan->graph, bo));
   warn_cpu_nodes(e->report());
   std::string line = fmt::format("timing cache: {}, {} choices reused, {} timed\n", source, cache->hits(), cache->misses());
@@ -159,6 +165,9 @@ Expected<std::shared_ptr<DeviceEngine>> load_gpu_engine(std::shared_ptr<const Pl
   if (!why.empty()) return KILN_ERROR(kUnsupported, "{}: this GPU engine cannot run here: {}", name, why);
   auto dpln = sections.find("DPLN");
   auto dwgt = sections.find("DWGT");
+  if (auto tune = sections.find("TUNE"); tune != sections.end() && dpln == sections.end()) {
+    return load_dynamic_gpu_engine(std::move(plan), config, tune->second, name);
+  }
   if (dpln == sections.end() || dwgt == sections.end()) {
     return KILN_ERROR(kInvalidModel, "{}: a GPU engine without its device plan (DPLN and DWGT sections)", name);
   }

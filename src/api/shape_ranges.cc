@@ -8,6 +8,9 @@
 
 #include "api/engine_impl.h"
 #include "frontend/onnx/importer.h"
+#include "ops/infer.h"
+#include "passes/pipeline.h"
+#include "runtime/engine_file.h"
 
 namespace kiln {
 
@@ -164,6 +167,33 @@ Status check_run_shapes(const std::vector<TensorInfo>& infos, const std::vector<
     }
   }
   return Status::ok();
+}
+
+Expected<std::unique_ptr<Graph>> specialize_graph(const Graph& g, const std::vector<std::vector<int64_t>>& shapes,
+                                                  const BuildConfig& config) {
+  if (shapes.size() != g.inputs.size()) {
+    return KILN_ERROR(kInvalidArgument, "expected {} input shapes, got {}", g.inputs.size(), shapes.size());
+  }
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> out, clone_graph(g));
+  std::map<std::string, std::vector<int64_t>> bind;
+  for (size_t i = 0; i < shapes.size(); ++i) bind[out->inputs[i]->name] = shapes[i];
+  KILN_RETURN_IF_ERROR(bind_input_shapes(*out, bind));
+  KILN_RETURN_IF_ERROR(infer_types(*out));
+  PassOptions po;
+  po.disabled = config.disabled_passes;
+  // Folding the shape arithmetic makes constants that inference could not see before (an Expand's
+  // target from Shape -> Concat in a BERT export): infer again after the passes, and once more
+  // around the pipeline if a value is still not static.
+  for (int round = 0; round < 2; ++round) {
+    KILN_RETURN_IF_ERROR(run_passes(*out, default_pipeline(), po).status());
+    KILN_RETURN_IF_ERROR(infer_types(*out));
+    bool fixed = true;
+    for (const auto& v : out->values) {
+      if (!v->constant && v->type.is_tensor() && v->type.shape && !v->type.shape->is_static()) fixed = false;
+    }
+    if (fixed) break;
+  }
+  return out;
 }
 
 }  // namespace kiln

@@ -1,5 +1,6 @@
 #include "passes/fold_constants.h"
 
+#include "backends/backend.h"
 #include "ops/infer.h"
 #include "ops/op_registry.h"
 #include "passes/rewrite.h"
@@ -8,7 +9,9 @@ namespace kiln {
 
 Expected<bool> fold_node(const Node& n, const std::function<const Tensor*(const Value*)>& constant_of,
                          int64_t max_elements, std::vector<std::optional<Tensor>>* outs) {
-  if (is_random_op(n.op) || has_subgraph(n) || !op_def(n.op).cpu) return false;
+  // A fused elementwise body reads only the node's inputs: it folds like the ops it holds (a graph
+  // optimized with ranged dims fuses shape arithmetic that binding the dims later makes constant).
+  if (is_random_op(n.op) || (has_subgraph(n) && n.op != OpKind::kFusedElementwise) || !op_def(n.op).cpu) return false;
   bool shape_only = n.op == OpKind::kShape || n.op == OpKind::kSize;
   // CastLike reads only the dtype of its second input: a constant cast to the dtype of a run-time
   // value folds (ONNX's expanded function bodies write their constants so: CastLike(0.5, X)).
@@ -42,13 +45,16 @@ Expected<bool> fold_node(const Node& n, const std::function<const Tensor*(const 
   std::vector<const Data*> ins;
   size_t h = 0;
   for (const Value* v : n.inputs) ins.push_back(v ? &held[h++] : nullptr);
-  KernelCtx ctx(n, std::move(ins), nullptr);
-  KILN_RETURN_IF_ERROR(op_def(n.op).cpu(ctx).with_context(n.describe()));
+  // The CPU backend's node runner: it also runs a fused node's body (which reads nothing outside it).
+  const ValueLookup no_outer = [](const Value*) -> const Data* { return nullptr; };
+  Expected<std::vector<Data>> ran = run_node_on_cpu(n, std::move(ins), no_outer);
+  if (!ran) return ran.status().with_context(n.describe());
+  std::vector<Data>& res = *ran;
   std::vector<std::optional<Tensor>> r(n.outputs.size());
-  for (size_t i = 0; i < n.outputs.size(); ++i) {
+  for (size_t i = 0; i < n.outputs.size() && i < res.size(); ++i) {
     if (!n.outputs[i]) continue;
-    if (!ctx.outputs()[i].is_tensor() || ctx.outputs()[i].tensor.numel() > max_elements) return false;
-    r[i] = std::move(ctx.outputs()[i].tensor);
+    if (!res[i].is_tensor() || res[i].tensor.numel() > max_elements) return false;
+    r[i] = std::move(res[i].tensor);
   }
   *outs = std::move(r);
   return true;

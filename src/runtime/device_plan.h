@@ -70,6 +70,9 @@ struct DevicePlan {
   // plan views the engine file.
   std::vector<std::string_view> weights;
   std::vector<std::string> weight_store;
+  // A plan whose weights live in a dynamic engine's pool (backends/cuda/weight_pool.h): the pool's
+  // id per weight id, and `weights` is empty. Never written to a file.
+  std::vector<int32_t> pooled;
   std::vector<DevicePlacement> placements;  // the build report's rows
   double build_ms = 0;
 

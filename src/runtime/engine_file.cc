@@ -194,6 +194,37 @@ uint64_t engine_checksum(const void* data, size_t size) {
   return h;
 }
 
+Expected<std::unique_ptr<Graph>> clone_graph(const Graph& g) {
+  std::vector<const Value*> consts;
+  all_constants(g, consts);
+  std::unordered_map<std::string, int> uses;
+  for (const Value* v : consts) ++uses[v->name];
+  // Large constants travel by name, their storage shared; a name that is not unique is printed whole.
+  std::unordered_set<const Value*> elided;
+  std::unordered_map<std::string, const Value*> shared;
+  for (const Value* v : consts) {
+    if (elide(*v) && uses[v->name] == 1) {
+      elided.insert(v);
+      shared[v->name] = v;
+    }
+  }
+  PrintOptions po;
+  po.elided_constants = &elided;
+  ParseOptions pa;
+  pa.zero_elided_tensors = false;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> out, parse_graph(print_graph(g, po), pa));
+  std::unordered_map<std::string, Value*> by_name;
+  values_by_name(*out, by_name);
+  for (const auto& [name, v] : shared) {
+    auto it = by_name.find(name);
+    if (it == by_name.end() || !it->second->constant || it->second->constant->dims() != v->constant->dims()) {
+      return KILN_ERROR(kInternal, "cloning the graph lost constant '{}'", name);
+    }
+    it->second->constant = *v->constant;
+  }
+  return out;
+}
+
 bool looks_like_engine_file(const std::string& first_bytes) {
   return first_bytes.size() >= sizeof(kMagic) && std::memcmp(first_bytes.data(), kMagic, sizeof(kMagic)) == 0;
 }

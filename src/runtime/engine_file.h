@@ -53,6 +53,10 @@ Expected<std::string> write_engine_file(const nlohmann::json& meta, const Plan& 
 Expected<EngineFile> read_engine_file(std::string_view bytes, std::shared_ptr<const void> owner, const std::string& name);
 Expected<EngineFile> read_engine_file(std::shared_ptr<const std::string> bytes, const std::string& name);
 
+// A copy of g whose large constants share g's storage (through the engine file's text form): the
+// shape plans of a dynamic GPU engine each bind and optimize a copy of one graph.
+Expected<std::unique_ptr<Graph>> clone_graph(const Graph& g);
+
 // Reads only what identifies the file: magic, format version, size, checksum and META (for
 // `kiln inspect` and for checking that an engine can run here before reading the rest).
 Expected<nlohmann::json> read_engine_meta(std::string_view bytes, const std::string& name);

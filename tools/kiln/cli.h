@@ -76,6 +76,8 @@ struct BenchOptions {
   uint64_t seed = 0;
   bool profile = false;              // also time each step once (no graph) and print the top ones
   bool report = false;               // print the engine's build report (each node's kernel) first
+  bool shapes_sweep = false;         // a dynamic engine against static ones across its ranges (sweep.cc)
+  int sweep_points = 12;
 };
 
 struct InspectOptions {
@@ -88,6 +90,7 @@ int run_main(const LoadOptions& load, const RunOptions& opt, const EngineOptions
 int compare_main(const LoadOptions& load, const RunOptions& run, const CompareOptions& opt, const EngineOptions& eng);
 int build_main(LoadOptions load, const EngineOptions& eng, const BuildCliOptions& opt);
 int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt);
+int sweep_main(const LoadOptions& load, const EngineOptions& eng, const BenchOptions& opt);
 
 // The engine `load.model` names: an engine file is loaded (nothing is rebuilt; --shapes, --batch,
 // --device and the precision flags must agree with how it was built), an ONNX model is built with

@@ -143,6 +143,9 @@ int main(int argc, char** argv) {
   be->add_option("--seed", bench.seed, "seed of the random inputs")->default_val(0);
   be->add_flag("--profile", bench.profile, "GPU: also time each step once and print the slowest");
   be->add_flag("--report", bench.report, "GPU: print the timed engine's placement report (autotuned choices) first");
+  be->add_flag("--shapes-sweep", bench.shapes_sweep,
+               "with shape ranges: time the dynamic engine at shapes across them, each beside a static engine built for it");
+  be->add_option("--sweep-points", bench.sweep_points, "shapes in the sweep")->default_val(12)->check(kPositiveInt);
 
   try {
     app.parse(argc, argv);
@@ -158,7 +161,7 @@ int main(int argc, char** argv) {
     if (r->parsed()) return run_main(load, run, eng);
     if (cmp->parsed()) return compare_main(load, run, compare, eng);
     if (b->parsed()) return build_main(load, eng, build);
-    if (be->parsed()) return bench_main(load, eng, bench);
+    if (be->parsed()) return bench.shapes_sweep ? sweep_main(load, eng, bench) : bench_main(load, eng, bench);
   } catch (const std::bad_alloc&) {
     return fail(KILN_ERROR(kOutOfMemory, "out of host memory"));
   } catch (const std::exception& e) {

@@ -214,6 +214,7 @@ Expected<DevicePlan> lower_graph(const Graph& g, const BuildOptions& opt) {
   for (auto& w : L.weight_data) dp.weight_store.emplace_back(w.begin(), w.end());
   L.weight_data.clear();
   dp.view_store();
+  dp.pooled = std::move(L.pooled);
   add_provenance(g, rows);
   for (NodePlacement& r : rows) dp.placements.push_back({r.node, uint8_t(r.placement), r.impl, r.why});
   return dp;
@@ -229,7 +230,7 @@ Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptio
     if (v->constant || v->type.kind != Type::Kind::kTensor) continue;
     if (!static_shape(v.get())) {
       return KILN_ERROR(kUnsupported, "value '{}' has shape {}: the CUDA engine needs static shapes (bind them with "
-                        "--shapes NAME:DIMS or --batch; shape ranges build CPU engines for now)", v->name,
+                        "--shapes NAME:DIMS or --batch, or give ranges: NAME:MIN..MAX per dim)", v->name,
                         v->type.to_string());
     }
   }

@@ -24,6 +24,7 @@
 namespace kiln::cuda {
 
 class TimingCache;  // timing_cache.h
+class WeightPool;   // weight_pool.h
 
 // The public precision (include/kiln/engine.h), one enum for the API and the backend.
 using ::kiln::Precision;
@@ -49,6 +50,14 @@ struct BuildOptions {
   // Autotuned choices are looked up here before anything is timed, and what is timed is added
   // (timing_cache.h); null: time everything. Only consulted when autotune is on.
   std::shared_ptr<TimingCache> timing_cache;
+  // false: a choice the timing cache lacks is taken from its nearest entry of the same form
+  // (TimingCache::nearest), else from the library's heuristic; nothing is timed. A dynamic engine
+  // lowers the shape plans it makes while it runs this way.
+  bool time_misses = true;
+  // Weights are taken from and added to this pool instead of the engine's own block: the shape
+  // plans of one dynamic engine share their weights (weight_pool.h). Such an engine is not
+  // serialized on its own. Null: the engine owns its weights.
+  std::shared_ptr<WeightPool> weight_pool;
 };
 
 // A caller's buffer for Session::run_buffers: host memory or a device pointer on this GPU.

@@ -1,5 +1,6 @@
 // Lowering state: device values, layout conversions, weights and step emission.
 #include "backends/cuda/lower.h"
+#include "backends/cuda/weight_pool.h"
 
 #include <cstring>
 
@@ -168,7 +169,19 @@ Expected<const DevValue*> Lowering::value(const Value* v) {
   auto dt = device_dt(c->dtype());
   if (!dt) KILN_UNSUPPORTED("constant '{}' has dtype {}, which the CUDA backend does not hold", v->name,
                             dtype_name(c->dtype()));
-  KILN_ASSIGN_OR_RETURN(Ref r, upload(*c, *dt));
+  Ref r;
+  if (opt_.weight_pool && v->constant && c == &*v->constant) {
+    // A graph constant: the pool knows it by its tensor, converted once for all shape plans.
+    KILN_ASSIGN_OR_RETURN(int id, opt_.weight_pool->intern_tensor(*c, int(*dt), [&]() -> Expected<std::string> {
+      KILN_ASSIGN_OR_RETURN(Tensor t, convert_tensor(*c, ir_dtype_of(*dt)));
+      return std::string(static_cast<const char*>(t.raw()), t.nbytes());
+    }));
+    weight_data.emplace_back();
+    pooled.push_back(id);
+    r = Ref{true, int(weight_data.size() - 1)};
+  } else {
+    KILN_ASSIGN_OR_RETURN(r, upload(*c, *dt));
+  }
   DevValue dv;
   dv.ref = r;
   dv.dt = *dt;
@@ -236,7 +249,18 @@ Expected<Ref> Lowering::upload(const Tensor& t, k::DT dt) {
   return upload_raw(c.raw(), c.nbytes());
 }
 
+std::string_view Lowering::weight_host(int id) const {
+  if (id < 0 || size_t(id) >= weight_data.size()) return {};
+  if (opt_.weight_pool) return opt_.weight_pool->host(pooled.at(size_t(id)));
+  return std::string_view(weight_data[size_t(id)].data(), weight_data[size_t(id)].size());
+}
+
 Expected<Ref> Lowering::upload_raw(const void* data, size_t bytes) {
+  if (opt_.weight_pool) {
+    pooled.push_back(opt_.weight_pool->intern_bytes(std::string_view(static_cast<const char*>(data), bytes)));
+    weight_data.emplace_back();
+    return Ref{true, int(weight_data.size() - 1)};
+  }
   weight_data.emplace_back(bytes);
   if (bytes) std::memcpy(weight_data.back().data(), data, bytes);
   return Ref{true, int(weight_data.size() - 1)};

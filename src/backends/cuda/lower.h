@@ -137,6 +137,8 @@ class Lowering {
   // Uploads a host tensor as a weight in device dtype dt (converted on the host).
   Expected<Ref> upload(const Tensor& t, k::DT dt);
   Expected<Ref> upload_raw(const void* data, size_t bytes);
+  // The host bytes of weight `id` as uploaded (device dtype and layout).
+  std::string_view weight_host(int id) const;
 
   // Appends a step record: kind `op` with its parameters (written by the kind's encoder in
   // executor.h). `reads`: arena buffers it reads (-1 entries, weights, are skipped).
@@ -157,6 +159,7 @@ class Lowering {
   std::vector<Step> steps;
   std::vector<size_t> buffer_bytes;        // per arena buffer id
   std::vector<std::vector<char>> weight_data;  // per weight id, host bytes to upload
+  std::vector<int32_t> pooled;                 // with options().weight_pool: its id per weight id
   std::unordered_map<const Value*, DevValue> values;
   // Graph inputs converted to the build's dtype by a first step: the value as the host staged it
   // (a lowering that reads it directly, like the f32 image of space-to-depth, saves the pass).

@@ -286,7 +286,9 @@ Expected<AlgoChoice> time_algos(Lowering& L, cudnnTensorDescriptor_t xd, cudnnFi
 Expected<AlgoChoice> pick_algo(Lowering& L, const ConvDescs& d) {
   TimingCache* cache = L.options().autotune ? L.options().timing_cache.get() : nullptr;
   if (cache) {
-    if (auto v = cache->get("conv", d.key)) {
+    std::optional<std::string> v = cache->get("conv", d.key);
+    if (!v && !L.options().time_misses) v = cache->nearest("conv", d.key);
+    if (v) {
       std::optional<AlgoChoice> c = decode_choice(*v);
       size_t ws = 0;
       if (c && cudnnGetConvolutionForwardWorkspaceSize(L.dnn, d.x, d.w, d.c, d.y, c->algo, &ws) == CUDNN_STATUS_SUCCESS &&
@@ -296,7 +298,7 @@ Expected<AlgoChoice> pick_algo(Lowering& L, const ConvDescs& d) {
     }
   }
   KILN_ASSIGN_OR_RETURN(AlgoChoice r, time_algos(L, d.x, d.w, d.c, d.y, d.xb, d.wb, d.yb));
-  if (cache) cache->put("conv", d.key, encode_choice(r));
+  if (cache && L.options().time_misses) cache->put("conv", d.key, encode_choice(r));
   return r;
 }
 
@@ -309,7 +311,7 @@ Expected<AlgoChoice> time_algos(Lowering& L, cudnnTensorDescriptor_t xd, cudnnFi
   int got = 0;
   AlgoChoice r;
   bool chosen = false;
-  if (L.options().autotune) {
+  if (L.options().autotune && L.options().time_misses) {
     DevBuf x, w, y;
     if (cudaMalloc(&x.p, xb) == cudaSuccess && cudaMalloc(&w.p, wb) == cudaSuccess && cudaMalloc(&y.p, yb) == cudaSuccess &&
         cudaMemset(x.p, 0x3c, xb) == cudaSuccess && cudaMemset(w.p, 0x3c, wb) == cudaSuccess &&
@@ -349,9 +351,9 @@ Expected<ConvDescs> conv_descs(Keep& keep, Precision prec, size_t workspace, k::
                                std::array<int, 2> pads, std::array<int, 2> stride, std::array<int, 2> dil, int64_t group,
                                const std::vector<int64_t>& ydims) {
   ConvDescs d;
-  d.key = fmt::format("x{} w{} p{},{} s{},{} d{},{} g{} y{} dt{} {} prec{} ws{}", dims_to_string(xdims),
-                      dims_to_string({wdims.begin(), wdims.end()}), pads[0], pads[1], stride[0], stride[1], dil[0], dil[1],
-                      group, dims_to_string(ydims), int(dt), lay == Layout::kNHWC ? "nhwc" : "nchw", int(prec), workspace);
+  d.key = fmt::format("w{} p{},{} s{},{} d{},{} g{} dt{} {} prec{} ws{} @ x{} y{}", dims_to_string({wdims.begin(), wdims.end()}),
+                      pads[0], pads[1], stride[0], stride[1], dil[0], dil[1], group, int(dt),
+                      lay == Layout::kNHWC ? "nhwc" : "nchw", int(prec), workspace, dims_to_string(xdims), dims_to_string(ydims));
   KILN_ASSIGN_OR_RETURN(d.x, tensor_desc(keep, xdims, dt, lay));
   KILN_ASSIGN_OR_RETURN(d.y, tensor_desc(keep, ydims, dt, lay));
   KILN_CUDA_TRY(cudnnCreateFilterDescriptor(&d.w));

@@ -161,7 +161,9 @@ Expected<cublasLtMatmulAlgo_t> pick_lt_algo(Lowering& L, cublasLtMatmulDesc_t de
   // A timed choice from the timing cache, if cuBLASLt still accepts it for these descriptors.
   TimingCache* cache = L.options().autotune ? L.options().timing_cache.get() : nullptr;
   if (cache) {
-    if (auto v = cache->get("lt", key)) {
+    std::optional<std::string> v = cache->get("lt", key);
+    if (!v && !L.options().time_misses) v = cache->nearest("lt", key);
+    if (v) {
       cublasLtMatmulAlgo_t algo{};
       float ms = -1;
       cublasLtMatmulHeuristicResult_t check{};
@@ -189,7 +191,7 @@ Expected<cublasLtMatmulAlgo_t> pick_lt_algo(Lowering& L, cublasLtMatmulDesc_t de
   }
   cublasLtMatmulAlgo_t best = heur[0].algo;
   float best_timed_ms = -1;
-  std::vector<cublasLtMatmulAlgo_t> cands = L.options().autotune ? gemm_candidates(L, desc, la, lb, ld, heur, found, s, ws)
+  std::vector<cublasLtMatmulAlgo_t> cands = L.options().autotune && L.options().time_misses ? gemm_candidates(L, desc, la, lb, ld, heur, found, s, ws)
                                                                  : std::vector<cublasLtMatmulAlgo_t>{};
   if (cands.size() > 1) {
     size_t eb = size_t(k::dt_size(dt));
@@ -229,7 +231,7 @@ Expected<cublasLtMatmulAlgo_t> pick_lt_algo(Lowering& L, cublasLtMatmulDesc_t de
   if (best_timed_ms > 0) L.gemm_algo_ms[key] = best_timed_ms;
   // Untimed choices (one candidate, or timing could not run) are kept too: a build from the cache
   // then makes every choice the first build made.
-  if (cache) cache->put("lt", key, encode_algo(best, best_timed_ms));
+  if (cache && L.options().time_misses) cache->put("lt", key, encode_algo(best, best_timed_ms));
   return best;
 }
 
@@ -258,8 +260,8 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
     epi = CUBLASLT_EPILOGUE_GELU;
   }
   KILN_ASSIGN_OR_RETURN(LtDescs lt, make_lt_descs(L.keep_alive, dt, ct, s, epi));
-  std::string key = fmt::format("{} {} {} {} b{} {} {} {} t{}{} e{} c{} {}", s.m, s.n, s.k, int(dt), s.batch, s.stride_a,
-                                s.stride_b, s.stride_d, int(s.trans_a), int(s.trans_b), int(epi), ep.c != nullptr, int(ct));
+  std::string key = fmt::format("dt{} t{}{} e{} c{} {} @ {} {} {} b{} {} {} {}", int(dt), int(s.trans_a), int(s.trans_b),
+                                int(epi), ep.c != nullptr, int(ct), s.m, s.n, s.k, s.batch, s.stride_a, s.stride_b, s.stride_d);
   KILN_ASSIGN_OR_RETURN(cublasLtMatmulAlgo_t algo, pick_lt_algo(L, lt.desc, lt.la, lt.lb, lt.ld, s, ep, dt, key));
   auto timed = L.gemm_algo_ms.find(key);
   const float lt_ms = timed == L.gemm_algo_ms.end() ? -1.0f : timed->second;
@@ -351,7 +353,7 @@ ProductScratch::ProductScratch(const GemmShape& s, bool has_c)
 
 Expected<Ref> transposed_weight(Lowering& L, const DevValue* w, int64_t rows, int64_t cols, std::map<int, Ref>& cache) {
   if (auto it = cache.find(w->ref.id); it != cache.end()) return it->second;
-  const std::vector<char>& host = L.weight_data.at(size_t(w->ref.id));
+  const std::string_view host = L.weight_host(w->ref.id);
   if (host.size() != size_t(rows * cols) * 2) {
     return KILN_ERROR(kInternal, "weight of {} bytes for a {}x{} matrix of 16-bit elements", host.size(), rows, cols);
   }
@@ -506,7 +508,7 @@ Status emit_padded_matmul(Lowering& L, const Node& n, const DevValue* a, const D
   const Value* out = fuse_epilogue(L, n, cols, dt, ep, fused, /*allow_residual=*/false);  // C would need ld Npad
   size_t eb = size_t(k::dt_size(dt));
   if (ep.bias) {  // its host bytes (device dtype) extended with zeros
-    const std::vector<char>& host = L.weight_data.at(size_t(ep.bias->ref.id));
+    const std::string_view host = L.weight_host(ep.bias->ref.id);
     std::vector<char> padded(size_t(s.n) * eb, 0);
     std::copy(host.begin(), host.end(), padded.begin());
     KILN_ASSIGN_OR_RETURN(Ref r, L.upload_raw(padded.data(), padded.size()));

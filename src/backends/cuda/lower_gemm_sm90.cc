@@ -90,11 +90,14 @@ Expected<bool> try_emit_gemm_sm90(Lowering& L, const Node& n, const DevValue* a,
   if (it == L.gemm_sm90_choices.end()) {
     // The timing cache holds "tile ms" per signature (the tile restriction is part of it).
     TimingCache* cache = L.options().timing_cache.get();
-    const std::string sig = fmt::format("{} tile{}", key, L.options().gemm_sm90_tile);
+    const std::string sig = fmt::format("{} {} {} {} {} tile{} @ {} {} {}", int(dt), act, ep.bias != nullptr, ep.c != nullptr,
+                                        overlap, L.options().gemm_sm90_tile, s.m, s.n, s.k);
     GemmSm90Choice choice;
     std::optional<std::string> v = cache ? cache->get("sm90", sig) : std::nullopt;
+    if (!v && cache && !L.options().time_misses) v = cache->nearest("sm90", sig);
     if (!v || std::sscanf(v->c_str(), "%d %f", &choice.bn, &choice.ms) != 2 ||
         (choice.ms > 0 && choice.bn != 32 && choice.bn != 64)) {
+      if (!L.options().time_misses) return false;  // nothing timed near this shape: keep cuBLASLt
       KILN_ASSIGN_OR_RETURN(choice, time_sm90(s, ep, dt, act, L.options().gemm_sm90_tile, overlap));
       if (cache) cache->put("sm90", sig, fmt::format("{} {}", choice.bn, choice.ms));
     }

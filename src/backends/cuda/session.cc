@@ -10,6 +10,7 @@
 
 #include "backends/backend.h"
 #include "backends/cuda/engine_impl.h"
+#include "backends/cuda/weight_pool.h"
 
 namespace kiln::cuda {
 
@@ -390,7 +391,13 @@ Status EngineImpl::finish() {
   auto ms_since = [](clock::time_point t) { return std::chrono::duration<double, std::milli>(clock::now() - t).count(); };
   auto t0 = clock::now();
   size_t weights = 0;
-  for (std::string_view w : plan.weights) weights += align_up(w.size());
+  if (!plan.pooled.empty()) {
+    // A shape plan of a dynamic engine: its weights are the pool's, uploaded once for every plan.
+    for (int32_t id : plan.pooled) weight_sizes.push_back(opt.weight_pool->size(id));
+    for (size_t n : weight_sizes) weights += align_up(n);
+  } else {
+    for (std::string_view w : plan.weights) weights += align_up(w.size());
+  }
   if (opt.memory_budget_bytes) {
     size_t need = weights + plan.arena_peak + opt.workspace_bytes;
     if (need > opt.memory_budget_bytes) {
@@ -401,26 +408,34 @@ Status EngineImpl::finish() {
                         double(opt.workspace_bytes) / (1 << 20), double(opt.memory_budget_bytes) / (1 << 20));
     }
   }
-  if (weights > 0) {
-    Status st = cuda_status(cudaMalloc(&weight_block, weights), "cudaMalloc (weights)");
-    if (!st) {
-      weight_block = nullptr;
-      return Status(st.code(), fmt::format("uploading {:.1f} MiB of weights: {}", double(weights) / (1 << 20), st.message()));
+  if (!plan.pooled.empty()) {
+    if (!opt.weight_pool) return KILN_ERROR(kInternal, "a pooled device plan without its weight pool");
+    for (int32_t id : plan.pooled) {
+      KILN_ASSIGN_OR_RETURN(void* p, opt.weight_pool->device(id));
+      weight_ptrs.push_back(p);
     }
+  } else {
+    if (weights > 0) {
+      Status st = cuda_status(cudaMalloc(&weight_block, weights), "cudaMalloc (weights)");
+      if (!st) {
+        weight_block = nullptr;
+        return Status(st.code(), fmt::format("uploading {:.1f} MiB of weights: {}", double(weights) / (1 << 20), st.message()));
+      }
+    }
+    // The padding between weights is zeroed too: serialize() writes the block out as it is, and an
+    // engine file's bytes must not depend on what the allocation held before (compute-sanitizer's
+    // initcheck found them uninitialized).
+    if (weights > 0) KILN_CUDA_TRY(cudaMemset(weight_block, 0, weights));
+    char* p = static_cast<char*>(weight_block);
+    for (std::string_view w : plan.weights) {
+      weight_ptrs.push_back(p);
+      if (!w.empty()) KILN_CUDA_TRY(cudaMemcpy(p, w.data(), w.size(), cudaMemcpyHostToDevice));
+      p += align_up(w.size());
+    }
+    // The device holds the weights now: a build drops its host copies, a load stops viewing its
+    // file (serialize() reads them back from the device). Binding checks references against the count.
+    for (std::string_view w : plan.weights) weight_sizes.push_back(w.size());
   }
-  // The padding between weights is zeroed too: serialize() writes the block out as it is, and an
-  // engine file's bytes must not depend on what the allocation held before (compute-sanitizer's
-  // initcheck found them uninitialized).
-  if (weights > 0) KILN_CUDA_TRY(cudaMemset(weight_block, 0, weights));
-  char* p = static_cast<char*>(weight_block);
-  for (std::string_view w : plan.weights) {
-    weight_ptrs.push_back(p);
-    if (!w.empty()) KILN_CUDA_TRY(cudaMemcpy(p, w.data(), w.size(), cudaMemcpyHostToDevice));
-    p += align_up(w.size());
-  }
-  // The device holds the weights now: a build drops its host copies, a load stops viewing its file
-  // (serialize() reads them back from the device). Binding checks references against the count.
-  for (std::string_view w : plan.weights) weight_sizes.push_back(w.size());
   plan.weight_store.clear();
   plan.weight_store.shrink_to_fit();
   for (std::string_view& w : plan.weights) w = std::string_view();
@@ -469,6 +484,9 @@ Status EngineImpl::finish() {
 }
 
 Expected<std::pair<std::string, std::string>> EngineImpl::serialize() const {
+  if (!plan.pooled.empty()) {
+    return KILN_ERROR(kUnsupported, "a shape plan of a dynamic engine is saved with its engine, not on its own");
+  }
   DevicePlan copy = plan;
   size_t total = 0;
   for (size_t n : weight_sizes) total += align_up(n);

@@ -1,5 +1,7 @@
 #include "backends/cuda/timing_cache.h"
 
+#include <cmath>
+#include <vector>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -37,6 +39,54 @@ void TimingCache::put(const std::string& kind, const std::string& signature, std
   std::string key = target_ + "|" + kind + "|" + signature;
   entries_[key] = std::move(value);
   used_.insert(key);
+}
+
+namespace {
+
+// The numbers of a signature's DIMS part; false when it has no ` @ `.
+bool split_signature(const std::string& sig, std::string& form, std::vector<double>& dims) {
+  size_t at = sig.find(" @ ");
+  if (at == std::string::npos) return false;
+  form = sig.substr(0, at);
+  dims.clear();
+  for (size_t i = at + 3; i < sig.size();) {
+    if (sig[i] < '0' || sig[i] > '9') {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < sig.size() && sig[j] >= '0' && sig[j] <= '9') ++j;
+    dims.push_back(std::stod(sig.substr(i, j - i)));
+    i = j;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<std::string> TimingCache::nearest(const std::string& kind, const std::string& signature) {
+  std::string form, other_form;
+  std::vector<double> dims, other;
+  if (!split_signature(signature, form, dims)) return std::nullopt;
+  const std::string prefix = target_ + "|" + kind + "|" + form + " @ ";
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, std::string>::iterator best = entries_.end();
+  double best_d = 0;
+  for (auto it = entries_.lower_bound(prefix); it != entries_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+    if (!split_signature(it->first.substr(target_.size() + kind.size() + 2), other_form, other) ||
+        other.size() != dims.size()) {
+      continue;
+    }
+    double d = 0;
+    for (size_t i = 0; i < dims.size(); ++i) d += std::abs(std::log((dims[i] + 1) / (other[i] + 1)));
+    if (best == entries_.end() || d < best_d) {
+      best = it;
+      best_d = d;
+    }
+  }
+  if (best == entries_.end()) return std::nullopt;
+  used_.insert(best->first);
+  return best->second;
 }
 
 std::string TimingCache::to_text(bool only_used) const {

@@ -10,6 +10,7 @@
 //   opt.timing_cache = cache;  ... Engine::build(g, opt) ...
 //   KILN_RETURN_IF_ERROR(cache->save_file(path));
 //
+// Signatures are `FORM @ DIMS`: what must match exactly, then the shapes (nearest()).
 // The file is text, one entry per line: `<target>|<kind>|<signature>\t<value>`; entries of other
 // targets are kept when the file is rewritten. Values are written and read by the lowering that
 // owns the kind (lower_gemm.cc "lt", lower_gemm_sm90.cc "sm90", lower_conv.cc "conv").
@@ -36,6 +37,11 @@ class TimingCache {
   // The value stored for (kind, signature) on this target; marks the entry as used.
   std::optional<std::string> get(const std::string& kind, const std::string& signature);
   void put(const std::string& kind, const std::string& signature, std::string value);
+  // For a signature written `FORM @ DIMS` (DIMS: numbers, with any letters between them), the value
+  // of the entry of the same kind and FORM whose DIMS are nearest (the least sum of |log(a/b)|), for
+  // a shape nothing was timed at: a dynamic engine's shape plan takes the choice of the nearest shape
+  // its build timed. The lowering still checks that the library accepts it.
+  std::optional<std::string> nearest(const std::string& kind, const std::string& signature);
 
   // Entries in the text form. `only_used`: the entries looked up or added since construction (what
   // one engine needs, for its file).

@@ -1,0 +1,26 @@
+// What the static and the dynamic GPU engines of the public API share (gpu.cc, gpu_dynamic.cc).
+// CUDA builds only.
+#pragma once
+
+#include "api/engine_impl.h"
+#include "backends/cuda/engine.h"
+#include "backends/cuda/target.h"
+
+namespace kiln {
+
+nlohmann::json target_json(const cuda::TargetInfo& t);
+// Nodes the CUDA backend declined run on the host, which at large batch can be orders of magnitude
+// slower and always stops graph capture: say so once, naming the first few and why.
+void warn_cpu_nodes(const cuda::BuildReport& r);
+cuda::BuildOptions build_options(const BuildConfig& c);
+
+// A GPU engine for a graph whose inputs have ranged dims (gpu_dynamic.cc): `cache` holds the
+// choices timed so far (source: where it came from, for the report).
+Expected<std::shared_ptr<DeviceEngine>> build_dynamic_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& c,
+                                                                 std::shared_ptr<cuda::TimingCache> cache,
+                                                                 std::string source);
+// The same from an engine file: its TUNE section is the timing cache the build left.
+Expected<std::shared_ptr<DeviceEngine>> load_dynamic_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& c,
+                                                                std::string_view tune, const std::string& name);
+
+}  // namespace kiln

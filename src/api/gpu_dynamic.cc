@@ -1,0 +1,336 @@
+// Dynamic GPU engines: one engine for ranges of input shapes (BuildConfig::shape_ranges) that runs
+// any shape in them. Each exact shape gets a shape plan of its own: the optimized graph copied with
+// its inputs bound to that shape (specialize_graph: shape arithmetic folded, every kernel's dims
+// exact), lowered with the autotuned choices of the nearest shape the build timed
+// (TimingCache::nearest: nothing is timed while serving), its weights taken from one pool that
+// every plan shares (backends/cuda/weight_pool.h). Plans are made on the first run at a shape and
+// kept for the most recent shapes; a session keeps a CUDA session (arena, captured graphs) per
+// recent shape.
+//
+// The build times the choices at a grid of shapes: every symbol at its opt value, then each symbol
+// in turn at its min, max and the powers of two between (others at opt). Those plans are made at
+// build and kept. A saved dynamic engine carries the graph and its weights (the plans are lowered
+// again as shapes arrive) and the timing cache the build left (TUNE), so loading times nothing.
+#ifdef KILN_HAVE_CUDA
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+
+#include "api/gpu_common.h"
+#include "backends/cuda/timing_cache.h"
+#include "backends/cuda/weight_pool.h"
+
+namespace kiln {
+
+namespace {
+
+using Shapes = std::vector<std::vector<int64_t>>;
+
+// Shape plans an engine keeps, and CUDA sessions (each an arena and captured graphs) a session keeps.
+constexpr size_t kKeptPlans = 32;
+constexpr size_t kKeptSessions = 8;
+
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+std::string shapes_text(const Graph& g, const Shapes& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < g.inputs.size(); ++i) {
+    out += fmt::format("{}{}:", i ? " " : "", g.inputs[i]->name);
+    for (size_t k = 0; k < s[i].size(); ++k) out += fmt::format("{}{}", k ? "x" : "", s[i][k]);
+  }
+  return out;
+}
+
+struct ShapePlan {
+  Shapes shapes;
+  std::unique_ptr<Graph> graph;  // before the engine: its host steps read the graph's nodes
+  std::shared_ptr<cuda::Engine> engine;
+  double make_ms = 0;
+  uint64_t last_use = 0;
+};
+
+// An input dim: fixed, or the symbol whose value it takes.
+struct InputDim {
+  int64_t fixed = -1;
+  std::string symbol;
+};
+
+class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_this<DynamicGpuEngine> {
+ public:
+  DynamicGpuEngine(std::shared_ptr<const Plan> plan, BuildConfig c, std::shared_ptr<cuda::TimingCache> cache)
+      : plan_(std::move(plan)), config_(std::move(c)), cache_(std::move(cache)),
+        pool_(std::make_shared<cuda::WeightPool>()) {}
+
+  // Reads the inputs' dims and the symbols' ranges; kUnsupported for a symbolic dim with no range.
+  Status init() {
+    ranges_ = symbol_ranges(*plan_->graph, config_.shape_ranges);
+    for (auto& [sym, r] : ranges_) {
+      if (r.opt == 0) r.opt = r.max;
+    }
+    for (const Value* v : plan_->graph->inputs) {
+      if (!v->type.shape) return KILN_ERROR(kUnsupported, "input '{}' has no known rank: give it a shape", v->name);
+      std::vector<InputDim> dims;
+      for (size_t k = 0; k < v->type.shape->rank(); ++k) {
+        const Dim& d = v->type.shape->dims[k];
+        if (d.is_static()) {
+          dims.push_back({d.value(), ""});
+          continue;
+        }
+        const std::string sym = d.to_string();
+        if (!d.is_symbolic() || !ranges_.count(sym)) {
+          return KILN_ERROR(kUnsupported, "input '{}' dimension {} ('{}') has no range: the GPU engine needs one (--shapes "
+                            "{}:MIN..MAX per dim) or a fixed shape", v->name, k, sym, v->name);
+        }
+        dims.push_back({-1, sym});
+      }
+      dims_.push_back(std::move(dims));
+    }
+    return Status::ok();
+  }
+
+  // Times the choices at the build's grid of shapes; their plans are kept.
+  Status tune(const std::string& cache_source) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::map<std::string, int64_t> base;
+    for (const auto& [sym, r] : ranges_) base[sym] = r.opt;
+    std::vector<std::map<std::string, int64_t>> grid = {base};
+    for (const auto& [sym, r] : ranges_) {
+      std::vector<int64_t> values = {r.min, r.max};
+      for (int64_t p = 1; p < r.max; p *= 2) {
+        if (p > r.min) values.push_back(p);
+      }
+      for (int64_t x : values) {
+        auto a = base;
+        a[sym] = x;
+        if (std::find(grid.begin(), grid.end(), a) == grid.end()) grid.push_back(a);
+      }
+    }
+    for (const auto& a : grid) {
+      Shapes s = shapes_of(a);
+      KILN_ASSIGN_OR_RETURN(auto p, plan_for(s, /*time_misses=*/true));
+      tuned_ += fmt::format("  {}: {:.0f} ms, arena {:.1f} MiB\n", shapes_text(*plan_->graph, s), p->make_ms,
+                            double(p->engine->report().arena_peak) / (1 << 20));
+      if (!reference_) reference_ = p;
+    }
+    tune_ms_ = ms_since(t0);
+    cache_line_ = fmt::format("timing cache: {}, {} choices reused, {} timed\n", cache_source, cache_->hits(), cache_->misses());
+    warn_cpu_nodes(reference_->engine->report());
+    return Status::ok();
+  }
+
+  // A loaded engine: the plan at every symbol's opt value, made now (nothing timed: the file's
+  // TUNE has the build's choices), so a load that cannot run fails here.
+  Status prepare() {
+    std::map<std::string, int64_t> base;
+    for (const auto& [sym, r] : ranges_) base[sym] = r.opt;
+    KILN_ASSIGN_OR_RETURN(reference_, plan_for(shapes_of(base), /*time_misses=*/false));
+    return Status::ok();
+  }
+
+  // The plan for exact input shapes `s`, made on first use.
+  Expected<std::shared_ptr<ShapePlan>> plan_for(const Shapes& s, bool time_misses = false) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = plans_.find(s); it != plans_.end()) {
+      it->second->last_use = ++clock_;
+      return it->second;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    auto p = std::make_shared<ShapePlan>();
+    p->shapes = s;
+    auto g = specialize_graph(*plan_->graph, s, config_);
+    if (!g) return with_shape(g.status(), s);
+    p->graph = std::move(*g);
+    cuda::BuildOptions bo = build_options(config_);
+    bo.timing_cache = cache_;
+    bo.weight_pool = pool_;
+    bo.time_misses = time_misses;
+    auto e = cuda::Engine::build(*p->graph, bo);
+    if (!e) return with_shape(e.status(), s);
+    p->engine = std::move(*e);
+    p->make_ms = ms_since(t0);
+    p->last_use = ++clock_;
+    ++made_;
+    made_ms_ += p->make_ms;
+    plans_[s] = p;
+    while (plans_.size() > kKeptPlans) {  // the least recently used goes; sessions running it keep it alive
+      auto lru = std::min_element(plans_.begin(), plans_.end(),
+                                  [](const auto& a, const auto& b) { return a.second->last_use < b.second->last_use; });
+      plans_.erase(lru);
+    }
+    return p;
+  }
+
+  std::string report() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string out = fmt::format(
+        "dynamic GPU engine: one plan per exact input shape, lowered on the first run at it with the choices timed at the "
+        "nearest shape below (nothing timed while running), the last {} kept; a session keeps the arenas and CUDA graphs of "
+        "its last {} shapes\n",
+        kKeptPlans, kKeptSessions);
+    if (!tuned_.empty()) out += fmt::format("tuned at {:.0f} ms over these shapes:\n{}", tune_ms_, tuned_);
+    out += fmt::format("shape plans made so far: {} in {:.0f} ms; weights {:.1f} MiB on the GPU, shared by every plan\n", made_,
+                       made_ms_, double(pool_->device_bytes()) / (1 << 20));
+    out += cache_line_;
+    if (reference_) {
+      out += fmt::format("reference plan ({}):\n{}", shapes_text(*plan_->graph, reference_->shapes),
+                         reference_->engine->report().to_text());
+    }
+    return out;
+  }
+  size_t weight_bytes() const override { return pool_->device_bytes(); }
+  double build_ms() const override { return tune_ms_; }
+  std::string load_phases() const override { return load_phases_; }
+  nlohmann::json target() const override { return target_json(cuda::current_target()); }
+  bool graph_weights() const override { return true; }
+  Expected<std::map<std::string, std::string>> sections() const override {
+    std::map<std::string, std::string> m;
+    m.emplace("TUNE", cache_->to_text(/*only_used=*/true));
+    return m;
+  }
+  Expected<std::unique_ptr<Session::Impl>> create_session() const override;
+
+  const Graph& graph() const { return *plan_->graph; }
+  std::string load_phases_;
+
+ private:
+  Shapes shapes_of(const std::map<std::string, int64_t>& values) const {
+    Shapes s;
+    for (const auto& dims : dims_) {
+      std::vector<int64_t> x;
+      for (const InputDim& d : dims) x.push_back(d.symbol.empty() ? d.fixed : values.at(d.symbol));
+      s.push_back(std::move(x));
+    }
+    return s;
+  }
+  Status with_shape(const Status& st, const Shapes& s) const {
+    return Status(st.code(), fmt::format("shape plan for {}: {}", shapes_text(*plan_->graph, s), st.message()));
+  }
+
+  std::shared_ptr<const Plan> plan_;  // the graph with ranged dims, and its weights
+  BuildConfig config_;
+  std::shared_ptr<cuda::TimingCache> cache_;
+  std::shared_ptr<cuda::WeightPool> pool_;
+  std::map<std::string, DimRange> ranges_;
+  std::vector<std::vector<InputDim>> dims_;  // per input
+
+  mutable std::mutex mu_;
+  std::map<Shapes, std::shared_ptr<ShapePlan>> plans_;
+  std::shared_ptr<ShapePlan> reference_;  // the first tuned plan (every symbol at opt): the report's
+  uint64_t clock_ = 0;
+  int made_ = 0;
+  double made_ms_ = 0, tune_ms_ = 0;
+  std::string tuned_, cache_line_;
+};
+
+// A session: a CUDA session per recent shape, each with its own stream, arena and graphs.
+class DynamicGpuSession : public Session::Impl {
+ public:
+  explicit DynamicGpuSession(std::shared_ptr<DynamicGpuEngine> e) : e_(std::move(e)) {}
+
+  Expected<std::vector<Data>> run(std::vector<Data> inputs) override {
+    KILN_ASSIGN_OR_RETURN(cuda::Session * s, session_for(inputs));
+    return s->run(inputs);
+  }
+  Status run_device(const std::vector<TensorView>& inputs, const std::vector<TensorView>& outputs, void* stream) override {
+    Shapes shapes;
+    for (const TensorView& v : inputs) shapes.push_back(v.shape);
+    if (inputs.size() != this->inputs.size()) {
+      return KILN_ERROR(kInvalidArgument, "expected {} inputs, got {}", this->inputs.size(), inputs.size());
+    }
+    KILN_RETURN_IF_ERROR(check_run_shapes(this->inputs, shapes));
+    KILN_ASSIGN_OR_RETURN(cuda::Session * s, session_at(shapes));
+    std::vector<cuda::IoBuffer> in, out;
+    for (const TensorView& v : inputs) in.push_back({v.dtype, v.shape, v.data, v.on_device});
+    for (const TensorView& v : outputs) out.push_back({v.dtype, v.shape, v.data, v.on_device});
+    return s->run_buffers(in, out, stream);
+  }
+  Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) override {
+    KILN_ASSIGN_OR_RETURN(cuda::Session * s, session_for(inputs));
+    return s->benchmark(inputs, warmup, iterations);
+  }
+  Expected<std::vector<StepTime>> profile(const std::vector<Data>& inputs) override {
+    KILN_ASSIGN_OR_RETURN(cuda::Session * s, session_for(inputs));
+    KILN_ASSIGN_OR_RETURN(auto steps, s->profile(inputs));
+    std::vector<StepTime> r;
+    for (auto& [label, ms] : steps) r.push_back({std::move(label), ms});
+    return r;
+  }
+  size_t device_bytes() const override {
+    size_t b = 0;
+    for (const auto& [shape, x] : sessions_) b += x.session->device_bytes();
+    return b;
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<ShapePlan> plan;  // before the session, which runs the plan's engine
+    std::unique_ptr<cuda::Session> session;
+    uint64_t last_use = 0;
+  };
+
+  Expected<cuda::Session*> session_for(const std::vector<Data>& inputs) {
+    Shapes shapes;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (!inputs[i].is_tensor()) return KILN_ERROR(kInvalidArgument, "input {}: the GPU engine takes tensors", i);
+      shapes.push_back(inputs[i].tensor.dims());
+    }
+    return session_at(shapes);
+  }
+
+  Expected<cuda::Session*> session_at(const Shapes& shapes) {
+    if (auto it = sessions_.find(shapes); it != sessions_.end()) {
+      it->second.last_use = ++clock_;
+      return it->second.session.get();
+    }
+    KILN_ASSIGN_OR_RETURN(std::shared_ptr<ShapePlan> p, e_->plan_for(shapes));
+    if (sessions_.size() >= kKeptSessions) {  // the least recently used shape's arena goes first
+      auto lru = std::min_element(sessions_.begin(), sessions_.end(),
+                                  [](const auto& a, const auto& b) { return a.second.last_use < b.second.last_use; });
+      sessions_.erase(lru);
+    }
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<cuda::Session> s, p->engine->new_session());
+    Entry& e = sessions_[shapes];
+    e.plan = std::move(p);
+    e.session = std::move(s);
+    e.last_use = ++clock_;
+    return e.session.get();
+  }
+
+  std::shared_ptr<DynamicGpuEngine> e_;  // makes plans as shapes arrive (an engine is shared, its plans are a cache)
+  std::map<Shapes, Entry> sessions_;
+  uint64_t clock_ = 0;
+};
+
+Expected<std::unique_ptr<Session::Impl>> DynamicGpuEngine::create_session() const {
+  return std::unique_ptr<Session::Impl>(
+      new DynamicGpuSession(std::const_pointer_cast<DynamicGpuEngine>(shared_from_this())));
+}
+
+}  // namespace
+
+Expected<std::shared_ptr<DeviceEngine>> build_dynamic_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& c,
+                                                                 std::shared_ptr<cuda::TimingCache> cache,
+                                                                 std::string source) {
+  auto e = std::make_shared<DynamicGpuEngine>(std::move(plan), c, std::move(cache));
+  KILN_RETURN_IF_ERROR(e->init());
+  KILN_RETURN_IF_ERROR(e->tune(source));
+  return std::shared_ptr<DeviceEngine>(e);
+}
+
+Expected<std::shared_ptr<DeviceEngine>> load_dynamic_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& c,
+                                                                std::string_view tune, const std::string& name) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto cache = std::make_shared<cuda::TimingCache>(cuda::target_id(cuda::current_target()));
+  KILN_RETURN_IF_ERROR(cache->merge_text(std::string(tune), name + " (TUNE section)"));
+  auto e = std::make_shared<DynamicGpuEngine>(std::move(plan), c, std::move(cache));
+  Status st = e->init();
+  if (st) st = e->prepare();
+  if (!st) return Status(st.code(), fmt::format("{}: {}", name, st.message()));
+  e->load_phases_ = fmt::format("first shape plan made in {:.1f} ms", ms_since(t0));
+  return std::shared_ptr<DeviceEngine>(e);
+}
+
+}  // namespace kiln
+#endif  // KILN_HAVE_CUDA

@@ -1,0 +1,136 @@
+// specialize_graph (src/api/shape_ranges.cc): a dynamic GPU engine's shape plans are lowered from a
+// copy of the optimized graph bound to one exact shape. The copy must compute what the graph with
+// ranged dims computes at that shape, bit for bit on the CPU reference; its shape arithmetic must
+// fold to constants (the GPU lowering needs static shapes); its weights must be the original's
+// storage (every shape plan shares one upload), and the original must not change.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "api/engine_impl.h"
+#include "ir/text.h"
+#include "passes/pipeline.h"
+
+namespace kiln {
+namespace {
+
+// The batch and sequence dims flow into a Reshape target through Shape -> Gather -> Concat, as
+// exporters write `x.view(x.size(0), -1)`.
+constexpr const char* kModel = R"(graph main(%x: f32[N,S,8]) {
+  %w = const dense<f32[8,4]> [0.25]
+  %y = MatMul(%x, %w) : f32[N,S,4]
+  %sh = Shape(%x) : i64[3]
+  %i0 = const dense<i64[1]> [0]
+  %n = Gather(%sh, %i0) {axis = 0} : i64[1]
+  %m1 = const dense<i64[1]> [-1]
+  %t = Concat(%n, %m1) {axis = 0} : i64[2]
+  %r = Reshape(%y, %t) : f32[N,?]
+  %s = Softmax(%r) {axis = 1} : f32[N,?]
+  return %s
+})";
+
+Tensor random_x(int64_t n, int64_t s, uint32_t seed) {
+  Tensor t = *Tensor::create(DType::kFloat32, {n, s, 8});
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-2, 2);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(rng);
+  return t;
+}
+
+std::vector<Data> run(std::unique_ptr<Graph> g, const Tensor& x) {
+  auto plan = plan_host(std::move(g));
+  EXPECT_TRUE(plan) << plan.status().message();
+  auto out = run_plan(*plan, {Data(x)});
+  EXPECT_TRUE(out) << out.status().message();
+  return out ? *out : std::vector<Data>{};
+}
+
+TEST(Specialize, MatchesTheRangedGraphAtEachShapeAndFoldsShapeArithmetic) {
+  auto g = parse_graph(kModel);
+  ASSERT_TRUE(g) << g.status().message();
+  const Graph& ranged = **g;
+  const Value* w = nullptr;
+  for (const auto& v : ranged.values) {
+    if (v->name == "w") w = v.get();
+  }
+  ASSERT_NE(w, nullptr);
+  const std::string before = print_graph(ranged);
+  for (auto [n, s] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {3, 7}, {8, 16}}) {
+    SCOPED_TRACE(fmt::format("shape {}x{}x8", n, s));
+    auto sg = specialize_graph(ranged, {{n, s, 8}}, BuildConfig{});
+    ASSERT_TRUE(sg) << sg.status().message();
+    for (const auto& v : (*sg)->values) {
+      if (v->type.is_tensor()) {
+        ASSERT_TRUE(v->type.shape && v->type.shape->is_static()) << v->name << " is " << v->type.to_string();
+      }
+    }
+    for (const auto& node : (*sg)->nodes) EXPECT_NE(node->op, OpKind::kShape) << "shape arithmetic was not folded";
+    bool shared = false;
+    for (const auto& v : (*sg)->values) shared = shared || (v->constant && v->constant->raw() == w->constant->raw());
+    EXPECT_TRUE(shared) << "the copy's weight is not the original's storage";
+
+    const Tensor x = random_x(n, s, uint32_t(n * 100 + s));
+    auto copy = parse_graph(kModel);
+    ASSERT_TRUE(copy);
+    std::vector<Data> want = run(std::move(*copy), x), got = run(std::move(*sg), x);
+    ASSERT_EQ(want.size(), 1u);
+    ASSERT_EQ(got.size(), 1u);
+    ASSERT_EQ(got[0].tensor.dims(), (std::vector<int64_t>{n, 4 * s}));
+    ASSERT_EQ(want[0].tensor.dims(), got[0].tensor.dims());
+    EXPECT_EQ(std::memcmp(want[0].tensor.raw(), got[0].tensor.raw(), got[0].tensor.nbytes()), 0);
+  }
+  EXPECT_EQ(print_graph(ranged), before) << "specializing changed the ranged graph";
+}
+
+// BERT's token types as transformers exports them: a buffer sliced to the sequence length and
+// expanded to [batch, seq] by a target computed from Shape (through the exporter's Where for -1). The ranged graph's passes leave the
+// Expand's output [?,?] and fuse the target's Equal and Where into one FusedElementwise; once bound,
+// the slice and the fused target must fold, and the Expand's output come out static (inferred again
+// after the passes).
+constexpr const char* kTokenTypes = R"(graph main(%ids: i64[B,S]) {
+  %tt = const dense<i64[1,512]> [0]
+  %sh = Shape(%ids) : i64[2]
+  %i1 = const dense<i64[1]> [1]
+  %s = Gather(%sh, %i1) {axis = 0} : i64[1]
+  %z = const dense<i64[1]> [0]
+  %sl = Slice(%tt, %z, %s, %i1) : i64[1,?]
+  %m1 = const dense<i64[2]> [-1]
+  %one = const dense<i64[2]> [1]
+  %isneg = Equal(%sh, %m1) : bool[2]
+  %target = Where(%isneg, %one, %sh) : i64[2]
+  %e = Expand(%sl, %target) : i64[?,?]
+  %emb = const dense<f32[2,4]> [0.5]
+  %g = Gather(%emb, %e) {axis = 0} : f32[?,?,4]
+  %y = Add(%g, %g) : f32[?,?,4]
+  return %y
+})";
+
+TEST(Specialize, FoldedShapeTargetsGiveStaticShapes) {
+  auto g = parse_graph(kTokenTypes);
+  ASSERT_TRUE(g) << g.status().message();
+  PassOptions po;
+  ASSERT_TRUE(run_passes(**g, default_pipeline(), po));  // as the engine's ranged graph is
+  auto sg = specialize_graph(**g, {{3, 7}}, BuildConfig{});
+  ASSERT_TRUE(sg) << sg.status().message();
+  for (const auto& v : (*sg)->values) {
+    if (v->type.is_tensor()) {
+      EXPECT_TRUE(v->type.shape && v->type.shape->is_static()) << v->name << " is " << v->type.to_string();
+    }
+  }
+  ASSERT_EQ((*sg)->outputs[0]->type.shape->dims[1].value(), 7);
+}
+
+TEST(Specialize, ShapesThatDoNotFitAreErrors) {
+  auto g = parse_graph(kModel);
+  ASSERT_TRUE(g);
+  auto two = specialize_graph(**g, {{1, 2, 8}, {1}}, BuildConfig{});
+  ASSERT_FALSE(two);
+  EXPECT_NE(two.status().message().find("expected 1 input shapes, got 2"), std::string::npos) << two.status().message();
+  auto rank = specialize_graph(**g, {{1, 8}}, BuildConfig{});
+  ASSERT_FALSE(rank);
+  auto fixed = specialize_graph(**g, {{1, 2, 9}}, BuildConfig{});
+  ASSERT_FALSE(fixed) << "a fixed dim bound to another value";
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,119 @@
+// `kiln bench model.onnx --shapes NAME:MIN..MAX... --shapes-sweep [--sweep-points N]`: one dynamic
+// engine timed at N shapes across its ranges (powers of two and the numbers between), each beside a
+// static engine built for exactly that shape, in one process:
+//
+//   shape                      static med / p99 ms   dynamic med / p99 ms   dyn/static   first run ms
+//
+// "first run" is the wall time of the dynamic session's first forward at that shape: its shape plan
+// made (unless the build made it), a CUDA session set up and captured, the forward run.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <fstream>
+
+#include "cli.h"
+
+namespace kiln::cli {
+
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+// `points` assignments of the engine's symbols: symbol j's value at point i lies at fraction
+// f_j(i) of its range on a log scale, f_0 = i/(points-1) and the others a different permutation of
+// the same grid, so that large and small values of different symbols meet.
+std::vector<std::map<std::string, int64_t>> sweep_points(const std::map<std::string, DimRange>& ranges, int points) {
+  std::vector<std::map<std::string, int64_t>> out;
+  for (int i = 0; i < points; ++i) {
+    std::map<std::string, int64_t> a;
+    int j = 0;
+    for (const auto& [sym, r] : ranges) {
+      const int k = j == 0 ? i : (i * (2 * j + 3) + j) % points;
+      const double f = points > 1 ? double(k) / (points - 1) : 1.0;
+      int64_t v = int64_t(std::llround(std::exp(std::log(double(r.min)) + f * (std::log(double(r.max)) - std::log(double(r.min))))));
+      a[sym] = std::clamp(v, r.min, r.max);
+      ++j;
+    }
+    if (std::find(out.begin(), out.end(), a) == out.end()) out.push_back(a);
+  }
+  return out;
+}
+
+}  // namespace
+
+int sweep_main(const LoadOptions& load, const EngineOptions& eng, const BenchOptions& opt) {
+  if (is_engine_file(load.model)) {
+    return fail(KILN_ERROR(kInvalidArgument, "--shapes-sweep builds static engines to compare with: give the .onnx model"));
+  }
+  auto dyn = open_engine(load, eng, 0);
+  if (!dyn) return fail(dyn.status());
+  std::map<std::string, DimRange> ranges;  // the engine's symbols
+  for (const TensorInfo& t : dyn->inputs()) {
+    for (size_t k = 0; k < t.shape.size(); ++k) {
+      if (t.shape[k] < 0 && t.max_shape[k] != std::numeric_limits<int64_t>::max()) {
+        ranges[t.dim_names[k]] = DimRange{t.min_shape[k], t.max_shape[k], 0};
+      }
+    }
+  }
+  if (ranges.empty()) return fail(KILN_ERROR(kInvalidArgument, "--shapes-sweep needs shape ranges (--shapes NAME:MIN..MAX)"));
+  const std::string built = dyn->report();
+  std::printf("%s", built.substr(0, built.find("placement:")).c_str());
+  std::printf("dynamic engine built in %.0f ms\n", dyn->build_ms());
+  auto session = dyn->create_session();
+  if (!session) return fail(session.status());
+  nlohmann::json rows = nlohmann::json::array();
+  std::printf("%-40s %22s %22s %10s %13s\n", "shape", "static med / p99 ms", "dynamic med / p99 ms", "dyn/static",
+              "first run ms");
+  for (const auto& a : sweep_points(ranges, opt.sweep_points)) {
+    RunOptions ro;
+    ro.random_inputs = true;
+    ro.seed = opt.seed;
+    std::string label;
+    for (const TensorInfo& t : dyn->inputs()) {
+      std::vector<int64_t> dims;
+      for (size_t k = 0; k < t.shape.size(); ++k) dims.push_back(t.shape[k] >= 0 ? t.shape[k] : a.at(t.dim_names[k]));
+      label += (label.empty() ? "" : " ") + t.name + ":";
+      for (size_t k = 0; k < dims.size(); ++k) label += (k ? "x" : "") + std::to_string(dims[k]);
+      ro.run_shapes[t.name] = dims;
+    }
+    auto inputs = gather_inputs(*dyn, ro, "");
+    if (!inputs) return fail(inputs.status());
+    auto t0 = std::chrono::steady_clock::now();
+    auto first = session->run(views(*inputs));
+    const double first_ms = ms_since(t0);
+    if (!first) return fail(first.status());
+    auto dt = session->benchmark(views(*inputs), opt.warmup, opt.iterations);
+    if (!dt) return fail(dt.status());
+    // The static engine for exactly this shape, built the way the dynamic one was.
+    BuildConfig c = dyn->config();
+    c.shape_ranges.clear();
+    c.shapes = ro.run_shapes;
+    auto st = build(load.model, c);
+    if (!st) return fail(st.status());
+    auto ss = st->create_session();
+    if (!ss) return fail(ss.status());
+    auto stt = ss->benchmark(views(*inputs), opt.warmup, opt.iterations);
+    if (!stt) return fail(stt.status());
+    const double sm = percentile(*stt, 50), sp = percentile(*stt, 99), dm = percentile(*dt, 50), dp = percentile(*dt, 99);
+    std::printf("%-40s %10.4f / %9.4f %10.4f / %9.4f %10.3f %13.1f\n", label.c_str(), sm, sp, dm, dp, dm / sm, first_ms);
+    std::fflush(stdout);
+    rows.push_back({{"shape", label}, {"static_median_ms", sm}, {"static_p99_ms", sp}, {"dynamic_median_ms", dm},
+                    {"dynamic_p99_ms", dp}, {"ratio", dm / sm}, {"first_run_ms", first_ms}});
+  }
+  const std::string rep = dyn->report();
+  if (size_t at = rep.find("shape plans made so far"); at != std::string::npos) {
+    std::printf("%s\n", rep.substr(at, rep.find('\n', at) - at).c_str());
+  }
+  if (!opt.json.empty()) {
+    std::ofstream f(opt.json);
+    f << nlohmann::json{{"model", load.model}, {"build_ms", dyn->build_ms()}, {"rows", rows}}.dump(2) << "\n";
+    if (!f) return fail(KILN_ERROR(kIo, "{}: cannot write", opt.json));
+  }
+  return 0;
+}
+
+}  // namespace kiln::cli

@@ -7,6 +7,7 @@
 #include "frontend/onnx/importer.h"
 #include "ops/infer.h"
 #include "passes/pipeline.h"
+#include "runtime/engine_file.h"
 
 namespace kiln {
 
@@ -55,6 +56,12 @@ Expected<Engine> build_model(Model m, const BuildConfig& config, double import_m
   KILN_RETURN_IF_ERROR(bind_input_shapes(g, shapes));
   KILN_ASSIGN_OR_RETURN(auto ranges, bind_shape_ranges(g, config.shape_ranges));
   KILN_RETURN_IF_ERROR(infer_types(g));
+  // A dynamic GPU engine optimizes each exact shape from the graph as it is before the passes, as a
+  // static build of that shape would (fusions that need static shapes happen there).
+  std::unique_ptr<Graph> unoptimized;
+  if (!ranges.empty() && config.device != Device::kCpu) {
+    KILN_ASSIGN_OR_RETURN(unoptimized, clone_graph(g));
+  }
   // The default pipeline, for every device: the CPU gains as much as the GPU from fewer nodes, and
   // both then run the same graph.
   PassOptions po;
@@ -77,10 +84,11 @@ Expected<Engine> build_model(Model m, const BuildConfig& config, double import_m
   KILN_ASSIGN_OR_RETURN(Plan plan, plan_host(std::move(m.graph), /*require_cpu_kernels=*/!gpu));
   impl->plan = std::make_shared<const Plan>(std::move(plan));
   if (gpu) {
-    auto e = build_gpu_engine(impl->plan, config);
+    auto e = build_gpu_engine(impl->plan, config, std::move(unoptimized));
     if (e) {
       impl->device = Device::kCuda;
       impl->gpu = std::move(*e);
+      if (auto p = impl->gpu->engine_file_plan()) impl->plan = std::move(p);
       impl->build_ms = import_ms + ms_since(t0);
       impl->build_note = fmt::format("build phases: import {:.1f} ms, shapes and passes {:.1f}, GPU engine {:.1f} (of "
                                      "which {})\n", import_ms, passes_ms, impl->build_ms - import_ms - passes_ms,

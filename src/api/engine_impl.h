@@ -22,6 +22,9 @@ class DeviceEngine {
   // Whether the engine file carries the graph's weights (a dynamic engine lowers shape plans from
   // the graph as it runs) rather than only the device plan's.
   virtual bool graph_weights() const { return false; }
+  // The plan its engine file holds, when not the optimized graph's (a dynamic engine's: the graph
+  // before the passes, which it optimizes per shape).
+  virtual std::shared_ptr<const Plan> engine_file_plan() const { return nullptr; }
   virtual nlohmann::json target() const = 0;  // the device and library versions it needs
   // The engine-file sections it adds (the GPU's device plan and its weights, read back).
   virtual Expected<std::map<std::string, std::string>> sections() const = 0;
@@ -72,9 +75,9 @@ Status check_run_shapes(const std::vector<TensorInfo>& infos, const std::vector<
 std::string describe_range(const DimRange& r);  // "1..64", "16..512@128"
 // 1 <= min <= opt <= max (opt 0: max), max within reason; the error names the input and dim.
 Status check_dim_range(const std::string& input, size_t k, const DimRange& r);
-// A copy of optimized graph `g` (weights shared) with its inputs bound to `shapes` (graph-input
-// order), shapes inferred and the default pipeline run again, which folds the shape arithmetic the
-// bound dims made constant: a dynamic GPU engine's shape plan is lowered from it.
+// A copy of graph `g` (weights shared) with its inputs bound to `shapes` (graph-input order), shapes
+// inferred and the default pipeline run, which folds the shape arithmetic the bound dims made
+// constant: a dynamic GPU engine's shape plan is lowered from it. `g` may be optimized already.
 Expected<std::unique_ptr<Graph>> specialize_graph(const Graph& g, const std::vector<std::vector<int64_t>>& shapes,
                                                   const BuildConfig& config);
 
@@ -82,7 +85,9 @@ Expected<std::unique_ptr<Graph>> specialize_graph(const Graph& g, const std::vec
 // The GPU side (gpu.cc; without CUDA it reports that it is missing). An optimized graph whose
 // inputs keep ranged dims builds a dynamic engine (gpu_dynamic.cc).
 bool gpu_usable(std::string* why);
-Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config);
+// `unoptimized`: the graph before the passes when its inputs have ranged dims (else null).
+Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config,
+                                                         std::unique_ptr<Graph> unoptimized = nullptr);
 // Checks that an engine built for `target` can run here, then binds the device plan its file
 // carries (`sections`: DPLN and DWGT): no lowering, nothing timed.
 Expected<std::shared_ptr<DeviceEngine>> load_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config,

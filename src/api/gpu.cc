@@ -106,11 +106,16 @@ namespace {
 
 // Builds the CUDA engine with `cache` consulted before anything is timed.
 Expected<std::shared_ptr<DeviceEngine>> build_with_cache(std::shared_ptr<const Plan> plan, const BuildConfig& c,
-                                                         std::shared_ptr<cuda::TimingCache> cache, std::string source) {
+                                                         std::shared_ptr<cuda::TimingCache> cache, std::string source,
+                                                         std::unique_ptr<Graph> unoptimized) {
   cuda::BuildOptions bo = build_options(c);
   bo.timing_cache = cache;
   for (const Value* v : plan->graph->inputs) {
     if (v->type.shape && !v->type.shape->is_static()) {
+      if (unoptimized) {
+        KILN_ASSIGN_OR_RETURN(Plan p, plan_host(std::move(unoptimized), /*require_cpu_kernels=*/false));
+        plan = std::make_shared<const Plan>(std::move(p));
+      }
       return build_dynamic_gpu_engine(std::move(plan), c, std::move(cache), std::move(source));
     }
   }
@@ -129,7 +134,8 @@ std::string cache_path(const BuildConfig& c) {
 
 bool gpu_usable(std::string* why) { return cuda::gpu_available(why); }
 
-Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& c) {
+Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& c,
+                                                         std::unique_ptr<Graph> unoptimized) {
   auto cache = std::make_shared<cuda::TimingCache>(cuda::target_id(cuda::current_target()));
   const std::string path = cache_path(c);
   // A cache file that cannot be read or written costs time, never the build: say so and go on.
@@ -139,7 +145,8 @@ Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const P
       cache = std::make_shared<cuda::TimingCache>(cuda::target_id(cuda::current_target()));
     }
   }
-  KILN_ASSIGN_OR_RETURN(auto e, build_with_cache(std::move(plan), c, cache, path.empty() ? "none" : path));
+  KILN_ASSIGN_OR_RETURN(auto e, build_with_cache(std::move(plan), c, cache, path.empty() ? "none" : path,
+                                                 std::move(unoptimized)));
   if (!path.empty() && cache->misses() > 0) {
     if (Status s = cache->save_file(path); !s) std::fprintf(stderr, "kiln: warning: %s\n", s.message().c_str());
   }
@@ -183,7 +190,8 @@ bool gpu_usable(std::string* why) {
   return false;
 }
 
-Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const Plan>, const BuildConfig&) {
+Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const Plan>, const BuildConfig&,
+                                                         std::unique_ptr<Graph>) {
   return KILN_ERROR(kUnsupported, "this kiln was built without CUDA");
 }
 

@@ -1,7 +1,8 @@
 // Dynamic GPU engines: one engine for ranges of input shapes (BuildConfig::shape_ranges) that runs
-// any shape in them. Each exact shape gets a shape plan of its own: the optimized graph copied with
-// its inputs bound to that shape (specialize_graph: shape arithmetic folded, every kernel's dims
-// exact), lowered with the autotuned choices of the nearest shape the build timed
+// any shape in them. Each exact shape gets a shape plan of its own: the graph as imported (before the
+// passes) copied with its inputs bound to that shape and optimized as a static build of that shape
+// would be (specialize_graph: shape arithmetic folded, fusions that need static shapes made, every
+// kernel's dims exact), lowered with the autotuned choices of the nearest shape the build timed
 // (TimingCache::nearest: nothing is timed while serving), its weights taken from one pool that
 // every plan shares (backends/cuda/weight_pool.h). Plans are made on the first run at a shape and
 // kept for the most recent shapes; a session keeps a CUDA session (arena, captured graphs) per
@@ -184,6 +185,7 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
   std::string load_phases() const override { return load_phases_; }
   nlohmann::json target() const override { return target_json(cuda::current_target()); }
   bool graph_weights() const override { return true; }
+  std::shared_ptr<const Plan> engine_file_plan() const override { return plan_; }
   Expected<std::map<std::string, std::string>> sections() const override {
     std::map<std::string, std::string> m;
     m.emplace("TUNE", cache_->to_text(/*only_used=*/true));
@@ -208,7 +210,7 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     return Status(st.code(), fmt::format("shape plan for {}: {}", shapes_text(*plan_->graph, s), st.message()));
   }
 
-  std::shared_ptr<const Plan> plan_;  // the graph with ranged dims, and its weights
+  std::shared_ptr<const Plan> plan_;  // the graph with ranged dims before the passes, and its weights
   BuildConfig config_;
   std::shared_ptr<cuda::TimingCache> cache_;
   std::shared_ptr<cuda::WeightPool> pool_;

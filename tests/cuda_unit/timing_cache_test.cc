@@ -61,5 +61,20 @@ TEST(TimingCache, TargetIdNamesEveryVersion) {
   EXPECT_NE(target_id(u), id);
 }
 
+// A dynamic engine's shape plans take a choice the build timed at the nearest shape of the same form.
+TEST(TimingCache, NearestTakesTheClosestShapeOfTheSameForm) {
+  TimingCache c("H100 sm_90");
+  c.put("lt", "dt1 t00 e0 c0 0 @ 256 768 768 b1 0 0 0", "algo256");
+  c.put("lt", "dt1 t00 e0 c0 0 @ 1024 768 768 b1 0 0 0", "algo1024");
+  c.put("lt", "dt1 t01 e0 c0 0 @ 300 768 768 b1 0 0 0", "other-form");
+  c.put("conv", "w[64,3,7,7] @ x[1,3,224,224]", "conv");
+  EXPECT_EQ(c.nearest("lt", "dt1 t00 e0 c0 0 @ 300 768 768 b1 0 0 0").value_or(""), "algo256");
+  EXPECT_EQ(c.nearest("lt", "dt1 t00 e0 c0 0 @ 800 768 768 b1 0 0 0").value_or(""), "algo1024");
+  EXPECT_FALSE(c.nearest("lt", "dt2 t00 e0 c0 0 @ 300 768 768 b1 0 0 0"));  // another dtype: nothing
+  EXPECT_FALSE(c.nearest("lt", "no form separator"));
+  EXPECT_FALSE(c.nearest("conv", "w[64,3,7,7] @ x[1,3,224]"));  // another rank
+  EXPECT_EQ(c.nearest("conv", "w[64,3,7,7] @ x[9,3,224,224]").value_or(""), "conv");
+}
+
 }  // namespace
 }  // namespace kiln::cuda

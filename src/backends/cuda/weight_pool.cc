@@ -39,9 +39,17 @@ Expected<int> WeightPool::intern_tensor(const Tensor& t, int dt, const std::func
     if (auto it = by_tensor_.find(key); it != by_tensor_.end()) return it->second;
   }
   KILN_ASSIGN_OR_RETURN(std::string bytes, make());  // outside the lock: conversions take time
+  const size_t h = std::hash<std::string_view>{}(bytes);
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = by_tensor_.find(key); it != by_tensor_.end()) return it->second;  // another thread won
+  // A weight the passes made again for this plan (a folded batch norm, merged projections): the
+  // same bytes as an earlier plan's, found by them. Its tensor is not kept: only the first is.
+  auto [lo, hi] = by_hash_.equal_range(h);
+  for (auto it = lo; it != hi; ++it) {
+    if (entries_[size_t(it->second)]->host == bytes) return it->second;
+  }
   int id = add(std::move(bytes));
+  by_hash_.emplace(h, id);
   by_tensor_.emplace(key, id);
   keep_.push_back(t);
   return id;

@@ -3,7 +3,8 @@
 // same weights: the pool uploads each distinct weight once and hands every plan the same device
 // copy. A weight is found again by what it was made from: a graph constant converted to a device
 // dtype by the tensor's identity (its storage is shared by every plan's graph, and the pool keeps
-// it alive so its address is never reused), anything else by its bytes (a hash, then a compare).
+// it alive so its address is never reused), else by its bytes (a hash, then a compare): a weight
+// the graph passes made again for another shape's plan is found by its bytes.
 //
 //   auto pool = std::make_shared<WeightPool>();
 //   opt.weight_pool = pool;  Engine::build(g1, opt);  Engine::build(g2, opt);   // one upload each

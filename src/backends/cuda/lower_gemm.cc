@@ -161,9 +161,8 @@ Expected<cublasLtMatmulAlgo_t> pick_lt_algo(Lowering& L, cublasLtMatmulDesc_t de
   // A timed choice from the timing cache, if cuBLASLt still accepts it for these descriptors.
   TimingCache* cache = L.options().autotune ? L.options().timing_cache.get() : nullptr;
   if (cache) {
-    // Not the nearest shape's choice: a cuBLASLt tile timed at m = 1536 ran 50% slower at m = 1617
-    // than the one timed there (wave quantization); the heuristic ranks tiles for the exact shape.
     std::optional<std::string> v = cache->get("lt", key);
+    if (!v && !L.options().time_misses) v = cache->nearest("lt", key);
     if (v) {
       cublasLtMatmulAlgo_t algo{};
       float ms = -1;

@@ -11,7 +11,8 @@
 //   META  JSON: kiln and format versions, the device it was built for (GPU name, compute capability,
 //         CUDA / cuBLASLt / cuDNN versions), the whole build configuration, input and output
 //         metadata, the build report. Read first, so a mismatch is named before anything else.
-//   GRPH  the optimized graph in kiln's IR text (docs/ir.md), constants over 16 elements elided
+//   GRPH  the optimized graph in kiln's IR text (docs/ir.md), constants over 16 elements elided (a
+//         dynamic GPU engine's: the graph before the passes, which it optimizes per shape)
 //   WTAB  the weight table: per elided constant its value name, dtype, dims, offset and size in WGHT
 //         (none when META has "graph_weights": false — a GPU engine, whose DWGT holds the weights
 //         as the device uses them; its graph's elided constants then have no data)

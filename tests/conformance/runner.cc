@@ -1,11 +1,13 @@
 // kiln_conformance: runs ONNX backend test folders (model.onnx + test_data_set_N/*.pb) on the CPU
-// backend and prints, per suite, exactly "SUITE: N passed, M failed, K skipped".
+// backend (or, with --device cuda, the CUDA one) and prints, per suite, exactly "SUITE: N passed, M failed, K skipped".
 //
 // Each test runs in a forked child with a time limit, so a crash or hang in one test is reported
 // as that test's failure instead of ending the run. Exceptions (training ops, random outputs) are
 // listed with their reasons in tests/conformance/exceptions.txt. With --pipeline, each model goes
-// through the default pass pipeline (verifier on between passes) before the CPU backend, so the
-// suite checks the passes keep every model's results.
+// through the default pass pipeline (verifier on between passes) before the backend, so the suite
+// checks the passes keep every model's results. With --device cuda the backend under test is the
+// CUDA one (tests/conformance/cuda_run.h): fp32, every node on the GPU or the test fails, models
+// with symbolic input dims built for each test set's shapes (`make conformance-gpu`).
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,6 +26,7 @@
 
 #include "backends/backend.h"
 #include "compare.h"
+#include "cuda_run.h"
 #include "frontend/onnx/importer.h"
 #include "frontend/onnx/onnx_tensor.h"
 #include "passes/pipeline.h"
@@ -134,36 +137,79 @@ std::string compare_data(const Data& want, const Data& got, const Exception* ran
   return "";
 }
 
-// Runs one test folder in this process; returns "" on success or the failure reason.
-std::string run_test(const fs::path& dir, const Exception* random, bool pipeline) {
-  auto model = import_onnx_file((dir / "model.onnx").string());
-  if (!model) return model.status().message();
+// Imports a test's model, its symbolic input dims bound to `shapes` when given (the CUDA backend
+// builds for static shapes), and runs the default pipeline on it when asked.
+Expected<Model> load_model(const fs::path& dir, bool pipeline, const std::map<std::string, std::vector<int64_t>>& shapes) {
+  ImportOptions io;
+  io.input_shapes = shapes;
+  KILN_ASSIGN_OR_RETURN(Model model, import_onnx_file((dir / "model.onnx").string(), io));
   if (pipeline) {
     PassOptions po;
     po.verify = true;
-    auto r = run_passes(*model->graph, default_pipeline(), po);
-    if (!r) return r.status().message();
+    KILN_RETURN_IF_ERROR(run_passes(*model.graph, default_pipeline(), po).status());
   }
-  auto backend = make_cpu_backend();
-  auto exe = backend->compile(*model->graph);
-  if (!exe) return exe.status().message();
+  return model;
+}
+
+// The graph compiled for the device under test: the CPU backend, or a CUDA engine.
+Expected<conformance::RunFn> compile_for(const Graph& g, bool cuda) {
+  if (cuda) {
+#ifdef KILN_CONFORMANCE_CUDA
+    return conformance::compile_cuda(g);
+#else
+    return KILN_ERROR(kUnsupported, "this kiln_conformance was built without the CUDA backend");
+#endif
+  }
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<Executable> exe, make_cpu_backend()->compile(g));
+  return conformance::RunFn([exe](const std::vector<Data>& in) { return exe->run(in); });
+}
+
+bool inputs_static(const Graph& g) {
+  for (const Value* v : g.inputs) {
+    if (v->type.kind == Type::Kind::kTensor && (!v->type.shape || !v->type.shape->is_static())) return false;
+  }
+  return true;
+}
+
+// Runs one test folder in this process; returns "" on success or the failure reason.
+std::string run_test(const fs::path& dir, const Exception* random, bool pipeline, bool cuda) {
+  auto model = load_model(dir, pipeline, {});
+  if (!model) return model.status().message();
   std::vector<fs::path> sets;
   for (const auto& e : fs::directory_iterator(dir)) {
     if (e.is_directory() && e.path().filename().string().rfind("test_data_set_", 0) == 0) sets.push_back(e.path());
   }
   std::sort(sets.begin(), sets.end());
   if (sets.empty()) return "no test_data_set folders";
-  const Graph& g = *model->graph;
+  // On the GPU a model with symbolic input dims is built for each test set's input shapes.
+  const bool rebind = cuda && !inputs_static(*model->graph);
+  std::map<std::string, std::vector<int64_t>> bound;
+  conformance::RunFn run;
   for (const fs::path& s : sets) {
     std::vector<Data> inputs;
-    for (size_t i = 0; i < g.inputs.size(); ++i) {
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (size_t i = 0; i < model->graph->inputs.size(); ++i) {
+      const Value* v = model->graph->inputs[i];
       fs::path p = s / fmt::format("input_{}.pb", i);
       if (!fs::exists(p)) return fmt::format("{}: missing {}", s.filename().string(), p.filename().string());
-      auto d = read_pb(p.string(), g.inputs[i]->type);
+      auto d = read_pb(p.string(), v->type);
       if (!d) return d.status().message();
+      if (d->kind == Data::Kind::kTensor) shapes[v->name] = d->tensor.dims();
       inputs.push_back(std::move(*d));
     }
-    auto outs = (*exe)->run(inputs);
+    if (rebind && shapes != bound) {
+      run = nullptr;  // the engine goes before the graph its host steps read
+      model = load_model(dir, pipeline, shapes);
+      if (!model) return model.status().message();
+      bound = shapes;
+    }
+    if (!run) {
+      auto r = compile_for(*model->graph, cuda);
+      if (!r) return r.status().message();
+      run = std::move(*r);
+    }
+    const Graph& g = *model->graph;
+    auto outs = run(inputs);
     if (!outs) return outs.status().message();
     for (size_t i = 0; i < g.outputs.size(); ++i) {
       fs::path p = s / fmt::format("output_{}.pb", i);
@@ -195,13 +241,41 @@ Result finish(Child& c, int status, bool timed_out, int timeout_s) {
   return r;
 }
 
+// Whether a GPU is usable, asked in a child process: the parent forks a child per test and must
+// not have started the CUDA runtime itself. "" when one is.
+std::string gpu_probe() {
+#ifdef KILN_CONFORMANCE_CUDA
+  int fds[2];
+  if (pipe(fds) != 0) return "pipe failed";
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    std::string why;
+    bool ok = conformance::cuda_usable(&why);
+    if (!ok) { ssize_t w = write(fds[1], why.data(), why.size()); (void)w; }
+    _exit(ok ? 0 : 1);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[512];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, size_t(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  return out.empty() ? "the GPU probe failed" : out;
+#else
+  return "this kiln_conformance was built without the CUDA backend";
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::pair<std::string, std::string>> suites;  // name, folder
   std::string filter, json_path, exceptions_path = "tests/conformance/exceptions.txt";
   std::string root12 = "/usr/share/libonnx-testdata/data", root123, targets_path;
-  bool verbose = false, pipeline = false;
+  bool verbose = false, pipeline = false, cuda = false;
   int jobs = std::max(1u, std::thread::hardware_concurrency());
   int timeout_s = 120;
   std::vector<std::string> want_suites;
@@ -222,12 +296,18 @@ int main(int argc, char** argv) {
     else if (a == "--check-targets") targets_path = next();
     else if (a == "--verbose" || a == "-v") verbose = true;
     else if (a == "--pipeline") pipeline = true;
+    else if (a == "--device") {
+      std::string d = next();
+      if (d != "cpu" && d != "cuda") { std::cerr << "kiln_conformance: --device is cpu or cuda, not '" << d << "'\n"; return 2; }
+      cuda = d == "cuda";
+    }
     else {
       std::cout << "usage: kiln_conformance [--suite NAME]... [--filter SUBSTRING] [--verbose] [--json FILE]\n"
                    "  [--onnx-1.12 DIR (default /usr/share/libonnx-testdata/data)] [--onnx-1.23-node DIR]\n"
                    "  [--exceptions FILE (default tests/conformance/exceptions.txt)] [--jobs N] [--timeout S]\n"
                    "  [--check-targets FILE: exit 0 iff every suite meets its minimum pass count there]\n"
                    "  [--pipeline: run the default pass pipeline on each model first]\n"
+                   "  [--device cpu|cuda: the backend under test (cuda: fp32, CPU fallback forbidden)]\n"
                    "suites: onnx-1.12/node onnx-1.12/pytorch-converted onnx-1.12/pytorch-operator onnx-1.12/simple onnx-1.23/node\n";
       return a == "--help" || a == "-h" ? 0 : 2;
     }
@@ -239,6 +319,10 @@ int main(int argc, char** argv) {
   if (!want_suites.empty()) {
     std::erase_if(suites, [&](const auto& s) { return std::find(want_suites.begin(), want_suites.end(), s.first) == want_suites.end(); });
     if (suites.empty()) { std::cerr << "kiln_conformance: no such suite\n"; return 2; }
+  }
+  if (cuda) {
+    std::string why = gpu_probe();
+    if (!why.empty()) { std::cerr << "kiln_conformance: --device cuda: " << why << "\n"; return 2; }
   }
   auto exceptions = load_exceptions(exceptions_path);
   std::map<std::string, int> targets;  // suite -> minimum passed
@@ -309,7 +393,7 @@ int main(int argc, char** argv) {
         pid_t pid = fork();
         if (pid == 0) {
           close(fds[0]);
-          std::string r = run_test(t, random, pipeline);
+          std::string r = run_test(t, random, pipeline, cuda);
           if (!r.empty()) { ssize_t w = write(fds[1], r.data(), r.size()); (void)w; }
           _exit(r.empty() ? 0 : 1);
         }

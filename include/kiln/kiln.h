@@ -10,5 +10,6 @@
 
 #include "kiln/dtype.h"
 #include "kiln/engine.h"
+#include "kiln/quantize.h"
 #include "kiln/status.h"
 #include "kiln/tensor.h"

@@ -171,24 +171,7 @@ Expected<std::string> Engine::serialize() const {
 
 Status Engine::save(const std::string& path) const {
   KILN_ASSIGN_OR_RETURN(std::string bytes, serialize());
-  std::string tmp = path + ".partial";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(bytes.data(), std::streamsize(bytes.size()));
-    f.close();
-    if (!f) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      return KILN_ERROR(kIo, "{}: cannot write", path);
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    return KILN_ERROR(kIo, "{}: cannot write: {}", path, ec.message());
-  }
-  return Status::ok();
+  return write_file_atomic(path, bytes);
 }
 
 namespace {

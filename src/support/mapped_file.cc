@@ -1,5 +1,8 @@
 #include "support/mapped_file.h"
 
+#include <cstdio>
+#include <fstream>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -38,6 +41,25 @@ Expected<std::shared_ptr<const MappedFile>> map_file(const std::string& path) {
   }
   ::close(fd);
   return std::shared_ptr<const MappedFile>(std::move(m));
+}
+
+Status write_file_atomic(const std::string& path, std::string_view bytes) {
+  std::string tmp = path + ".partial";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) return KILN_ERROR(kIo, "{}: cannot write: {}", path, std::strerror(errno));
+    f.write(bytes.data(), std::streamsize(bytes.size()));
+    f.flush();
+    if (!f) {
+      std::remove(tmp.c_str());
+      return KILN_ERROR(kIo, "{}: write failed (disk full?)", path);
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return KILN_ERROR(kIo, "{}: cannot move into place: {}", path, std::strerror(errno));
+  }
+  return Status::ok();
 }
 
 }  // namespace kiln

@@ -23,4 +23,8 @@ struct MappedFile {
 // Errors name the path: a directory, a file that cannot be opened or mapped.
 Expected<std::shared_ptr<const MappedFile>> map_file(const std::string& path);
 
+// Writes `bytes` to path through a temporary file renamed into place: a failed write leaves no
+// file (and an older one untouched). Errors name the path.
+Status write_file_atomic(const std::string& path, std::string_view bytes);
+
 }  // namespace kiln

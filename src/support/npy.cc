@@ -1,5 +1,7 @@
 #include "support/npy.h"
 
+#include "support/mapped_file.h"
+
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -238,24 +240,17 @@ std::string serialize_npy(const Tensor& in) {
   return out;
 }
 
-Status write_npy(const std::string& path, const Tensor& t) {
-  std::string bytes = serialize_npy(t);
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return KILN_ERROR(kIo, "{}: cannot write: {}", tmp, std::strerror(errno));
-    f.write(bytes.data(), std::streamsize(bytes.size()));
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      return KILN_ERROR(kIo, "{}: write failed (disk full?)", tmp);
-    }
+Status write_npy(const std::string& path, const Tensor& t) { return write_file_atomic(path, serialize_npy(t)); }
+
+std::string npy_file_stem(const std::string& name) {
+  std::string s = name;
+  for (char& c : s) {
+    bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+    if (!ok) c = '_';
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return KILN_ERROR(kIo, "{}: cannot rename into place: {}", path, std::strerror(errno));
-  }
-  return Status::ok();
+  // "." and ".." would name folders, and an empty name no file at all.
+  if (s.empty() || s == "." || s == "..") s = "_" + s;
+  return s;
 }
 
 }  // namespace kiln

@@ -19,5 +19,8 @@ Expected<Tensor> parse_npy(const std::string& bytes, const std::string& what);
 // Writes via a temporary file and rename, so a failed write never leaves a truncated file.
 Status write_npy(const std::string& path, const Tensor& t);
 std::string serialize_npy(const Tensor& t);
+// The file stem a tensor named `name` is read from or written to (NAME.npy): characters outside
+// [A-Za-z0-9._-] become '_', and ".", ".." and "" get a leading '_'.
+std::string npy_file_stem(const std::string& name);
 
 }  // namespace kiln

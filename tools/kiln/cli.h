@@ -80,6 +80,20 @@ struct BenchOptions {
   int sweep_points = 12;
 };
 
+// `kiln quantize` (quantize.cc; include/kiln/quantize.h says what each means).
+struct QuantizeCliOptions {
+  std::string output;                // -o model.qdq.onnx
+  std::string precision = "int8";    // int8 | fp8
+  std::string method;                // minmax | percentile | entropy ("": entropy for int8, minmax for fp8)
+  double percentile = 99.99;
+  std::string calib, eval, report;
+  size_t max_calib = 0, max_eval = 0;
+  std::vector<std::string> keep;
+  bool quantize_sensitive = false;
+  bool sensitivity = false;
+  double accuracy_budget = 0;        // percent
+};
+
 struct InspectOptions {
   bool ir = false;
   std::string dot;
@@ -91,6 +105,7 @@ int compare_main(const LoadOptions& load, const RunOptions& run, const CompareOp
 int build_main(LoadOptions load, const EngineOptions& eng, const BuildCliOptions& opt);
 int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt);
 int sweep_main(const LoadOptions& load, const EngineOptions& eng, const BenchOptions& opt);
+int quantize_main(const std::string& model, const QuantizeCliOptions& opt);
 
 // The engine `load.model` names: an engine file is loaded (nothing is rebuilt; --shapes, --batch,
 // --device and the precision flags must agree with how it was built), an ONNX model is built with

@@ -3,6 +3,7 @@
 #include <random>
 
 #include "cli.h"
+#include "support/npy.h"
 
 namespace kiln::cli {
 
@@ -74,16 +75,7 @@ Expected<Model> load_model(const LoadOptions& load) {
   return import_onnx_file(load.model, opt);
 }
 
-std::string file_name_for(const std::string& tensor_name) {
-  std::string s = tensor_name;
-  for (char& c : s) {
-    bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
-    if (!ok) c = '_';
-  }
-  // "." and ".." would name folders, and an empty name no file at all.
-  if (s.empty() || s == "." || s == "..") s = "_" + s;
-  return s;
-}
+std::string file_name_for(const std::string& tensor_name) { return npy_file_stem(tensor_name); }
 
 std::string info_string(const TensorInfo& t) {
   std::string s = std::string(dtype_name(t.dtype)) + "[";

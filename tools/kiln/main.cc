@@ -4,6 +4,7 @@
 //   kiln compare model.onnx --inputs DIR --reference DIR [--rtol R --atol A]
 //   kiln build model.onnx -o model.kiln [--device D] [--fp16|--bf16|--tf32] [--report]
 //   kiln bench model.onnx|model.kiln --batch N --warmup W --iterations I [--json FILE]
+//   kiln quantize model.onnx --calib DIR --precision int8|fp8 -o model.qdq.onnx [--report r.json]
 // inspect, run, compare and bench also take an engine file (model.kiln) in place of the model.
 // run, compare, build and bench optimize the graph first: [--disable-pass NAME]... [--dump-ir-after
 // PASS|all] [--pass-report]
@@ -98,6 +99,7 @@ int main(int argc, char** argv) {
   EngineOptions eng;
   BuildCliOptions build;
   BenchOptions bench;
+  QuantizeCliOptions quant;
 
   CLI::App* ins = app.add_subcommand("inspect", "print a model's inputs, outputs, opsets, op histogram and parameters");
   add_load_options(ins, load);
@@ -147,6 +149,26 @@ int main(int argc, char** argv) {
                "with shape ranges: time the dynamic engine at shapes across them, each beside a static engine built for it");
   be->add_option("--sweep-points", bench.sweep_points, "shapes in the sweep")->default_val(12)->check(kPositiveInt);
 
+  CLI::App* q = app.add_subcommand("quantize", "calibrate a model on sample inputs and write it as QDQ ONNX (int8 or fp8), "
+                                                "with its accuracy against fp32");
+  q->add_option("model", load.model, "ONNX model (opset 13 or newer)")->required();
+  q->add_option("--calib", quant.calib, "calibration samples: DIR/<sample>/<input>.npy, DIR/<input>.npy stacked, or DIR/*.npy")
+      ->required();
+  q->add_option("-o,--output", quant.output, "write the quantized model here (model.qdq.onnx)")->required();
+  q->add_option("--precision", quant.precision, "int8 or fp8 (E4M3)")->default_val("int8");
+  q->add_option("--method", quant.method, "activation ranges: minmax, percentile or entropy (default: entropy for int8, "
+                                          "minmax for fp8)");
+  q->add_option("--percentile", quant.percentile, "for --method percentile")->default_val(99.99);
+  q->add_option("--eval", quant.eval, "evaluation samples (same layouts), disjoint from --calib; default: the calibration set");
+  q->add_option("--max-calib", quant.max_calib, "use at most N calibration samples");
+  q->add_option("--max-eval", quant.max_eval, "use at most N evaluation samples");
+  q->add_option("--keep", quant.keep, "keep this ONNX node (name or output name) in float (repeatable)");
+  q->add_flag("--quantize-sensitive", quant.quantize_sensitive, "quantize the first convolution and the classifier too");
+  q->add_flag("--sensitivity", quant.sensitivity, "measure each layer's error when only it is quantized");
+  q->add_option("--accuracy-budget", quant.accuracy_budget, "percent: keep the fewest sensitive layers in float that meet it "
+                                                            "(top-1 disagreement for classifiers, else relative L2)");
+  q->add_option("--report", quant.report, "write the report as JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help
@@ -161,6 +183,7 @@ int main(int argc, char** argv) {
     if (r->parsed()) return run_main(load, run, eng);
     if (cmp->parsed()) return compare_main(load, run, compare, eng);
     if (b->parsed()) return build_main(load, eng, build);
+    if (q->parsed()) return quantize_main(load.model, quant);
     if (be->parsed()) return bench.shapes_sweep ? sweep_main(load, eng, bench) : bench_main(load, eng, bench);
   } catch (const std::bad_alloc&) {
     return fail(KILN_ERROR(kOutOfMemory, "out of host memory"));

@@ -1,0 +1,34 @@
+// include/kiln/quantize.h over src/quant.
+#include "kiln/quantize.h"
+
+#include "quant/quantize.h"
+
+namespace kiln {
+
+Expected<QuantizeReport> quantize(const std::string& onnx_path, const std::string& out_path, const QuantizeConfig& c) {
+  quant::QuantizeOptions o;
+  o.type = c.precision == QuantPrecision::kInt8 ? quant::QuantType::kInt8 : quant::QuantType::kFp8E4M3;
+  switch (c.method) {
+    case CalibrationMethod::kMinMax: o.method = quant::CalibMethod::kMinMax; break;
+    case CalibrationMethod::kPercentile: o.method = quant::CalibMethod::kPercentile; break;
+    case CalibrationMethod::kEntropy: o.method = quant::CalibMethod::kEntropy; break;
+  }
+  o.percentile = c.percentile;
+  o.calib_dir = c.calib_dir;
+  o.max_calib = c.max_calib_samples;
+  o.eval_dir = c.eval_dir;
+  o.max_eval = c.max_eval_samples;
+  o.quantize_sensitive = c.quantize_sensitive;
+  o.keep = c.keep;
+  o.sensitivity = c.sensitivity;
+  o.accuracy_budget = c.accuracy_budget;
+  KILN_ASSIGN_OR_RETURN(quant::QuantizeReport r, quant::quantize_model(onnx_path, out_path, o));
+  QuantizeReport out;
+  out.text = r.to_text();
+  out.json = r.to_json();
+  for (const auto& l : r.layers) (l.quantized ? out.layers_quantized : out.layers_float) += 1;
+  for (const auto& a : r.outputs) out.outputs.push_back({a.name, a.rel_l2, a.cosine, a.max_abs, a.top1, a.top5});
+  return out;
+}
+
+}  // namespace kiln

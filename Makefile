@@ -8,7 +8,7 @@ ONNX123    := $(BUILD)/onnx-1.23-node
 DEPS_STAMP := $(BUILD)/.deps-stamp
 ONNX112    ?= /usr/share/libonnx-testdata/data
 
-.PHONY: all deps build demo test unit conformance conformance-gpu errors engines examples fuzz fuzz-long test-sanitize sanitize-sample clean
+.PHONY: all deps build demo test unit conformance conformance-gpu errors quant engines examples fuzz fuzz-long test-sanitize sanitize-sample clean
 
 all: build
 
@@ -54,6 +54,11 @@ errors: build
 engines: build
 	bash tests/engine/run.sh $(BUILD)/kiln
 
+# Post-training quantization end to end: QDQ models written, checked, and run by onnxruntime and
+# kiln (tests/quant/run.sh).
+quant: build
+	bash tests/quant/run.sh $(BUILD)/kiln
+
 # The public API as a user meets it: install kiln, build examples/ against the installed package
 # with find_package(kiln), and run it on the CPU.
 examples: build
@@ -84,7 +89,7 @@ SECONDS ?= 600
 fuzz-long: $(DEPS_STAMP)
 	bash tests/fuzz/run.sh $(BUILD)-fuzz $(SECONDS) each
 
-test: unit conformance errors engines examples fuzz sanitize-sample
+test: unit conformance errors engines quant examples fuzz sanitize-sample
 	@echo "make test: all checks passed"
 
 clean:

@@ -19,6 +19,12 @@ if ! $PY -c "import onnx, numpy, sys; sys.exit(0 if onnx.__version__ == '1.23.2'
   echo "install-deps: installing PyPI packages: onnx==1.23.2 numpy"
   $PY -m pip install -q onnx==1.23.2 numpy 2>/dev/null || $PY -m pip install -q --break-system-packages onnx==1.23.2 numpy
 fi
+# onnxruntime (CPU): the peer that runs the QDQ models `kiln quantize` writes (tests/quant); a test
+# tool only, never linked.
+if ! $PY -c "import onnxruntime" 2>/dev/null; then
+  echo "install-deps: installing PyPI packages: onnxruntime"
+  $PY -m pip install -q onnxruntime 2>/dev/null || $PY -m pip install -q --break-system-packages onnxruntime
+fi
 # CUTLASS 3 headers (Hopper GEMM kernels in src/backends/cuda/kernels_cutlass/gemm_sm90.cu), from NVIDIA's
 # PyPI wheel: only its include/ tree is used, unpacked into third_party/ (not in git).
 CUTLASS_VER=4.2.0.0

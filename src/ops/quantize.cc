@@ -111,9 +111,26 @@ Expected<DType> division_dtype(const Ctx& c, DType x, DType scale) {
   return x == scale ? x : DType::kFloat32;
 }
 
+// A scale must be a positive, finite number: zero or negative scales divide by zero or flip signs
+// (QuantizeLinear) and mean nothing (DequantizeLinear). Checked at import for constant scales and
+// by the kernels for computed ones.
+template <typename Ctx>
+Status check_scales(const Ctx& c, const Tensor& scale) {
+  if (!dtype_is_float(scale.dtype())) return Status::ok();
+  for (int64_t i = 0; i < scale.numel(); ++i) {
+    double v = scale.as_double(i);
+    if (!(v > 0) || !std::isfinite(v)) {
+      return c.error("scale {}{} is {}: scales must be positive and finite", c.node().inputs[1]->name,
+                     scale.numel() > 1 ? fmt::format("[{}]", i) : "", v);
+    }
+  }
+  return Status::ok();
+}
+
 Status quantize_infer(InferCtx& c) {
   KILN_RETURN_IF_ERROR(c.tensor_dtype(0).status());
   KILN_RETURN_IF_ERROR(c.tensor_dtype(1).status());
+  if (const Tensor* scale = c.input_constant(1)) KILN_RETURN_IF_ERROR(check_scales(c, *scale));
   std::optional<DType> zp;
   if (c.has_input(2)) {
     KILN_ASSIGN_OR_RETURN(zp, c.tensor_dtype(2));
@@ -144,6 +161,7 @@ Status quantize_cpu(KernelCtx& c) {
   if (c.has_input(2)) zp_type = c.tensor(2).dtype();
   KILN_ASSIGN_OR_RETURN(DType dt, quantize_output_dtype(c, zp_type));
   KILN_ASSIGN_OR_RETURN(DType prec, division_dtype(c, x.dtype(), scale.dtype()));
+  KILN_RETURN_IF_ERROR(check_scales(c, scale));
   KILN_ASSIGN_OR_RETURN(ScaleMap map, make_scale_map(c, x.dims(), scale));
   KILN_RETURN_IF_ERROR(check_zero_point_shape(c, scale, 2));
   bool saturate = c.node().attr_int("saturate", 1) != 0;
@@ -181,6 +199,7 @@ Expected<DType> dequantize_output_dtype(const Ctx& c, DType scale) {
 Status dequantize_infer(InferCtx& c) {
   KILN_ASSIGN_OR_RETURN(DType xt, c.tensor_dtype(0));
   KILN_ASSIGN_OR_RETURN(DType st, c.tensor_dtype(1));
+  if (const Tensor* scale = c.input_constant(1)) KILN_RETURN_IF_ERROR(check_scales(c, *scale));
   if (c.has_input(2)) {
     KILN_ASSIGN_OR_RETURN(DType zt, c.tensor_dtype(2));
     if (zt != xt) return c.error("zero point type {} differs from input type {}", dtype_name(zt), dtype_name(xt));
@@ -194,6 +213,7 @@ Status dequantize_cpu(KernelCtx& c) {
   const Tensor& x = c.tensor(0);
   const Tensor& scale = c.tensor(1);
   KILN_ASSIGN_OR_RETURN(DType dt, dequantize_output_dtype(c, scale.dtype()));
+  KILN_RETURN_IF_ERROR(check_scales(c, scale));
   KILN_ASSIGN_OR_RETURN(ScaleMap map, make_scale_map(c, x.dims(), scale));
   KILN_RETURN_IF_ERROR(check_zero_point_shape(c, scale, 2));
   // float8/float4 inputs carry no offset: their zero point must be 0 and is ignored.

@@ -385,13 +385,60 @@ def output_cases():
         "y.npy")
 
 
+def quant_cases():
+    """kiln quantize's bad inputs (issue 25): calibration folders and QDQ models. Nothing is written."""
+    n = "qm"  # y = MatMul(Relu(MatMul(x, w0)), w1), x float[1, 4]
+    rng = np.random.default_rng(0)
+    mlp = [h.make_node("MatMul", ["x", "w0"], ["h"], name="mm0"), h.make_node("Relu", ["h"], ["a"]),
+           h.make_node("MatMul", ["a", "w1"], ["y"], name="mm1")]
+    ws = [init("w0", rng.standard_normal((4, 8)).astype(np.float32)), init("w1", rng.standard_normal((8, 3)).astype(np.float32))]
+    write(n, "model.onnx", model(mlp, [vi("x", [1, 4])], [vi("y", [1, 3])], ws))
+    write(n, "old.onnx", model(mlp, [vi("x", [1, 4])], [vi("y", [1, 3])], ws, opsets=(("", 11),), ir=6))
+    for d, arr in (("good", rng.standard_normal((1, 4))), ("good", rng.standard_normal((1, 4))),
+                   ("shape", np.ones((1, 5))), ("nan", np.array([[1.0, np.nan, 0, 0]])),
+                   ("const", np.zeros((1, 4))), ("const", np.zeros((1, 4)))):
+        folder = cdir(f"{n}/{d}")
+        np.save(os.path.join(folder, f"{len(os.listdir(folder))}.npy"), arr.astype(np.float32))
+    np.save(os.path.join(cdir(f"{n}/dtype"), "0.npy"), np.ones((1, 4), np.int32))
+    cdir(f"{n}/empty")
+    q = ["quantize", "{T}/qm/model.onnx", "-o", "{D}/q.onnx", "--calib"]
+    gone = "absent:{D}/q.onnx"
+    for case in ("ok_quantize", "quant_calib_empty", "quant_calib_missing", "quant_calib_shape", "quant_calib_dtype",
+                 "quant_calib_nan", "quant_calib_constant", "quant_old_opset", "quant_entropy_fp8", "quant_bad_precision",
+                 "quant_bad_percentile"):
+        cdir(case)  # the output folder exists: only the bad input can fail
+    add("ok_quantize", q + ["{T}/qm/good", "--quantize-sensitive"], "2 layer(s) int8", kind="ok", check="present:{D}/q.onnx")
+    add("quant_calib_empty", q + ["{T}/qm/empty"], "qm/empty: no samples;x.npy", check=gone)
+    add("quant_calib_missing", q + ["{T}/qm/nosuch"], "qm/nosuch: not a folder", check=gone)
+    add("quant_calib_shape", q + ["{T}/qm/shape"], "0.npy;expects shape f32[1,4]|0.npy;expects shape [1,4]", check=gone)
+    add("quant_calib_dtype", q + ["{T}/qm/dtype"], "0.npy;expects f32;i32", check=gone)
+    add("quant_calib_nan", q + ["{T}/qm/nan"], "0.npy;not finite", check=gone)
+    add("quant_calib_constant", q + ["{T}/qm/const"], "input 'x';constant", check=gone)
+    add("quant_old_opset", ["quantize", "{T}/qm/old.onnx", "-o", "{D}/q.onnx", "--calib", "{T}/qm/good"],
+        "opset 11;opset 13", check=gone)
+    add("quant_entropy_fp8", q + ["{T}/qm/good", "--precision", "fp8", "--method", "entropy"], "entropy method applies to int8",
+        check=gone)
+    add("quant_bad_precision", q + ["{T}/qm/good", "--precision", "int4"], "int8 or fp8", check=gone)
+    add("quant_bad_percentile", q + ["{T}/qm/good", "--method", "percentile", "--percentile", "120"], "percentile 120",
+        check=gone)
+    # QDQ models with scales no quantizer writes: each names the node.
+    for case, scale in (("zero", 0.0), ("negative", -0.5), ("nan", np.nan)):
+        dq = h.make_node("DequantizeLinear", ["wq", "s", "z"], ["w"], name="dq_w")
+        m = model([dq, h.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [vi("x", [1, 4])], [vi("y", [1, 3])],
+                  [init("wq", np.ones((4, 3), np.int8)), init("s", np.float32(scale)), init("z", np.int8(0))],
+                  opsets=(("", 19),), ir=9)
+        write(f"qdq_scale_{case}", "model.onnx", m)
+        add(f"qdq_scale_{case}", ["inspect", "{D}/model.onnx"], "node 'dq_w' (DequantizeLinear;scale s is;positive")
+
+
 def main():
     global OUT
     if len(sys.argv) != 2:
         sys.exit("usage: make_cases.py OUTDIR")
     OUT = sys.argv[1]
     os.makedirs(OUT, exist_ok=True)
-    for part in [file_cases, structure_cases, shape_cases, external_cases, nested_cases, runtime_cases, output_cases]:
+    for part in [file_cases, structure_cases, shape_cases, external_cases, nested_cases, runtime_cases, output_cases,
+                 quant_cases]:
         part()
     names = [c[0] for c in CASES]
     assert len(names) == len(set(names)), "duplicate case names"

@@ -23,6 +23,10 @@ namespace kiln {
 
 enum class QuantPrecision { kInt8, kFp8 };                  // FP8: E4M3FN, scale = amax / 448
 enum class CalibrationMethod { kMinMax, kPercentile, kEntropy };  // entropy: int8 only
+// The error sensitivity and the budget use, in percent, on the first output: top-1 disagreement,
+// relative L2, or 1 - the mean cosine of its rows (embeddings). kAuto: top-1 for [N, C>=10] outputs,
+// else relative L2.
+enum class AccuracyMetric { kAuto, kTop1, kRelL2, kCosine };
 
 struct QuantizeConfig {
   QuantPrecision precision = QuantPrecision::kInt8;
@@ -35,15 +39,18 @@ struct QuantizeConfig {
   bool quantize_sensitive = false;    // also the first convolution and the classifier
   std::vector<std::string> keep;      // ONNX node (or node output) names kept in float
   bool sensitivity = false;           // each layer's error when only it is quantized
-  // > 0: keep the fewest, most sensitive layers in float that bring the error within this many
-  // percent (top-1 disagreement for [N, C>=10] outputs, else relative L2 of the first output).
+  // > 0: keep the fewest, most sensitive layers in float that bring the error (metric) within this
+  // many percent.
   double accuracy_budget = 0;
+  AccuracyMetric metric = AccuracyMetric::kAuto;
 };
 
-// One output's accuracy against the fp32 model; top1/top5 (percent) are -1 unless it is [N, C>=10].
+// One output's accuracy against the fp32 model; top1/top5 (percent) are -1 unless it is [N, C>=10];
+// row cosines are over the last axis (per embedding).
 struct QuantizedOutput {
   std::string name;
   double rel_l2 = 0, cosine = 1, max_abs = 0, top1 = -1, top5 = -1;
+  double row_cosine_mean = 1, row_cosine_min = 1;
 };
 
 struct QuantizeReport {

@@ -22,12 +22,20 @@ Expected<QuantizeReport> quantize(const std::string& onnx_path, const std::strin
   o.keep = c.keep;
   o.sensitivity = c.sensitivity;
   o.accuracy_budget = c.accuracy_budget;
+  switch (c.metric) {
+    case AccuracyMetric::kAuto: o.metric = quant::ErrorMetric::kAuto; break;
+    case AccuracyMetric::kTop1: o.metric = quant::ErrorMetric::kTop1; break;
+    case AccuracyMetric::kRelL2: o.metric = quant::ErrorMetric::kRelL2; break;
+    case AccuracyMetric::kCosine: o.metric = quant::ErrorMetric::kCosine; break;
+  }
   KILN_ASSIGN_OR_RETURN(quant::QuantizeReport r, quant::quantize_model(onnx_path, out_path, o));
   QuantizeReport out;
   out.text = r.to_text();
   out.json = r.to_json();
   for (const auto& l : r.layers) (l.quantized ? out.layers_quantized : out.layers_float) += 1;
-  for (const auto& a : r.outputs) out.outputs.push_back({a.name, a.rel_l2, a.cosine, a.max_abs, a.top1, a.top5});
+  for (const auto& a : r.outputs) {
+    out.outputs.push_back({a.name, a.rel_l2, a.cosine, a.max_abs, a.top1, a.top5, a.row_cosine_mean, a.row_cosine_min});
+  }
   return out;
 }
 

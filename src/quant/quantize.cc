@@ -76,6 +76,7 @@ std::vector<Candidate> find_layers(const Graph& g) {
 struct Metrics {
   OutputAccuracy acc;
   double sum_d2 = 0, sum_r2 = 0, sum_q2 = 0, dot = 0, top1_hits = 0, top5_hits = 0, rows = 0;
+  double row_cos_sum = 0, row_cos_min = 1, row_count = 0;
   bool classifier = false;
 };
 
@@ -100,6 +101,21 @@ void accumulate(Metrics& m, const Tensor& ref, const Tensor& got) {
     m.dot += r * q;
     m.acc.max_abs = std::max(m.acc.max_abs, std::fabs(q - r));
   }
+  if (ref.rank() >= 1 && ref.numel() > 0) {
+    const int64_t c = ref.dim(ref.rank() - 1), n = c ? ref.numel() / c : 0;
+    for (int64_t r = 0; r < n; ++r) {
+      double d = 0, a = 0, b = 0;
+      for (int64_t k = r * c; k < (r + 1) * c; ++k) {
+        d += ref.as_double(k) * got.as_double(k);
+        a += ref.as_double(k) * ref.as_double(k);
+        b += got.as_double(k) * got.as_double(k);
+      }
+      double cos = a > 0 && b > 0 ? d / std::sqrt(a * b) : (a == b ? 1.0 : 0.0);
+      m.row_cos_sum += cos;
+      m.row_cos_min = std::min(m.row_cos_min, cos);
+      m.row_count += 1;
+    }
+  }
   // Logits: [N, C] with enough classes for top-5 to mean something.
   m.classifier = ref.rank() == 2 && ref.dim(1) >= 10;
   if (!m.classifier) return;
@@ -116,6 +132,10 @@ void accumulate(Metrics& m, const Tensor& ref, const Tensor& got) {
 OutputAccuracy finish(Metrics& m) {
   m.acc.rel_l2 = m.sum_r2 > 0 ? std::sqrt(m.sum_d2 / m.sum_r2) : std::sqrt(m.sum_d2);
   m.acc.cosine = m.sum_r2 > 0 && m.sum_q2 > 0 ? m.dot / std::sqrt(m.sum_r2 * m.sum_q2) : 1.0;
+  if (m.row_count > 0) {
+    m.acc.row_cosine_mean = m.row_cos_sum / m.row_count;
+    m.acc.row_cosine_min = m.row_cos_min;
+  }
   if (m.classifier && m.rows > 0) {
     m.acc.top1 = 100.0 * m.top1_hits / m.rows;
     m.acc.top5 = 100.0 * m.top5_hits / m.rows;
@@ -123,10 +143,31 @@ OutputAccuracy finish(Metrics& m) {
   return m.acc;
 }
 
-// The budget's metric on the first output: top-1 disagreement for logits, else relative L2, in %.
-double error_of(const std::vector<OutputAccuracy>& outs) {
+ErrorMetric resolve(ErrorMetric m, const std::vector<OutputAccuracy>& outs) {
+  if (m != ErrorMetric::kAuto) return m;
+  return !outs.empty() && outs[0].top1 >= 0 ? ErrorMetric::kTop1 : ErrorMetric::kRelL2;
+}
+
+std::string metric_name(ErrorMetric m) {
+  switch (m) {
+    case ErrorMetric::kTop1: return "top-1 disagreement %";
+    case ErrorMetric::kRelL2: return "relative L2 %";
+    case ErrorMetric::kCosine: return "1 - row cosine %";
+    case ErrorMetric::kAuto: break;
+  }
+  return "?";
+}
+
+// The metric (ErrorMetric) on the first output, in percent.
+double error_of(ErrorMetric m, const std::vector<OutputAccuracy>& outs) {
   if (outs.empty()) return 0;
-  return outs[0].top1 >= 0 ? 100.0 - outs[0].top1 : 100.0 * outs[0].rel_l2;
+  switch (resolve(m, outs)) {
+    case ErrorMetric::kTop1: return outs[0].top1 >= 0 ? 100.0 - outs[0].top1 : 100.0;
+    case ErrorMetric::kCosine: return 100.0 * (1.0 - outs[0].row_cosine_mean);
+    case ErrorMetric::kRelL2:
+    case ErrorMetric::kAuto: break;
+  }
+  return 100.0 * outs[0].rel_l2;
 }
 
 class Quantizer {
@@ -214,14 +255,14 @@ class Quantizer {
     if (opt_.sensitivity || opt_.accuracy_budget > 0) {
       for (size_t i : quantized) {
         KILN_ASSIGN_OR_RETURN(auto acc, evaluate({i}));
-        layers_[i].report.sensitivity = error_of(acc);
+        layers_[i].report.sensitivity = error_of(opt_.metric, acc);
       }
     }
     KILN_ASSIGN_OR_RETURN(rep.outputs, evaluate(quantized));
-    rep.error = error_of(rep.outputs);
+    rep.error = error_of(opt_.metric, rep.outputs);
     if (opt_.accuracy_budget > 0 && rep.error > opt_.accuracy_budget) KILN_RETURN_IF_ERROR(fit_budget(quantized, rep));
     rep.eval_ms = ms_since(t1);
-    rep.metric = !rep.outputs.empty() && rep.outputs[0].top1 >= 0 ? "top-1 disagreement %" : "relative L2 %";
+    rep.metric = metric_name(resolve(opt_.metric, rep.outputs));
     for (const Candidate& c : layers_) rep.layers.push_back(c.report);
     KILN_ASSIGN_OR_RETURN(written_, write(quantized));
     return Status::ok();
@@ -321,7 +362,7 @@ class Quantizer {
     auto meets = [&](size_t k) -> Expected<bool> {
       if (k >= order.size()) return true;
       if (!tried.count(k)) { KILN_ASSIGN_OR_RETURN(tried[k], evaluate(without(k))); }
-      return error_of(tried[k]) <= opt_.accuracy_budget;
+      return error_of(opt_.metric, tried[k]) <= opt_.accuracy_budget;
     };
     size_t lo = 0, hi = 1;
     for (;;) {
@@ -347,7 +388,7 @@ class Quantizer {
     }
     if (!tried.count(hi)) { KILN_ASSIGN_OR_RETURN(tried[hi], evaluate(quantized)); }
     rep.outputs = tried[hi];
-    rep.error = error_of(rep.outputs);
+    rep.error = error_of(opt_.metric, rep.outputs);
     return Status::ok();
   }
 
@@ -399,7 +440,8 @@ std::string QuantizeReport::to_text() const {
   out += fmt::format("file: {:.2f} MiB -> {:.2f} MiB\n", double(bytes_in) / (1 << 20), double(bytes_out) / (1 << 20));
   out += fmt::format("accuracy against fp32 on {} sample(s) of {}:\n", eval_samples, eval_dir);
   for (const OutputAccuracy& o : outputs) {
-    out += fmt::format("  {}: rel-L2 {:.4g}, cosine {:.6f}, max |diff| {:.4g}", o.name, o.rel_l2, o.cosine, o.max_abs);
+    out += fmt::format("  {}: rel-L2 {:.4g}, cosine {:.6f} (rows: mean {:.6f}, least {:.6f}), max |diff| {:.4g}", o.name,
+                       o.rel_l2, o.cosine, o.row_cosine_mean, o.row_cosine_min, o.max_abs);
     if (o.top1 >= 0) out += fmt::format(", top-1 agreement {:.2f}%, top-5 overlap {:.2f}%", o.top1, o.top5);
     out += "\n";
   }
@@ -426,7 +468,9 @@ std::string QuantizeReport::to_json() const {
                       {"metric", metric},         {"error", error},
                       {"budget_kept", budget_kept}};
   for (const OutputAccuracy& o : outputs) {
-    nlohmann::json x = {{"name", o.name}, {"rel_l2", o.rel_l2}, {"cosine", o.cosine}, {"max_abs", o.max_abs}};
+    nlohmann::json x = {{"name", o.name},         {"rel_l2", o.rel_l2},
+                         {"cosine", o.cosine},     {"row_cosine_mean", o.row_cosine_mean},
+                         {"row_cosine_min", o.row_cosine_min}, {"max_abs", o.max_abs}};
     if (o.top1 >= 0) { x["top1_agreement"] = o.top1; x["top5_overlap"] = o.top5; }
     j["outputs"].push_back(x);
   }

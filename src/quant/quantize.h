@@ -16,6 +16,11 @@
 
 namespace kiln::quant {
 
+// What "error" means for sensitivity and the accuracy budget, in percent, on the first output:
+// top-1 disagreement with fp32, relative L2 error, or 1 - the mean cosine similarity of its rows
+// (embeddings). kAuto: top-1 for [N, C>=10] outputs, else relative L2.
+enum class ErrorMetric { kAuto, kTop1, kRelL2, kCosine };
+
 struct QuantizeOptions {
   QuantType type = QuantType::kInt8;
   CalibMethod method = CalibMethod::kEntropy;
@@ -30,6 +35,7 @@ struct QuantizeOptions {
   // > 0: keep the fewest layers in float (most sensitive first) that bring the error within this
   // budget, in percent: top-1 disagreement for classifier outputs, else relative L2 error.
   double accuracy_budget = 0;
+  ErrorMetric metric = ErrorMetric::kAuto;
 };
 
 struct LayerReport {
@@ -44,6 +50,9 @@ struct LayerReport {
 struct OutputAccuracy {
   std::string name;
   double rel_l2 = 0, cosine = 1, max_abs = 0;
+  // Cosine similarity of each row (the last axis: a sentence embedding, a token's features), mean
+  // and least over the rows of every sample.
+  double row_cosine_mean = 1, row_cosine_min = 1;
   double top1 = -1, top5 = -1;  // agreement with fp32 in percent, for classifier-shaped outputs
 };
 
@@ -54,7 +63,7 @@ struct QuantizeReport {
   size_t calib_samples = 0, eval_samples = 0;
   std::vector<LayerReport> layers;
   std::vector<OutputAccuracy> outputs;
-  std::string metric;    // "top-1 disagreement %" or "relative L2 %": what sensitivity and the budget use
+  std::string metric;    // "top-1 disagreement %", "relative L2 %" or "1 - row cosine %": what sensitivity and the budget use
   double error = 0;      // that metric for the written model
   std::vector<std::string> budget_kept;  // layers the budget kept in float, in the order added
   double calib_ms = 0, eval_ms = 0;

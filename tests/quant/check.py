@@ -162,6 +162,16 @@ def mlp():
         most = max(sens, key=sens.get)
         check(b["error"] <= budget and b["budget_kept"] and b["budget_kept"][0] == most,
               f"mlp: the budget keeps the most sensitive layer first ({b['budget_kept']}) and meets it ({b['error']:.4f})")
+    rc, _, se = kiln(*base, "-o", os.path.join(TMP, "mlp_cos.onnx"), "--metric", "cosine", "--sensitivity", "--report",
+                     os.path.join(TMP, "cos.json"))
+    if rc == 0:
+        c = json.load(open(os.path.join(TMP, "cos.json")))
+        o = c["outputs"][0]
+        check(c["metric"] == "1 - row cosine %" and abs(c["error"] - 100 * (1 - o["row_cosine_mean"])) < 1e-9
+              and o["row_cosine_min"] <= o["row_cosine_mean"] <= 1,
+              f"mlp: --metric cosine measures 1 - the mean row cosine ({c['error']:.5f}%)")
+    else:
+        check(False, f"mlp: --metric cosine ({se.strip()[:200]})")
     rc, _, se = kiln(*base, "-o", os.path.join(TMP, "mlp_c.onnx"), "--accuracy-budget", "0.0000001")
     check(rc != 0 and "accuracy budget" in se and not os.path.exists(os.path.join(TMP, "mlp_c.onnx")),
           f"mlp: an impossible budget is an error and writes nothing ({se.strip()[:200]})")

@@ -92,6 +92,7 @@ struct QuantizeCliOptions {
   bool quantize_sensitive = false;
   bool sensitivity = false;
   double accuracy_budget = 0;        // percent
+  std::string metric = "auto";       // auto | top1 | rel-l2 | cosine
 };
 
 struct InspectOptions {

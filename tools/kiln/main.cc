@@ -165,8 +165,11 @@ int main(int argc, char** argv) {
   q->add_option("--keep", quant.keep, "keep this ONNX node (name or output name) in float (repeatable)");
   q->add_flag("--quantize-sensitive", quant.quantize_sensitive, "quantize the first convolution and the classifier too");
   q->add_flag("--sensitivity", quant.sensitivity, "measure each layer's error when only it is quantized");
-  q->add_option("--accuracy-budget", quant.accuracy_budget, "percent: keep the fewest sensitive layers in float that meet it "
-                                                            "(top-1 disagreement for classifiers, else relative L2)");
+  q->add_option("--accuracy-budget", quant.accuracy_budget, "percent of --metric: keep the fewest sensitive layers in float "
+                                                            "that meet it");
+  q->add_option("--metric", quant.metric, "the error sensitivity and the budget measure on the first output: top1 "
+                                          "(disagreement), rel-l2, cosine (1 - mean row cosine, for embeddings), or auto "
+                                          "(top1 for [N, C>=10] outputs, else rel-l2)")->default_val("auto");
   q->add_option("--report", quant.report, "write the report as JSON");
 
   try {

@@ -33,6 +33,11 @@ int quantize_main(const std::string& model, const QuantizeCliOptions& opt) {
   c.quantize_sensitive = opt.quantize_sensitive;
   c.sensitivity = opt.sensitivity;
   c.accuracy_budget = opt.accuracy_budget;
+  if (opt.metric == "auto") c.metric = AccuracyMetric::kAuto;
+  else if (opt.metric == "top1") c.metric = AccuracyMetric::kTop1;
+  else if (opt.metric == "rel-l2") c.metric = AccuracyMetric::kRelL2;
+  else if (opt.metric == "cosine") c.metric = AccuracyMetric::kCosine;
+  else return fail(KILN_ERROR(kInvalidArgument, "--metric is auto, top1, rel-l2 or cosine, not '{}'", opt.metric));
   auto r = quantize(model, opt.output, c);
   if (!r) return fail(r.status());
   std::fputs(r->text.c_str(), stdout);

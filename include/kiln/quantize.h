@@ -24,8 +24,8 @@ namespace kiln {
 enum class QuantPrecision { kInt8, kFp8 };                  // FP8: E4M3FN, scale = amax / 448
 enum class CalibrationMethod { kMinMax, kPercentile, kEntropy };  // entropy: int8 only
 // The error sensitivity and the budget use, in percent, on the first output: top-1 disagreement,
-// relative L2, or 1 - the mean cosine of its rows (embeddings). kAuto: top-1 for [N, C>=10] outputs,
-// else relative L2.
+// relative L2, or 1 - the mean cosine of its rows (embeddings). kAuto: cosine when the float
+// output's rows are L2-normalized (embeddings), top-1 for other [N, C>=10] outputs, else relative L2.
 enum class AccuracyMetric { kAuto, kTop1, kRelL2, kCosine };
 
 struct QuantizeConfig {
@@ -45,7 +45,8 @@ struct QuantizeConfig {
   AccuracyMetric metric = AccuracyMetric::kAuto;
 };
 
-// One output's accuracy against the fp32 model; top1/top5 (percent) are -1 unless it is [N, C>=10];
+// One output's accuracy against the fp32 model; top1/top5 (percent) are -1 unless it is [N, C>=10]
+// with rows that are not L2-normalized (logits);
 // row cosines are over the last axis (per embedding).
 struct QuantizedOutput {
   std::string name;

@@ -78,6 +78,7 @@ struct Metrics {
   double sum_d2 = 0, sum_r2 = 0, sum_q2 = 0, dot = 0, top1_hits = 0, top5_hits = 0, rows = 0;
   double row_cos_sum = 0, row_cos_min = 1, row_count = 0;
   bool classifier = false;
+  bool unit_rows = true;  // every reference row has L2 norm 1: normalized embeddings, not logits
 };
 
 // Row r of a [rows, C] float tensor: the indices of its k largest values.
@@ -111,13 +112,14 @@ void accumulate(Metrics& m, const Tensor& ref, const Tensor& got) {
         b += got.as_double(k) * got.as_double(k);
       }
       double cos = a > 0 && b > 0 ? d / std::sqrt(a * b) : (a == b ? 1.0 : 0.0);
+      m.unit_rows = m.unit_rows && std::fabs(std::sqrt(a) - 1.0) < 1e-3;
       m.row_cos_sum += cos;
       m.row_cos_min = std::min(m.row_cos_min, cos);
       m.row_count += 1;
     }
   }
-  // Logits: [N, C] with enough classes for top-5 to mean something.
-  m.classifier = ref.rank() == 2 && ref.dim(1) >= 10;
+  // Logits: [N, C] with enough classes for top-5 to mean something (and not normalized rows).
+  m.classifier = ref.rank() == 2 && ref.dim(1) >= 10 && !m.unit_rows;
   if (!m.classifier) return;
   for (int64_t r = 0; r < ref.dim(0); ++r) {
     auto a = top_k(ref, r, ref.dim(1), 5), b = top_k(got, r, ref.dim(1), 5);
@@ -132,6 +134,7 @@ void accumulate(Metrics& m, const Tensor& ref, const Tensor& got) {
 OutputAccuracy finish(Metrics& m) {
   m.acc.rel_l2 = m.sum_r2 > 0 ? std::sqrt(m.sum_d2 / m.sum_r2) : std::sqrt(m.sum_d2);
   m.acc.cosine = m.sum_r2 > 0 && m.sum_q2 > 0 ? m.dot / std::sqrt(m.sum_r2 * m.sum_q2) : 1.0;
+  m.acc.unit_rows = m.row_count > 0 && m.unit_rows;
   if (m.row_count > 0) {
     m.acc.row_cosine_mean = m.row_cos_sum / m.row_count;
     m.acc.row_cosine_min = m.row_cos_min;
@@ -144,8 +147,9 @@ OutputAccuracy finish(Metrics& m) {
 }
 
 ErrorMetric resolve(ErrorMetric m, const std::vector<OutputAccuracy>& outs) {
-  if (m != ErrorMetric::kAuto) return m;
-  return !outs.empty() && outs[0].top1 >= 0 ? ErrorMetric::kTop1 : ErrorMetric::kRelL2;
+  if (m != ErrorMetric::kAuto || outs.empty()) return m == ErrorMetric::kAuto ? ErrorMetric::kRelL2 : m;
+  if (outs[0].unit_rows) return ErrorMetric::kCosine;
+  return outs[0].top1 >= 0 ? ErrorMetric::kTop1 : ErrorMetric::kRelL2;
 }
 
 std::string metric_name(ErrorMetric m) {

@@ -18,7 +18,8 @@ namespace kiln::quant {
 
 // What "error" means for sensitivity and the accuracy budget, in percent, on the first output:
 // top-1 disagreement with fp32, relative L2 error, or 1 - the mean cosine similarity of its rows
-// (embeddings). kAuto: top-1 for [N, C>=10] outputs, else relative L2.
+// (embeddings). kAuto: cosine when the fp32 output's rows are L2-normalized (embeddings), top-1 for
+// other [N, C>=10] outputs (logits), else relative L2.
 enum class ErrorMetric { kAuto, kTop1, kRelL2, kCosine };
 
 struct QuantizeOptions {
@@ -54,6 +55,7 @@ struct OutputAccuracy {
   // and least over the rows of every sample.
   double row_cosine_mean = 1, row_cosine_min = 1;
   double top1 = -1, top5 = -1;  // agreement with fp32 in percent, for classifier-shaped outputs
+  bool unit_rows = false;       // the fp32 rows are L2-normalized (embeddings)
 };
 
 struct QuantizeReport {

@@ -169,7 +169,8 @@ int main(int argc, char** argv) {
                                                             "that meet it");
   q->add_option("--metric", quant.metric, "the error sensitivity and the budget measure on the first output: top1 "
                                           "(disagreement), rel-l2, cosine (1 - mean row cosine, for embeddings), or auto "
-                                          "(top1 for [N, C>=10] outputs, else rel-l2)")->default_val("auto");
+                                          "(cosine for L2-normalized rows, top1 for other [N, C>=10] outputs, "
+                                          "else rel-l2)")->default_val("auto");
   q->add_option("--report", quant.report, "write the report as JSON");
 
   try {

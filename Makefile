@@ -8,7 +8,7 @@ ONNX123    := $(BUILD)/onnx-1.23-node
 DEPS_STAMP := $(BUILD)/.deps-stamp
 ONNX112    ?= /usr/share/libonnx-testdata/data
 
-.PHONY: all deps build demo test unit conformance conformance-gpu errors quant engines examples fuzz fuzz-long test-sanitize sanitize-sample clean
+.PHONY: all deps build demo test unit conformance conformance-gpu errors quant python engines examples fuzz fuzz-long test-sanitize sanitize-sample clean
 
 all: build
 
@@ -59,6 +59,13 @@ engines: build
 quant: build
 	bash tests/quant/run.sh $(BUILD)/kiln
 
+# The Python package as `pip install .` builds it (pyproject.toml), here in the existing build folder
+# (only the module is new work) and installed under it, then its pytest suite (python/tests).
+python: build
+	CMAKE_GENERATOR="Unix Makefiles" python3 -m pip install -q --no-build-isolation --no-deps --upgrade \
+	  --target $(abspath $(BUILD))/python-site --config-settings=build-dir=$(abspath $(BUILD)) .
+	PYTHONPATH=$(abspath $(BUILD))/python-site python3 -m pytest -q -p no:cacheprovider python/tests
+
 # The public API as a user meets it: install kiln, build examples/ against the installed package
 # with find_package(kiln), and run it on the CPU.
 examples: build
@@ -89,7 +96,7 @@ SECONDS ?= 600
 fuzz-long: $(DEPS_STAMP)
 	bash tests/fuzz/run.sh $(BUILD)-fuzz $(SECONDS) each
 
-test: unit conformance errors engines quant examples fuzz sanitize-sample
+test: unit conformance errors engines quant python examples fuzz sanitize-sample
 	@echo "make test: all checks passed"
 
 clean:

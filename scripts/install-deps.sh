@@ -25,6 +25,12 @@ if ! $PY -c "import onnxruntime" 2>/dev/null; then
   echo "install-deps: installing PyPI packages: onnxruntime"
   $PY -m pip install -q onnxruntime 2>/dev/null || $PY -m pip install -q --break-system-packages onnxruntime
 fi
+# The Python package's build (scikit-build-core, nanobind) and tests (pytest).
+if ! $PY -c "import scikit_build_core, nanobind, pytest" 2>/dev/null; then
+  echo "install-deps: installing PyPI packages: scikit-build-core nanobind pytest"
+  $PY -m pip install -q scikit-build-core nanobind pytest 2>/dev/null ||
+    $PY -m pip install -q --break-system-packages scikit-build-core nanobind pytest
+fi
 # CUTLASS 3 headers (Hopper GEMM kernels in src/backends/cuda/kernels_cutlass/gemm_sm90.cu), from NVIDIA's
 # PyPI wheel: only its include/ tree is used, unpacked into third_party/ (not in git).
 CUTLASS_VER=4.2.0.0

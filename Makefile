@@ -8,7 +8,7 @@ ONNX123    := $(BUILD)/onnx-1.23-node
 DEPS_STAMP := $(BUILD)/.deps-stamp
 ONNX112    ?= /usr/share/libonnx-testdata/data
 
-.PHONY: all deps build demo test unit conformance conformance-gpu errors quant python engines examples fuzz fuzz-long test-sanitize sanitize-sample clean
+.PHONY: all deps build demo test unit conformance conformance-gpu errors quant python serve engines examples fuzz fuzz-long test-sanitize sanitize-sample clean
 
 all: build
 
@@ -66,6 +66,10 @@ python: build
 	  --target $(abspath $(BUILD))/python-site --config-settings=build-dir=$(abspath $(BUILD)) .
 	PYTHONPATH=$(abspath $(BUILD))/python-site python3 -m pytest -q -p no:cacheprovider python/tests
 
+# kiln serve (KServe v2 over HTTP) driven by tritonclient (tests/serve).
+serve: build
+	KILN=$(abspath $(BUILD))/kiln python3 -m pytest -q -p no:cacheprovider tests/serve
+
 # The public API as a user meets it: install kiln, build examples/ against the installed package
 # with find_package(kiln), and run it on the CPU.
 examples: build
@@ -96,7 +100,7 @@ SECONDS ?= 600
 fuzz-long: $(DEPS_STAMP)
 	bash tests/fuzz/run.sh $(BUILD)-fuzz $(SECONDS) each
 
-test: unit conformance errors engines quant python examples fuzz sanitize-sample
+test: unit conformance errors engines quant python serve examples fuzz sanitize-sample
 	@echo "make test: all checks passed"
 
 clean:

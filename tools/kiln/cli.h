@@ -95,6 +95,16 @@ struct QuantizeCliOptions {
   std::string metric = "auto";       // auto | top1 | rel-l2 | cosine
 };
 
+// `kiln serve` (tools/kiln-serve).
+struct ServeOptions {
+  std::string repository;            // --model-repository DIR
+  std::string host = "0.0.0.0";
+  int http_port = 8000;
+  int sessions = 2;                  // per model: requests that run at once
+  std::string device = "auto";
+  std::string precision = "fp32";    // for model.onnx files built at load
+};
+
 struct InspectOptions {
   bool ir = false;
   std::string dot;
@@ -107,6 +117,8 @@ int build_main(LoadOptions load, const EngineOptions& eng, const BuildCliOptions
 int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt);
 int sweep_main(const LoadOptions& load, const EngineOptions& eng, const BenchOptions& opt);
 int quantize_main(const std::string& model, const QuantizeCliOptions& opt);
+Expected<Precision> parse_precision(const std::string& p);  // "fp32", "tf32", "fp16", "bf16"
+Expected<Device> parse_device(const std::string& d);        // "auto", "cpu", "cuda"
 
 // The engine `load.model` names: an engine file is loaded (nothing is rebuilt; --shapes, --batch,
 // --device and the precision flags must agree with how it was built), an ONNX model is built with

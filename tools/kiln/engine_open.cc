@@ -8,8 +8,6 @@
 
 namespace kiln::cli {
 
-namespace {
-
 Expected<Precision> parse_precision(const std::string& p) {
   for (Precision x : {Precision::kFp32, Precision::kTf32, Precision::kFp16, Precision::kBf16}) {
     if (p == precision_name(x)) return x;
@@ -23,6 +21,8 @@ Expected<Device> parse_device(const std::string& d) {
   }
   return KILN_ERROR(kInvalidArgument, "--device '{}': expected auto, cpu or cuda", d);
 }
+
+namespace {
 
 // An engine file fixes its shapes, device and precision: flags that ask for others are errors
 // (rebuilding is what would honour them).

@@ -5,11 +5,17 @@
 //   kiln build model.onnx -o model.kiln [--device D] [--fp16|--bf16|--tf32] [--report]
 //   kiln bench model.onnx|model.kiln --batch N --warmup W --iterations I [--json FILE]
 //   kiln quantize model.onnx --calib DIR --precision int8|fp8 -o model.qdq.onnx [--report r.json]
+//   kiln serve --model-repository DIR [--http-port 8000]
 // inspect, run, compare and bench also take an engine file (model.kiln) in place of the model.
 // run, compare, build and bench optimize the graph first: [--disable-pass NAME]... [--dump-ir-after
 // PASS|all] [--pass-report]
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <vector>
 #include <exception>
 #include <string>
 
@@ -82,6 +88,21 @@ void add_engine_options(CLI::App* app, kiln::cli::EngineOptions& eng) {
   app->add_option("--dump-ir-after", eng.optimize.dump_ir_after, "print the IR to stderr after PASS, or after all")
       ->check(pass_name(true));
   app->add_flag("--pass-report", eng.optimize.report, "print each graph pass's time and node counts to stderr");
+}
+
+// Replaces this process with kiln-serve from this binary's folder, passing the arguments after "serve".
+int exec_serve(int argc, char** argv) {
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  std::string dir = n > 0 ? std::string(self, size_t(n)) : std::string(argv[0]);
+  dir = dir.substr(0, dir.rfind('/') + 1);
+  std::string server = dir + "kiln-serve";
+  std::vector<char*> args = {server.data()};
+  for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  execv(server.c_str(), args.data());
+  std::fprintf(stderr, "kiln: error: kiln serve runs %s, which cannot be started: %s\n", server.c_str(), std::strerror(errno));
+  return 1;
 }
 
 }  // namespace
@@ -172,6 +193,11 @@ int main(int argc, char** argv) {
                                           "(cosine for L2-normalized rows, top1 for other [N, C>=10] outputs, "
                                           "else rel-l2)")->default_val("auto");
   q->add_option("--report", quant.report, "write the report as JSON");
+
+  // `kiln serve ...` runs kiln-serve (tools/kiln-serve) from beside this binary; listed here for --help.
+  app.add_subcommand("serve", "serve a model repository over the KServe v2 HTTP protocol (`kiln serve --help`)")
+      ->allow_extras();
+  if (argc > 1 && std::string(argv[1]) == "serve") return exec_serve(argc, argv);
 
   try {
     app.parse(argc, argv);

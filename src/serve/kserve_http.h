@@ -1,0 +1,33 @@
+// The KServe v2 protocol over HTTP/REST (cpp-httplib), as Triton speaks it: health, server and model
+// metadata, readiness, inference with JSON tensors and the binary tensor data extension, and the
+// model repository extension (index, load, unload). Every error is a 4xx/5xx with {"error": "..."}
+// naming what was wrong; nothing a request does disturbs another.
+//
+//   serve::Repository repo(config);  repo.load_all();
+//   serve::HttpServer http(repo);
+//   http.listen("0.0.0.0", 8000);     // until stop(): in-flight requests finish first
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "serve/repository.h"
+
+namespace kiln::serve {
+
+class HttpServer {
+ public:
+  explicit HttpServer(Repository& repo);
+  ~HttpServer();
+  // Serves until stop(); false when the address cannot be bound.
+  bool listen(const std::string& host, int port);
+  // Stops accepting connections; listen() returns once the requests in flight are answered.
+  void stop();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kiln::serve

@@ -1,0 +1,247 @@
+"""kiln serve over HTTP, driven by tritonclient (`make serve`; KILN=path/to/kiln).
+
+A repository with the bundled EfficientNet-Lite0 (version 1, model.onnx built at load) and an MLP with
+two versions (version 2 served). Every endpoint; JSON and binary tensors against known outputs;
+repository index/unload/load, a failed load leaving the serving version; malformed requests answered
+4xx while the server keeps serving; 64 concurrent requests all answered; SIGTERM draining requests in
+flight and exiting 0.
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import onnx
+import pytest
+import tritonclient.http as th
+from onnx import TensorProto, helper, numpy_helper
+from tritonclient.utils import InferenceServerException
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+MODEL_DIR = os.path.join(REPO, "models", "efficientnet-lite0")
+KILN = os.environ.get("KILN", os.path.join(REPO, "build", "kiln"))
+
+
+def mlp_weights(version):
+    rng = np.random.default_rng(version)
+    return rng.standard_normal((4, 8)).astype(np.float32), rng.standard_normal((8, 3)).astype(np.float32)
+
+
+def write_mlp(path, version):
+    w0, w1 = mlp_weights(version)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w0"], ["h"]), helper.make_node("Relu", ["h"], ["a"]),
+                           helper.make_node("MatMul", ["a", "w1"], ["y"])], "mlp",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                          [numpy_helper.from_array(w0, "w0"), numpy_helper.from_array(w1, "w1")])
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def mlp_ref(x, version):
+    w0, w1 = mlp_weights(version)
+    return np.maximum(x @ w0, 0) @ w1
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, repo):
+        self.port = free_port()
+        self.proc = subprocess.Popen([KILN, "serve", "--model-repository", repo, "--http-port", str(self.port),
+                                      "--host", "127.0.0.1", "--device", "cpu", "--sessions", "2"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.url = f"127.0.0.1:{self.port}"
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if th.InferenceServerClient(self.url).is_server_ready():
+                    return
+            except Exception:  # noqa: BLE001 - not up yet
+                time.sleep(0.2)
+            if self.proc.poll() is not None:
+                raise RuntimeError("kiln serve exited: " + self.proc.stdout.read())
+        raise RuntimeError("kiln serve did not become ready")
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = str(tmp_path_factory.mktemp("repo"))
+    os.makedirs(os.path.join(repo, "effnet", "1"))
+    shutil.copy(os.path.join(MODEL_DIR, "model.onnx"), os.path.join(repo, "effnet", "1", "model.onnx"))
+    write_mlp(os.path.join(repo, "mlp", "1", "model.onnx"), 1)
+    write_mlp(os.path.join(repo, "mlp", "2", "model.onnx"), 2)
+    s = Server(repo)
+    s.repo = repo
+    yield s
+    if s.proc.poll() is None:
+        s.stop()
+
+
+def raw(server, method, path, body=b"", headers=None):
+    req = urllib.request.Request(f"http://{server.url}{path}", data=body if method == "POST" else None, method=method,
+                                 headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def infer_effnet(client, x, binary):
+    i = th.InferInput("input", list(x.shape), "FP32")
+    i.set_data_from_numpy(x, binary_data=binary)
+    r = client.infer("effnet", [i], outputs=[th.InferRequestedOutput("logits", binary_data=binary)])
+    return r.as_numpy("logits")
+
+
+def test_health_and_metadata(server):
+    c = th.InferenceServerClient(server.url)
+    assert c.is_server_live() and c.is_server_ready()
+    assert c.get_server_metadata()["name"] == "kiln"
+    assert c.is_model_ready("effnet") and c.is_model_ready("mlp") and not c.is_model_ready("nope")
+    m = c.get_model_metadata("effnet")
+    assert m["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [1, 3, 224, 224]}]
+    assert m["outputs"][0]["name"] == "logits" and m["versions"] == ["1"]
+    assert c.get_model_metadata("mlp")["inputs"][0]["shape"] == [-1, 4]
+    assert c.get_model_metadata("mlp")["versions"] == ["2"]  # the latest version serves
+    with pytest.raises(InferenceServerException, match="'nope' is not loaded"):
+        c.get_model_metadata("nope")
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_infer_efficientnet(server, binary):
+    c = th.InferenceServerClient(server.url)
+    x = np.load(os.path.join(MODEL_DIR, "chelsea.npy"))
+    want = np.load(os.path.join(MODEL_DIR, "chelsea_expected_logits.npy"))
+    y = infer_effnet(c, x, binary)
+    np.testing.assert_allclose(y, want, rtol=1e-3, atol=1e-4)
+
+
+def test_infer_versions_and_shapes(server):
+    c = th.InferenceServerClient(server.url)
+    for n in (1, 3, 7):
+        x = np.random.default_rng(n).standard_normal((n, 4)).astype(np.float32)
+        i = th.InferInput("x", [n, 4], "FP32")
+        i.set_data_from_numpy(x)
+        np.testing.assert_allclose(c.infer("mlp", [i]).as_numpy("y"), mlp_ref(x, 2), rtol=1e-5, atol=1e-5)
+    with pytest.raises(InferenceServerException, match="version 1 is not loaded"):
+        c.infer("mlp", [i], model_version="1")
+
+
+def test_repository_load_unload(server):
+    c = th.InferenceServerClient(server.url)
+    index = {m["name"]: m for m in c.get_model_repository_index()}
+    assert index["mlp"]["state"] == "READY" and index["mlp"]["version"] == "2"
+    c.unload_model("mlp")
+    assert not c.is_model_ready("mlp")
+    x = np.ones((2, 4), np.float32)
+    i = th.InferInput("x", [2, 4], "FP32")
+    i.set_data_from_numpy(x)
+    with pytest.raises(InferenceServerException, match="not loaded"):
+        c.infer("mlp", [i])
+    c.load_model("mlp")
+    np.testing.assert_allclose(c.infer("mlp", [i]).as_numpy("y"), mlp_ref(x, 2), rtol=1e-5, atol=1e-5)
+    # A broken version 3: the load fails, and version 2 keeps serving.
+    os.makedirs(os.path.join(server.repo, "mlp", "3"))
+    with open(os.path.join(server.repo, "mlp", "3", "model.onnx"), "wb") as f:
+        f.write(b"not a model")
+    with pytest.raises(InferenceServerException, match="version 3"):
+        c.load_model("mlp")
+    np.testing.assert_allclose(c.infer("mlp", [i]).as_numpy("y"), mlp_ref(x, 2), rtol=1e-5, atol=1e-5)
+    shutil.rmtree(os.path.join(server.repo, "mlp", "3"))
+
+
+def test_malformed_requests(server):
+    head = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+    cases = [
+        (b"{not json", {}, "not a JSON object"),
+        (json.dumps({"inputs": [{"name": "z", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}).encode(), {},
+         "unknown input 'z'"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "INT64", "data": [1, 2, 3, 4]}]}).encode(), {},
+         "the model takes FP32"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [1, 5], "datatype": "FP32", "data": [1, 2, 3, 4, 5]}]}).encode(), {},
+         "input 'x'"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3]}]}).encode(), {},
+         "data has 3"),
+        (json.dumps({"inputs": []}).encode(), {}, "input 'x' of model 'mlp' is missing"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
+                                 "parameters": {"binary_data_size": 1 << 40}}]}).encode(), None, "binary_data_size 1099511627776"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
+                                 "parameters": {"binary_data_size": 16}}]}).encode() + b"\0" * 8, None, "binary_data_size 16"),
+        (json.dumps(head).encode(), {"Inference-Header-Content-Length": "99999"}, "Inference-Header-Content-Length"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, "a"]}]}).encode(), {},
+         "element 3 is not a number"),
+    ]
+    for body, headers, expect in cases:
+        if headers is None:  # binary: the JSON header's length, then the (wrong) binary part
+            header_len = body.index(b"}]}") + 3
+            headers = {"Inference-Header-Content-Length": str(header_len)}
+        status, reply = raw(server, "POST", "/v2/models/mlp/infer", body, headers)
+        assert 400 <= status < 500, (expect, status, reply)
+        assert expect in json.loads(reply)["error"], (expect, reply)
+    status, _ = raw(server, "POST", "/v2/models/nope/infer", json.dumps(head).encode())
+    assert status == 404
+    status, reply = raw(server, "GET", "/v2/no/such/route")
+    assert status == 404 and "no route" in json.loads(reply)["error"]
+    status, reply = raw(server, "POST", "/v2/models/mlp/infer", json.dumps(head).encode())
+    assert status == 200 and json.loads(reply)["outputs"][0]["shape"] == [1, 3]
+
+
+def test_concurrent_requests_all_answered(server):
+    x = np.load(os.path.join(MODEL_DIR, "chelsea.npy"))
+    want = np.load(os.path.join(MODEL_DIR, "chelsea_expected_logits.npy"))
+    results, errors = [], []
+
+    def work(k):
+        try:
+            c = th.InferenceServerClient(server.url)
+            y = infer_effnet(c, x, binary=k % 2 == 0)
+            results.append(float(np.abs(y - want).max()))
+        except Exception as e:  # noqa: BLE001 - counted
+            errors.append(repr(e))
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 64 and max(results) < 1e-3
+
+
+def test_sigterm_drains_in_flight_requests(server):
+    x = np.load(os.path.join(MODEL_DIR, "chelsea.npy"))
+    done, errors = [], []
+
+    def work():
+        try:
+            infer_effnet(th.InferenceServerClient(server.url, connection_timeout=120, network_timeout=120), x, True)
+            done.append(1)
+        except Exception as e:  # noqa: BLE001 - counted
+            errors.append(repr(e))
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)  # the requests are in flight (a forward takes longer than this on 2 cores)
+    code = server.stop()
+    for t in threads:
+        t.join()
+    assert code == 0, server.proc.stdout.read()
+    assert len(done) + len(errors) == 4
+    assert len(done) >= 1, errors  # those the server had accepted were answered
+    out = server.proc.stdout.read()
+    assert "stopping" in out and "stopped" in out

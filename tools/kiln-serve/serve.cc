@@ -1,0 +1,94 @@
+// kiln-serve (what `kiln serve` runs): `kiln serve --model-repository DIR [--http-port 8000] [--device
+// D] [--sessions N]`, the KServe v2 protocol over HTTP (src/serve). SIGTERM or SIGINT stops accepting
+// connections, answers what is in flight and exits 0.
+//
+// A binary of its own because Debian's cpp-httplib is a shared library (with OpenSSL and brotli
+// behind it): the kiln CLI stays free of shared libraries beyond the C runtime and CUDA, and execs
+// this one, found beside it, for `kiln serve`.
+#include <pthread.h>
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <thread>
+
+#include "../kiln/cli.h"
+#include "serve/kserve_http.h"
+
+namespace kiln::cli {
+
+namespace {
+
+int serve_main(const ServeOptions& opt) {
+  serve::ServeConfig c;
+  c.repository = opt.repository;
+  auto device = parse_device(opt.device);
+  if (!device) return fail(device.status());
+  auto precision = parse_precision(opt.precision);
+  if (!precision) return fail(precision.status());
+  c.device = *device;
+  c.precision = *precision;
+  c.sessions = opt.sessions;
+  if (opt.sessions < 1) return fail(KILN_ERROR(kInvalidArgument, "--sessions must be at least 1"));
+  // Signals go to the thread below alone, which stops the server.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  serve::Repository repo(c);
+  for (const std::string& e : repo.load_all()) std::fprintf(stderr, "kiln: warning: %s\n", e.c_str());
+  for (const auto& e : repo.index()) {
+    if (e.loaded) std::printf("model '%s' version %lld: ready\n", e.name.c_str(), static_cast<long long>(e.loaded));
+  }
+  serve::HttpServer http(repo);
+  std::thread stopper([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    std::printf("kiln serve: signal %d: stopping (requests in flight finish first)\n", sig);
+    std::fflush(stdout);
+    http.stop();
+  });
+  std::printf("kiln serve: KServe v2 HTTP on port %d (repository %s)\n", opt.http_port, opt.repository.c_str());
+  std::fflush(stdout);
+  bool ok = http.listen(opt.host, opt.http_port);
+  if (!ok) {
+    pthread_kill(stopper.native_handle(), SIGTERM);
+    stopper.join();
+    return fail(KILN_ERROR(kIo, "cannot listen on {}:{} (in use?)", opt.host, opt.http_port));
+  }
+  stopper.join();
+  std::printf("kiln serve: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+}  // namespace kiln::cli
+
+int main(int argc, char** argv) {
+  kiln::cli::ServeOptions serve;
+  CLI::App app{"kiln serve: a model repository over the KServe v2 HTTP protocol (Triton's)"};
+  app.name("kiln serve");
+  app.add_option("--model-repository", serve.repository, "DIR/<model>/<version>/model.kiln or model.onnx")->required();
+  app.add_option("--http-port", serve.http_port, "HTTP port")->default_val(8000)->check(CLI::Range(1, 65535));
+  app.add_option("--host", serve.host, "address to listen on")->default_val("0.0.0.0");
+  app.add_option("--sessions", serve.sessions, "sessions per model (requests that run at once)")->default_val(2)
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--device", serve.device, "for model.onnx built at load: auto, cpu or cuda")->default_val("auto");
+  app.add_option("--precision", serve.precision, "for model.onnx built at load: fp32, tf32, fp16, bf16")->default_val("fp32");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "kiln: error: %s\nRun with --help for more information.\n", e.what());
+    return e.get_exit_code();
+  }
+  try {
+    return kiln::cli::serve_main(serve);
+  } catch (const std::exception& e) {
+    return kiln::cli::fail(KILN_ERROR(kInternal, "internal error: {}", e.what()));
+  }
+}

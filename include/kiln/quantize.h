@@ -30,7 +30,7 @@ enum class AccuracyMetric { kAuto, kTop1, kRelL2, kCosine };
 
 struct QuantizeConfig {
   QuantPrecision precision = QuantPrecision::kInt8;
-  CalibrationMethod method = CalibrationMethod::kEntropy;
+  CalibrationMethod method = CalibrationMethod::kMinMax;  // the most accurate here (bench/RESULTS.md)
   double percentile = 99.99;          // for kPercentile
   std::string calib_dir;              // required
   size_t max_calib_samples = 0;       // 0: all

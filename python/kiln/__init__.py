@@ -128,7 +128,7 @@ def build(path: str | os.PathLike, *, device: str = "auto", precision: str = "fp
 
 
 def quantize(path: str | os.PathLike, out: str | os.PathLike, *, calib_dir: str, precision: str = "int8",
-             method: str = "", eval_dir: str = "", keep: Sequence[str] = (), quantize_sensitive: bool = False,
+             method: str = "minmax", eval_dir: str = "", keep: Sequence[str] = (), quantize_sensitive: bool = False,
              accuracy_budget: float = 0.0, metric: str = "auto") -> tuple[str, dict]:
     """`kiln quantize`: writes the QDQ model to `out`; returns the report (text, and parsed JSON)."""
     import json

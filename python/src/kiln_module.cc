@@ -288,9 +288,7 @@ NB_MODULE(_kiln, m) {
     if (precision == "int8") c.precision = kiln::QuantPrecision::kInt8;
     else if (precision == "fp8") c.precision = kiln::QuantPrecision::kFp8;
     else throw KilnError("precision is 'int8' or 'fp8', not '" + precision + "'");
-    if (method.empty()) c.method = c.precision == kiln::QuantPrecision::kInt8 ? kiln::CalibrationMethod::kEntropy
-                                                                                : kiln::CalibrationMethod::kMinMax;
-    else if (method == "minmax") c.method = kiln::CalibrationMethod::kMinMax;
+    if (method == "minmax") c.method = kiln::CalibrationMethod::kMinMax;
     else if (method == "percentile") c.method = kiln::CalibrationMethod::kPercentile;
     else if (method == "entropy") c.method = kiln::CalibrationMethod::kEntropy;
     else throw KilnError("method is 'minmax', 'percentile' or 'entropy', not '" + method + "'");

@@ -24,7 +24,7 @@ enum class ErrorMetric { kAuto, kTop1, kRelL2, kCosine };
 
 struct QuantizeOptions {
   QuantType type = QuantType::kInt8;
-  CalibMethod method = CalibMethod::kEntropy;
+  CalibMethod method = CalibMethod::kMinMax;
   double percentile = 99.99;        // for CalibMethod::kPercentile
   std::string calib_dir;            // required
   size_t max_calib = 0;             // 0: every sample
@@ -61,7 +61,7 @@ struct OutputAccuracy {
 struct QuantizeReport {
   std::string model, output, calib_dir, eval_dir;
   QuantType type = QuantType::kInt8;
-  CalibMethod method = CalibMethod::kEntropy;
+  CalibMethod method = CalibMethod::kMinMax;
   size_t calib_samples = 0, eval_samples = 0;
   std::vector<LayerReport> layers;
   std::vector<OutputAccuracy> outputs;

@@ -84,7 +84,7 @@ struct BenchOptions {
 struct QuantizeCliOptions {
   std::string output;                // -o model.qdq.onnx
   std::string precision = "int8";    // int8 | fp8
-  std::string method;                // minmax | percentile | entropy ("": entropy for int8, minmax for fp8)
+  std::string method = "minmax";     // minmax | percentile | entropy
   double percentile = 99.99;
   std::string calib, eval, report;
   size_t max_calib = 0, max_eval = 0;

@@ -177,8 +177,8 @@ int main(int argc, char** argv) {
       ->required();
   q->add_option("-o,--output", quant.output, "write the quantized model here (model.qdq.onnx)")->required();
   q->add_option("--precision", quant.precision, "int8 or fp8 (E4M3)")->default_val("int8");
-  q->add_option("--method", quant.method, "activation ranges: minmax, percentile or entropy (default: entropy for int8, "
-                                          "minmax for fp8)");
+  q->add_option("--method", quant.method, "activation ranges: minmax, percentile or entropy (int8 only)")
+      ->default_val("minmax");
   q->add_option("--percentile", quant.percentile, "for --method percentile")->default_val(99.99);
   q->add_option("--eval", quant.eval, "evaluation samples (same layouts), disjoint from --calib; default: the calibration set");
   q->add_option("--max-calib", quant.max_calib, "use at most N calibration samples");

@@ -13,9 +13,7 @@ int quantize_main(const std::string& model, const QuantizeCliOptions& opt) {
   if (opt.precision == "int8") c.precision = QuantPrecision::kInt8;
   else if (opt.precision == "fp8") c.precision = QuantPrecision::kFp8;
   else return fail(KILN_ERROR(kInvalidArgument, "--precision is int8 or fp8, not '{}'", opt.precision));
-  if (opt.method.empty()) {
-    c.method = c.precision == QuantPrecision::kInt8 ? CalibrationMethod::kEntropy : CalibrationMethod::kMinMax;
-  } else if (opt.method == "minmax") {
+  if (opt.method == "minmax") {
     c.method = CalibrationMethod::kMinMax;
   } else if (opt.method == "percentile") {
     c.method = CalibrationMethod::kPercentile;

@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -215,9 +216,14 @@ int status_of(const Status& s) { return s.code() == ErrorCode::kInternal || s.co
 
 struct HttpServer::Impl {
   Repository& repo;
-  httplib::Server http;
+  httplib::Server http, metrics;
 
-  explicit Impl(Repository& r) : repo(r) { routes(); }
+  explicit Impl(Repository& r) : repo(r) {
+    routes();
+    metrics.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(repo.prometheus(), "text/plain; version=0.0.4");
+    });
+  }
 
   static void reply(httplib::Response& res, int status, const json& body) {
     res.status = status;
@@ -250,8 +256,24 @@ struct HttpServer::Impl {
     };
   }
 
-  void infer(const httplib::Request& req, httplib::Response& res, const std::string& name, const std::string& version) {
+  // Counts the request in the model's metrics: a success when it is answered 200.
+  void counted_infer(const httplib::Request& req, httplib::Response& res, const std::string& name, const std::string& version) {
     auto m = model(name, version);
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      infer(req, res, *m);
+    } catch (...) {
+      m->metrics().failure += 1;
+      throw;
+    }
+    m->metrics().success += 1;
+    m->metrics().request_us +=
+        uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+  }
+
+  void infer(const httplib::Request& req, httplib::Response& res, LoadedModel& mod) {
+    LoadedModel* m = &mod;
+    const std::string& name = mod.name();
     const std::string& body = req.body;
     size_t header_len = body.size();
     if (req.has_header("Inference-Header-Content-Length")) {
@@ -320,6 +342,9 @@ struct HttpServer::Impl {
     }
     auto out = m->run(views);
     if (!out) throw HttpError{status_of(out.status()), out.status().message()};
+    // Batch rows: the first input's leading dim when the engine leaves it open, else one.
+    const bool batched = !infos.empty() && !infos[0].shape.empty() && infos[0].shape[0] < 0;
+    m->metrics().inferences += batched ? uint64_t(inputs[0].shape[0]) : 1;
 
     const auto& onfo = m->engine().outputs();
     bool all_binary = r.contains("parameters") && r["parameters"].is_object() &&
@@ -387,7 +412,7 @@ struct HttpServer::Impl {
                        {"inputs", in}, {"outputs", out}});
     }));
     http.Post(m + "/infer", guarded([this](const httplib::Request& req, httplib::Response& res) {
-      infer(req, res, req.matches[1], req.matches[2]);
+      counted_infer(req, res, req.matches[1], req.matches[2]);
     }));
     http.Post("/v2/repository/index", guarded([this](const httplib::Request&, httplib::Response& res) {
       json a = json::array();
@@ -417,6 +442,10 @@ struct HttpServer::Impl {
 HttpServer::HttpServer(Repository& repo) : impl_(std::make_unique<Impl>(repo)) {}
 HttpServer::~HttpServer() = default;
 bool HttpServer::listen(const std::string& host, int port) { return impl_->http.listen(host, port); }
-void HttpServer::stop() { impl_->http.stop(); }
+void HttpServer::stop() {
+  impl_->http.stop();
+  impl_->metrics.stop();
+}
+bool HttpServer::listen_metrics(const std::string& host, int port) { return impl_->metrics.listen(host, port); }
 
 }  // namespace kiln::serve

@@ -23,6 +23,8 @@ class HttpServer {
   bool listen(const std::string& host, int port);
   // Stops accepting connections; listen() returns once the requests in flight are answered.
   void stop();
+  // Prometheus text at GET /metrics on its own port (Triton's --metrics-port), until stop().
+  bool listen_metrics(const std::string& host, int port);
 
   struct Impl;
 

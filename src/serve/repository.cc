@@ -1,6 +1,7 @@
 #include "serve/repository.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 
 #include "support/status.h"
@@ -9,7 +10,16 @@ namespace kiln::serve {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+uint64_t us_since(std::chrono::steady_clock::time_point t) {
+  return uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t).count());
+}
+
+}  // namespace
+
 Expected<std::vector<HostTensor>> LoadedModel::run(const std::vector<TensorView>& inputs) {
+  auto t0 = std::chrono::steady_clock::now();
   Session s = [&] {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !free_.empty(); });
@@ -17,7 +27,11 @@ Expected<std::vector<HostTensor>> LoadedModel::run(const std::vector<TensorView>
     free_.pop_back();
     return taken;
   }();
+  metrics_.queue_us += us_since(t0);
+  auto t1 = std::chrono::steady_clock::now();
   auto out = s.run(inputs);
+  metrics_.compute_us += us_since(t1);
+  metrics_.executions += 1;
   {
     std::lock_guard<std::mutex> lock(mu_);
     free_.push_back(std::move(s));
@@ -122,6 +136,34 @@ std::vector<Repository::Entry> Repository::index() const {
     if (auto it = loaded_.find(n); it != loaded_.end()) e.loaded = it->second->version();
     if (auto it = failed_.find(n); it != failed_.end()) e.reason = it->second;
     out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::string Repository::prometheus() const {
+  struct Metric {
+    const char* name;
+    const char* help;
+    std::atomic<uint64_t> ModelMetrics::*field;
+  };
+  static const Metric kMetrics[] = {
+      {"nv_inference_request_success", "Number of successful inference requests, all batch sizes", &ModelMetrics::success},
+      {"nv_inference_request_failure", "Number of failed inference requests, all batch sizes", &ModelMetrics::failure},
+      {"nv_inference_count", "Number of inferences performed (batch rows)", &ModelMetrics::inferences},
+      {"nv_inference_exec_count", "Number of model executions performed", &ModelMetrics::executions},
+      {"nv_inference_request_duration_us", "Cumulative inference request duration in microseconds", &ModelMetrics::request_us},
+      {"nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds", &ModelMetrics::queue_us},
+      {"nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds",
+       &ModelMetrics::compute_us},
+  };
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  for (const Metric& m : kMetrics) {
+    out += std::string("# HELP ") + m.name + " " + m.help + "\n# TYPE " + m.name + " counter\n";
+    for (const auto& [name, model] : loaded_) {
+      out += std::string(m.name) + "{model=\"" + name + "\",version=\"" + std::to_string(model->version()) + "\"} " +
+             std::to_string((model->metrics().*m.field).load()) + "\n";
+    }
   }
   return out;
 }

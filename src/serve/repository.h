@@ -4,6 +4,7 @@
 // A loaded model keeps a pool of sessions; requests take one each (so `sessions` run at once).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -22,6 +23,14 @@ struct ServeConfig {
   int sessions = 2;                        // per model: requests that run at once
 };
 
+// Triton's per-model counters (its names and meanings, so dashboards built for Triton read them):
+// requests answered and failed, inferences (batch rows) and executions, and cumulative microseconds
+// in the whole request, waiting for a session, and running it.
+struct ModelMetrics {
+  std::atomic<uint64_t> success{0}, failure{0}, inferences{0}, executions{0};
+  std::atomic<uint64_t> request_us{0}, queue_us{0}, compute_us{0};
+};
+
 // A loaded version of a model with its session pool.
 class LoadedModel {
  public:
@@ -30,8 +39,9 @@ class LoadedModel {
   const std::string& name() const { return name_; }
   int64_t version() const { return version_; }
   const Engine& engine() const { return engine_; }
-  // Runs on a free session (waiting for one).
+  // Runs on a free session (waiting for one), counting the wait and the run in metrics().
   Expected<std::vector<HostTensor>> run(const std::vector<TensorView>& inputs);
+  ModelMetrics& metrics() { return metrics_; }
 
  private:
   std::string name_;
@@ -40,6 +50,7 @@ class LoadedModel {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Session> free_;
+  ModelMetrics metrics_;
 };
 
 class Repository {
@@ -62,6 +73,8 @@ class Repository {
     std::string reason;  // why it is not loaded
   };
   std::vector<Entry> index() const;
+  // Every loaded model's metrics as Prometheus text (Triton's metric names).
+  std::string prometheus() const;
 
  private:
   Expected<std::shared_ptr<LoadedModel>> open(const std::string& name, int64_t version) const;

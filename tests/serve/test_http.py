@@ -1,6 +1,6 @@
 """kiln serve over HTTP, driven by tritonclient (`make serve`; KILN=path/to/kiln).
 
-A repository with the bundled EfficientNet-Lite0 (version 1, model.onnx built at load) and an MLP with
+Prometheus metrics with Triton's names. A repository with the bundled EfficientNet-Lite0 (version 1, model.onnx built at load) and an MLP with
 two versions (version 2 served). Every endpoint; JSON and binary tensors against known outputs;
 repository index/unload/load, a failed load leaving the serving version; malformed requests answered
 4xx while the server keeps serving; 64 concurrent requests all answered; SIGTERM draining requests in
@@ -58,8 +58,9 @@ def free_port():
 
 class Server:
     def __init__(self, repo):
-        self.port = free_port()
+        self.port, self.metrics_port = free_port(), free_port()
         self.proc = subprocess.Popen([KILN, "serve", "--model-repository", repo, "--http-port", str(self.port),
+                                      "--metrics-port", str(self.metrics_port),
                                       "--host", "127.0.0.1", "--device", "cpu", "--sessions", "2"],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.url = f"127.0.0.1:{self.port}"
@@ -201,6 +202,39 @@ def test_malformed_requests(server):
     assert status == 404 and "no route" in json.loads(reply)["error"]
     status, reply = raw(server, "POST", "/v2/models/mlp/infer", json.dumps(head).encode())
     assert status == 200 and json.loads(reply)["outputs"][0]["shape"] == [1, 3]
+
+
+def metrics(server):
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            values[key] = float(value)
+    return text, values
+
+
+def test_metrics(server):
+    before = metrics(server)[1]
+    c = th.InferenceServerClient(server.url)
+    x = np.ones((3, 4), np.float32)
+    i = th.InferInput("x", [3, 4], "FP32")
+    i.set_data_from_numpy(x)
+    for _ in range(5):
+        c.infer("mlp", [i])
+    raw(server, "POST", "/v2/models/mlp/infer", b"{not json")
+    text, after = metrics(server)
+    assert "# TYPE nv_inference_request_success counter" in text
+    key = '{model="mlp",version="2"}'
+    delta = {k: after["nv_" + k + key] - before.get("nv_" + k + key, 0) for k in (
+        "inference_request_success", "inference_request_failure", "inference_count", "inference_exec_count",
+        "inference_compute_infer_duration_us", "inference_request_duration_us")}
+    assert delta["inference_request_success"] == 5 and delta["inference_request_failure"] == 1
+    assert delta["inference_count"] == 15  # batch rows: 5 requests of 3
+    assert delta["inference_exec_count"] == 5
+    assert 0 < delta["inference_compute_infer_duration_us"] <= delta["inference_request_duration_us"]
+    assert after['nv_inference_request_success{model="effnet",version="1"}'] >= 2
 
 
 def test_concurrent_requests_all_answered(server):

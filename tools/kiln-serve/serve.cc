@@ -1,5 +1,6 @@
-// kiln-serve (what `kiln serve` runs): `kiln serve --model-repository DIR [--http-port 8000] [--device
-// D] [--sessions N]`, the KServe v2 protocol over HTTP (src/serve). SIGTERM or SIGINT stops accepting
+// kiln-serve (what `kiln serve` runs): `kiln serve --model-repository DIR [--http-port 8000]
+// [--metrics-port 8002] [--device D] [--sessions N]`, the KServe v2 protocol over HTTP (src/serve)
+// and Prometheus metrics. SIGTERM or SIGINT stops accepting
 // connections, answers what is in flight and exits 0.
 //
 // A binary of its own because Debian's cpp-httplib is a shared library (with OpenSSL and brotli
@@ -9,6 +10,8 @@
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <thread>
 
@@ -50,9 +53,25 @@ int serve_main(const ServeOptions& opt) {
     std::fflush(stdout);
     http.stop();
   });
-  std::printf("kiln serve: KServe v2 HTTP on port %d (repository %s)\n", opt.http_port, opt.repository.c_str());
+  std::atomic<bool> metrics_done{opt.metrics_port == 0}, metrics_failed{false};
+  std::thread metrics;
+  if (opt.metrics_port) {
+    metrics = std::thread([&] {
+      metrics_failed = !http.listen_metrics(opt.host, opt.metrics_port);
+      metrics_done = true;
+    });
+  }
+  std::printf("kiln serve: KServe v2 HTTP on port %d, metrics on %d (repository %s)\n", opt.http_port, opt.metrics_port,
+              opt.repository.c_str());
   std::fflush(stdout);
   bool ok = http.listen(opt.host, opt.http_port);
+  // The metrics server may have started listening after a stop: stop again until it has returned.
+  while (!metrics_done) {
+    http.stop();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (metrics.joinable()) metrics.join();
+  if (metrics_failed && ok) std::fprintf(stderr, "kiln: warning: cannot listen on metrics port %d\n", opt.metrics_port);
   if (!ok) {
     pthread_kill(stopper.native_handle(), SIGTERM);
     stopper.join();
@@ -73,6 +92,8 @@ int main(int argc, char** argv) {
   app.name("kiln serve");
   app.add_option("--model-repository", serve.repository, "DIR/<model>/<version>/model.kiln or model.onnx")->required();
   app.add_option("--http-port", serve.http_port, "HTTP port")->default_val(8000)->check(CLI::Range(1, 65535));
+  app.add_option("--metrics-port", serve.metrics_port, "Prometheus metrics at /metrics on this port (0: none)")
+      ->default_val(8002)->check(CLI::Range(0, 65535));
   app.add_option("--host", serve.host, "address to listen on")->default_val("0.0.0.0");
   app.add_option("--sessions", serve.sessions, "sessions per model (requests that run at once)")->default_val(2)
       ->check(CLI::Range(1, 1024));

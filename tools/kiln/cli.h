@@ -100,6 +100,7 @@ struct ServeOptions {
   std::string repository;            // --model-repository DIR
   std::string host = "0.0.0.0";
   int http_port = 8000;
+  int metrics_port = 8002;           // 0: no metrics server
   int sessions = 2;                  // per model: requests that run at once
   std::string device = "auto";
   std::string precision = "fp32";    // for model.onnx files built at load

@@ -61,7 +61,8 @@ std::vector<Candidate> find_layers(const Graph& g) {
       if (rank < 3) { reject("weight of rank < 3"); continue; }
       c.axis = 0;
     } else if (n->op == OpKind::kGemm) {
-      if (n->attr_int("transA", 0) != 0 || rank != 2) { reject("transposed activation"); continue; }
+      if (n->attr_int("transA", 0) != 0) { reject("its activation is transposed (transA)"); continue; }
+      if (rank != 2) { reject("its weight is not a matrix"); continue; }
       c.axis = n->attr_int("transB", 0) ? 0 : 1;
     } else {
       if (rank < 2) { reject("a vector weight"); continue; }

@@ -2,8 +2,9 @@
 # Build and run the libFuzzer targets: the ONNX importer and graph passes
 # (tests/fuzz/fuzz_import.cc), the .npy reader that `kiln run --input` uses
 # (tests/fuzz/fuzz_npy.cc), models run on the CPU backend (tests/fuzz/fuzz_run.cc), and the engine
-# file loader (tests/fuzz/fuzz_engine.cc, seeded from tests/fuzz/corpus-engine) and the IR text
-# parser (tests/fuzz/fuzz_ir_text.cc, seeded with the pass goldens' graphs).
+# file loader (tests/fuzz/fuzz_engine.cc, seeded from tests/fuzz/corpus-engine), the IR text
+# parser (tests/fuzz/fuzz_ir_text.cc, seeded with the pass goldens' graphs) and the KServe v2
+# request decoder of `kiln serve` (tests/fuzz/fuzz_kserve.cc, seeded from tests/fuzz/corpus-kserve).
 #
 #   bash tests/fuzz/run.sh [BUILD_DIR] [SECONDS] [each]  (make fuzz: build-fuzz, 60 s; make
 #                                                        fuzz-long SECONDS=N: N s for every target)
@@ -64,8 +65,8 @@ cmake -S "$ROOT" -B "$BUILD" \
   echo "fuzz: cmake configure failed (log: $BUILD/fuzz-configure.log)" >&2
   exit 2
 }
-cmake --build "$BUILD" --target kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run kiln_fuzz_engine kiln_fuzz_ir_text -j "$(nproc)"
-for t in kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run kiln_fuzz_engine kiln_fuzz_ir_text; do
+cmake --build "$BUILD" --target kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run kiln_fuzz_engine kiln_fuzz_ir_text kiln_fuzz_kserve -j "$(nproc)"
+for t in kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run kiln_fuzz_engine kiln_fuzz_ir_text kiln_fuzz_kserve; do
   [[ -x "$BUILD/tests/$t" ]] || { echo "fuzz: $BUILD/tests/$t was not built" >&2; exit 2; }
 done
 
@@ -239,4 +240,8 @@ fuzz_target kiln_fuzz_run "$QUARTER" "$BUILD/artifacts-run" "$BUILD/fuzz-run.log
 fuzz_target kiln_fuzz_engine "$QUARTER" "$BUILD/artifacts-engine" "$BUILD/fuzz-engine.log" "$ENGINE_CORPUS" \
   "$ROOT/tests/fuzz/corpus-engine" || status=1
 fuzz_target kiln_fuzz_ir_text "$QUARTER" "$BUILD/artifacts-ir" "$BUILD/fuzz-ir.log" "$IR_CORPUS" "$IR_SEEDS" || status=1
+KSERVE_CORPUS="$BUILD/kserve-corpus"
+mkdir -p "$KSERVE_CORPUS"
+fuzz_target kiln_fuzz_kserve "$QUARTER" "$BUILD/artifacts-kserve" "$BUILD/fuzz-kserve.log" "$KSERVE_CORPUS" \
+  "$ROOT/tests/fuzz/corpus-kserve" || status=1
 exit "$status"

@@ -196,8 +196,11 @@ class Quantizer {
       const Value* a = c.node->inputs[size_t(c.act_slot)];
       if (c.report.quantized && std::find(observed.begin(), observed.end(), a) == observed.end()) observed.push_back(a);
     }
+    std::vector<size_t> observed_at;  // each observed value's position among the outputs
     for (const Value* v : observed) {
-      if (std::find(g.outputs.begin(), g.outputs.end(), v) == g.outputs.end()) g.outputs.push_back(const_cast<Value*>(v));
+      auto it = std::find(g.outputs.begin(), g.outputs.end(), v);
+      observed_at.push_back(size_t(it - g.outputs.begin()));
+      if (it == g.outputs.end()) g.outputs.push_back(const_cast<Value*>(v));
     }
     auto t0 = std::chrono::steady_clock::now();
     KILN_ASSIGN_OR_RETURN(auto exe, make_cpu_backend()->compile(g));
@@ -205,10 +208,7 @@ class Quantizer {
     std::vector<std::vector<Tensor>> calib_ref;  // fp32 outputs, reused when evaluating on the calibration set
     for (const Sample& s : calib) {
       KILN_ASSIGN_OR_RETURN(auto outs, exe->run(data_of(s)));
-      for (size_t k = 0; k < observed.size(); ++k) {
-        size_t at = size_t(std::find(g.outputs.begin(), g.outputs.end(), observed[k]) - g.outputs.begin());
-        obs[k].add(outs[at].tensor);
-      }
+      for (size_t k = 0; k < observed.size(); ++k) obs[k].add(outs[observed_at[k]].tensor);
       std::vector<Tensor> ref;
       for (size_t i = 0; i < n_out; ++i) ref.push_back(std::move(outs[i].tensor));
       calib_ref.push_back(std::move(ref));

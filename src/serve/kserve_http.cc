@@ -140,9 +140,9 @@ struct HttpServer::Impl {
     // /v2/models/{name}[/versions/{v}][/ready|/infer]
     const std::string m = R"(/v2/models/([^/]+)(?:/versions/([0-9]+))?)";
     http.Get(m + "/ready", guarded([this](const httplib::Request& req, httplib::Response& res) {
-      res.status = repo.get(req.matches[1]) ? 200 : 400;
       try {
         model(req.matches[1], req.matches[2]);
+        res.status = 200;
       } catch (const HttpError&) {
         res.status = 400;
       }

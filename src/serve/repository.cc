@@ -101,15 +101,20 @@ Status Repository::unload(const std::string& name) {
   return Status::ok();
 }
 
-std::vector<std::string> Repository::load_all() {
-  std::vector<std::string> errors;
-  std::error_code ec;
+std::vector<std::string> Repository::model_folders(std::error_code& ec) const {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(config_.repository, ec)) {
     if (e.is_directory()) names.push_back(e.path().filename().string());
   }
-  if (ec) errors.push_back(config_.repository + ": " + ec.message());
   std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::vector<std::string> Repository::load_all() {
+  std::vector<std::string> errors;
+  std::error_code ec;
+  const std::vector<std::string> names = model_folders(ec);
+  if (ec) errors.push_back(config_.repository + ": " + ec.message());
   for (const std::string& n : names) {
     if (Status s = load(n); !s) errors.push_back(s.message());
   }
@@ -125,11 +130,7 @@ std::shared_ptr<LoadedModel> Repository::get(const std::string& name) const {
 std::vector<Repository::Entry> Repository::index() const {
   std::vector<Entry> out;
   std::error_code ec;
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(config_.repository, ec)) {
-    if (e.is_directory()) names.push_back(e.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
+  const std::vector<std::string> names = model_folders(ec);
   std::lock_guard<std::mutex> lock(mu_);
   for (const std::string& n : names) {
     Entry e{n, versions(n), 0, ""};

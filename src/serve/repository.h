@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "kiln/kiln.h"
@@ -79,6 +80,7 @@ class Repository {
  private:
   Expected<std::shared_ptr<LoadedModel>> open(const std::string& name, int64_t version) const;
   std::vector<int64_t> versions(const std::string& name) const;
+  std::vector<std::string> model_folders(std::error_code& ec) const;  // sorted
   ServeConfig config_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<LoadedModel>> loaded_;

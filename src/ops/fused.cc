@@ -1,4 +1,6 @@
 // Op family: fused (kiln's own ops, domain "ai.kiln"; made by graph passes, not by exporters).
+// Each carries the subgraph it replaces as its body, which the CPU reference runs node by node, so
+// its meaning is exactly the unfused graph's; backends that compile it read what they need there.
 //
 // FusedElementwise(x0, ..., xn-1) {body = graph (p0, ..., pn-1) { elementwise nodes; return r }}
 // One output: the body evaluated on the inputs. The fuse-elementwise pass builds it from a chain
@@ -23,7 +25,7 @@ Status check_body(const Node& n, const Graph& body, size_t inputs, size_t output
   return Status::ok();
 }
 
-Status infer_fused_elementwise(InferCtx& c) {
+Status infer_body(InferCtx& c) {
   const Graph& body = *c.node().attr_graph("body");
   KILN_RETURN_IF_ERROR(check_body(c.node(), body, c.num_inputs(), c.num_outputs()));
   std::vector<Type> in;
@@ -36,7 +38,8 @@ Status infer_fused_elementwise(InferCtx& c) {
   return Status::ok();
 }
 
-Status fused_elementwise_cpu(KernelCtx& c) {
+// Both ops run their body: the inputs in order, every one present.
+Status run_body_cpu(KernelCtx& c) {
   const Graph& body = *c.node().attr_graph("body");
   KILN_RETURN_IF_ERROR(check_body(c.node(), body, c.num_inputs(), c.num_outputs()));
   std::vector<Data> in;
@@ -51,7 +54,15 @@ Status fused_elementwise_cpu(KernelCtx& c) {
 void register_fused_ops(OpRegistry& r) {
   r.def(OpKind::kFusedElementwise, {.inputs = {1, kVariadic}, .outputs = {1, 1},
                                     .attrs = {{"body", Attribute::Kind::kGraph, true}},
-                                    .infer = infer_fused_elementwise, .cpu = fused_elementwise_cpu});
+                                    .infer = infer_body, .cpu = run_body_cpu});
+  // QuantizedMatMul(x, w_q, w_scale [, bias]) {body}: a MatMul between a quantized activation and a
+  // quantized constant weight, made by fuse-qdq-matmul from QuantizeLinear -> DequantizeLinear on x
+  // and DequantizeLinear on w_q (and a bias Add). Its body (see that pass for the exact form) holds
+  // x's scale and zero point as constants; a backend with int8/fp8 GEMMs runs it as one, on the
+  // quantized values, instead of the float ops.
+  r.def(OpKind::kQuantizedMatMul, {.inputs = {3, 4}, .outputs = {1, 1},
+                                   .attrs = {{"body", Attribute::Kind::kGraph, true}},
+                                   .infer = infer_body, .cpu = run_body_cpu});
 }
 
 }  // namespace kiln

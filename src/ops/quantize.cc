@@ -6,6 +6,7 @@
 
 #include "ops/create_cast.h"
 #include "ops/op_util.h"
+#include "ops/quantize_util.h"
 
 namespace kiln {
 namespace {
@@ -274,6 +275,41 @@ void register_quantize_ops(OpRegistry& r) {
                                     .infer = dequantize_infer, .cpu = dequantize_cpu});
   r.def(OpKind::kDynamicQuantizeLinear, {.inputs = {1, 1}, .outputs = {1, 3},
                                          .infer = dynamic_quantize_infer, .cpu = dynamic_quantize_cpu});
+}
+
+}  // namespace kiln
+
+namespace kiln {
+
+bool is_scalar_int8_qdq(const Node& n, const std::function<const Tensor*(const Value*)>& constant, std::string* why) {
+  auto no = [&](std::string reason) {
+    if (why) *why = std::move(reason);
+    return false;
+  };
+  const bool q = n.op == OpKind::kQuantizeLinear;
+  if (!q && n.op != OpKind::kDequantizeLinear) return no("not a QuantizeLinear or DequantizeLinear");
+  if (n.inputs.size() < 2 || !n.inputs[0] || !n.inputs[1] || n.outputs.size() != 1 || !n.outputs[0]) {
+    return no("missing inputs or outputs");
+  }
+  if (n.attr_int("block_size", 0) != 0) return no("blocked scales");
+  if (q && n.attr_int("precision", 0) != 0) return no("a precision attribute");
+  const Tensor* scale = constant(n.inputs[1]);
+  // A float32 scale: x / scale is then a float32 division whatever x's float type (a 16-bit scale
+  // with 16-bit x would round the quotient to 16 bits first).
+  if (!scale || scale->numel() != 1 || scale->dtype() != DType::kFloat32) {
+    return no("the scale is not one constant float32 (per-axis, computed or 16-bit scales)");
+  }
+  if (n.inputs.size() > 2 && n.inputs[2]) {
+    const Tensor* zp = constant(n.inputs[2]);
+    if (!zp || zp->numel() != 1) return no("the zero point is not one constant");
+  }
+  const DType f = (q ? n.inputs[0] : n.outputs[0])->type.dtype;
+  const DType i = (q ? n.outputs[0] : n.inputs[0])->type.dtype;
+  if (i != DType::kInt8 && i != DType::kUInt8) return no(fmt::format("quantized type {}", dtype_name(i)));
+  if (f != DType::kFloat32 && f != DType::kFloat16 && f != DType::kBFloat16) {
+    return no(fmt::format("float type {}", dtype_name(f)));
+  }
+  return true;
 }
 
 }  // namespace kiln

@@ -27,13 +27,15 @@
 // into the library call itself (bias, activation and residual epilogues of cuBLASLt and cuDNN, the
 // scale and mask of fused attention), which beats any separate kernel; fusing them here would hide
 // them from it. Candidates are also limited to the dtypes and ops the generated kernels implement
-// (f32/f16/bf16 math, i32/i64/bool for comparisons, logic, Where and Cast), so a fused node never
+// (f32/f16/bf16 math, i32/i64/bool for comparisons, logic, Where and Cast; QuantizeLinear and
+// DequantizeLinear to and from int8/uint8 with one constant scale), so a fused node never
 // falls back to the CPU where its members would not have. Run after the pattern fusions (GELU,
 // LayerNorm, Softmax, MatMul+Add), which need the decomposed forms, and before dce.
 #include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ops/quantize_util.h"
 #include "passes/passes.h"
 #include "passes/rewrite.h"
 
@@ -59,7 +61,7 @@ bool is_view_op(OpKind op) {
 }
 
 // Which input dtypes an elementwise op accepts in a fused body (its output dtype is checked too).
-enum class Accepts { kNone, kFloat, kNumeric, kAny, kBool };
+enum class Accepts { kNone, kFloat, kNumeric, kAny, kBool, kQuant };
 
 Accepts accepts(const Node& n) {
   switch (n.op) {
@@ -79,6 +81,8 @@ Accepts accepts(const Node& n) {
       return Accepts::kAny;
     case OpKind::kNot: case OpKind::kAnd: case OpKind::kOr: case OpKind::kXor:
       return Accepts::kBool;
+    case OpKind::kQuantizeLinear: case OpKind::kDequantizeLinear:
+      return Accepts::kQuant;  // checked whole by is_scalar_int8_qdq
     default:
       return Accepts::kNone;
   }
@@ -91,6 +95,7 @@ bool dtype_ok(Accepts a, DType t) {
     case Accepts::kNumeric: return is_kernel_float(t) || is_int(t);
     case Accepts::kAny: return fusible_dtype(t);
     case Accepts::kBool: return t == DType::kBool;
+    case Accepts::kQuant: return false;
   }
   return false;
 }
@@ -99,8 +104,11 @@ bool ranked(const Value* v) { return v && v->type.has_rank() && fusible_dtype(v-
 
 // An elementwise node the generated kernels implement, with every input present (Clip's bounds
 // may be omitted) and of a dtype they take.
-bool candidate_op(const Node& n) {
+bool candidate_op(const Graph& g, const Node& n) {
   const Accepts a = accepts(n);
+  if (a == Accepts::kQuant) {
+    return !has_subgraph(n) && is_scalar_int8_qdq(n, [&g](const Value* v) { return constant_of(g, v); });
+  }
   if (a == Accepts::kNone || n.outputs.size() != 1 || !ranked(n.outputs[0]) || has_subgraph(n)) return false;
   if (n.op == OpKind::kGelu) {
     const std::string approx = n.attr_string("approximate", "none");
@@ -141,7 +149,7 @@ Expected<bool> fuse_elementwise(Graph& g) {
     }
     if (fed) {
       for (const Value* o : n.outputs) compute.insert(o);
-    } else if (elementwise && candidate_op(n)) {
+    } else if (elementwise && candidate_op(g, n)) {
       candidates.insert(&n);
     }
   }

@@ -22,6 +22,7 @@ Expected<bool> fuse_attention(Graph& g);                 // fuse_attention.cc  "
 Expected<bool> narrow_masks(Graph& g);                   // narrow_masks.cc    "narrow-masks"
 Expected<bool> fuse_matmul_add(Graph& g);                // fuse_matmul_add.cc "fuse-matmul-add"
 Expected<bool> merge_sibling_matmuls(Graph& g);  // merge_sibling_matmuls.cc "merge-sibling-matmuls"
+Expected<bool> fuse_qdq_matmul(Graph& g);                // fuse_qdq_matmul.cc "fuse-qdq-matmul"
 Expected<bool> fuse_elementwise(Graph& g);               // fuse_elementwise.cc "fuse-elementwise"
 // fold_constants.h: "fold-constants"
 

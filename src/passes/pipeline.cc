@@ -11,6 +11,12 @@ std::vector<Pass> default_pipeline() {
       // merging them first means fold-constants evaluates each once and later patterns see one
       // producer instead of several look-alikes.
       {"cse", "merge duplicated nodes and small constants", eliminate_common_subexpressions},
+      // QDQ models (onnxruntime quantize_static, ModelOpt, kiln quantize): a MatMul between a
+      // fake-quantized activation and a dequantized int8/fp8 weight -> one QuantizedMatMul that
+      // backends run on the quantized values. Before fold-constants, which would turn the weight's
+      // DequantizeLinear into a float weight.
+      {"fuse-qdq-matmul", "QuantizeLinear/DequantizeLinear around a MatMul with a quantized weight -> QuantizedMatMul",
+       fuse_qdq_matmul},
       // Shapes computed at run time (Shape, Gather, Concat on static dims) become constants,
       // Reshape targets and Expand shapes become static, and inference re-runs: canonicalize
       // needs those static shapes and constant targets.

@@ -16,7 +16,7 @@ std::optional<CType> ctype_of(DType d) {
   switch (d) {
     case DType::kFloat32: case DType::kFloat16: case DType::kBFloat16: return CType::kFloat;
     case DType::kInt64: return CType::kI64;
-    case DType::kInt32: return CType::kI32;
+    case DType::kInt32: case DType::kInt8: case DType::kUInt8: return CType::kI32;  // 8-bit: QuantizeLinear's
     case DType::kBool: return CType::kBool;
     default: return std::nullopt;
   }
@@ -39,7 +39,8 @@ std::optional<const char*> storage_of(k::DT d) {
     case k::DT::kF16: case k::DT::kBF16: return "unsigned short";
     case k::DT::kI64: return "long long";
     case k::DT::kI32: return "int";
-    case k::DT::kBool: return "unsigned char";
+    case k::DT::kI8: return "signed char";
+    case k::DT::kU8: case k::DT::kBool: return "unsigned char";
     default: return std::nullopt;
   }
 }
@@ -61,6 +62,8 @@ std::string store_expr(k::DT d, const std::string& v) {
     case k::DT::kF32: return "(float)(" + v + ")";
     case k::DT::kI64: return "(long long)(" + v + ")";
     case k::DT::kI32: return "(int)(" + v + ")";
+    case k::DT::kI8: return "(signed char)(" + v + ")";
+    case k::DT::kU8: return "(unsigned char)(" + v + ")";
     default: return v;
   }
 }
@@ -155,6 +158,17 @@ Expected<std::string> node_expr(const Node& n, const std::vector<std::string>& x
       if (out_ir == DType::kBFloat16) return "kb2f(kf2b(" + v + "))";
       return v;
     }
+    case OpKind::kQuantizeLinear: {  // scalar scale and zero point (fuse-elementwise checks)
+      KILN_RETURN_IF_ERROR(need(2));
+      const bool u8 = out_ir == DType::kUInt8;
+      if (!u8 && out_ir != DType::kInt8) break;
+      return fmt::format("kquant({}, {}, {}, {}, {})", x[0], x[1], x.size() > 2 && !x[2].empty() ? "(float)" + x[2] : "0.0f",
+                         u8 ? "0.0f" : "-128.0f", u8 ? "255.0f" : "127.0f");
+    }
+    case OpKind::kDequantizeLinear: {
+      KILN_RETURN_IF_ERROR(need(2));
+      return fmt::format("(((float){} - {}) * {})", x[0], x.size() > 2 && !x[2].empty() ? "(float)" + x[2] : "0.0f", x[1]);
+    }
     default: break;
   }
   if (!f) return KILN_ERROR(kUnsupported, "{} on {} is not generated", n.describe(), cname(in));
@@ -200,6 +214,12 @@ __device__ __forceinline__ float kh2f(unsigned short h) { float f; asm("cvt.f32.
 __device__ __forceinline__ unsigned short kf2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 __device__ __forceinline__ float kb2f(unsigned short b) { return __uint_as_float(((unsigned)b) << 16); }
 __device__ __forceinline__ unsigned short kf2b(float f) { unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+// QuantizeLinear to an integer: x / scale correctly rounded, then half-to-even, plus the zero point,
+// saturated; NaN gives 0 (the CPU reference's choice: ONNX leaves it undefined).
+__device__ __forceinline__ int kquant(float x, float s, float zp, float lo, float hi) {
+  const float q = rintf(__fdiv_rn(x, s));
+  return q != q ? 0 : (int)fminf(fmaxf(q + zp, lo), hi);
+}
 )";
 
 }  // namespace

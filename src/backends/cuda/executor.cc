@@ -79,6 +79,7 @@ const std::map<StepOp, BindFn>& binders() {
     register_resample_binders(t);
     register_conv_transpose_binders(t);
     register_host_binders(t);
+    register_quant_binders(t);
     return t;
   }();
   return table;

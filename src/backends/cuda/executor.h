@@ -68,7 +68,10 @@ enum class StepOp : uint16_t {
   kGatherND,       // k::gather_nd
   kScatter,        // k::scatter (ScatterND, ScatterElements)
   kTopK,           // k::topk
-  kLast = kTopK,
+  kQuantizeAct,    // k::quantize_int8 / quantize_fp8 (QuantizedMatMul's activation)
+  kLtMatmulQuant,  // a cuBLASLt int8 or fp8 product
+  kDequantCols,    // k::dequant_cols (an int8 product's sums to float)
+  kLast = kDequantCols,
 };
 
 // What a step sees when it runs: the session's stream, handles and memory.
@@ -147,6 +150,7 @@ void register_fused_binders(std::map<StepOp, BindFn>& t);
 void register_resample_binders(std::map<StepOp, BindFn>& t);
 void register_conv_transpose_binders(std::map<StepOp, BindFn>& t);
 void register_host_binders(std::map<StepOp, BindFn>& t);
+void register_quant_binders(std::map<StepOp, BindFn>& t);  // lower_gemm_quant.cc
 
 // Every step of the plan bound, in order; an unknown kind or a malformed record is an error naming
 // the step.

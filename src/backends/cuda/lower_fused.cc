@@ -1,4 +1,5 @@
-// FusedElementwise (made by the fuse-elementwise pass) -> one generated kernel: the body becomes
+// FusedElementwise (made by the fuse-elementwise pass), and QuantizeLinear / DequantizeLinear with
+// one scale on their own, -> one generated kernel: the body becomes
 // CUDA C (codegen_elementwise.cc), compiled by NVRTC once per source and cached on disk
 // (nvrtc.h), loaded as a CUDA library at build time and launched by the step like any kernel, so
 // it is captured in the CUDA graph. Inputs are read through their broadcast, layout-aware
@@ -10,6 +11,7 @@
 #include "backends/cuda/codegen_elementwise.h"
 #include "backends/cuda/lower.h"
 #include "backends/cuda/nvrtc.h"
+#include "ops/quantize_util.h"
 
 namespace kiln::cuda {
 
@@ -21,16 +23,17 @@ struct Library {
   ~Library() { if (lib) cudaLibraryUnload(lib); }
 };
 
-Status lower_fused_elementwise(Lowering& L, const Node& n) {
-  const Graph* body = n.attr_graph("body");
+// One generated kernel computing n's output from `body`, whose inputs are n's inputs in order.
+Status lower_generated(Lowering& L, const Node& n, const Graph* body) {
   const Value* out = n.outputs[0];
   auto dims = out->type.shape ? out->type.shape->static_dims() : std::nullopt;
-  if (!body || !dims) KILN_UNSUPPORTED("FusedElementwise with a dynamic output shape");
+  if (!body || !dims) KILN_UNSUPPORTED("{} with a dynamic output shape", n.describe());
   EwKernelSpec spec;
   spec.dims = *dims;
   std::vector<Ref> ins;
   std::vector<int> reads;
-  for (const Value* v : n.inputs) {
+  for (size_t i = 0; i < body->inputs.size() && i < n.inputs.size(); ++i) {
+    const Value* v = n.inputs[i];
     KILN_ASSIGN_OR_RETURN(const DevValue* d, L.value(v));
     if (!d) KILN_UNSUPPORTED("input '{}' has no device value", v->name);
     if (d->dims.size() > spec.dims.size()) KILN_UNSUPPORTED("input '{}' of higher rank than the output", v->name);
@@ -91,6 +94,27 @@ Status lower_fused_elementwise(Lowering& L, const Node& n) {
   return Status::ok();
 }
 
+Status lower_fused_elementwise(Lowering& L, const Node& n) { return lower_generated(L, n, n.attr_graph("body")); }
+
+// A QuantizeLinear or DequantizeLinear with one scale (is_scalar_int8_qdq) that fuse-elementwise
+// left alone (its neighbours are convolutions or GEMMs, say): a one-node body, generated the same
+// way, its input the tensor and the scale and zero point baked in as literals.
+Status lower_qdq_alone(Lowering& L, const Node& n) {
+  std::string why;
+  if (!is_scalar_int8_qdq(n, [&L](const Value* v) { return L.constant(v); }, &why)) KILN_UNSUPPORTED("{}", why);
+  Graph body;
+  body.name = "qdq_body";
+  std::vector<Value*> ins{body.add_input("x", n.inputs[0]->type)};
+  for (size_t i = 1; i < n.inputs.size(); ++i) {
+    ins.push_back(n.inputs[i] ? body.add_constant(fmt::format("c{}", i), *L.constant(n.inputs[i])) : nullptr);
+  }
+  Node* c = body.add_node(n.op, std::move(ins), 1);
+  c->attrs = n.attrs;
+  c->outputs[0]->type = n.outputs[0]->type;
+  body.outputs.push_back(c->outputs[0]);
+  return lower_generated(L, n, &body);
+}
+
 // Loads the cubin as a CUDA library (kept with the engine) and launches its kernel, the packed
 // variant when every pointer is aligned for it.
 Expected<StepFn> bind_generated(Params& in, BindCtx& bc) {
@@ -139,7 +163,11 @@ Expected<StepFn> bind_generated(Params& in, BindCtx& bc) {
 
 }  // namespace
 
-void register_fused_lowerings(std::map<OpKind, LowerFn>& t) { t[OpKind::kFusedElementwise] = lower_fused_elementwise; }
+void register_fused_lowerings(std::map<OpKind, LowerFn>& t) {
+  t[OpKind::kFusedElementwise] = lower_fused_elementwise;
+  t[OpKind::kQuantizeLinear] = lower_qdq_alone;
+  t[OpKind::kDequantizeLinear] = lower_qdq_alone;
+}
 void register_fused_binders(std::map<StepOp, BindFn>& t) { t[StepOp::kGenerated] = bind_generated; }
 
 }  // namespace kiln::cuda

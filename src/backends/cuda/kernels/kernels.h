@@ -299,6 +299,17 @@ cudaError_t gemm_sm90(DT dt, const GemmSm90Args& g, cudaStream_t s);
 // ---- generators ----------------------------------------------------------------------------------
 
 // y[i] = value for n elements of dt (value converted from double).
+// ---- quantized products (quant.cu) ----------------------------------------------------------------
+
+// y (int8) = clamp(rint(x / scale) + zp, lo, hi) - offset, NaN -> -offset; x f32/f16/bf16.
+cudaError_t quantize_int8(DT dt, const void* x, void* y, int64_t n, float scale, float zp, float lo, float hi,
+                          float offset, cudaStream_t s);
+// y (float8 e4m3, saturated) = x / scale.
+cudaError_t quantize_fp8(DT dt, const void* x, void* y, int64_t n, float scale, cudaStream_t s);
+// y[r, c] (f32/f16/bf16) = acc[r, c] * alpha[c] + beta[c] over a row-major [rows, cols] int32 matrix.
+cudaError_t dequant_cols(DT dt, const int32_t* acc, const float* alpha, const float* beta, void* y, int64_t rows,
+                         int64_t cols, cudaStream_t s);
+
 cudaError_t fill(DT dt, void* y, int64_t n, double value, cudaStream_t s);
 
 // Writes 0x7f-ish garbage (every byte = `byte`) over n bytes; the op harness poisons outputs.

@@ -1,0 +1,343 @@
+// QuantizedMatMul (made by fuse-qdq-matmul from QDQ models) on the quantized values, through
+// cuBLASLt:
+//   int8: the activation quantized to int8 (uint8 activations shifted by -128), an IMMA product
+//         with int32 sums, then one pass y = sum * (sx * sw[n]) + (bias[n] - sx * sw[n] * zx * colsum(w)[n])
+//         (the zero point of x and the bias folded into a per-column offset at build);
+//   fp8:  the activation quantized to float8 e4m3, one FP8 product with the weight's per-column
+//         scales (cuBLASLt's outer-vector scale mode), x's scale and the bias in its epilogue.
+// Both use the row-major trick of lower_gemm.cc: D^T = W^T . X^T in column-major, with the weight
+// transposed to [N, K] at build so that the product is the "TN" form these types require.
+#include <cstring>
+#include <mutex>
+
+#include "backends/cuda/lower.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+// What the body of a QuantizedMatMul says (its form is fixed by fuse-qdq-matmul; anything else is
+// declined, and the node runs its body on the CPU).
+struct QuantProduct {
+  bool fp8 = false;
+  float sx = 1, zx = 0;     // x's scale and zero point
+  float offset = 0;         // 128 for uint8 activations (stored as int8 minus 128)
+  float lo = -128, hi = 127;
+  const Tensor* w = nullptr;  // [K, N], int8 or float8e4m3fn
+  std::vector<float> sw;      // N scales (one repeated for a per-tensor scale)
+  bool per_channel = false;
+  const Tensor* bias = nullptr;  // [N] f32
+  int64_t k = 0, n = 0;
+};
+
+bool all_zero_bytes(const Tensor& t) {
+  const auto* p = static_cast<const unsigned char*>(t.raw());
+  for (size_t i = 0; i < t.nbytes(); ++i) {
+    if (p[i] != 0) return false;
+  }
+  return true;
+}
+
+const Value* in(const Node& n, size_t i) { return i < n.inputs.size() ? n.inputs[i] : nullptr; }
+
+Expected<QuantProduct> read_body(Lowering& L, const Node& node) {
+  const Graph* b = node.attr_graph("body");
+  if (!b || b->inputs.size() != node.inputs.size() || b->outputs.size() != 1 ||
+      (b->nodes.size() != 4 && b->nodes.size() != 5) || node.inputs.size() != b->nodes.size() - 1) {
+    KILN_UNSUPPORTED("a body not of fuse-qdq-matmul's form");
+  }
+  const Node &q = *b->nodes[0], &dq = *b->nodes[1], &dw = *b->nodes[2], &mm = *b->nodes[3];
+  const Node* add = b->nodes.size() == 5 ? b->nodes[4].get() : nullptr;
+  const bool form =
+      q.op == OpKind::kQuantizeLinear && dq.op == OpKind::kDequantizeLinear && dw.op == OpKind::kDequantizeLinear &&
+      mm.op == OpKind::kMatMul && in(q, 0) == b->inputs[0] && in(dq, 0) == q.outputs[0] && in(dq, 1) == in(q, 1) &&
+      in(dq, 2) == in(q, 2) && in(dw, 0) == b->inputs[1] && in(dw, 1) == b->inputs[2] && in(mm, 0) == dq.outputs[0] &&
+      in(mm, 1) == dw.outputs[0] &&
+      (add ? add->op == OpKind::kAdd && in(*add, 0) == mm.outputs[0] && in(*add, 1) == b->inputs[3] &&
+                 b->outputs[0] == add->outputs[0]
+           : b->outputs[0] == mm.outputs[0]);
+  if (!form) KILN_UNSUPPORTED("a body not of fuse-qdq-matmul's form");
+  if (q.attr_int("block_size", 0) || q.attr_int("precision", 0) || q.attr_int("saturate", 1) != 1 ||
+      dq.attr_int("block_size", 0) || dw.attr_int("block_size", 0)) {
+    KILN_UNSUPPORTED("blocked, precision or non-saturating quantization");
+  }
+  QuantProduct p;
+  const Value* sx = in(q, 1);
+  if (!sx || !sx->constant || sx->constant->numel() != 1 || sx->constant->dtype() != DType::kFloat32) {
+    KILN_UNSUPPORTED("x's scale is not one float32 constant");
+  }
+  p.sx = float(sx->constant->as_double(0));
+  if (const Value* zx = in(q, 2)) {
+    if (!zx->constant || zx->constant->numel() != 1) KILN_UNSUPPORTED("x's zero point is not one constant");
+    p.zx = float(zx->constant->as_double(0));
+  }
+  const DType xt = q.outputs[0]->type.dtype;
+  p.w = L.constant(node.inputs[1]);
+  if (!p.w || p.w->rank() != 2) KILN_UNSUPPORTED("the weight is not a 2-D constant");
+  p.k = p.w->dim(0);
+  p.n = p.w->dim(1);
+  if (xt == DType::kFloat8E4M3FN && p.w->dtype() == DType::kFloat8E4M3FN) {
+    p.fp8 = true;
+  } else if ((xt == DType::kInt8 || xt == DType::kUInt8) && p.w->dtype() == DType::kInt8) {
+    if (xt == DType::kUInt8) {
+      p.offset = 128;
+      p.lo = 0;
+      p.hi = 255;
+    }
+  } else {
+    KILN_UNSUPPORTED("activation {} with weight {}", dtype_name(xt), dtype_name(p.w->dtype()));
+  }
+  const Tensor* sw = L.constant(node.inputs[2]);
+  if (!sw || sw->dtype() != DType::kFloat32 || (sw->numel() != 1 && sw->numel() != p.n)) {
+    KILN_UNSUPPORTED("the weight's scale is not a float32 constant of 1 or N elements");
+  }
+  p.per_channel = sw->numel() != 1;
+  if (p.per_channel && (sw->rank() != 1 || (dw.attr_int("axis", 1) != 1 && dw.attr_int("axis", 1) != -1))) {
+    KILN_UNSUPPORTED("the weight's scales are not along its columns");
+  }
+  for (int64_t i = 0; i < p.n; ++i) p.sw.push_back(float(sw->as_double(p.per_channel ? i : 0)));
+  if (const Value* zw = in(dw, 2)) {
+    if (!zw->constant || !all_zero_bytes(*zw->constant)) KILN_UNSUPPORTED("the weight's zero point is not 0");
+  }
+  if (add) {
+    p.bias = L.constant(node.inputs[3]);
+    if (!p.bias || p.bias->dtype() != DType::kFloat32 || p.bias->numel() != p.n) KILN_UNSUPPORTED("a bias not of N floats");
+  }
+  return p;
+}
+
+Status destroy_desc(cublasLtMatmulDesc_t d) { return cuda_status(cublasLtMatmulDescDestroy(d), "destroy"); }
+Status destroy_layout(cublasLtMatrixLayout_t d) { return cuda_status(cublasLtMatrixLayoutDestroy(d), "destroy"); }
+
+cudaDataType_t out_type(k::DT d) {
+  return d == k::DT::kF16 ? CUDA_R_16F : d == k::DT::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+struct QuantLt {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+};
+
+// Column-major: D [n, m] = op(A) [n, k] . B [k, m], A = the weight stored [n, k] (op T), B = the
+// quantized x [m, k] rows (op N); int8 -> int32 sums, or fp8 -> `out` with scales and bias.
+Expected<QuantLt> make_quant_lt(std::vector<std::shared_ptr<void>>& keep, bool fp8, k::DT out, int64_t m, int64_t n,
+                                int64_t k, bool per_channel, bool bias) {
+  QuantLt q;
+  KILN_CUDA_TRY(cublasLtMatmulDescCreate(&q.desc, fp8 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32I,
+                                         fp8 ? CUDA_R_32F : CUDA_R_32I));
+  hold(keep, q.desc, destroy_desc);
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(q.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(q.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  const cudaDataType_t in_t = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_8I, d_t = fp8 ? out_type(out) : CUDA_R_32I;
+  if (fp8) {
+    if (per_channel) {
+      // Outer-vector scales on both sides (the mode pairs them): A's one per output column, B's
+      // x's scale repeated per row.
+      const cublasLtMatmulMatrixScale_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+      KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(q.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
+      KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(q.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
+    }
+    const cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(q.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  }
+  auto layout = [&](cudaDataType_t t, int64_t rows, int64_t cols, cublasLtMatrixLayout_t* l) -> Status {
+    KILN_CUDA_TRY(cublasLtMatrixLayoutCreate(l, t, uint64_t(rows), uint64_t(cols), rows));
+    hold(keep, *l, destroy_layout);
+    return Status::ok();
+  };
+  KILN_RETURN_IF_ERROR(layout(in_t, k, n, &q.la));
+  KILN_RETURN_IF_ERROR(layout(in_t, k, m, &q.lb));
+  KILN_RETURN_IF_ERROR(layout(d_t, n, m, &q.ld));
+  return q;
+}
+
+template <typename T>
+Expected<Ref> upload_vec(Lowering& L, const std::vector<T>& v) {
+  return L.upload_raw(v.data(), v.size() * sizeof(T));
+}
+
+Status lower_quantized_matmul(Lowering& L, const Node& node) {
+  KILN_ASSIGN_OR_RETURN(QuantProduct p, read_body(L, node));
+  const Value* out = node.outputs[0];
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(node.inputs[0]));
+  auto odt = L.device_dt(out->type.dtype);
+  const auto is_float = [](k::DT d) { return d == k::DT::kF32 || d == k::DT::kF16 || d == k::DT::kBF16; };
+  if (!x || !odt || !is_float(x->dt) || !is_float(*odt) || x->dims.empty() || x->dims.back() != p.k) {
+    KILN_UNSUPPORTED("x is not a float matrix of K = {} columns", p.k);
+  }
+  const int64_t m = x->numel() / p.k, n = p.n, k = p.k;
+  // cuBLASLt's 8-bit products want 16-byte rows (fp8) / 4-element multiples (int8).
+  const int64_t align = p.fp8 ? 16 : 4;
+  if (k % align || n % align || m < 1) KILN_UNSUPPORTED("K = {} and N = {} must be multiples of {}", k, n, align);
+  KILN_ASSIGN_OR_RETURN(QuantLt lt, make_quant_lt(L.keep_alive, p.fp8, *odt, m, n, k, p.per_channel, p.bias != nullptr));
+  cublasLtMatmulPreference_t pref = nullptr;
+  KILN_CUDA_TRY(cublasLtMatmulPreferenceCreate(&pref));
+  size_t ws = L.options().workspace_bytes;
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulAlgoGetHeuristic(L.lt, lt.desc, lt.la, lt.lb, lt.ld, lt.ld, pref, 1, &heur, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || found < 1) {
+    KILN_UNSUPPORTED("cuBLASLt has no {} algorithm for m={} n={} k={} (status {})", p.fp8 ? "fp8" : "int8", m, n, k, int(st));
+  }
+
+  // The weight as [N, K] bytes (both element types are one byte).
+  std::vector<uint8_t> wt(size_t(n * k));
+  const auto* w = static_cast<const uint8_t*>(p.w->raw());
+  for (int64_t r = 0; r < k; ++r) {
+    for (int64_t c = 0; c < n; ++c) wt[size_t(c * k + r)] = w[size_t(r * n + c)];
+  }
+  KILN_ASSIGN_OR_RETURN(Ref wref, L.upload_raw(wt.data(), wt.size()));
+  const int xq = L.scratch(size_t(m * k));
+  {
+    ByteWriter pw;
+    pw.put(int32_t(x->dt));
+    pw.u8(p.fp8);
+    pw.i64(m * k);
+    for (float f : {p.sx, p.zx, p.lo, p.hi, p.offset}) pw.put(f);
+    put(pw, x->ref);
+    put(pw, Ref{false, xq});
+    L.emit(&node, fmt::format("kernel quantize_{} (x / {})", p.fp8 ? "fp8" : "int8", p.sx),
+           {x->ref.weight ? -1 : x->ref.id}, {xq}, StepOp::kQuantizeAct, std::move(pw));
+  }
+  const DevValue& y = L.define(out);
+  ByteWriter w8;
+  w8.u8(p.fp8);
+  w8.put(int32_t(*odt));
+  for (int64_t v : {m, n, k}) w8.i64(v);
+  w8.u8(p.per_channel);
+  for (uint64_t word : heur.algo.data) w8.u64(word);
+  put(w8, wref);
+  put(w8, Ref{false, xq});
+  const std::string shape = fmt::format("m={} n={} k={}", m, n, k);
+  if (p.fp8) {
+    KILN_ASSIGN_OR_RETURN(Ref sa, upload_vec(L, p.per_channel ? p.sw : std::vector<float>{p.sw[0]}));
+    KILN_ASSIGN_OR_RETURN(Ref sb, upload_vec(L, std::vector<float>(p.per_channel ? size_t(m) : 1, p.sx)));
+    Ref bias{};
+    if (p.bias) {
+      KILN_ASSIGN_OR_RETURN(bias, L.upload(*p.bias, *odt));
+    }
+    put(w8, sa);
+    put(w8, sb);
+    put(w8, bias);
+    put(w8, y.ref);
+    L.emit(&node, fmt::format("cublasLt fp8 {}{}{}", shape, p.per_channel ? " per-channel" : "", p.bias ? " +bias" : ""),
+           {xq}, {y.ref.id}, StepOp::kLtMatmulQuant, std::move(w8));
+    return Status::ok();
+  }
+  // int8: sums to int32, then y = sum * alpha[c] + beta[c].
+  std::vector<float> alpha(static_cast<size_t>(n)), beta(static_cast<size_t>(n));
+  const double zx = double(p.zx) - double(p.offset);  // the stored x is q - offset
+  for (int64_t c = 0; c < n; ++c) {
+    int64_t colsum = 0;
+    for (int64_t r = 0; r < k; ++r) colsum += int8_t(w[size_t(r * n + c)]);
+    const double a = double(p.sx) * double(p.sw[size_t(c)]);
+    alpha[size_t(c)] = float(a);
+    beta[size_t(c)] = float((p.bias ? p.bias->as_double(c) : 0.0) - a * zx * double(colsum));
+  }
+  const int acc = L.scratch(size_t(m * n) * 4);
+  put(w8, Ref{});
+  put(w8, Ref{});
+  put(w8, Ref{});
+  put(w8, Ref{false, acc});
+  L.emit(&node, fmt::format("cublasLt int8 {}", shape), {xq}, {acc}, StepOp::kLtMatmulQuant, std::move(w8));
+  KILN_ASSIGN_OR_RETURN(Ref ar, upload_vec(L, alpha));
+  KILN_ASSIGN_OR_RETURN(Ref br, upload_vec(L, beta));
+  ByteWriter dw;
+  dw.put(int32_t(*odt));
+  dw.i64(m);
+  dw.i64(n);
+  put(dw, Ref{false, acc});
+  put(dw, ar);
+  put(dw, br);
+  put(dw, y.ref);
+  L.emit(&node, "kernel dequant_cols", {acc}, {y.ref.id}, StepOp::kDequantCols, std::move(dw));
+  return Status::ok();
+}
+
+Expected<StepFn> bind_quantize_act(Params& in, BindCtx&) {
+  const k::DT dt = in.dt();
+  const bool fp8 = in.flag();
+  const int64_t count = in.i64();
+  const float sx = in.f32(), zx = in.f32(), lo = in.f32(), hi = in.f32(), offset = in.f32();
+  const Ref x = in.ref(), y = in.ref();
+  KILN_RETURN_IF_ERROR(in.done());
+  if (count < 0 || !(sx > 0)) return KILN_ERROR(kInvalidModel, "step '{}': malformed quantization", in.step().label);
+  return StepFn([=](const RunCtx& c) -> Status {
+    KILN_CUDA_TRY(fp8 ? k::quantize_fp8(dt, c.ptr(x), c.ptr(y), count, sx, c.stream)
+                      : k::quantize_int8(dt, c.ptr(x), c.ptr(y), count, sx, zx, lo, hi, offset, c.stream));
+    return Status::ok();
+  });
+}
+
+Expected<StepFn> bind_lt_matmul_quant(Params& in, BindCtx& bc) {
+  const bool fp8 = in.flag();
+  const k::DT dt = in.dt();
+  const int64_t m = in.i64(), n = in.i64(), k = in.i64();
+  const bool per_channel = in.flag();
+  cublasLtMatmulAlgo_t algo{};
+  for (uint64_t& word : algo.data) word = uint64_t(in.i64());
+  const Ref a = in.ref(), b = in.ref(), sa = in.opt_ref(), sb = in.opt_ref(), bias = in.opt_ref(), d = in.ref();
+  KILN_RETURN_IF_ERROR(in.done());
+  if (m < 1 || n < 1 || k < 1 || (fp8 && (sa.id < 0 || sb.id < 0))) {
+    return KILN_ERROR(kInvalidModel, "step '{}': a malformed quantized product", in.step().label);
+  }
+  const bool has_bias = bias.id >= 0;
+  KILN_ASSIGN_OR_RETURN(QuantLt lt, make_quant_lt(bc.keep_alive, fp8, dt, m, n, k, per_channel, has_bias));
+  cublasLtMatmulHeuristicResult_t check{};
+  if (cublasLtMatmulAlgoCheck(bc.lt, lt.desc, lt.la, lt.lb, lt.ld, lt.ld, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
+      check.workspaceSize > bc.opt.workspace_bytes) {
+    return KILN_ERROR(kInvalidModel, "step '{}': cuBLASLt refuses the engine's algorithm for this product", in.step().label);
+  }
+  auto mu = std::make_shared<std::mutex>();  // the scale and bias pointers live in the descriptor sessions share
+  bc.keep_alive.push_back(mu);
+  return StepFn([=](const RunCtx& c) -> Status {
+    const float one = 1.0f, zero = 0.0f;
+    const int32_t ione = 1, izero = 0;
+    const void* alpha = fp8 ? static_cast<const void*>(&one) : &ione;
+    const void* beta = fp8 ? static_cast<const void*>(&zero) : &izero;
+    std::unique_lock<std::mutex> lock(*mu, std::defer_lock);
+    if (fp8) {
+      lock.lock();
+      void* pa = c.ptr(sa);
+      void* pb = c.ptr(sb);
+      KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &pa, sizeof(pa)));
+      KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &pb, sizeof(pb)));
+      if (has_bias) {
+        void* bp = c.ptr(bias);
+        KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
+      }
+    }
+    void* dp = c.ptr(d);
+    KILN_CUDA_TRY(cublasLtMatmul(c.lt, lt.desc, alpha, c.ptr(a), lt.la, c.ptr(b), lt.lb, beta, dp, lt.ld, dp, lt.ld,
+                                 &algo, c.workspace, c.workspace_bytes, c.stream));
+    return Status::ok();
+  });
+}
+
+Expected<StepFn> bind_dequant_cols(Params& in, BindCtx&) {
+  const k::DT dt = in.dt();
+  const int64_t rows = in.i64(), cols = in.i64();
+  const Ref acc = in.ref(), alpha = in.ref(), beta = in.ref(), y = in.ref();
+  KILN_RETURN_IF_ERROR(in.done());
+  if (rows < 1 || cols < 1) return KILN_ERROR(kInvalidModel, "step '{}': a dequantization of no size", in.step().label);
+  return StepFn([=](const RunCtx& c) -> Status {
+    KILN_CUDA_TRY(k::dequant_cols(dt, static_cast<const int32_t*>(c.ptr(acc)), static_cast<const float*>(c.ptr(alpha)),
+                                  static_cast<const float*>(c.ptr(beta)), c.ptr(y), rows, cols, c.stream));
+    return Status::ok();
+  });
+}
+
+}  // namespace
+
+void register_quant_lowerings(std::map<OpKind, LowerFn>& t) { t[OpKind::kQuantizedMatMul] = lower_quantized_matmul; }
+
+void register_quant_binders(std::map<StepOp, BindFn>& t) {
+  t[StepOp::kQuantizeAct] = bind_quantize_act;
+  t[StepOp::kLtMatmulQuant] = bind_lt_matmul_quant;
+  t[StepOp::kDequantCols] = bind_dequant_cols;
+}
+
+}  // namespace kiln::cuda

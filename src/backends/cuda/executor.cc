@@ -80,6 +80,7 @@ const std::map<StepOp, BindFn>& binders() {
     register_conv_transpose_binders(t);
     register_host_binders(t);
     register_quant_binders(t);
+    register_loss_binders(t);
     return t;
   }();
   return table;

@@ -71,7 +71,8 @@ enum class StepOp : uint16_t {
   kQuantizeAct,    // k::quantize_int8 / quantize_fp8 (QuantizedMatMul's activation)
   kLtMatmulQuant,  // a cuBLASLt int8 or fp8 product
   kDequantCols,    // k::dequant_cols (an int8 product's sums to float)
-  kLast = kDequantCols,
+  kLoss,           // k::loss (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss)
+  kLast = kLoss,
 };
 
 // What a step sees when it runs: the session's stream, handles and memory.
@@ -151,6 +152,7 @@ void register_resample_binders(std::map<StepOp, BindFn>& t);
 void register_conv_transpose_binders(std::map<StepOp, BindFn>& t);
 void register_host_binders(std::map<StepOp, BindFn>& t);
 void register_quant_binders(std::map<StepOp, BindFn>& t);  // lower_gemm_quant.cc
+void register_loss_binders(std::map<StepOp, BindFn>& t);   // lower_loss.cc
 
 // Every step of the plan bound, in order; an unknown kind or a malformed record is an error naming
 // the step.

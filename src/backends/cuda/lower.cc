@@ -311,6 +311,7 @@ const std::map<OpKind, LowerFn>& lowering_table() {
     register_resample_lowerings(t);
     register_conv_transpose_lowerings(t);
     register_quant_lowerings(t);
+    register_loss_lowerings(t);
     return t;
   }();
   return table;

@@ -3,8 +3,9 @@
 //   int8: the activation quantized to int8 (uint8 activations shifted by -128), an IMMA product
 //         with int32 sums, then one pass y = sum * (sx * sw[n]) + (bias[n] - sx * sw[n] * zx * colsum(w)[n])
 //         (the zero point of x and the bias folded into a per-column offset at build);
-//   fp8:  the activation quantized to float8 e4m3, one FP8 product with the weight's per-column
-//         scales (cuBLASLt's outer-vector scale mode), x's scale and the bias in its epilogue.
+//   fp8:  the activation quantized to float8 e4m3, one FP8 product with the weight's scales
+//         (per column: cuBLASLt's outer-vector scale mode), x's scale and the bias in its epilogue;
+//         where cuBLASLt has no such kernel, f32 sums scaled per column after, as for int8.
 // Both use the row-major trick of lower_gemm.cc: D^T = W^T . X^T in column-major, with the weight
 // transposed to [N, K] at build so that the product is the "TN" form these types require.
 #include <cstring>
@@ -113,15 +114,21 @@ cudaDataType_t out_type(k::DT d) {
   return d == k::DT::kF16 ? CUDA_R_16F : d == k::DT::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
+// How a product runs. kInt8Sums and kFp8Sums leave raw sums (int32 / f32) that dequant_cols scales
+// per column; kFp8Scaled applies the scales (outer-vector or scalar) and the bias in cuBLASLt's
+// epilogue and writes the output directly.
+enum class Variant : int32_t { kInt8Sums, kFp8Scaled, kFp8Sums };
+
 struct QuantLt {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
 };
 
 // Column-major: D [n, m] = op(A) [n, k] . B [k, m], A = the weight stored [n, k] (op T), B = the
-// quantized x [m, k] rows (op N); int8 -> int32 sums, or fp8 -> `out` with scales and bias.
-Expected<QuantLt> make_quant_lt(std::vector<std::shared_ptr<void>>& keep, bool fp8, k::DT out, int64_t m, int64_t n,
+// quantized x [m, k] rows (op N).
+Expected<QuantLt> make_quant_lt(std::vector<std::shared_ptr<void>>& keep, Variant v, k::DT out, int64_t m, int64_t n,
                                 int64_t k, bool per_channel, bool bias) {
+  const bool fp8 = v != Variant::kInt8Sums;
   QuantLt q;
   KILN_CUDA_TRY(cublasLtMatmulDescCreate(&q.desc, fp8 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32I,
                                          fp8 ? CUDA_R_32F : CUDA_R_32I));
@@ -129,11 +136,11 @@ Expected<QuantLt> make_quant_lt(std::vector<std::shared_ptr<void>>& keep, bool f
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(q.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(q.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  const cudaDataType_t in_t = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_8I, d_t = fp8 ? out_type(out) : CUDA_R_32I;
-  if (fp8) {
+  const cudaDataType_t in_t = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_8I;
+  const cudaDataType_t d_t = v == Variant::kFp8Scaled ? out_type(out) : fp8 ? CUDA_R_32F : CUDA_R_32I;
+  if (v == Variant::kFp8Scaled) {
     if (per_channel) {
-      // Outer-vector scales on both sides (the mode pairs them): A's one per output column, B's
-      // x's scale repeated per row.
+      // Outer-vector scales on both sides: A's one per output column, B's x's scale per row.
       const cublasLtMatmulMatrixScale_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
       KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(q.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
       KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(q.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
@@ -152,9 +159,47 @@ Expected<QuantLt> make_quant_lt(std::vector<std::shared_ptr<void>>& keep, bool f
   return q;
 }
 
+// The heuristic's first working algorithm for these descriptors, or the status that says why none.
+Expected<cublasLtMatmulAlgo_t> first_algo(cublasLtHandle_t lt, const QuantLt& q, size_t ws) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  KILN_CUDA_TRY(cublasLtMatmulPreferenceCreate(&pref));
+  constexpr int kMax = 8;
+  cublasLtMatmulHeuristicResult_t heur[kMax] = {};
+  int found = 0;
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulAlgoGetHeuristic(lt, q.desc, q.la, q.lb, q.ld, q.ld, pref, kMax, heur, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  // Candidates cublasLtMatmulAlgoCheck also accepts first (the check an engine file's algorithm
+  // gets when it is bound), then any the heuristic calls working.
+  for (bool checked : {true, false}) {
+    for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < found; ++i) {
+      if (heur[i].state != CUBLAS_STATUS_SUCCESS || heur[i].workspaceSize > ws) continue;
+      cublasLtMatmulHeuristicResult_t check{};
+      if (!checked || cublasLtMatmulAlgoCheck(lt, q.desc, q.la, q.lb, q.ld, q.ld, &heur[i].algo, &check) == CUBLAS_STATUS_SUCCESS) {
+        return heur[i].algo;
+      }
+    }
+  }
+  return KILN_ERROR(kUnsupported, "status {}, {} candidates", int(st), found);
+}
+
 template <typename T>
 Expected<Ref> upload_vec(Lowering& L, const std::vector<T>& v) {
   return L.upload_raw(v.data(), v.size() * sizeof(T));
+}
+
+void emit_dequant_cols(Lowering& L, const Node& node, k::DT acc_dt, k::DT out_dt, int64_t m, int64_t n, int acc, Ref alpha,
+                       Ref beta, Ref y) {
+  ByteWriter dw;
+  dw.put(int32_t(acc_dt));
+  dw.put(int32_t(out_dt));
+  dw.i64(m);
+  dw.i64(n);
+  put(dw, Ref{false, acc});
+  put(dw, alpha);
+  put(dw, beta);
+  put(dw, y);
+  L.emit(&node, "kernel dequant_cols", {acc}, {y.id}, StepOp::kDequantCols, std::move(dw));
 }
 
 Status lower_quantized_matmul(Lowering& L, const Node& node) {
@@ -170,17 +215,22 @@ Status lower_quantized_matmul(Lowering& L, const Node& node) {
   // cuBLASLt's 8-bit products want 16-byte rows (fp8) / 4-element multiples (int8).
   const int64_t align = p.fp8 ? 16 : 4;
   if (k % align || n % align || m < 1) KILN_UNSUPPORTED("K = {} and N = {} must be multiples of {}", k, n, align);
-  KILN_ASSIGN_OR_RETURN(QuantLt lt, make_quant_lt(L.keep_alive, p.fp8, *odt, m, n, k, p.per_channel, p.bias != nullptr));
-  cublasLtMatmulPreference_t pref = nullptr;
-  KILN_CUDA_TRY(cublasLtMatmulPreferenceCreate(&pref));
-  size_t ws = L.options().workspace_bytes;
-  cublasLtMatmulHeuristicResult_t heur{};
-  int found = 0;
-  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulAlgoGetHeuristic(L.lt, lt.desc, lt.la, lt.lb, lt.ld, lt.ld, pref, 1, &heur, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS || found < 1) {
-    KILN_UNSUPPORTED("cuBLASLt has no {} algorithm for m={} n={} k={} (status {})", p.fp8 ? "fp8" : "int8", m, n, k, int(st));
+  const size_t ws = L.options().workspace_bytes;
+  // fp8: scales and bias in cuBLASLt's epilogue when it has such a kernel, else f32 sums scaled after.
+  Variant v = p.fp8 ? Variant::kFp8Scaled : Variant::kInt8Sums;
+  KILN_ASSIGN_OR_RETURN(QuantLt lt, make_quant_lt(L.keep_alive, v, *odt, m, n, k, p.per_channel, p.bias != nullptr));
+  Expected<cublasLtMatmulAlgo_t> algo = first_algo(L.lt, lt, ws);
+  std::string scaled_why;
+  if (!algo && v == Variant::kFp8Scaled) {
+    scaled_why = fmt::format(" (no fp8 kernel with {} scales: {})", p.per_channel ? "per-column" : "scalar",
+                             algo.status().message());
+    v = Variant::kFp8Sums;
+    KILN_ASSIGN_OR_RETURN(lt, make_quant_lt(L.keep_alive, v, *odt, m, n, k, false, false));
+    algo = first_algo(L.lt, lt, ws);
+  }
+  if (!algo) {
+    KILN_UNSUPPORTED("cuBLASLt has no {} algorithm for m={} n={} k={} ({})", p.fp8 ? "fp8" : "int8", m, n, k,
+                     algo.status().message());
   }
 
   // The weight as [N, K] bytes (both element types are one byte).
@@ -204,15 +254,15 @@ Status lower_quantized_matmul(Lowering& L, const Node& node) {
   }
   const DevValue& y = L.define(out);
   ByteWriter w8;
-  w8.u8(p.fp8);
+  w8.put(int32_t(v));
   w8.put(int32_t(*odt));
-  for (int64_t v : {m, n, k}) w8.i64(v);
+  for (int64_t d : {m, n, k}) w8.i64(d);
   w8.u8(p.per_channel);
-  for (uint64_t word : heur.algo.data) w8.u64(word);
+  for (uint64_t word : algo->data) w8.u64(word);
   put(w8, wref);
   put(w8, Ref{false, xq});
   const std::string shape = fmt::format("m={} n={} k={}", m, n, k);
-  if (p.fp8) {
+  if (v == Variant::kFp8Scaled) {
     KILN_ASSIGN_OR_RETURN(Ref sa, upload_vec(L, p.per_channel ? p.sw : std::vector<float>{p.sw[0]}));
     KILN_ASSIGN_OR_RETURN(Ref sb, upload_vec(L, std::vector<float>(p.per_channel ? size_t(m) : 1, p.sx)));
     Ref bias{};
@@ -227,33 +277,26 @@ Status lower_quantized_matmul(Lowering& L, const Node& node) {
            {xq}, {y.ref.id}, StepOp::kLtMatmulQuant, std::move(w8));
     return Status::ok();
   }
-  // int8: sums to int32, then y = sum * alpha[c] + beta[c].
+  // Sums (int32 or f32), then y = sum * alpha[c] + beta[c]: alpha = sx * sw[c], beta = bias[c] minus,
+  // for int8, x's zero point times the column's sum of weights (the stored x is q - offset).
   std::vector<float> alpha(static_cast<size_t>(n)), beta(static_cast<size_t>(n));
-  const double zx = double(p.zx) - double(p.offset);  // the stored x is q - offset
+  const double zx = v == Variant::kInt8Sums ? double(p.zx) - double(p.offset) : 0.0;
   for (int64_t c = 0; c < n; ++c) {
     int64_t colsum = 0;
-    for (int64_t r = 0; r < k; ++r) colsum += int8_t(w[size_t(r * n + c)]);
+    for (int64_t r = 0; v == Variant::kInt8Sums && r < k; ++r) colsum += int8_t(w[size_t(r * n + c)]);
     const double a = double(p.sx) * double(p.sw[size_t(c)]);
     alpha[size_t(c)] = float(a);
     beta[size_t(c)] = float((p.bias ? p.bias->as_double(c) : 0.0) - a * zx * double(colsum));
   }
+  const k::DT acc_dt = v == Variant::kInt8Sums ? k::DT::kI32 : k::DT::kF32;
   const int acc = L.scratch(size_t(m * n) * 4);
-  put(w8, Ref{});
-  put(w8, Ref{});
-  put(w8, Ref{});
+  for (int i = 0; i < 3; ++i) put(w8, Ref{});
   put(w8, Ref{false, acc});
-  L.emit(&node, fmt::format("cublasLt int8 {}", shape), {xq}, {acc}, StepOp::kLtMatmulQuant, std::move(w8));
+  L.emit(&node, fmt::format("cublasLt {} {} (sums){}", p.fp8 ? "fp8" : "int8", shape, scaled_why), {xq}, {acc},
+         StepOp::kLtMatmulQuant, std::move(w8));
   KILN_ASSIGN_OR_RETURN(Ref ar, upload_vec(L, alpha));
   KILN_ASSIGN_OR_RETURN(Ref br, upload_vec(L, beta));
-  ByteWriter dw;
-  dw.put(int32_t(*odt));
-  dw.i64(m);
-  dw.i64(n);
-  put(dw, Ref{false, acc});
-  put(dw, ar);
-  put(dw, br);
-  put(dw, y.ref);
-  L.emit(&node, "kernel dequant_cols", {acc}, {y.ref.id}, StepOp::kDequantCols, std::move(dw));
+  emit_dequant_cols(L, node, acc_dt, *odt, m, n, acc, ar, br, y.ref);
   return Status::ok();
 }
 
@@ -273,7 +316,7 @@ Expected<StepFn> bind_quantize_act(Params& in, BindCtx&) {
 }
 
 Expected<StepFn> bind_lt_matmul_quant(Params& in, BindCtx& bc) {
-  const bool fp8 = in.flag();
+  const auto v = in.en<Variant>(Variant::kFp8Sums);
   const k::DT dt = in.dt();
   const int64_t m = in.i64(), n = in.i64(), k = in.i64();
   const bool per_channel = in.flag();
@@ -281,25 +324,33 @@ Expected<StepFn> bind_lt_matmul_quant(Params& in, BindCtx& bc) {
   for (uint64_t& word : algo.data) word = uint64_t(in.i64());
   const Ref a = in.ref(), b = in.ref(), sa = in.opt_ref(), sb = in.opt_ref(), bias = in.opt_ref(), d = in.ref();
   KILN_RETURN_IF_ERROR(in.done());
-  if (m < 1 || n < 1 || k < 1 || (fp8 && (sa.id < 0 || sb.id < 0))) {
+  const bool scaled = v == Variant::kFp8Scaled, has_bias = bias.id >= 0;
+  if (m < 1 || n < 1 || k < 1 || (scaled && (sa.id < 0 || sb.id < 0))) {
     return KILN_ERROR(kInvalidModel, "step '{}': a malformed quantized product", in.step().label);
   }
-  const bool has_bias = bias.id >= 0;
-  KILN_ASSIGN_OR_RETURN(QuantLt lt, make_quant_lt(bc.keep_alive, fp8, dt, m, n, k, per_channel, has_bias));
+  KILN_ASSIGN_OR_RETURN(QuantLt lt, make_quant_lt(bc.keep_alive, v, dt, m, n, k, scaled && per_channel, scaled && has_bias));
   cublasLtMatmulHeuristicResult_t check{};
-  if (cublasLtMatmulAlgoCheck(bc.lt, lt.desc, lt.la, lt.lb, lt.ld, lt.ld, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
-      check.workspaceSize > bc.opt.workspace_bytes) {
-    return KILN_ERROR(kInvalidModel, "step '{}': cuBLASLt refuses the engine's algorithm for this product", in.step().label);
+  const cublasStatus_t st = cublasLtMatmulAlgoCheck(bc.lt, lt.desc, lt.la, lt.lb, lt.ld, lt.ld, &algo, &check);
+  if (st != CUBLAS_STATUS_SUCCESS || check.workspaceSize > bc.opt.workspace_bytes) {
+    // This cuBLASLt refuses the recorded algorithm (another version, or one its check rejects for
+    // these types): its heuristic's choice for the same product instead.
+    Expected<cublasLtMatmulAlgo_t> again = first_algo(bc.lt, lt, bc.opt.workspace_bytes);
+    if (!again) {
+      return KILN_ERROR(kInvalidModel, "step '{}': cuBLASLt refuses the engine's algorithm (status {}) and has no other: {}",
+                        in.step().label, int(st), again.status().message());
+    }
+    algo = *again;
   }
   auto mu = std::make_shared<std::mutex>();  // the scale and bias pointers live in the descriptor sessions share
   bc.keep_alive.push_back(mu);
+  const bool fp8 = v != Variant::kInt8Sums;
   return StepFn([=](const RunCtx& c) -> Status {
     const float one = 1.0f, zero = 0.0f;
     const int32_t ione = 1, izero = 0;
     const void* alpha = fp8 ? static_cast<const void*>(&one) : &ione;
     const void* beta = fp8 ? static_cast<const void*>(&zero) : &izero;
     std::unique_lock<std::mutex> lock(*mu, std::defer_lock);
-    if (fp8) {
+    if (scaled) {
       lock.lock();
       void* pa = c.ptr(sa);
       void* pb = c.ptr(sb);
@@ -318,14 +369,16 @@ Expected<StepFn> bind_lt_matmul_quant(Params& in, BindCtx& bc) {
 }
 
 Expected<StepFn> bind_dequant_cols(Params& in, BindCtx&) {
-  const k::DT dt = in.dt();
+  const k::DT acc_dt = in.dt(), dt = in.dt();
   const int64_t rows = in.i64(), cols = in.i64();
   const Ref acc = in.ref(), alpha = in.ref(), beta = in.ref(), y = in.ref();
   KILN_RETURN_IF_ERROR(in.done());
-  if (rows < 1 || cols < 1) return KILN_ERROR(kInvalidModel, "step '{}': a dequantization of no size", in.step().label);
+  if (rows < 1 || cols < 1 || (acc_dt != k::DT::kI32 && acc_dt != k::DT::kF32)) {
+    return KILN_ERROR(kInvalidModel, "step '{}': a malformed dequantization", in.step().label);
+  }
   return StepFn([=](const RunCtx& c) -> Status {
-    KILN_CUDA_TRY(k::dequant_cols(dt, static_cast<const int32_t*>(c.ptr(acc)), static_cast<const float*>(c.ptr(alpha)),
-                                  static_cast<const float*>(c.ptr(beta)), c.ptr(y), rows, cols, c.stream));
+    KILN_CUDA_TRY(k::dequant_cols(acc_dt, c.ptr(acc), static_cast<const float*>(c.ptr(alpha)),
+                                  static_cast<const float*>(c.ptr(beta)), dt, c.ptr(y), rows, cols, c.stream));
     return Status::ok();
   });
 }

@@ -444,7 +444,7 @@ Status EngineImpl::finish() {
   for (const DeviceStep& st : plan.steps) {
     uses_dnn = uses_dnn || st.kind == uint16_t(StepOp::kCudnnConv) || st.kind == uint16_t(StepOp::kCudnnPool) ||
                st.kind == uint16_t(StepOp::kCudnnConvTranspose);
-    uses_lt = uses_lt || st.kind == uint16_t(StepOp::kLtMatmul);
+    uses_lt = uses_lt || st.kind == uint16_t(StepOp::kLtMatmul) || st.kind == uint16_t(StepOp::kLtMatmulQuant);
   }
   if (uses_dnn) {
     KILN_ASSIGN_OR_RETURN(dnn, DnnPool::get().take());

@@ -299,6 +299,22 @@ cudaError_t gemm_sm90(DT dt, const GemmSm90Args& g, cudaStream_t s);
 // ---- generators ----------------------------------------------------------------------------------
 
 // y[i] = value for n elements of dt (value converted from double).
+// ---- losses (loss.cu) -----------------------------------------------------------------------------
+
+// NegativeLogLikelihoodLoss (softmax = false: x holds log-probabilities) and SoftmaxCrossEntropyLoss
+// (softmax: a log-softmax over the classes first) on x [n, classes, inner...] and targets [n, inner...].
+struct LossShape {
+  int64_t n = 0, classes = 0, inner = 1;
+  bool softmax = false;
+  bool has_ignore = false;
+  int64_t ignore_index = 0;
+  int reduction = 0;  // 0 none (out [n, inner]), 1 sum, 2 mean (out: one element)
+};
+// weight: [classes] or null; log_prob: x's shape (SCE's second output) or null; scratch: 2 * n * inner
+// floats when reducing; bad counts out-of-range targets. Math in f32 for f16/bf16.
+cudaError_t loss(DT dt, const void* x, const void* target, DT target_dt, const void* weight, const LossShape& sh,
+                 void* out, void* log_prob, float* scratch, int* bad, cudaStream_t s);
+
 // ---- quantized products (quant.cu) ----------------------------------------------------------------
 
 // y (int8) = clamp(rint(x / scale) + zp, lo, hi) - offset, NaN -> -offset; x f32/f16/bf16.
@@ -306,8 +322,9 @@ cudaError_t quantize_int8(DT dt, const void* x, void* y, int64_t n, float scale,
                           float offset, cudaStream_t s);
 // y (float8 e4m3, saturated) = x / scale.
 cudaError_t quantize_fp8(DT dt, const void* x, void* y, int64_t n, float scale, cudaStream_t s);
-// y[r, c] (f32/f16/bf16) = acc[r, c] * alpha[c] + beta[c] over a row-major [rows, cols] int32 matrix.
-cudaError_t dequant_cols(DT dt, const int32_t* acc, const float* alpha, const float* beta, void* y, int64_t rows,
+// y[r, c] (dt: f32/f16/bf16) = acc[r, c] * alpha[c] + beta[c] over a row-major [rows, cols] matrix
+// of acc_dt (kI32 or kF32).
+cudaError_t dequant_cols(DT acc_dt, const void* acc, const float* alpha, const float* beta, DT dt, void* y, int64_t rows,
                          int64_t cols, cudaStream_t s);
 
 cudaError_t fill(DT dt, void* y, int64_t n, double value, cudaStream_t s);

@@ -1,6 +1,6 @@
 // Quantized products' element passes (QuantizedMatMul, lower_gemm_quant.cc): the activation
-// quantized to int8 or float8 e4m3 before the GEMM, and the int8 GEMM's int32 sums scaled back
-// to float after it.
+// quantized to int8 or float8 e4m3 before the GEMM, and a GEMM's raw sums (int32 from int8, f32
+// from fp8 without epilogue scales) scaled back per column after it.
 #include <cuda_fp8.h>
 
 #include "backends/cuda/kernels/common.cuh"
@@ -28,8 +28,8 @@ __global__ void quantize_f8_kernel(const T* __restrict__ x, __nv_fp8_e4m3* __res
   }
 }
 
-template <class T>
-__global__ void dequant_cols_kernel(const int32_t* __restrict__ acc, const float* __restrict__ alpha,
+template <class A, class T>
+__global__ void dequant_cols_kernel(const A* __restrict__ acc, const float* __restrict__ alpha,
                                     const float* __restrict__ beta, T* __restrict__ y, int64_t rows, int64_t cols) {
   const int64_t n = rows * cols;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -62,13 +62,19 @@ cudaError_t quantize_fp8(DT dt, const void* x, void* y, int64_t n, float scale, 
   });
 }
 
-cudaError_t dequant_cols(DT dt, const int32_t* acc, const float* alpha, const float* beta, void* y, int64_t rows,
+cudaError_t dequant_cols(DT acc_dt, const void* acc, const float* alpha, const float* beta, DT dt, void* y, int64_t rows,
                          int64_t cols, cudaStream_t s) {
-  if (rows < 0 || cols < 1) return cudaErrorInvalidValue;
+  if (rows < 0 || cols < 1 || (acc_dt != DT::kI32 && acc_dt != DT::kF32)) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   return dispatch_f32ish(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    dequant_cols_kernel<<<grid_for(rows * cols), kBlock, 0, s>>>(acc, alpha, beta, static_cast<T*>(y), rows, cols);
+    if (acc_dt == DT::kI32) {
+      dequant_cols_kernel<<<grid_for(rows * cols), kBlock, 0, s>>>(static_cast<const int32_t*>(acc), alpha, beta,
+                                                                   static_cast<T*>(y), rows, cols);
+    } else {
+      dequant_cols_kernel<<<grid_for(rows * cols), kBlock, 0, s>>>(static_cast<const float*>(acc), alpha, beta,
+                                                                   static_cast<T*>(y), rows, cols);
+    }
     return cudaGetLastError();
   });
 }

@@ -72,7 +72,8 @@ enum class StepOp : uint16_t {
   kLtMatmulQuant,  // a cuBLASLt int8 or fp8 product
   kDequantCols,    // k::dequant_cols (an int8 product's sums to float)
   kLoss,           // k::loss (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss)
-  kLast = kLoss,
+  kArgReduceLast,  // k::arg_reduce with select_last_index=1
+  kLast = kArgReduceLast,
 };
 
 // What a step sees when it runs: the session's stream, handles and memory.

@@ -340,7 +340,7 @@ Status lower_reduce(Lowering& L, const Node& n) {
 }
 
 Status lower_arg(Lowering& L, const Node& n) {
-  if (n.attr_int("select_last_index", 0)) KILN_UNSUPPORTED("select_last_index=1");
+  const bool last = n.attr_int("select_last_index", 0) != 0;
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
   if (!is_float_dt(x->dt)) KILN_UNSUPPORTED("{} on {}", op_name(n.op), dtype_name(x->ir_dtype));
   int64_t r = int64_t(x->dims.size()), axis = n.attr_int("axis", 0);
@@ -353,10 +353,13 @@ Status lower_arg(Lowering& L, const Node& n) {
   put(w, x->ref);
   put(w, y.ref);
   for (int64_t v : {outer, cnt, inner}) w.i64(v);
-  L.emit(&n, "kernel arg_reduce", {read_id(x)}, {y.ref.id}, StepOp::kArgReduce, std::move(w));
+  // select_last_index has its own step kind, so that earlier engine files' records still read.
+  L.emit(&n, last ? "kernel arg_reduce (last index)" : "kernel arg_reduce", {read_id(x)}, {y.ref.id},
+         last ? StepOp::kArgReduceLast : StepOp::kArgReduce, std::move(w));
   return Status::ok();
 }
 
+template <bool kLast>
 Expected<StepFn> bind_arg_reduce(Params& in, BindCtx&) {
   const bool mx = in.flag();
   const k::DT dt = in.dt();
@@ -364,7 +367,7 @@ Expected<StepFn> bind_arg_reduce(Params& in, BindCtx&) {
   const int64_t outer = in.i64(), cnt = in.i64(), inner = in.i64();
   KILN_RETURN_IF_ERROR(in.done());
   return StepFn([=](const RunCtx& c) {
-    return cuda_status(k::arg_reduce(mx, dt, c.ptr(xr), static_cast<int64_t*>(c.ptr(yr)), outer, cnt, inner, c.stream),
+    return cuda_status(k::arg_reduce(mx, kLast, dt, c.ptr(xr), static_cast<int64_t*>(c.ptr(yr)), outer, cnt, inner, c.stream),
                        "arg_reduce");
   });
 }
@@ -465,7 +468,8 @@ void register_norm_binders(std::map<StepOp, BindFn>& t) {
   t[StepOp::kChannelAffine] = bind_channel_affine;
   t[StepOp::kGroupNorm] = bind_group_norm;
   t[StepOp::kReduce] = bind_reduce;
-  t[StepOp::kArgReduce] = bind_arg_reduce;
+  t[StepOp::kArgReduce] = bind_arg_reduce<false>;
+  t[StepOp::kArgReduceLast] = bind_arg_reduce<true>;
   t[StepOp::kTopK] = bind_topk;
 }
 

@@ -133,9 +133,9 @@ enum class Reduce : int { kSum, kMean, kMax, kMin, kProd, kSumSquare, kL1, kL2, 
 cudaError_t reduce(Reduce op, DT dt, const void* x, void* y, int64_t outer, int64_t n, int64_t inner, cudaStream_t s);
 
 // ArgMax/ArgMin of the middle axis of x viewed as [outer, n, inner] -> y (kI64) [outer, inner];
-// ties pick the first index (select_last_index=0).
-cudaError_t arg_reduce(bool is_max, DT dt, const void* x, int64_t* y, int64_t outer, int64_t n, int64_t inner,
-                       cudaStream_t s);
+// ties pick the first index, or the last with `last` (select_last_index=1).
+cudaError_t arg_reduce(bool is_max, bool last, DT dt, const void* x, int64_t* y, int64_t outer, int64_t n,
+                       int64_t inner, cudaStream_t s);
 
 // Per-channel affine on x viewed as [outer, c, inner]: y = x * scale[c] + shift[c] (scale and
 // shift f32). BatchNormalization (inference) lowers to this with folded scale/shift.

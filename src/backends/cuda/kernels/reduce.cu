@@ -98,32 +98,35 @@ struct IntReducer {
   static __device__ __forceinline__ Out finish(Acc a, int64_t) { return static_cast<T>(a); }
 };
 
-// ArgMax/ArgMin; ties keep the lower index. NaN beats every number in both (numpy's and
-// PyTorch's choice), the first NaN among NaNs.
-template <bool kIsMax, class T>
+// ArgMax/ArgMin; ties keep the lower index (kLast: the higher, select_last_index=1). NaN beats
+// every number in both (numpy's and PyTorch's choice), the first NaN among NaNs (kLast: the last),
+// as the CPU reference.
+template <bool kIsMax, class T, bool kLast = false>
 struct ArgReducer {
   using V = std::conditional_t<kIsF32ish<T>, float, int64_t>;
   using Acc = ArgAcc<V>;
   using Out = int64_t;
   static __device__ __forceinline__ Acc init() { return {V(0), -1}; }
+  static __device__ __forceinline__ Acc pick(Acc a, Acc b) { return (kLast ? b.i > a.i : b.i < a.i) ? b : a; }
   static __device__ __forceinline__ Acc combine(Acc a, Acc b) {
     if (b.i < 0) return a;
     if (a.i < 0) return b;
     if constexpr (std::is_same_v<V, float>) {
       const bool an = a.v != a.v, bn = b.v != b.v;
-      if (an || bn) return (bn && !an) || (an && bn && b.i < a.i) ? b : a;
+      if (an || bn) return an && bn ? pick(a, b) : bn ? b : a;
     }
-    if (a.v == b.v) return b.i < a.i ? b : a;
+    if (a.v == b.v) return pick(a, b);
     return (kIsMax ? b.v > a.v : b.v < a.v) ? b : a;
   }
-  // Indices reach one accumulator in increasing order, so the incumbent keeps ties: a cheaper
-  // test than combine's, and this is the per-element hot path.
+  // Indices reach one accumulator in increasing order, so the incumbent keeps ties (kLast: the
+  // newcomer takes them): a cheaper test than combine's, and this is the per-element hot path.
   static __device__ __forceinline__ Acc add(Acc a, T xt, int64_t k) {
     V x;
     if constexpr (std::is_same_v<V, float>) x = to_f(xt);
     else x = static_cast<V>(xt);
     bool take = kIsMax ? x > a.v : x < a.v;
-    if constexpr (std::is_same_v<V, float>) take = take || (x != x && a.v == a.v);
+    if constexpr (kLast) take = take || x == a.v;
+    if constexpr (std::is_same_v<V, float>) take = take || (x != x && (a.v == a.v || kLast));
     return a.i < 0 || take ? Acc{x, k} : a;
   }
   static __device__ __forceinline__ Out finish(Acc a, int64_t) { return a.i < 0 ? 0 : a.i; }
@@ -280,13 +283,17 @@ cudaError_t reduce(Reduce op, DT dt, const void* x, void* y, int64_t outer, int6
   });
 }
 
-cudaError_t arg_reduce(bool is_max, DT dt, const void* x, int64_t* y, int64_t outer, int64_t n, int64_t inner,
-                       cudaStream_t s) {
+cudaError_t arg_reduce(bool is_max, bool last, DT dt, const void* x, int64_t* y, int64_t outer, int64_t n,
+                       int64_t inner, cudaStream_t s) {
   if (bad_shape(outer, n, inner)) return cudaErrorInvalidValue;
   if (outer == 0 || inner == 0) return cudaSuccess;
   return dispatch_dt(dt, [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;
     if constexpr (kIsF32ish<T> || std::is_same_v<T, int64_t> || std::is_same_v<T, int32_t>) {
+      if (last) {
+        return is_max ? launch_reduce<ArgReducer<true, T, true>, T>(x, y, outer, n, inner, s)
+                      : launch_reduce<ArgReducer<false, T, true>, T>(x, y, outer, n, inner, s);
+      }
       return is_max ? launch_reduce<ArgReducer<true, T>, T>(x, y, outer, n, inner, s)
                     : launch_reduce<ArgReducer<false, T>, T>(x, y, outer, n, inner, s);
     } else {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/engine.h"
 #include "kiln/status.h"
 
 namespace kiln {
@@ -64,5 +65,13 @@ struct QuantizeReport {
 // Errors name the file: an empty calibration folder, a sample of the wrong dtype or shape, one
 // that is not finite, data that is one constant; a model below opset 13 or with external data.
 Expected<QuantizeReport> quantize(const std::string& onnx_path, const std::string& out_path, const QuantizeConfig& config);
+
+// Calibrate, quantize and build in one step (`kiln build model.onnx --int8|--fp8 --calib DIR`): the
+// QDQ model `quantize` writes is built as `build` (kiln/engine.h) builds any model, its quantized
+// products running on int8/fp8 kernels where the device has them. The QDQ model is kept at qdq_path
+// when one is given (to inspect it or run it elsewhere), else written to a temporary file that is
+// removed after the build. *report, when given, receives the quantization report.
+Expected<Engine> build_quantized(const std::string& onnx_path, const QuantizeConfig& quant, const BuildConfig& build,
+                                 QuantizeReport* report = nullptr, const std::string& qdq_path = "");
 
 }  // namespace kiln

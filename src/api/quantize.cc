@@ -1,6 +1,11 @@
 // include/kiln/quantize.h over src/quant.
 #include "kiln/quantize.h"
 
+#include <atomic>
+#include <filesystem>
+
+#include <unistd.h>
+
 #include "quant/quantize.h"
 
 namespace kiln {
@@ -37,6 +42,29 @@ Expected<QuantizeReport> quantize(const std::string& onnx_path, const std::strin
     out.outputs.push_back({a.name, a.rel_l2, a.cosine, a.max_abs, a.top1, a.top5, a.row_cosine_mean, a.row_cosine_min});
   }
   return out;
+}
+
+Expected<Engine> build_quantized(const std::string& onnx_path, const QuantizeConfig& quant, const BuildConfig& build_config,
+                                 QuantizeReport* report, const std::string& qdq_path) {
+  std::string path = qdq_path;
+  struct Remove {  // the temporary QDQ model, removed on every path
+    std::string path;
+    ~Remove() {
+      std::error_code ec;
+      if (!path.empty()) std::filesystem::remove(path, ec);
+    }
+  } temp;
+  if (path.empty()) {
+    static std::atomic<int> serial{0};
+    std::error_code ec;
+    const std::filesystem::path dir = std::filesystem::temp_directory_path(ec);
+    if (ec) return KILN_ERROR(kIo, "no temporary folder for the quantized model: {}", ec.message());
+    path = (dir / fmt::format("kiln-qdq-{}-{}.onnx", getpid(), serial++)).string();
+    temp.path = path;
+  }
+  KILN_ASSIGN_OR_RETURN(QuantizeReport r, quantize(onnx_path, path, quant));
+  if (report) *report = std::move(r);
+  return build(path, build_config);
 }
 
 }  // namespace kiln

@@ -16,6 +16,9 @@
 2. The accuracy budget on a 3-layer MLP: with a budget just under the all-quantized error, the
    most sensitive layer is kept in float and the error meets the budget; an impossible budget is
    an error.
+3. `kiln build --int8 --calib` on that MLP: the QDQ model it keeps (--qdq-output) is the one `kiln
+   quantize` writes, its engine computes exactly what that model does, and a missing --calib,
+   --int8 with --fp8, --calib alone and a missing folder are one-line errors.
 """
 import json
 import os
@@ -177,7 +180,43 @@ def mlp():
           f"mlp: an impossible budget is an error and writes nothing ({se.strip()[:200]})")
 
 
+def build_int8():
+    """`kiln build --int8 --calib`: quantize and build in one step, on the MLP of mlp()."""
+    path, d = os.path.join(TMP, "mlp.onnx"), os.path.join(TMP, "mlp_calib")
+    qdq, eng, ref = (os.path.join(TMP, f) for f in ("mlp_built.qdq.onnx", "mlp_int8.kiln", "mlp_ref.qdq.onnx"))
+    rc, so, se = kiln("build", path, "--int8", "--calib", d, "--qdq-output", qdq, "-o", eng, "--device", "cpu")
+    check(rc == 0 and "int8" in so and os.path.exists(eng) and os.path.exists(qdq),
+          f"mlp: kiln build --int8 --calib prints the quantization report and writes the engine ({se.strip()[:200]})")
+    if rc:
+        return
+    rc, _, se = kiln("quantize", path, "--calib", d, "--method", "minmax", "--precision", "int8", "-o", ref)
+    a, b = onnx.load(qdq), onnx.load(ref)
+    same = rc == 0 and [n.op_type for n in a.graph.node] == [n.op_type for n in b.graph.node] and all(
+        np.array_equal(numpy_helper.to_array(x), numpy_helper.to_array(y)) for x, y in zip(a.graph.initializer, b.graph.initializer))
+    check(same and len(a.graph.initializer) == len(b.graph.initializer),
+          "mlp: build --int8 quantizes as kiln quantize --precision int8 does (same nodes and initializers)")
+    check(sum(n.op_type == "QuantizeLinear" for n in a.graph.node) == 2,
+          "mlp: two of the three products quantized (the classifier stays float)")
+    x = np.random.default_rng(9).standard_normal((4, 16)).astype(np.float32)
+    xf = os.path.join(TMP, "mlp_run_x.npy")
+    np.save(xf, x)
+    outs = []
+    for model in (eng, qdq):
+        od = os.path.join(TMP, "out_" + os.path.basename(model))
+        rc, _, se = kiln("run", model, "--input", f"x={xf}", "--output-dir", od, "--device", "cpu")
+        check(rc == 0, f"mlp: kiln run {os.path.basename(model)} ({se.strip()[:200]})")
+        outs.append(np.load(os.path.join(od, "y.npy")) if rc == 0 else None)
+    if outs[0] is not None and outs[1] is not None:
+        check(np.array_equal(outs[0], outs[1]), "mlp: the built engine computes exactly what its QDQ model does")
+    for args, want in ((["--int8"], "--calib"), (["--int8", "--fp8", "--calib", d], "give one"),
+                       (["--calib", d], "--int8 or --fp8"), (["--int8", "--calib", os.path.join(TMP, "nowhere")], "nowhere")):
+        rc, _, se = kiln("build", path, *args, "--device", "cpu")
+        check(rc != 0 and want in se and len(se.strip().splitlines()) == 1,
+              f"mlp: kiln build {' '.join(a if a != d else 'DIR' for a in args)} is a one-line error naming {want!r} ({se.strip()[:160]})")
+
+
 efficientnet()
 mlp()
+build_int8()
 print(f"quant: {len(failures)} failed")
 sys.exit(1 if failures else 0)

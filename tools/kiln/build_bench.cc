@@ -1,4 +1,5 @@
-// `kiln build model.onnx -o model.kiln [--device D] [--fp16|--bf16|--tf32] [--shapes ...] [--report]`
+// `kiln build model.onnx -o model.kiln [--device D] [--fp16|--bf16|--tf32] [--shapes ...] [--report]
+//  [--int8|--fp8 --calib DIR [--calib-method M] [--max-calib N] [--qdq-output FILE]]`
 // and `kiln bench model.onnx|model.kiln --batch N --warmup W --iterations I [--json FILE]`.
 //
 // The .kiln file is the engine's plan (src/runtime/engine_file.h): the optimized graph, its weights
@@ -17,11 +18,37 @@ namespace kiln::cli {
 
 using nlohmann::json;
 
+// `--int8|--fp8 --calib DIR`: quantized as `kiln quantize --precision ... --method CALIB_METHOD`
+// would (its report printed first), then built (include/kiln/quantize.h, build_quantized).
+Expected<Engine> build_quantized_cli(const LoadOptions& load, const EngineOptions& eng, const BuildCliOptions& opt) {
+  if (opt.int8 && opt.fp8) return KILN_ERROR(kInvalidArgument, "--int8 and --fp8 both given; give one");
+  if (opt.calib.empty()) {
+    return KILN_ERROR(kInvalidArgument, "--{} needs --calib DIR: calibration samples, as for kiln quantize",
+                      opt.int8 ? "int8" : "fp8");
+  }
+  QuantizeCliOptions q;
+  q.precision = opt.int8 ? "int8" : "fp8";
+  q.method = opt.calib_method;
+  q.calib = opt.calib;
+  q.max_calib = opt.max_calib;
+  KILN_ASSIGN_OR_RETURN(QuantizeConfig qc, quantize_config(q));
+  KILN_ASSIGN_OR_RETURN(BuildConfig bc, build_config(load, eng, opt.batch));
+  QuantizeReport report;
+  Expected<Engine> e = build_quantized(load.model, qc, bc, &report, opt.qdq_output);
+  if (!report.text.empty()) std::fputs(report.text.c_str(), stdout);
+  if (e && !opt.qdq_output.empty()) std::printf("quantized model: %s\n", opt.qdq_output.c_str());
+  return e;
+}
+
 int build_main(LoadOptions load, const EngineOptions& eng, const BuildCliOptions& opt) {
   if (is_engine_file(load.model)) {
     return fail(KILN_ERROR(kInvalidArgument, "kiln build takes an .onnx model, not the engine file '{}'", load.model));
   }
-  auto engine = open_engine(load, eng, opt.batch);
+  const bool quantized = opt.int8 || opt.fp8;
+  if (!quantized && (!opt.calib.empty() || !opt.qdq_output.empty() || opt.max_calib)) {
+    return fail(KILN_ERROR(kInvalidArgument, "--calib, --max-calib and --qdq-output go with --int8 or --fp8"));
+  }
+  auto engine = quantized ? build_quantized_cli(load, eng, opt) : open_engine(load, eng, opt.batch);
   if (!engine) return fail(engine.status());
   std::string report = engine->report();
   if (opt.report) {

@@ -11,6 +11,7 @@
 #include "frontend/onnx/importer.h"
 #include "ir/tensor.h"
 #include "kiln/engine.h"
+#include "kiln/quantize.h"
 
 namespace kiln::cli {
 
@@ -66,6 +67,10 @@ struct BuildCliOptions {
   std::string output;                // model.kiln
   bool report = false;               // print every node's placement
   int64_t batch = 0;                 // bind the leading symbolic dim of every input (0: leave)
+  // Quantize first (`--int8`/`--fp8 --calib DIR`), as `kiln quantize` would, then build the QDQ model.
+  bool int8 = false, fp8 = false;
+  std::string calib, calib_method = "minmax", qdq_output;
+  size_t max_calib = 0;
 };
 
 struct BenchOptions {
@@ -118,6 +123,8 @@ int build_main(LoadOptions load, const EngineOptions& eng, const BuildCliOptions
 int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt);
 int sweep_main(const LoadOptions& load, const EngineOptions& eng, const BenchOptions& opt);
 int quantize_main(const std::string& model, const QuantizeCliOptions& opt);
+// The QuantizeConfig of `kiln quantize`'s options (tools/kiln/quantize.cc); errors name the option.
+Expected<QuantizeConfig> quantize_config(const QuantizeCliOptions& opt);
 Expected<Precision> parse_precision(const std::string& p);  // "fp32", "tf32", "fp16", "bf16"
 Expected<Device> parse_device(const std::string& d);        // "auto", "cpu", "cuda"
 
@@ -125,6 +132,8 @@ Expected<Device> parse_device(const std::string& d);        // "auto", "cpu", "c
 // --device and the precision flags must agree with how it was built), an ONNX model is built with
 // the options (engine_open.cc).
 Expected<Engine> open_engine(const LoadOptions& load, const EngineOptions& eng, int64_t batch);
+// The BuildConfig open_engine builds an ONNX model with (device, precision, shapes, engine options).
+Expected<BuildConfig> build_config(const LoadOptions& load, const EngineOptions& eng, int64_t batch);
 // Whether `path` holds an engine file (by its first bytes, whatever its name).
 bool is_engine_file(const std::string& path);
 

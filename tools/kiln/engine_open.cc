@@ -57,12 +57,7 @@ bool is_engine_file(const std::string& path) {
   return looks_like_engine_file(head) || (path.size() > 5 && path.substr(path.size() - 5) == ".kiln");
 }
 
-Expected<Engine> open_engine(const LoadOptions& load, const EngineOptions& eng, int64_t batch) {
-  if (is_engine_file(load.model)) {
-    KILN_ASSIGN_OR_RETURN(Engine e, Engine::load(load.model));
-    KILN_RETURN_IF_ERROR(check_loaded(e, load.model, load, eng, batch));
-    return e;
-  }
+Expected<BuildConfig> build_config(const LoadOptions& load, const EngineOptions& eng, int64_t batch) {
   BuildConfig c;
   KILN_ASSIGN_OR_RETURN(c.device, parse_device(eng.device));
   KILN_ASSIGN_OR_RETURN(c.precision, parse_precision(eng.precision));
@@ -88,6 +83,16 @@ Expected<Engine> open_engine(const LoadOptions& load, const EngineOptions& eng, 
   if (c.device == Device::kCpu && c.precision != Precision::kFp32) {
     std::fprintf(stderr, "kiln: warning: --%s ignored: the CPU backend computes in fp32\n", eng.precision.c_str());
   }
+  return c;
+}
+
+Expected<Engine> open_engine(const LoadOptions& load, const EngineOptions& eng, int64_t batch) {
+  if (is_engine_file(load.model)) {
+    KILN_ASSIGN_OR_RETURN(Engine e, Engine::load(load.model));
+    KILN_RETURN_IF_ERROR(check_loaded(e, load.model, load, eng, batch));
+    return e;
+  }
+  KILN_ASSIGN_OR_RETURN(BuildConfig c, build_config(load, eng, batch));
   return build(load.model, c);
 }
 

@@ -2,7 +2,7 @@
 //   kiln inspect model.onnx [--ir] [--dot FILE]
 //   kiln run model.onnx --input NAME=FILE.npy ... [--random-inputs --seed S] [--output-dir DIR]
 //   kiln compare model.onnx --inputs DIR --reference DIR [--rtol R --atol A]
-//   kiln build model.onnx -o model.kiln [--device D] [--fp16|--bf16|--tf32] [--report]
+//   kiln build model.onnx -o model.kiln [--device D] [--fp16|--bf16|--tf32] [--report] [--int8|--fp8 --calib DIR]
 //   kiln bench model.onnx|model.kiln --batch N --warmup W --iterations I [--json FILE]
 //   kiln quantize model.onnx --calib DIR --precision int8|fp8 -o model.qdq.onnx [--report r.json]
 //   kiln serve --model-repository DIR [--http-port 8000]
@@ -154,6 +154,13 @@ int main(int argc, char** argv) {
   b->add_flag("--report", build.report, "print every node's placement and kernel");
   b->add_option("--batch", build.batch, "bind the leading symbolic dim of every input to N (recorded in the engine)")
       ->check(kPositiveInt);
+  b->add_flag("--int8", build.int8, "quantize first (int8 QDQ, as kiln quantize; needs --calib), then build");
+  b->add_flag("--fp8", build.fp8, "quantize first (fp8 E4M3 QDQ; needs --calib), then build");
+  b->add_option("--calib", build.calib, "with --int8/--fp8: calibration samples (kiln quantize's layouts)");
+  b->add_option("--calib-method", build.calib_method, "with --int8/--fp8: minmax, percentile or entropy")
+      ->default_val("minmax");
+  b->add_option("--max-calib", build.max_calib, "with --int8/--fp8: use at most N calibration samples");
+  b->add_option("--qdq-output", build.qdq_output, "with --int8/--fp8: also keep the quantized ONNX model here");
 
   CLI::App* be = app.add_subcommand("bench", "time a model's forward (CUDA events on the GPU)");
   be->add_option("model", load.model, "ONNX model or engine file")->required();

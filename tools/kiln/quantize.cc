@@ -8,11 +8,11 @@
 
 namespace kiln::cli {
 
-int quantize_main(const std::string& model, const QuantizeCliOptions& opt) {
+Expected<QuantizeConfig> quantize_config(const QuantizeCliOptions& opt) {
   QuantizeConfig c;
   if (opt.precision == "int8") c.precision = QuantPrecision::kInt8;
   else if (opt.precision == "fp8") c.precision = QuantPrecision::kFp8;
-  else return fail(KILN_ERROR(kInvalidArgument, "--precision is int8 or fp8, not '{}'", opt.precision));
+  else return KILN_ERROR(kInvalidArgument, "--precision is int8 or fp8, not '{}'", opt.precision);
   if (opt.method == "minmax") {
     c.method = CalibrationMethod::kMinMax;
   } else if (opt.method == "percentile") {
@@ -20,7 +20,7 @@ int quantize_main(const std::string& model, const QuantizeCliOptions& opt) {
   } else if (opt.method == "entropy") {
     c.method = CalibrationMethod::kEntropy;
   } else {
-    return fail(KILN_ERROR(kInvalidArgument, "--method is minmax, percentile or entropy, not '{}'", opt.method));
+    return KILN_ERROR(kInvalidArgument, "--method is minmax, percentile or entropy, not '{}'", opt.method);
   }
   c.percentile = opt.percentile;
   c.calib_dir = opt.calib;
@@ -35,7 +35,14 @@ int quantize_main(const std::string& model, const QuantizeCliOptions& opt) {
   else if (opt.metric == "top1") c.metric = AccuracyMetric::kTop1;
   else if (opt.metric == "rel-l2") c.metric = AccuracyMetric::kRelL2;
   else if (opt.metric == "cosine") c.metric = AccuracyMetric::kCosine;
-  else return fail(KILN_ERROR(kInvalidArgument, "--metric is auto, top1, rel-l2 or cosine, not '{}'", opt.metric));
+  else return KILN_ERROR(kInvalidArgument, "--metric is auto, top1, rel-l2 or cosine, not '{}'", opt.metric);
+  return c;
+}
+
+int quantize_main(const std::string& model, const QuantizeCliOptions& opt) {
+  auto cfg = quantize_config(opt);
+  if (!cfg) return fail(cfg.status());
+  const QuantizeConfig& c = *cfg;
   auto r = quantize(model, opt.output, c);
   if (!r) return fail(r.status());
   std::fputs(r->text.c_str(), stdout);

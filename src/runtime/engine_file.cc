@@ -234,16 +234,21 @@ Expected<std::string> write_engine_file(const nlohmann::json& meta, const Plan& 
   const Graph& g = *plan.graph;
   std::vector<const Value*> consts;
   all_constants(g, consts);
+  // WTAB finds a weight by its name: a constant whose name another (in another subgraph) shares is
+  // printed whole in GRPH instead, as clone_graph does.
+  std::unordered_map<std::string, int> uses;
+  for (const Value* v : consts) ++uses[v->name];
+  auto elided_here = [&](const Value& v) { return elide(v) && uses[v.name] == 1; };
   std::unordered_set<const Value*> elided;
   ByteWriter wtab, wght;
   // Without graph weights (a GPU engine, whose device plan holds its own), elided constants are
   // declared in GRPH and have no data anywhere.
   const bool graph_weights = meta.is_object() ? meta.value("graph_weights", true) : true;
   uint32_t n_elided = 0;
-  for (const Value* v : consts) n_elided += elide(*v) && graph_weights;
+  for (const Value* v : consts) n_elided += elided_here(*v) && graph_weights;
   wtab.u32(n_elided);
   for (const Value* v : consts) {
-    if (!elide(*v)) continue;
+    if (!elided_here(*v)) continue;
     if (!graph_weights) {
       elided.insert(v);
       continue;

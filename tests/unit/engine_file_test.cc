@@ -129,6 +129,35 @@ TEST(EngineFile, RoundTripIsBitIdentical) {
   EXPECT_EQ(*written(f->plan), *bytes);
 }
 
+// Two subgraphs may each hold a constant of one name (passes build bodies independently); WTAB finds
+// weights by name, so such constants travel inline and the file still reads back and runs the same.
+TEST(EngineFile, SameNamedConstantsInTwoSubgraphs) {
+  const char* text = R"(graph g(%x: f32[2,20], %c: bool[]) {
+  %y = If(%c) {else_branch = graph else_g() {
+    %w = const dense<f32[20]> [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    %n = Mul(%x, %w) : f32[2,20]
+    return %n
+  }, then_branch = graph then_g() {
+    %w = const dense<f32[20]> [-1, -2, -3, -4, -5, -6, -7, -8, -9, -10, -11, -12, -13, -14, -15, -16, -17, -18, -19, -20]
+    %p = Mul(%x, %w) : f32[2,20]
+    return %p
+  }} : f32[2,20]
+  return %y
+})";
+  auto plan = plan_host(parse(text));
+  ASSERT_TRUE(plan) << plan.status().message();
+  auto bytes = written(*plan);
+  auto f = read_engine_file(bytes, "m.kiln");
+  ASSERT_TRUE(f) << f.status().message();
+  for (bool c : {true, false}) {
+    auto a = run_plan(*plan, inputs(c));
+    auto b = run_plan(f->plan, inputs(c));
+    ASSERT_TRUE(a && b);
+    expect_identical(*a, *b);
+    EXPECT_EQ(b->at(0).tensor.data<float>()[1], c ? -6.0f : 6.0f);  // x[1] = 3 times -2 (then) or 2 (else)
+  }
+}
+
 TEST(EngineFile, DamageIsNamed) {
   auto plan = plan_host(parse(kModel));
   ASSERT_TRUE(plan);

@@ -21,17 +21,17 @@ import peers  # noqa: E402
 
 
 def calib_inputs(names, vocab, n, batch=1):
+    """n samples of bench/peers.py's inputs, each with its own random token ids or image."""
     import numpy as np
     out = []
     for i in range(n):
-        t = peers.make_inputs(names, vocab, batch)
-        if "input_ids" in t:  # a different sentence per sample
-            rng = np.random.default_rng(100 + i)
-            t["input_ids"] = __import__("torch").from_numpy(rng.integers(0, vocab, t["input_ids"].shape))
-        elif "pixel_values" in t:
-            rng = np.random.default_rng(100 + i)
-            t["pixel_values"] = __import__("torch").from_numpy(rng.standard_normal(t["pixel_values"].shape).astype("float32"))
-        out.append({k: v.numpy() for k, v in t.items()})
+        t = {k: v.numpy() for k, v in peers.make_inputs(names, vocab, batch).items()}
+        rng = np.random.default_rng(100 + i)
+        if "input_ids" in t:
+            t["input_ids"] = rng.integers(0, vocab, t["input_ids"].shape).astype(np.int64)
+        if "pixel_values" in t:
+            t["pixel_values"] = rng.standard_normal(t["pixel_values"].shape).astype(np.float32)
+        out.append(t)
     return out
 
 

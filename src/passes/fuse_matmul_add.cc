@@ -22,16 +22,6 @@ namespace {
 
 size_t rank_or_zero(const Value* v) { return v->type.has_rank() ? v->type.shape->dims.size() : 0; }
 
-// The bias operand of an Add that reads m, when it is a per-column constant for n columns.
-Value* column_bias(const Graph& g, const Node& add, const Value* m, int64_t n) {
-  if (add.inputs.size() != 2) return nullptr;
-  Value* b = add.inputs[0] == m ? add.inputs[1] : add.inputs[1] == m ? add.inputs[0] : nullptr;
-  const Tensor* t = b ? constant_of(g, b) : nullptr;
-  if (!t || b == m || t->dtype() != m->type.dtype || t->rank() < 1 || t->rank() > 2) return nullptr;
-  if (t->dims().back() != n || t->numel() != n) return nullptr;
-  return b;
-}
-
 }  // namespace
 
 Expected<bool> fuse_matmul_add(Graph& g) {

@@ -50,6 +50,7 @@ const Tensor* scalar_constant(const Graph& g, const Value* v) {
   return t && t->numel() == 1 ? t : nullptr;
 }
 
+// Same dtype and bytes, whatever the rank ([] and [1] scales are one scale; same_tensor compares dims).
 bool same_scalar(const Tensor* a, const Tensor* b) {
   return a && b && a->dtype() == b->dtype() && a->nbytes() == b->nbytes() && std::memcmp(a->raw(), b->raw(), a->nbytes()) == 0;
 }
@@ -110,17 +111,13 @@ Node* match_weight(const Graph& g, Value* b, DType act_type) {
   return dq;
 }
 
-// The constant per-column bias of the Add that alone reads the product, if any.
+// The Add that alone reads the product, when its other operand is a constant per-column bias.
 Node* match_bias(const Graph& g, const UseMap& uses, const Value* m, int64_t n, Value** bias) {
   if (uses.num_uses(m) != 1 || uses.is_output(m) || !uses.uses(m)[0].node) return nullptr;
   Node* add = uses.uses(m)[0].node;
-  if (add->op != OpKind::kAdd || add->owner != &g || add->inputs.size() != 2 || !add->has_output(0)) return nullptr;
-  Value* b = add->inputs[0] == m ? add->inputs[1] : add->inputs[1] == m ? add->inputs[0] : nullptr;
-  const Tensor* t = b ? constant_of(g, b) : nullptr;
-  if (!t || b == m || t->dtype() != DType::kFloat32 || t->rank() < 1 || t->rank() > 2 || t->dims().back() != n ||
-      t->numel() != n || !(add->outputs[0]->type == m->type) || !uses.can_forward(add->outputs[0], m)) {
-    return nullptr;
-  }
+  if (add->op != OpKind::kAdd || add->owner != &g || !add->has_output(0)) return nullptr;
+  Value* b = column_bias(g, *add, m, n);  // of m's dtype, float32 here
+  if (!b || !(add->outputs[0]->type == m->type) || !uses.can_forward(add->outputs[0], m)) return nullptr;
   *bias = b;
   return add;
 }

@@ -272,6 +272,15 @@ Value* add_i64_constant(Graph& g, const std::string& base, const std::vector<int
   return g.add_constant(g.unique_name(base), std::move(t));
 }
 
+Value* column_bias(const Graph& g, const Node& add, const Value* m, int64_t n) {
+  if (add.inputs.size() != 2) return nullptr;
+  Value* b = add.inputs[0] == m ? add.inputs[1] : add.inputs[1] == m ? add.inputs[0] : nullptr;
+  const Tensor* t = b ? constant_of(g, b) : nullptr;
+  if (!t || b == m || t->dtype() != m->type.dtype || t->rank() < 1 || t->rank() > 2) return nullptr;
+  if (t->dims().back() != n || t->numel() != n) return nullptr;
+  return b;
+}
+
 bool is_float(DType t) {
   return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16 || t == DType::kFloat64;
 }

@@ -91,6 +91,9 @@ Node* sole_reader(const UseMap& uses, const Value* v, OpKind op);
 // per element, in order), and an i64 vector (Reshape targets, axes).
 Value* add_f32_constant(Graph& g, const std::string& base, std::vector<int64_t> dims, const std::vector<double>& v);
 Value* add_i64_constant(Graph& g, const std::string& base, const std::vector<int64_t>& v);
+// The bias operand of `add` when it is Add(m, b) or Add(b, m) with b a constant per-column bias of
+// m's dtype: shape [n] or [1, n] (fuse-matmul-add, fuse-qdq-matmul).
+Value* column_bias(const Graph& g, const Node& add, const Value* m, int64_t n);
 // The float dtypes the fusions rewrite (f16, bf16, f32, f64).
 bool is_float(DType t);
 // A one-element float constant of this graph, as a double; nullopt for anything else.

@@ -44,6 +44,12 @@ struct DevValue {
   std::vector<int64_t> strides() const;
 };
 
+// The arena buffer a step reads for d, or -1 for none (an uploaded weight, or no value): what
+// Lowering::emit's `reads` take.
+inline int read_id(const DevValue* d) { return d && !d->ref.weight ? d->ref.id : -1; }
+inline bool is_float_dt(k::DT d) { return d == k::DT::kF32 || d == k::DT::kF16 || d == k::DT::kBF16; }
+
+
 // A step as lowering emits it: the record, plus what only the build needs.
 struct Step : DeviceStep {
   bool drop_if_unread = false;  // a conversion (an input's cast) that no later step may need

@@ -16,7 +16,6 @@ namespace kiln::cuda {
 
 namespace {
 
-int read_id(const DevValue* d) { return d->ref.weight ? -1 : d->ref.id; }
 
 cudnnDataType_t dnn_type(k::DT d) {
   switch (d) {

@@ -14,7 +14,6 @@ namespace kiln::cuda {
 
 namespace {
 
-int read_id(const DevValue* d) { return d->ref.weight ? -1 : d->ref.id; }
 
 // The algorithm cuDNN's heuristics rank first among those whose workspace fits.
 Expected<cudnnConvolutionBwdDataAlgo_t> pick_bwd_algo(cudnnHandle_t h, const ConvDescs& d, size_t limit) {

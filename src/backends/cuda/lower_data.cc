@@ -16,7 +16,6 @@ std::vector<int64_t> dims_of(const Value* v) {
   return d;
 }
 
-int read_id(const DevValue* d) { return d->ref.weight ? -1 : d->ref.id; }
 
 // Emits dst[idx . ds] = src[src_off + idx . ss] for idx in dims; offsets in elements.
 void emit_copy(Lowering& L, const Node& n, std::string what, const DevValue* src, int64_t src_off,

@@ -15,7 +15,6 @@ std::vector<int64_t> out_dims(const Value* v) {
   return d;
 }
 
-bool is_float_dt(k::DT d) { return d == k::DT::kF32 || d == k::DT::kF16 || d == k::DT::kBF16; }
 
 // The output layout: NHWC when some input is NHWC with exactly the output's dims.
 Layout pick_layout(const std::vector<const DevValue*>& ins, const std::vector<int64_t>& dims) {
@@ -53,7 +52,6 @@ Expected<const DevValue*> operand_value(Lowering& L, const Node& n, size_t i, st
   return L.value(v);
 }
 
-int read_id(const DevValue* d) { return d->ref.weight ? -1 : d->ref.id; }
 
 struct UnaryInfo {
   k::Unary op;

@@ -18,7 +18,6 @@ namespace kiln::cuda {
 
 namespace {
 
-int read_id(const DevValue* d) { return d->ref.weight ? -1 : d->ref.id; }
 
 cudaDataType_t lt_type(k::DT d) {
   switch (d) {

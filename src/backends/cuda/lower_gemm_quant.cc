@@ -207,8 +207,7 @@ Status lower_quantized_matmul(Lowering& L, const Node& node) {
   const Value* out = node.outputs[0];
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(node.inputs[0]));
   auto odt = L.device_dt(out->type.dtype);
-  const auto is_float = [](k::DT d) { return d == k::DT::kF32 || d == k::DT::kF16 || d == k::DT::kBF16; };
-  if (!x || !odt || !is_float(x->dt) || !is_float(*odt) || x->dims.empty() || x->dims.back() != p.k) {
+  if (!x || !odt || !is_float_dt(x->dt) || !is_float_dt(*odt) || x->dims.empty() || x->dims.back() != p.k) {
     KILN_UNSUPPORTED("x is not a float matrix of K = {} columns", p.k);
   }
   const int64_t m = x->numel() / p.k, n = p.n, k = p.k;
@@ -250,7 +249,7 @@ Status lower_quantized_matmul(Lowering& L, const Node& node) {
     put(pw, x->ref);
     put(pw, Ref{false, xq});
     L.emit(&node, fmt::format("kernel quantize_{} (x / {})", p.fp8 ? "fp8" : "int8", p.sx),
-           {x->ref.weight ? -1 : x->ref.id}, {xq}, StepOp::kQuantizeAct, std::move(pw));
+           {read_id(x)}, {xq}, StepOp::kQuantizeAct, std::move(pw));
   }
   const DevValue& y = L.define(out);
   ByteWriter w8;

@@ -8,7 +8,6 @@ namespace kiln::cuda {
 
 namespace {
 
-int read_id(const DevValue* d) { return d ? (d->ref.weight ? -1 : d->ref.id) : -1; }
 
 Status lower_loss(Lowering& L, const Node& n) {
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));

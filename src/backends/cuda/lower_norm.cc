@@ -9,8 +9,6 @@ namespace kiln::cuda {
 
 namespace {
 
-int read_id(const DevValue* d) { return d->ref.weight ? -1 : d->ref.id; }
-bool is_float_dt(k::DT d) { return d == k::DT::kF32 || d == k::DT::kF16 || d == k::DT::kBF16; }
 
 int64_t prod(const std::vector<int64_t>& d, size_t from, size_t to) {
   int64_t p = 1;

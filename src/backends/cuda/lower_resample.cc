@@ -12,7 +12,6 @@ namespace kiln::cuda {
 
 namespace {
 
-int read_id(const DevValue* d) { return d->ref.weight ? -1 : d->ref.id; }
 
 Expected<std::vector<int64_t>> static_dims(const Value* v) {
   if (!v->type.shape) KILN_UNSUPPORTED("'{}' has no known shape", v->name);

@@ -8,7 +8,7 @@ ONNX123    := $(BUILD)/onnx-1.23-node
 DEPS_STAMP := $(BUILD)/.deps-stamp
 ONNX112    ?= /usr/share/libonnx-testdata/data
 
-.PHONY: all deps build demo test unit conformance conformance-gpu errors quant python serve engines examples fuzz fuzz-long test-sanitize sanitize-sample clean
+.PHONY: all deps build demo test unit conformance conformance-gpu errors quant tp python serve engines examples fuzz fuzz-long test-sanitize sanitize-sample clean
 
 all: build
 
@@ -59,6 +59,11 @@ engines: build
 quant: build
 	bash tests/quant/run.sh $(BUILD)/kiln
 
+# Tensor parallelism end to end: GPT-2- and Llama-style models split over 1, 2 and 4 CPU ranks
+# against onnxruntime, engine files, the estimator, errors (tests/tp/run.sh).
+tp: build
+	bash tests/tp/run.sh $(BUILD)/kiln
+
 # The Python package as `pip install .` builds it (pyproject.toml), here in the existing build folder
 # (only the module is new work) and installed under it, then its pytest suite (python/tests).
 python: build
@@ -100,7 +105,7 @@ SECONDS ?= 600
 fuzz-long: $(DEPS_STAMP)
 	bash tests/fuzz/run.sh $(BUILD)-fuzz $(SECONDS) each
 
-test: unit conformance errors engines quant python serve examples fuzz sanitize-sample
+test: unit conformance errors engines quant tp python serve examples fuzz sanitize-sample
 	@echo "make test: all checks passed"
 
 clean:

@@ -10,7 +10,7 @@ for r in roots:
         print(os.path.dirname(p)); sys.exit(0)
 PY
 }
-for lib in libcudnn.so.9 libcublasLt.so.13; do
+for lib in libcudnn.so.9 libcublasLt.so.13 libnccl.so.2; do
   if ! ldconfig -p 2>/dev/null | grep -q "$lib"; then
     d="$(kiln_find_lib "$lib")"
     if [[ -n "$d" ]]; then

@@ -69,6 +69,11 @@ struct BuildConfig {
   // is named in `shapes` or here, not both.
   std::map<std::string, std::vector<DimRange>> shape_ranges;
   std::vector<std::string> disabled_passes;  // graph passes to skip, by name ("fuse-attention")
+  // > 1: split the model over this many ranks, Megatron style (attention heads and MLP columns,
+  // then rows, one AllReduce per block; large embeddings and LM heads by vocabulary): on the GPU,
+  // rank r on GPU r of this process with NCCL between them; on the CPU, threads (a correctness
+  // reference). Needs fixed input shapes. The report shows what split and each rank's weights.
+  int tensor_parallel = 1;
 
   bool autotune = true;      // time library algorithms and kiln's kernels at build (else heuristics)
   bool cuda_graph = true;    // replay each forward as one CUDA graph

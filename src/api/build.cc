@@ -46,16 +46,68 @@ double ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
 
-// import_ms: what reading the model took (its own clock), for the report's phase line.
-Expected<Engine> build_model(Model m, const BuildConfig& config, double import_ms) {
-  auto t0 = std::chrono::steady_clock::now();
-  KILN_RETURN_IF_ERROR(validate_config(config));
-  Graph& g = *m.graph;
+}  // namespace
+
+Expected<std::map<std::string, DimRange>> bind_config_shapes(Graph& g, const BuildConfig& config) {
   std::map<std::string, std::vector<int64_t>> shapes = config.shapes;
   KILN_RETURN_IF_ERROR(add_batch_bindings(g, config, shapes));
   KILN_RETURN_IF_ERROR(bind_input_shapes(g, shapes));
   KILN_ASSIGN_OR_RETURN(auto ranges, bind_shape_ranges(g, config.shape_ranges));
   KILN_RETURN_IF_ERROR(infer_types(g));
+  return ranges;
+}
+
+Expected<Engine> engine_from_graph(std::unique_ptr<Graph> g, const BuildConfig& config, std::map<std::string, DimRange> ranges,
+                                   std::unique_ptr<Graph> unoptimized, BuildPhases phases) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto impl = std::make_shared<Engine::Impl>();
+  impl->config = config;
+  impl->ranges = ranges;
+  impl->inputs = tensor_infos(g->inputs, ranges);
+  impl->outputs = tensor_infos(g->outputs, ranges);
+  Device want = config.device;
+  std::string why;
+  bool gpu = want != Device::kCpu && gpu_usable(&why);
+  if (want == Device::kCuda && !gpu) return KILN_ERROR(kUnsupported, "device cuda: no usable GPU: {}", why);
+  // A GPU engine keeps the plan too: it is what its engine file holds.
+  KILN_ASSIGN_OR_RETURN(Plan plan, plan_host(std::move(g), /*require_cpu_kernels=*/!gpu));
+  impl->plan = std::make_shared<const Plan>(std::move(plan));
+  const double before = phases.import_ms + phases.passes_ms;
+  if (gpu) {
+    auto e = build_gpu_engine(impl->plan, config, std::move(unoptimized));
+    if (e) {
+      impl->device = Device::kCuda;
+      impl->gpu = std::move(*e);
+      if (auto p = impl->gpu->engine_file_plan()) impl->plan = std::move(p);
+      impl->build_ms = before + ms_since(t0);
+      impl->build_note = fmt::format("build phases: import {:.1f} ms, shapes and passes {:.1f}, GPU engine {:.1f} (of "
+                                     "which {})\n", phases.import_ms, phases.passes_ms, ms_since(t0),
+                                     impl->gpu->load_phases());
+      return Engine(std::move(impl));
+    }
+    // Only "cannot run this here" falls back; a GPU fault (out of memory...) is the answer.
+    if (e.status().code() != ErrorCode::kUnsupported || want == Device::kCuda) return e.status();
+    why = e.status().message();
+    KILN_RETURN_IF_ERROR(verify_cpu_kernels(*impl->plan));
+  }
+  if (want == Device::kAuto) std::fprintf(stderr, "kiln: warning: running on the CPU reference backend: %s\n", why.c_str());
+  impl->device = Device::kCpu;
+  impl->report = plan_report(*impl->plan);
+  impl->build_ms = before + ms_since(t0);
+  impl->build_note = fmt::format("build phases: import {:.1f} ms, shapes and passes {:.1f}, plan {:.1f}\n", phases.import_ms,
+                                 phases.passes_ms, ms_since(t0));
+  return Engine(std::move(impl));
+}
+
+namespace {
+
+// import_ms: what reading the model took (its own clock), for the report's phase line.
+Expected<Engine> build_model(Model m, const BuildConfig& config, double import_ms) {
+  auto t0 = std::chrono::steady_clock::now();
+  KILN_RETURN_IF_ERROR(validate_config(config));
+  Graph& g = *m.graph;
+  KILN_ASSIGN_OR_RETURN(auto ranges, bind_config_shapes(g, config));
+  if (config.tensor_parallel > 1) return build_tensor_parallel(std::move(m.graph), config, import_ms + ms_since(t0));
   // A dynamic GPU engine optimizes each exact shape from the graph as it is before the passes, as a
   // static build of that shape would (fusions that need static shapes happen there).
   std::unique_ptr<Graph> unoptimized;
@@ -69,44 +121,7 @@ Expected<Engine> build_model(Model m, const BuildConfig& config, double import_m
   po.dump_ir_after = config.dump_ir_after;
   KILN_ASSIGN_OR_RETURN(PassReport pr, run_passes(g, default_pipeline(), po));
   if (config.print_pass_report) std::fprintf(stderr, "%s", pr.to_text().c_str());
-  const double passes_ms = ms_since(t0);
-
-  auto impl = std::make_shared<Engine::Impl>();
-  impl->config = config;
-  impl->ranges = ranges;
-  impl->inputs = tensor_infos(g.inputs, ranges);
-  impl->outputs = tensor_infos(g.outputs, ranges);
-  Device want = config.device;
-  std::string why;
-  bool gpu = want != Device::kCpu && gpu_usable(&why);
-  if (want == Device::kCuda && !gpu) return KILN_ERROR(kUnsupported, "device cuda: no usable GPU: {}", why);
-  // A GPU engine keeps the plan too: it is what its engine file holds.
-  KILN_ASSIGN_OR_RETURN(Plan plan, plan_host(std::move(m.graph), /*require_cpu_kernels=*/!gpu));
-  impl->plan = std::make_shared<const Plan>(std::move(plan));
-  if (gpu) {
-    auto e = build_gpu_engine(impl->plan, config, std::move(unoptimized));
-    if (e) {
-      impl->device = Device::kCuda;
-      impl->gpu = std::move(*e);
-      if (auto p = impl->gpu->engine_file_plan()) impl->plan = std::move(p);
-      impl->build_ms = import_ms + ms_since(t0);
-      impl->build_note = fmt::format("build phases: import {:.1f} ms, shapes and passes {:.1f}, GPU engine {:.1f} (of "
-                                     "which {})\n", import_ms, passes_ms, impl->build_ms - import_ms - passes_ms,
-                                     impl->gpu->load_phases());
-      return Engine(std::move(impl));
-    }
-    // Only "cannot run this here" falls back; a GPU fault (out of memory...) is the answer.
-    if (e.status().code() != ErrorCode::kUnsupported || want == Device::kCuda) return e.status();
-    why = e.status().message();
-    KILN_RETURN_IF_ERROR(verify_cpu_kernels(*impl->plan));
-  }
-  if (want == Device::kAuto) std::fprintf(stderr, "kiln: warning: running on the CPU reference backend: %s\n", why.c_str());
-  impl->device = Device::kCpu;
-  impl->report = plan_report(*impl->plan);
-  impl->build_ms = import_ms + ms_since(t0);
-  impl->build_note = fmt::format("build phases: import {:.1f} ms, shapes and passes {:.1f}, plan {:.1f}\n", import_ms,
-                                 passes_ms, impl->build_ms - import_ms - passes_ms);
-  return Engine(std::move(impl));
+  return engine_from_graph(std::move(m.graph), config, ranges, std::move(unoptimized), {import_ms, ms_since(t0)});
 }
 
 }  // namespace
@@ -117,6 +132,13 @@ Status validate_config(const BuildConfig& c) {
   }
   if (c.gemm_sm90_tile != 0 && c.gemm_sm90_tile != 32 && c.gemm_sm90_tile != 64) {
     return KILN_ERROR(kInvalidArgument, "gemm_sm90_tile {}: expected 0 (time every width), 32 or 64", c.gemm_sm90_tile);
+  }
+  if (c.tensor_parallel < 1 || c.tensor_parallel > 64) {
+    return KILN_ERROR(kInvalidArgument, "tensor_parallel {}: expected 1 (no split) to 64 ranks", c.tensor_parallel);
+  }
+  if (c.tensor_parallel > 1 && !c.shape_ranges.empty()) {
+    return KILN_ERROR(kInvalidArgument, "tensor_parallel {}: needs fixed input shapes; give shapes, not shape ranges",
+                      c.tensor_parallel);
   }
   if (c.workspace_bytes == 0) return KILN_ERROR(kInvalidArgument, "workspace_bytes must be positive");
   if (c.batch < 0) return KILN_ERROR(kInvalidArgument, "batch {}: expected a positive number (or 0: leave)", c.batch);

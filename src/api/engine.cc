@@ -105,6 +105,13 @@ const std::vector<TensorInfo>& Engine::outputs() const { return impl_->outputs; 
 Device Engine::device() const { return impl_->device; }
 const BuildConfig& Engine::config() const { return impl_->config; }
 std::string Engine::report() const {
+  if (!impl_->ranks.empty()) {
+    std::string r = impl_->load_note + impl_->build_note + impl_->tp_report;
+    for (size_t i = 0; i < impl_->ranks.size(); ++i) {
+      r += fmt::format("rank {}: weights {:.2f} MiB\n", i, double(impl_->ranks[i].weight_bytes()) / (1 << 20));
+    }
+    return r + "rank 0's engine:\n" + impl_->ranks[0].report();
+  }
   std::string ranges;
   for (const auto& [sym, r] : impl_->ranges) ranges += fmt::format("{}{} {}", ranges.empty() ? "" : ", ", sym, describe_range(r));
   if (!ranges.empty()) ranges = "shape ranges: " + ranges + "\n";
@@ -112,6 +119,11 @@ std::string Engine::report() const {
 }
 double Engine::build_ms() const { return impl_->build_ms; }
 size_t Engine::weight_bytes() const {
+  if (!impl_->ranks.empty()) {
+    size_t b = 0;
+    for (const Engine& e : impl_->ranks) b += e.weight_bytes();
+    return b;
+  }
   if (impl_->gpu) return impl_->gpu->weight_bytes();
   size_t b = 0;
   for (const Value* c : impl_->plan->constants) b += c->constant->nbytes();
@@ -120,7 +132,9 @@ size_t Engine::weight_bytes() const {
 
 Expected<Session> Engine::create_session() const {
   std::unique_ptr<Session::Impl> s;
-  if (impl_->gpu) {
+  if (!impl_->ranks.empty()) {
+    KILN_ASSIGN_OR_RETURN(s, tensor_parallel_session(*impl_));
+  } else if (impl_->gpu) {
     KILN_ASSIGN_OR_RETURN(s, impl_->gpu->create_session());
   } else {
     KILN_RETURN_IF_ERROR(verify_cpu_kernels(*impl_->plan));
@@ -132,6 +146,7 @@ Expected<Session> Engine::create_session() const {
 }
 
 Expected<std::string> Engine::serialize() const {
+  if (!impl_->ranks.empty()) return serialize_tensor_parallel(*impl_);
   nlohmann::json meta;
   meta["kiln_version"] = KILN_VERSION;
   meta["format_version"] = kEngineFormatVersion;
@@ -180,10 +195,23 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The bytes are viewed, not copied: the plan's weights keep `owner` alive. read_ms: the time spent
-// opening them (0 when they came from memory), for the report's load line.
+// A tensor-parallel engine's file holds its ranks' files (tensor_parallel.cc).
 Expected<Engine> load_view(std::string_view bytes, std::shared_ptr<const void> owner, const std::string& name,
                            double read_ms) {
+  if (is_tensor_parallel_file(bytes)) return load_tensor_parallel(bytes, std::move(owner), name);
+  return load_engine_view(bytes, std::move(owner), name, read_ms);
+}
+
+}  // namespace
+
+std::unique_ptr<Session::Impl> cpu_session(std::shared_ptr<const Plan> plan) {
+  return std::make_unique<CpuSession>(std::move(plan));
+}
+
+// The bytes are viewed, not copied: the plan's weights keep `owner` alive. read_ms: the time spent
+// opening them (0 when they came from memory), for the report's load line.
+Expected<Engine> load_engine_view(std::string_view bytes, std::shared_ptr<const void> owner, const std::string& name,
+                                  double read_ms) {
   auto t0 = std::chrono::steady_clock::now();
   KILN_ASSIGN_OR_RETURN(EngineFile f, read_engine_file(bytes, std::move(owner), name));
   const double plan_ms = ms_since(t0);
@@ -214,8 +242,6 @@ Expected<Engine> load_view(std::string_view bytes, std::shared_ptr<const void> o
                                 ms_since(t0) - plan_ms, impl->gpu ? " (" + impl->gpu->load_phases() + ")" : "");
   return Engine(std::move(impl));
 }
-
-}  // namespace
 
 Expected<Engine> Engine::load(const std::string& path) {
   auto t0 = std::chrono::steady_clock::now();

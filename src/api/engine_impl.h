@@ -28,7 +28,8 @@ class DeviceEngine {
   virtual nlohmann::json target() const = 0;  // the device and library versions it needs
   // The engine-file sections it adds (the GPU's device plan and its weights, read back).
   virtual Expected<std::map<std::string, std::string>> sections() const = 0;
-  virtual Expected<std::unique_ptr<Session::Impl>> create_session() const = 0;
+  // `comm`: the rank's communicator when the engine is one rank of a tensor-parallel engine.
+  virtual Expected<std::unique_ptr<Session::Impl>> create_session(void* comm = nullptr) const = 0;
 };
 
 struct Engine::Impl {
@@ -42,6 +43,10 @@ struct Engine::Impl {
   std::string load_note;              // a loaded engine: where its load time went
   std::string build_note;             // a built engine: where its build time went
   double build_ms = 0;
+  // A tensor-parallel engine: its ranks' engines, rank r on GPU r (api/tensor_parallel.cc); this
+  // one describes the whole (inputs and outputs are rank 0's, which every rank shares).
+  std::vector<Engine> ranks;
+  std::string tp_report;  // what the split did, for report()
 };
 
 struct Session::Impl {
@@ -54,6 +59,30 @@ struct Session::Impl {
   virtual Expected<std::vector<StepTime>> profile(const std::vector<Data>& inputs) = 0;
   virtual size_t device_bytes() const = 0;
 };
+
+// Binds the config's shapes, batch and ranges to an imported graph and infers its types (build.cc);
+// returns the ranged symbols.
+Expected<std::map<std::string, DimRange>> bind_config_shapes(Graph& g, const BuildConfig& config);
+// The part of a build after the passes (build.cc): the plan, and the GPU engine when the device
+// allows; `unoptimized` as build_gpu_engine takes it. Phases' times feed the report's phase line.
+struct BuildPhases {
+  double import_ms = 0, passes_ms = 0;
+};
+Expected<Engine> engine_from_graph(std::unique_ptr<Graph> g, const BuildConfig& config, std::map<std::string, DimRange> ranges,
+                                   std::unique_ptr<Graph> unoptimized, BuildPhases phases);
+
+// Tensor parallelism (tensor_parallel.cc): a graph with bound, inferred shapes -> one engine per
+// rank behind one Engine; its sessions run the ranks together; its engine file holds the ranks'.
+Expected<Engine> build_tensor_parallel(std::unique_ptr<Graph> g, const BuildConfig& config, double import_ms);
+Expected<std::unique_ptr<Session::Impl>> tensor_parallel_session(const Engine::Impl& e);
+Expected<std::string> serialize_tensor_parallel(const Engine::Impl& e);
+bool is_tensor_parallel_file(std::string_view bytes);
+Expected<Engine> load_tensor_parallel(std::string_view bytes, std::shared_ptr<const void> owner, const std::string& name);
+// An engine viewing an engine file's bytes (engine.cc); owner keeps them alive; read_ms for the report.
+Expected<Engine> load_engine_view(std::string_view bytes, std::shared_ptr<const void> owner, const std::string& name,
+                                  double read_ms);
+// A session over a CPU plan (engine.cc).
+std::unique_ptr<Session::Impl> cpu_session(std::shared_ptr<const Plan> plan);
 
 // The values a BuildConfig's fields may take (build.cc): an error naming the field otherwise.
 Status validate_config(const BuildConfig& c);
@@ -85,6 +114,12 @@ Expected<std::unique_ptr<Graph>> specialize_graph(const Graph& g, const std::vec
 // The GPU side (gpu.cc; without CUDA it reports that it is missing). An optimized graph whose
 // inputs keep ranged dims builds a dynamic engine (gpu_dynamic.cc).
 bool gpu_usable(std::string* why);
+int gpu_count();             // GPUs this process sees (0 without CUDA)
+Status gpu_select(int ordinal);  // the calling thread's current GPU
+// NCCL communicators for GPUs 0..n-1, each freed with its pointer (gpu.cc).
+Expected<std::vector<std::shared_ptr<void>>> gpu_communicators(int n);
+// NCCL all-reduce timing (plan_parallel.h's measure_all_reduce_ms).
+Expected<double> gpu_all_reduce_ms(int n, size_t bytes, int iterations);
 // `unoptimized`: the graph before the passes when its inputs have ranged dims (else null).
 Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config,
                                                          std::unique_ptr<Graph> unoptimized = nullptr);

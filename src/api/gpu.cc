@@ -7,6 +7,8 @@
 
 #ifdef KILN_HAVE_CUDA
 #include "api/gpu_common.h"
+#include "backends/cuda/device.h"
+#include "backends/cuda/nccl.h"
 #include "backends/cuda/nvrtc.h"
 #include "backends/cuda/timing_cache.h"
 #endif
@@ -77,8 +79,8 @@ class GpuEngine : public DeviceEngine {
   double build_ms() const override { return e_->report().build_ms; }
   std::string load_phases() const override { return e_->report().load_phases; }
   nlohmann::json target() const override { return target_json(cuda::current_target()); }
-  Expected<std::unique_ptr<Session::Impl>> create_session() const override {
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<cuda::Session> s, e_->new_session());
+  Expected<std::unique_ptr<Session::Impl>> create_session(void* comm) const override {
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<cuda::Session> s, e_->new_session(comm));
     return std::unique_ptr<Session::Impl>(new GpuSession(plan_, std::move(s)));
   }
 
@@ -133,6 +135,17 @@ std::string cache_path(const BuildConfig& c) {
 }  // namespace
 
 bool gpu_usable(std::string* why) { return cuda::gpu_available(why); }
+
+int gpu_count() { return cuda::device_count(); }
+
+Status gpu_select(int ordinal) {
+  if (!cuda::select_device(ordinal)) return KILN_ERROR(kUnsupported, "cannot use GPU {} of {}", ordinal, gpu_count());
+  return Status::ok();
+}
+
+Expected<std::vector<std::shared_ptr<void>>> gpu_communicators(int n) { return cuda::nccl_comms(n); }
+
+Expected<double> gpu_all_reduce_ms(int n, size_t bytes, int iterations) { return cuda::nccl_all_reduce_ms(n, bytes, iterations); }
 
 Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& c,
                                                          std::unique_ptr<Graph> unoptimized) {
@@ -189,6 +202,16 @@ bool gpu_usable(std::string* why) {
   if (why) *why = "this kiln was built without CUDA";
   return false;
 }
+
+int gpu_count() { return 0; }
+
+Status gpu_select(int) { return KILN_ERROR(kUnsupported, "this kiln was built without CUDA"); }
+
+Expected<std::vector<std::shared_ptr<void>>> gpu_communicators(int) {
+  return KILN_ERROR(kUnsupported, "this kiln was built without CUDA");
+}
+
+Expected<double> gpu_all_reduce_ms(int, size_t, int) { return KILN_ERROR(kUnsupported, "this kiln was built without CUDA"); }
 
 Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const Plan>, const BuildConfig&,
                                                          std::unique_ptr<Graph>) {

@@ -198,7 +198,7 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     m.emplace("TUNE", cache_->to_text(/*only_used=*/true));
     return m;
   }
-  Expected<std::unique_ptr<Session::Impl>> create_session() const override;
+  Expected<std::unique_ptr<Session::Impl>> create_session(void* comm) const override;
 
   const Graph& graph() const { return *plan_->graph; }
   std::string load_phases_;
@@ -312,7 +312,8 @@ class DynamicGpuSession : public Session::Impl {
   uint64_t clock_ = 0;
 };
 
-Expected<std::unique_ptr<Session::Impl>> DynamicGpuEngine::create_session() const {
+Expected<std::unique_ptr<Session::Impl>> DynamicGpuEngine::create_session(void* comm) const {
+  if (comm) return KILN_ERROR(kUnsupported, "a dynamic-shape engine is never one rank of a tensor-parallel engine");
   return std::unique_ptr<Session::Impl>(
       new DynamicGpuSession(std::const_pointer_cast<DynamicGpuEngine>(shared_from_this())));
 }

@@ -11,7 +11,7 @@ Expected<bool> fold_node(const Node& n, const std::function<const Tensor*(const 
                          int64_t max_elements, std::vector<std::optional<Tensor>>* outs) {
   // A fused elementwise body reads only the node's inputs: it folds like the ops it holds (a graph
   // optimized with ranged dims fuses shape arithmetic that binding the dims later makes constant).
-  if (is_random_op(n.op) || (has_subgraph(n) && n.op != OpKind::kFusedElementwise) || !op_def(n.op).cpu) return false;
+  if (is_random_op(n.op) || is_collective(n.op) || (has_subgraph(n) && n.op != OpKind::kFusedElementwise) || !op_def(n.op).cpu) return false;
   bool shape_only = n.op == OpKind::kShape || n.op == OpKind::kSize;
   // CastLike reads only the dtype of its second input: a constant cast to the dtype of a run-time
   // value folds (ONNX's expanded function bodies write their constants so: CastLike(0.5, X)).

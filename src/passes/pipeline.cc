@@ -1,7 +1,10 @@
 #include "passes/pipeline.h"
 
+#include <algorithm>
+
 #include "passes/fold_constants.h"
 #include "passes/passes.h"
+#include "passes/tensor_parallel.h"
 
 namespace kiln {
 
@@ -81,6 +84,14 @@ std::vector<Pass> default_pipeline() {
       // Last: sweeps what the passes above left unread (bypassed chains, old weights).
       {"dce", "remove nodes and constants that no graph output needs", eliminate_dead_code},
   };
+}
+
+std::vector<Pass> tensor_parallel_pipeline(int ranks, int rank, TensorParallelReport* report) {
+  std::vector<Pass> p = default_pipeline();
+  auto at = std::find_if(p.begin(), p.end(), [](const Pass& x) { return x.name == "propagate-layout"; });
+  p.insert(at + 1, Pass{"tensor-parallel", "split weights over the ranks, with the collectives that join them",
+                        [=](Graph& g) { return shard_tensor_parallel(g, ranks, rank, report); }});
+  return p;
 }
 
 }  // namespace kiln

@@ -13,4 +13,11 @@ namespace kiln {
 
 std::vector<Pass> default_pipeline();
 
+struct TensorParallelReport;  // passes/tensor_parallel.h
+// The default pipeline for rank `rank` of a model split over `ranks` (BuildConfig::tensor_parallel):
+// "tensor-parallel" runs after canonicalize and propagate-layout, which leave constant targets and
+// direct producer-consumer links, and before the fusions, which then see each rank's smaller graph.
+// `report` (may be null) receives what the split did.
+std::vector<Pass> tensor_parallel_pipeline(int ranks, int rank, TensorParallelReport* report);
+
 }  // namespace kiln

@@ -73,6 +73,8 @@ bool is_random_op(OpKind op) {
          op == OpKind::kRandomUniformLike || op == OpKind::kMultinomial || op == OpKind::kBernoulli;
 }
 
+bool is_collective(OpKind op) { return op == OpKind::kAllReduce || op == OpKind::kAllGather; }
+
 bool has_subgraph(const Node& n) {
   for (const auto& [k, a] : n.attrs) {
     if (a.g || !a.graphs.empty()) return true;

@@ -38,6 +38,9 @@ bool is_graph_output(const Graph& g, const Value* v);
 const Tensor* constant_of(const Graph& g, const Value* v);
 // Ops whose outputs differ from run to run: never merged or folded.
 bool is_random_op(OpKind op);
+// AllReduce/AllGather: their result depends on the other ranks' values, so never folded even when
+// this rank's input is a constant.
+bool is_collective(OpKind op);
 bool has_subgraph(const Node& n);
 // Ops with effects beyond their outputs, which DCE must keep. Standard ONNX ops are pure, so
 // none today; this is the one place to list such an op when one arrives.

@@ -22,12 +22,17 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <cstring>
+#include <optional>
 #include <sstream>
+#include <thread>
 
 #include "backends/backend.h"
 #include "ir/text.h"
 #include "ir/verifier.h"
+#include "ops/collective.h"
 #include "passes/pipeline.h"
+#include "passes/tensor_parallel.h"
 
 #ifndef KILN_PASS_TESTS_DIR
 #error "KILN_PASS_TESTS_DIR must name tests/passes (set in tests/CMakeLists.txt)"
@@ -95,7 +100,8 @@ const Pass* find_pass(const std::vector<Pass>& passes, const std::string& name) 
 
 // ---- numerics -------------------------------------------------------------------------------
 
-Expected<std::vector<Data>> random_inputs(const Graph& g, uint64_t seed) {
+// Integers are drawn from [0, int_range): small, as shapes and indices must be.
+Expected<std::vector<Data>> random_inputs(const Graph& g, uint64_t seed, uint64_t int_range = 3) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   std::vector<Data> out;
@@ -109,7 +115,7 @@ Expected<std::vector<Data>> random_inputs(const Graph& g, uint64_t seed) {
       T* p = t.data<T>();
       for (int64_t i = 0; i < t.numel(); ++i) {
         if constexpr (std::is_same_v<T, bool>) p[i] = rng() % 2;
-        else if constexpr (std::is_integral_v<T>) p[i] = T(rng() % 3);
+        else if constexpr (std::is_integral_v<T>) p[i] = T(rng() % int_range);
         else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) p[i] = T(uni(rng));
         else if constexpr (std::is_constructible_v<T, float>) p[i] = T(uni(rng));
       }
@@ -165,6 +171,51 @@ void expect_same_outputs(const Graph& before, const Graph& after) {
   }
 }
 
+// The tensor-parallel golden's numerics: rank 0's graph (`rank0`, the pass's result) and the other
+// ranks' (the same input split for them) run on threads joined by the reference collectives; every
+// rank's outputs must equal rank 0's bit for bit, and rank 0's the unsplit graph's. Integer inputs
+// (token ids) range over 8 values so that every rank's rows of an embedding are looked up.
+void expect_same_outputs_over_ranks(const Graph& before, const std::string& input, const Graph& rank0, int ranks) {
+  std::vector<std::unique_ptr<Graph>> others;
+  std::vector<const Graph*> graphs = {&rank0};
+  for (int r = 1; r < ranks; ++r) {
+    auto g = parse_graph(input);
+    ASSERT_TRUE(g) << g.status().message();
+    auto changed = shard_tensor_parallel(**g, ranks, r);
+    ASSERT_TRUE(changed) << changed.status().message();
+    graphs.push_back(g->get());
+    others.push_back(std::move(*g));
+  }
+  for (uint64_t seed : {1, 2}) {
+    auto inputs = random_inputs(before, seed, 8);
+    ASSERT_TRUE(inputs) << inputs.status().message();
+    auto want = run_cpu(before, *inputs);
+    ASSERT_TRUE(want) << "input graph: " << want.status().message();
+    ThreadComm comm(ranks);
+    std::vector<std::optional<Expected<std::vector<Data>>>> got(static_cast<size_t>(ranks));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r) {
+      threads.emplace_back([&, r] {
+        ScopedComm scope(&comm, r);
+        got[size_t(r)].emplace(run_cpu(*graphs[size_t(r)], *inputs));
+        if (!*got[size_t(r)]) comm.abort();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < ranks; ++r) ASSERT_TRUE(*got[size_t(r)]) << "rank " << r << ": " << got[size_t(r)]->status().message();
+    const std::vector<Data>& out0 = **got[0];
+    ASSERT_EQ(want->size(), out0.size());
+    for (size_t i = 0; i < want->size(); ++i) {
+      expect_close((*want)[i].tensor, out0[i].tensor, "output '" + before.outputs[i]->name + "'");
+      for (int r = 1; r < ranks; ++r) {
+        const Tensor& t = (**got[size_t(r)])[i].tensor;
+        ASSERT_EQ(t.nbytes(), out0[i].tensor.nbytes());
+        EXPECT_EQ(std::memcmp(t.raw(), out0[i].tensor.raw(), t.nbytes()), 0) << "rank " << r << " output " << i;
+      }
+    }
+  }
+}
+
 // ---- the goldens ----------------------------------------------------------------------------
 
 class PassGolden : public testing::TestWithParam<Case> {};
@@ -172,7 +223,9 @@ class PassGolden : public testing::TestWithParam<Case> {};
 TEST_P(PassGolden, MatchesAndComputesTheSame) {
   const Case& c = GetParam();
   SCOPED_TRACE(c.file + ":" + std::to_string(c.line) + ": " + c.title);
-  std::vector<Pass> passes = default_pipeline();
+  // tensor-parallel.kir: rank 0 of 2.
+  const bool tp = c.pass == "tensor-parallel";
+  std::vector<Pass> passes = tp ? tensor_parallel_pipeline(2, 0, nullptr) : default_pipeline();
   const Pass* pass = find_pass(passes, c.pass);
   ASSERT_NE(pass, nullptr) << "no pass named '" << c.pass << "' (the file's name) in default_pipeline()";
   auto g = parse_graph(c.input);
@@ -193,7 +246,11 @@ TEST_P(PassGolden, MatchesAndComputesTheSame) {
     EXPECT_TRUE(*changed) << "the pass says it left the graph alone";
     EXPECT_EQ(trim(print_graph(**g)), trim(c.expect));
   }
-  expect_same_outputs(**before, **g);
+  if (tp && !c.unchanged) {
+    expect_same_outputs_over_ranks(**before, c.input, **g, 2);
+  } else {
+    expect_same_outputs(**before, **g);
+  }
 }
 
 std::string case_name(const testing::TestParamInfo<Case>& info) {

@@ -61,6 +61,7 @@ struct EngineOptions {
   bool no_autotune = false;
   std::string timing_cache;          // --timing-cache FILE|none ("": the kiln cache folder's)
   int64_t memory_budget_mib = 0;     // --memory-budget: GPU memory one session may hold (0: no limit)
+  int tensor_parallel = 1;           // --tensor-parallel N: split the model over N ranks (GPUs)
 };
 
 struct BuildCliOptions {
@@ -71,6 +72,14 @@ struct BuildCliOptions {
   bool int8 = false, fp8 = false;
   std::string calib, calib_method = "minmax", qdq_output;
   size_t max_calib = 0;
+};
+
+struct PlanParallelOptions {
+  std::vector<int> gpus = {1, 2, 4, 8};
+  int64_t batch = 0;
+  double link_gbps = 0;              // bus bandwidth for the estimate (0: none given)
+  bool no_measure = false;           // skip the NCCL measurement where the GPUs are present
+  std::string json;
 };
 
 struct BenchOptions {
@@ -123,6 +132,7 @@ int build_main(LoadOptions load, const EngineOptions& eng, const BuildCliOptions
 int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt);
 int sweep_main(const LoadOptions& load, const EngineOptions& eng, const BenchOptions& opt);
 int quantize_main(const std::string& model, const QuantizeCliOptions& opt);
+int plan_parallel_main(const LoadOptions& load, const EngineOptions& eng, const PlanParallelOptions& opt);
 // The QuantizeConfig of `kiln quantize`'s options (tools/kiln/quantize.cc); errors name the option.
 Expected<QuantizeConfig> quantize_config(const QuantizeCliOptions& opt);
 Expected<Precision> parse_precision(const std::string& p);  // "fp32", "tf32", "fp16", "bf16"

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "cli.h"
+#include "api/engine_impl.h"
 #include "runtime/engine_file.h"
 
 namespace kiln::cli {
@@ -45,6 +46,10 @@ Status check_loaded(const Engine& e, const std::string& path, const LoadOptions&
   if (eng.precision != "fp32" && eng.precision != precision_name(e.config().precision)) {
     return rebuild(fmt::format("--{}: the engine was built with {}", eng.precision, precision_name(e.config().precision)));
   }
+  if (eng.tensor_parallel != 1 && eng.tensor_parallel != e.config().tensor_parallel) {
+    return rebuild(fmt::format("--tensor-parallel {}: the engine was built for {} rank(s)", eng.tensor_parallel,
+                               e.config().tensor_parallel));
+  }
   return Status::ok();
 }
 
@@ -54,7 +59,7 @@ bool is_engine_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   std::string head(16, '\0');
   if (!f.read(head.data(), std::streamsize(head.size()))) head.resize(size_t(std::max<std::streamsize>(f.gcount(), 0)));
-  return looks_like_engine_file(head) || (path.size() > 5 && path.substr(path.size() - 5) == ".kiln");
+  return looks_like_engine_file(head) || is_tensor_parallel_file(head) || (path.size() > 5 && path.substr(path.size() - 5) == ".kiln");
 }
 
 Expected<BuildConfig> build_config(const LoadOptions& load, const EngineOptions& eng, int64_t batch) {
@@ -73,6 +78,7 @@ Expected<BuildConfig> build_config(const LoadOptions& load, const EngineOptions&
     }
   }
   c.batch = batch;
+  c.tensor_parallel = eng.tensor_parallel;
   c.cuda_graph = !eng.no_cuda_graph;
   c.autotune = !eng.no_autotune;
   c.timing_cache = eng.timing_cache;

@@ -5,6 +5,7 @@
 //   kiln build model.onnx -o model.kiln [--device D] [--fp16|--bf16|--tf32] [--report] [--int8|--fp8 --calib DIR]
 //   kiln bench model.onnx|model.kiln --batch N --warmup W --iterations I [--json FILE]
 //   kiln quantize model.onnx --calib DIR --precision int8|fp8 -o model.qdq.onnx [--report r.json]
+//   kiln plan-parallel model.onnx --gpus 1,2,4,8 [--shapes ...] [--fp16] [--link-gbps G]
 //   kiln serve --model-repository DIR [--http-port 8000]
 // inspect, run, compare and bench also take an engine file (model.kiln) in place of the model.
 // run, compare, build and bench optimize the graph first: [--disable-pass NAME]... [--dump-ir-after
@@ -50,7 +51,8 @@ CLI::Validator pass_name(bool dump) {
         } else {
           o.disabled = {s};
         }
-        kiln::Status st = kiln::check_pass_options(kiln::default_pipeline(), o);
+        // Every pass a build may run: the default pipeline and the tensor-parallel split.
+        kiln::Status st = kiln::check_pass_options(kiln::tensor_parallel_pipeline(2, 0, nullptr), o);
         return st ? "" : st.message();
       },
       "PASS");
@@ -82,6 +84,10 @@ void add_engine_options(CLI::App* app, kiln::cli::EngineOptions& eng) {
                   "timing.cache; none: no file)");
   app->add_option("--memory-budget", eng.memory_budget_mib,
                   "GPU: MiB one session may hold with the weights; a plan over it fails before allocating")
+      ->check(kPositiveInt);
+  app->add_option("--tensor-parallel", eng.tensor_parallel,
+                  "split the model over N ranks, Megatron style: GPUs 0..N-1 with NCCL (or CPU threads); needs fixed "
+                  "shapes")
       ->check(kPositiveInt);
   app->add_option("--disable-pass", eng.optimize.disabled, "skip a graph pass by name, e.g. cse (repeatable)")
       ->check(pass_name(false));
@@ -201,6 +207,19 @@ int main(int argc, char** argv) {
                                           "else rel-l2)")->default_val("auto");
   q->add_option("--report", quant.report, "write the report as JSON");
 
+  PlanParallelOptions pp;
+  CLI::App* pl = app.add_subcommand("plan-parallel", "estimate per-GPU memory and communication of a tensor-parallel split "
+                                                      "(measured through NCCL where the GPUs are here)");
+  pl->add_option("model", load.model, "ONNX model")->required();
+  pl->add_option("--shapes", load.shapes, "bind an input's shape, e.g. input_ids:1x512 (repeatable)");
+  pl->add_option("--batch", pp.batch, "bind the leading symbolic dim of every input to N")->check(kPositiveInt);
+  pl->add_option("--gpus", pp.gpus, "GPU counts to estimate, e.g. 1,2,4,8")->delimiter(',')->check(kPositiveInt);
+  pl->add_option("--link-gbps", pp.link_gbps, "bus bandwidth (GB/s) for the estimated communication time");
+  pl->add_flag("--no-measure", pp.no_measure, "do not time NCCL all-reduces even where the GPUs are present");
+  pl->add_option("--json", pp.json, "write the rows as JSON");
+  pl->add_flag_callback("--fp16", [&eng] { eng.precision = "fp16"; }, "16-bit storage (as a --fp16 build)");
+  pl->add_flag_callback("--bf16", [&eng] { eng.precision = "bf16"; }, "16-bit storage (as a --bf16 build)");
+
   // `kiln serve ...` runs kiln-serve (tools/kiln-serve) from beside this binary; listed here for --help.
   app.add_subcommand("serve", "serve a model repository over the KServe v2 HTTP protocol (`kiln serve --help`)")
       ->allow_extras();
@@ -221,6 +240,7 @@ int main(int argc, char** argv) {
     if (cmp->parsed()) return compare_main(load, run, compare, eng);
     if (b->parsed()) return build_main(load, eng, build);
     if (q->parsed()) return quantize_main(load.model, quant);
+    if (pl->parsed()) return plan_parallel_main(load, eng, pp);
     if (be->parsed()) return bench.shapes_sweep ? sweep_main(load, eng, bench) : bench_main(load, eng, bench);
   } catch (const std::bad_alloc&) {
     return fail(KILN_ERROR(kOutOfMemory, "out of host memory"));

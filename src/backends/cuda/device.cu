@@ -55,4 +55,11 @@ DeviceInfo probe_device() {
   return info;
 }
 
+int device_count() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+bool select_device(int ordinal) { return cudaSetDevice(ordinal) == cudaSuccess; }
+
 }  // namespace kiln::cuda

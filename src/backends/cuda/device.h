@@ -17,5 +17,9 @@ struct DeviceInfo {
 
 // Queries device 0. Never fails: a missing driver or device is reported in the result.
 DeviceInfo probe_device();
+// Devices this process sees (0 without a driver), and making `ordinal` the calling thread's current
+// device (the ranks of a tensor-parallel engine build and run on GPUs 0..n-1); false when it cannot.
+int device_count();
+bool select_device(int ordinal);
 
 }  // namespace kiln::cuda

@@ -105,7 +105,9 @@ class Engine {
   // The DPLN and DWGT sections of this engine (its weights read back from the GPU).
   virtual Expected<std::pair<std::string, std::string>> serialize() const = 0;
   virtual const BuildReport& report() const = 0;
-  virtual Expected<std::unique_ptr<Session>> new_session() = 0;
+  // `comm`: the rank's ncclComm_t when the engine is one rank of a tensor-parallel engine (its
+  // collectives run on it); such an engine refuses a session without one.
+  virtual Expected<std::unique_ptr<Session>> new_session(void* comm = nullptr) = 0;
 };
 
 class Session {

@@ -15,7 +15,7 @@ class EngineImpl : public Engine, public std::enable_shared_from_this<EngineImpl
   ~EngineImpl() override;
 
   const BuildReport& report() const override { return rep; }
-  Expected<std::unique_ptr<Session>> new_session() override;
+  Expected<std::unique_ptr<Session>> new_session(void* comm = nullptr) override;
   Expected<std::pair<std::string, std::string>> serialize() const override;
 
   // Checks the memory budget, uploads the weights, binds every step and fills the report's numbers.
@@ -34,6 +34,7 @@ class EngineImpl : public Engine, public std::enable_shared_from_this<EngineImpl
   cudnnHandle_t dnn = nullptr;                      // for binding (descriptors, algorithm checks)
   cublasLtHandle_t lt = nullptr;
   bool uses_dnn = false, uses_lt = false;           // whether any step needs cuDNN / cuBLASLt handles
+  bool uses_comm = false;                           // whether any step is a collective (NCCL)
 };
 
 // A node the CUDA backend declined, as a host step (lower_host.cc).

@@ -81,6 +81,7 @@ const std::map<StepOp, BindFn>& binders() {
     register_host_binders(t);
     register_quant_binders(t);
     register_loss_binders(t);
+    register_collective_binders(t);
     return t;
   }();
   return table;

@@ -73,7 +73,9 @@ enum class StepOp : uint16_t {
   kDequantCols,    // k::dequant_cols (an int8 product's sums to float)
   kLoss,           // k::loss (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss)
   kArgReduceLast,  // k::arg_reduce with select_last_index=1
-  kLast = kArgReduceLast,
+  kAllReduce,      // ncclAllReduce (sum) on the session's communicator
+  kAllGather,      // ncclAllGather on the session's communicator
+  kLast = kAllGather,
 };
 
 // What a step sees when it runs: the session's stream, handles and memory.
@@ -87,6 +89,7 @@ struct RunCtx {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   int* bad_index = nullptr;  // device counters, one per step that checks indices
+  void* comm = nullptr;      // the rank's ncclComm_t in a tensor-parallel session, else null
 
   void* ptr(Ref r) const { return r.weight ? (*weights)[size_t(r.id)] : arena + (*offsets)[size_t(r.id)]; }
 };
@@ -154,6 +157,7 @@ void register_conv_transpose_binders(std::map<StepOp, BindFn>& t);
 void register_host_binders(std::map<StepOp, BindFn>& t);
 void register_quant_binders(std::map<StepOp, BindFn>& t);  // lower_gemm_quant.cc
 void register_loss_binders(std::map<StepOp, BindFn>& t);   // lower_loss.cc
+void register_collective_binders(std::map<StepOp, BindFn>& t);  // lower_collective.cc
 
 // Every step of the plan bound, in order; an unknown kind or a malformed record is an error naming
 // the step.

@@ -312,6 +312,7 @@ const std::map<OpKind, LowerFn>& lowering_table() {
     register_conv_transpose_lowerings(t);
     register_quant_lowerings(t);
     register_loss_lowerings(t);
+    register_collective_lowerings(t);
     return t;
   }();
   return table;

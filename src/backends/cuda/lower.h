@@ -211,6 +211,7 @@ void register_fused_lowerings(std::map<OpKind, LowerFn>& t);  // lower_fused.cc:
 void register_resample_lowerings(std::map<OpKind, LowerFn>& t);  // lower_resample.cc: Pad, Resize
 void register_quant_lowerings(std::map<OpKind, LowerFn>& t);  // lower_gemm_quant.cc: QuantizedMatMul
 void register_loss_lowerings(std::map<OpKind, LowerFn>& t);   // lower_loss.cc: NLL and SCE losses
+void register_collective_lowerings(std::map<OpKind, LowerFn>& t);  // lower_collective.cc: NCCL
 const std::map<OpKind, LowerFn>& lowering_table();
 // Finds the multi-node patterns (attention, Clip into depthwise conv) before lowering;
 // lower_replacement lowers a root.

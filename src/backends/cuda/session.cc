@@ -46,33 +46,41 @@ class DnnPool {
     static DnnPool* pool = new DnnPool;  // never destroyed: its handles may outlive static teardown
     return *pool;
   }
+  // A handle of the calling thread's current GPU (a handle belongs to the device it was made on:
+  // the ranks of a tensor-parallel engine take theirs on their own GPUs).
   Expected<cudnnHandle_t> take() {
+    int dev = 0;
+    KILN_CUDA_TRY(cudaGetDevice(&dev));
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!free_.empty()) {
-        cudnnHandle_t h = free_.back();
-        free_.pop_back();
+      std::vector<cudnnHandle_t>& free = free_[dev];
+      if (!free.empty()) {
+        cudnnHandle_t h = free.back();
+        free.pop_back();
         return h;
       }
     }
     cudnnHandle_t h = nullptr;
     KILN_CUDA_TRY(cudnnCreate(&h));
+    std::lock_guard<std::mutex> lock(mu_);
+    device_[h] = dev;
     return h;
   }
   void give_back(cudnnHandle_t h) {
     cudnnSetStream(h, nullptr);  // not the ended session's stream, which is destroyed next
     std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(h);
+    free_[device_[h]].push_back(h);
   }
 
  private:
   std::mutex mu_;
-  std::vector<cudnnHandle_t> free_;
+  std::map<int, std::vector<cudnnHandle_t>> free_;  // per device
+  std::map<cudnnHandle_t, int> device_;
 };
 
 class CudaSession : public Session {
  public:
-  explicit CudaSession(std::shared_ptr<EngineImpl> e) : e_(std::move(e)) {}
+  CudaSession(std::shared_ptr<EngineImpl> e, void* comm) : e_(std::move(e)) { ctx_.comm = comm; }
   ~CudaSession() override {
     for (const Segment& g : segments_) {
       if (g.exec) cudaGraphExecDestroy(g.exec);
@@ -85,6 +93,10 @@ class CudaSession : public Session {
 
   Status init() {
     const DevicePlan& P = e_->plan;
+    if (e_->uses_comm && !ctx_.comm) {
+      return KILN_ERROR(kInvalidArgument, "this engine is one rank of a tensor-parallel engine: it runs in the whole "
+                        "engine's sessions, beside its peers");
+    }
     KILN_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     KILN_CUDA_TRY(cudaEventCreateWithFlags(&io_event_, cudaEventDisableTiming));
     // A library's handle only where a step uses it: a cold process pays ~100 ms for cuDNN's first
@@ -445,6 +457,7 @@ Status EngineImpl::finish() {
     uses_dnn = uses_dnn || st.kind == uint16_t(StepOp::kCudnnConv) || st.kind == uint16_t(StepOp::kCudnnPool) ||
                st.kind == uint16_t(StepOp::kCudnnConvTranspose);
     uses_lt = uses_lt || st.kind == uint16_t(StepOp::kLtMatmul) || st.kind == uint16_t(StepOp::kLtMatmulQuant);
+    uses_comm = uses_comm || st.kind == uint16_t(StepOp::kAllReduce) || st.kind == uint16_t(StepOp::kAllGather);
   }
   if (uses_dnn) {
     KILN_ASSIGN_OR_RETURN(dnn, DnnPool::get().take());
@@ -506,8 +519,8 @@ Expected<std::pair<std::string, std::string>> EngineImpl::serialize() const {
   return std::make_pair(std::move(dpln), std::move(host));
 }
 
-Expected<std::unique_ptr<Session>> EngineImpl::new_session() {
-  auto s = std::make_unique<CudaSession>(shared_from_this());
+Expected<std::unique_ptr<Session>> EngineImpl::new_session(void* comm) {
+  auto s = std::make_unique<CudaSession>(shared_from_this(), comm);
   KILN_RETURN_IF_ERROR(s->init());
   return std::unique_ptr<Session>(std::move(s));
 }

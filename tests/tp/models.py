@@ -64,7 +64,7 @@ def gpt2(path, layers=2, hidden=16, heads=4, vocab=50, seq=8, seed=0):
         h = b.op("LayerNormalization", [x, b.const(np.ones(hidden, np.float32)), b.const(np.zeros(hidden, np.float32))], axis=-1)
         h2 = b.op("Reshape", [h, b.const(np.array([-1, hidden], dtype=np.int64))])
         qkv = b.op("Gemm", [h2, b.weight(hidden, 3 * hidden), b.weight(3 * hidden, scale=0.1)])
-        qkv = b.op("Reshape", [qkv, b.const(np.array([0, seq, 3 * hidden], dtype=np.int64))])
+        qkv = b.op("Reshape", [qkv, b.const(np.array([-1, seq, 3 * hidden], dtype=np.int64))])
         q, k, v = b.op("Split", [qkv, b.const(np.array([hidden] * 3, dtype=np.int64))], outputs=3, axis=2)
         heads4 = b.const(np.array([0, 0, heads, hd], dtype=np.int64))
         q = b.op("Transpose", [b.op("Reshape", [q, heads4])], perm=[0, 2, 1, 3])
@@ -75,7 +75,7 @@ def gpt2(path, layers=2, hidden=16, heads=4, vocab=50, seq=8, seed=0):
         o = b.op("MatMul", [b.op("Softmax", [s], axis=-1), v])
         o = b.op("Reshape", [b.op("Transpose", [o], perm=[0, 2, 1, 3]), b.const(np.array([-1, hidden], dtype=np.int64))])
         o = b.op("Gemm", [o, b.weight(hidden, hidden), b.weight(hidden, scale=0.1)])
-        x = b.op("Add", [x, b.op("Reshape", [o, b.const(np.array([0, seq, hidden], dtype=np.int64))])])
+        x = b.op("Add", [x, b.op("Reshape", [o, b.const(np.array([-1, seq, hidden], dtype=np.int64))])])
         h = b.op("LayerNormalization", [x, b.const(np.ones(hidden, np.float32)), b.const(np.zeros(hidden, np.float32))], axis=-1)
         h = b.op("Reshape", [h, b.const(np.array([-1, hidden], dtype=np.int64))])
         f = b.op("Gemm", [h, b.weight(hidden, 4 * hidden), b.weight(4 * hidden, scale=0.1)])
@@ -84,7 +84,7 @@ def gpt2(path, layers=2, hidden=16, heads=4, vocab=50, seq=8, seed=0):
         t = b.op("Tanh", [b.op("Mul", [b.op("Add", [f, cube]), b.const(np.array(np.sqrt(2 / np.pi), dtype=np.float32))])])
         f = b.op("Mul", [b.op("Mul", [f, b.const(np.array(0.5, dtype=np.float32))]), b.op("Add", [t, b.const(np.array(1.0, dtype=np.float32))])])
         f = b.op("Gemm", [f, b.weight(4 * hidden, hidden), b.weight(hidden, scale=0.1)])
-        x = b.op("Add", [x, b.op("Reshape", [f, b.const(np.array([0, seq, hidden], dtype=np.int64))])])
+        x = b.op("Add", [x, b.op("Reshape", [f, b.const(np.array([-1, seq, hidden], dtype=np.int64))])])
     x = b.op("LayerNormalization", [x, b.const(np.ones(hidden, np.float32)), b.const(np.zeros(hidden, np.float32))], axis=-1)
     logits = b.op("MatMul", [x, b.op("Transpose", [wte_name], perm=[1, 0])])
     b.nodes[-1].output[0] = "logits"
@@ -94,8 +94,7 @@ def gpt2(path, layers=2, hidden=16, heads=4, vocab=50, seq=8, seed=0):
 
 
 def rms_norm(b, x, hidden):
-    ms = b.op("ReduceMean", [b.op("Pow", [x, b.const(np.array(2.0, dtype=np.float32))]), b.const(np.array([-1], dtype=np.int64))],
-              keepdims=1)
+    ms = b.op("ReduceMean", [b.op("Pow", [x, b.const(np.array(2.0, dtype=np.float32))])], axes=[-1], keepdims=1)
     inv = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [ms, b.const(np.array(1e-5, dtype=np.float32))])])])
     return b.op("Mul", [b.op("Mul", [x, inv]), b.const((1 + 0.1 * b.rng.standard_normal(hidden)).astype(np.float32))])
 

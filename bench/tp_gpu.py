@@ -25,6 +25,12 @@ CONFIGS = {
     "llama-gqa": ("LlamaForCausalLM", "LlamaConfig",
                   dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=6, num_attention_heads=16,
                        num_key_value_heads=4, vocab_size=32000, max_position_embeddings=512)),
+    # Two layers of Llama-2-7B's shapes (4096 hidden, 11008 MLP, 32 heads) with 8 KV heads and tied
+    # embeddings: the per-layer work TP is for, under the 2 GB export limit.
+    "llama-7b-shape": ("LlamaForCausalLM", "LlamaConfig",
+                       dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=2, num_attention_heads=32,
+                            num_key_value_heads=8, vocab_size=32000, max_position_embeddings=512,
+                            tie_word_embeddings=True)),
 }
 
 

@@ -74,6 +74,8 @@ struct NodePlan {
   size_t zero_input = SIZE_MAX;         // a row product's bias (Gemm C): zeros on ranks other than 0
   Node* bias_add = nullptr;             // a row MatMul's bias Add: its constant is zeros off rank 0
   size_t bias_input = 0;
+  Node* residual_add = nullptr;         // the residual Add after it: an Identity off rank 0
+  size_t residual_input = 0;
   Value* reduce_after = nullptr;        // the AllReduce goes after this value
 };
 
@@ -83,6 +85,13 @@ std::vector<int64_t> dims_of(const Value* v) {
 }
 
 int64_t norm_axis(int64_t a, size_t rank) { return a < 0 ? a + int64_t(rank) : a; }
+
+// Bytes of a value with static dims (its whole size: the analysis reads the graph before the split).
+size_t value_bytes(const Value* v) {
+  size_t e = dtype_size(v->type.dtype);
+  for (int64_t x : dims_of(v)) e *= size_t(x);
+  return e;
+}
 
 bool is_elementwise(OpKind op) {
   switch (op) {
@@ -138,6 +147,12 @@ class Propagator {
       } else if (double(comp_bytes(s.comp)) < kLargeShare * double(total_bytes_)) {
         bad(s.comp, fmt::format("its result leaves the model whole (output '{}') and its weights are too small to "
                                 "be worth gathering", v->name));
+      } else if (value_bytes(v) > comp_bytes(s.comp)) {
+        // An LM head over many tokens (a long prefill): gathering the logits moves more than
+        // splitting the weight saves; every rank computes them whole instead.
+        bad(s.comp, fmt::format("gathering output '{}' ({:.1f} MiB per forward) would move more than splitting its "
+                                "weights saves ({:.1f} MiB)", v->name, double(value_bytes(v)) / (1 << 20),
+                                double(comp_bytes(s.comp)) / (1 << 20)));
       } else {
         gathers_.push_back(v);
       }
@@ -272,7 +287,11 @@ class Propagator {
     NodePlan p;
     p.column = true;
     std::vector<int64_t> segs = parts_of(n.outputs[0], cols);
-    const int64_t padded = (cols + n_ - 1) / n_ * n_;
+    // Columns that do not divide (GPT-2's 50257 words) pad to a multiple of 64 per rank: each rank's
+    // product then has an aligned width, which 16-bit GEMMs need for their fast kernels, and only a
+    // gathered output (padding is sliced off after the gather) may be padded at all.
+    const int64_t pad_to = int64_t(n_) * 64;
+    const int64_t padded = cols % n_ ? (cols + pad_to - 1) / pad_to * pad_to : cols;
     if (segs.size() == 1) segs = {padded};
     p.slices.push_back({1, col_axis, segs});
     if (gemm && n.has_input(2)) {
@@ -307,20 +326,41 @@ class Propagator {
 
   // ---- rules for a node with a split input --------------------------------------------------------
 
-  // A row-split product: this rank's partial sum, made whole by an AllReduce after the product or
-  // after a bias Add that reads it alone (the bias then counts once: zeros on the other ranks).
+  // A row-split product: this rank's partial sum, made whole by one AllReduce. The AllReduce moves
+  // past what a sum passes through unchanged when rank 0 alone adds it: a bias Add (zeros on the
+  // other ranks), views, and then the residual Add (the other ranks pass their partial sum on).
+  // Rank 0's product then keeps its bias and residual in its GEMM epilogue, and no rank runs an
+  // Add after the AllReduce.
   void reduce_after(Node& n, NodePlan& p) {
     Value* y = n.outputs[0];
     p.row = true;
     p.reduce_after = y;
-    if (uses_.is_output(y) || uses_.num_uses(y) != 1 || !uses_.uses(y)[0].node) return;
-    Node* add = uses_.uses(y)[0].node;
-    if (add->op != OpKind::kAdd || add->owner != &g_ || add->inputs.size() != 2 || add->inputs[0] == add->inputs[1]) return;
-    const size_t bi = add->inputs[0] == y ? 1 : 0;
-    if (!constant_of(g_, add->inputs[bi]) || dims_of(add->outputs[0]) != dims_of(y)) return;
-    p.bias_add = add;
-    p.bias_input = bi;
-    p.reduce_after = add->outputs[0];
+    while (!uses_.is_output(y) && uses_.num_uses(y) == 1 && uses_.uses(y)[0].node) {
+      Node* u = uses_.uses(y)[0].node;
+      if (u->owner != &g_ || !u->has_output(0) || at(y).split()) return;
+      if (u->op == OpKind::kReshape || u->op == OpKind::kIdentity || u->op == OpKind::kSqueeze ||
+          u->op == OpKind::kUnsqueeze) {
+        if (u->inputs[0] != y || (u->inputs.size() > 1 && u->inputs[1] == y)) return;
+        y = u->outputs[0];
+        continue;
+      }
+      if (u->op != OpKind::kAdd || u->inputs.size() != 2 || u->inputs[0] == u->inputs[1]) return;
+      const size_t oi = u->inputs[0] == y ? 1 : 0;
+      const Value* other = u->inputs[oi];
+      if (at(other).split() || dims_of(u->outputs[0]) != dims_of(y)) return;
+      if (constant_of(g_, other)) {
+        if (p.bias_add || p.residual_add) return;
+        p.bias_add = u;
+        p.bias_input = oi;
+      } else {
+        if (p.residual_add) return;
+        p.residual_add = u;
+        p.residual_input = oi;
+      }
+      y = u->outputs[0];
+      p.reduce_after = y;
+      if (p.residual_add) return;
+    }
   }
 
   // Where a replicated operand meets a split one: fine when it broadcasts along the split axis; a
@@ -425,8 +465,7 @@ class Propagator {
     NodePlan p;
     p.slices.push_back({1, n.attr_int("transB", 0) ? 1 : 0, s.segs});
     if (n.has_input(2)) p.zero_input = 2;
-    p.row = true;
-    p.reduce_after = n.outputs[0];
+    reduce_after(n, p);
     plans[&n] = std::move(p);
   }
 
@@ -689,7 +728,7 @@ class Rewriter {
     ar->attrs["ranks"] = Attribute::of_int(n_);
     redirect(v, ar->outputs[0], rd);
     ++rep.all_reduces;
-    rep.all_reduce_bytes += bytes_of(v);
+    rep.all_reduce_bytes += value_bytes(v);
     return ar;
   }
 
@@ -708,7 +747,7 @@ class Rewriter {
     }
     redirect(v, out, rd);
     ++rep.all_gathers;
-    rep.all_gather_bytes += bytes_of(v);
+    rep.all_gather_bytes += value_bytes(v);
   }
 
   // Gather(table, ids) -> this rank's rows: ids it holds look up, others read zeros; an AllReduce
@@ -757,12 +796,6 @@ class Rewriter {
     all_reduce(picked, rep);
   }
 
-  static size_t bytes_of(const Value* v) {
-    const std::vector<int64_t> d = dims_of(v);
-    size_t e = 1;
-    for (int64_t x : d) e *= size_t(x);
-    return e * dtype_size(v->type.dtype);
-  }
 
  private:
   Graph& g_;
@@ -854,6 +887,11 @@ Expected<bool> shard_tensor_parallel(Graph& g, int ranks, int rank, TensorParall
     if (p.bias_add && rank != 0) {
       Value*& b = p.bias_add->inputs[p.bias_input];
       b = rw.constant(b->name + "_zero", zeros_like(*constant_of(g, b)));
+    }
+    if (p.residual_add && rank != 0) {  // the partial sum passes on; rank 0 adds the residual once
+      Node& a = *p.residual_add;
+      a.op = OpKind::kIdentity;
+      a.inputs = {a.inputs[1 - p.residual_input]};
     }
   }
   // Collectives last: they add nodes and redirect readers, which the plans above no longer need.

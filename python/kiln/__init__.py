@@ -116,15 +116,17 @@ class Engine:
 def build(path: str | os.PathLike, *, device: str = "auto", precision: str = "fp32",
           shapes: Optional[Mapping[str, Sequence[int]]] = None, batch: int = 0,
           shape_ranges: Optional[Mapping[str, Sequence]] = None, disabled_passes: Sequence[str] = (),
-          autotune: bool = True, cuda_graph: bool = True, memory_budget_mib: int = 0, timing_cache: str = "") -> Engine:
+          autotune: bool = True, cuda_graph: bool = True, memory_budget_mib: int = 0, timing_cache: str = "",
+          tensor_parallel: int = 1) -> Engine:
     """Imports and optimizes an ONNX model and builds an engine (BuildConfig's fields, by name).
 
     shapes binds inputs' symbolic dims ({"input_ids": [1, 128]}); shape_ranges gives ranges for a
     dynamic engine, one entry per dim: an int (fixed) or (min, max) / (min, max, opt)
-    ({"input_ids": [(1, 64), (16, 512)]})."""
+    ({"input_ids": [(1, 64), (16, 512)]}). tensor_parallel > 1 splits the model over that many GPUs
+    (CPU threads on the CPU); it needs fixed shapes (docs/tensor-parallel.md)."""
     return Engine(_kiln.build(os.fspath(path), device, precision, {k: list(v) for k, v in (shapes or {}).items()},
                               batch, dict(shape_ranges or {}), list(disabled_passes), autotune, cuda_graph,
-                              memory_budget_mib, timing_cache))
+                              memory_budget_mib, timing_cache, tensor_parallel))
 
 
 def quantize(path: str | os.PathLike, out: str | os.PathLike, *, calib_dir: str, precision: str = "int8",

@@ -181,3 +181,18 @@ def test_quantize(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(kiln.KilnError, match="empty: no samples"):
         kiln.quantize(path, tmp_path / "q2.onnx", calib_dir=str(tmp_path / "empty"))
+
+
+def test_tensor_parallel(tmp_path):
+    # Two CPU ranks: w0's columns and w1's rows split, joined by the reference all-reduce.
+    path = str(tmp_path / "mlp.onnx")
+    w0, w1 = mlp(path)
+    e = kiln.build(path, device="cpu", shapes={"x": [2, 4]}, tensor_parallel=2)
+    x = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+    y, = e.create_session().run(None, {"x": x})
+    np.testing.assert_allclose(y, np.maximum(x @ w0, 0) @ w1, rtol=1e-5, atol=1e-5)
+    e.save(str(tmp_path / "mlp.tp2.kiln"))
+    y2, = kiln.Engine.load(str(tmp_path / "mlp.tp2.kiln")).create_session().run(None, {"x": x})
+    np.testing.assert_array_equal(y, y2)
+    with pytest.raises(kiln.KilnError, match="fixed input shapes"):
+        kiln.build(path, device="cpu", tensor_parallel=2)

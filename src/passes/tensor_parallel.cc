@@ -47,6 +47,10 @@ namespace {
 // A large share of the weights: an LM head or embedding table worth splitting even though its
 // result must be gathered (or summed) afterwards. Small heads (a classifier) stay whole.
 constexpr double kLargeShare = 0.02;
+// A gathered output is moved about this many times (the collective, the copy that puts the ranks'
+// parts in place, the copy that cuts padding): split a product whose result is gathered only when
+// its weight outweighs that.
+constexpr size_t kGatherCost = 4;
 
 // How a value is held across ranks: whole on each, or split along `axis`, whose segments (whole
 // sizes, adding up to the axis's size) each split n ways, rank r holding the r-th part of each.
@@ -147,11 +151,12 @@ class Propagator {
       } else if (double(comp_bytes(s.comp)) < kLargeShare * double(total_bytes_)) {
         bad(s.comp, fmt::format("its result leaves the model whole (output '{}') and its weights are too small to "
                                 "be worth gathering", v->name));
-      } else if (value_bytes(v) > comp_bytes(s.comp)) {
-        // An LM head over many tokens (a long prefill): gathering the logits moves more than
-        // splitting the weight saves; every rank computes them whole instead.
-        bad(s.comp, fmt::format("gathering output '{}' ({:.1f} MiB per forward) would move more than splitting its "
-                                "weights saves ({:.1f} MiB)", v->name, double(value_bytes(v)) / (1 << 20),
+      } else if (kGatherCost * value_bytes(v) > comp_bytes(s.comp)) {
+        // An LM head over many tokens (a long prefill): the gather (NCCL, then the ranks' parts put in
+        // place, then the padding cut) costs more than reading a share of the weight saves; every
+        // rank computes the logits whole instead (bench/RESULTS.md, nineteenth session).
+        bad(s.comp, fmt::format("gathering output '{}' ({:.1f} MiB per forward) costs more than splitting its "
+                                "weights ({:.1f} MiB) saves", v->name, double(value_bytes(v)) / (1 << 20),
                                 double(comp_bytes(s.comp)) / (1 << 20)));
       } else {
         gathers_.push_back(v);

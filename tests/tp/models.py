@@ -50,7 +50,7 @@ def causal_mask(s):
     return np.tril(np.ones((s, s), dtype=bool)).reshape(1, 1, s, s)
 
 
-def gpt2(path, layers=2, hidden=16, heads=4, vocab=50, seq=8, seed=0):
+def gpt2(path, layers=2, hidden=32, heads=4, vocab=50, seq=8, seed=0):
     b = Builder(seed)
     hd = hidden // heads
     wte = (b.rng.standard_normal((vocab, hidden)) * 0.5).astype(np.float32)

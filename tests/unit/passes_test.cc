@@ -290,7 +290,7 @@ TEST(TensorParallelOnGoldens, EveryGoldenGraphSplitsCorrectlyOrStaysWhole) {
       expect_same_outputs_over_ranks(**before, c.input, **g, ranks, 3, /*lenient=*/true);
     }
   }
-  EXPECT_GT(split, 5);  // the goldens hold attention, MLPs and embeddings that do split
+  EXPECT_GE(split, 4);  // tensor-parallel.kir alone holds four graphs that split over 2 ranks
 }
 
 TEST(PassGoldenFiles, EveryPipelinePassHasAGoldenFile) {

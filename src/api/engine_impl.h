@@ -77,6 +77,10 @@ Expected<Engine> build_tensor_parallel(std::unique_ptr<Graph> g, const BuildConf
 Expected<std::unique_ptr<Session::Impl>> tensor_parallel_session(const Engine::Impl& e);
 Expected<std::string> serialize_tensor_parallel(const Engine::Impl& e);
 bool is_tensor_parallel_file(std::string_view bytes);
+// A tensor-parallel engine file's ranks' engine files (views of `bytes`) and its header (`header`:
+// config, report, device), for loading and for `kiln inspect`.
+Expected<std::vector<std::string_view>> tensor_parallel_ranks(std::string_view bytes, const std::string& name,
+                                                              nlohmann::json* header);
 Expected<Engine> load_tensor_parallel(std::string_view bytes, std::shared_ptr<const void> owner, const std::string& name);
 // An engine viewing an engine file's bytes (engine.cc); owner keeps them alive; read_ms for the report.
 Expected<Engine> load_engine_view(std::string_view bytes, std::shared_ptr<const void> owner, const std::string& name,

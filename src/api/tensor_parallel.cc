@@ -207,8 +207,8 @@ bool is_tensor_parallel_file(std::string_view bytes) {
   return bytes.size() >= sizeof kMagic && std::memcmp(bytes.data(), kMagic, sizeof kMagic) == 0;
 }
 
-Expected<Engine> load_tensor_parallel(std::string_view bytes, std::shared_ptr<const void> owner, const std::string& name) {
-  auto t0 = std::chrono::steady_clock::now();
+Expected<std::vector<std::string_view>> tensor_parallel_ranks(std::string_view bytes, const std::string& name,
+                                                              nlohmann::json* header) {
   size_t at = sizeof kMagic;
   auto u64 = [&](uint64_t& v) {
     if (bytes.size() - at < 8) return false;
@@ -223,6 +223,26 @@ Expected<Engine> load_tensor_parallel(std::string_view bytes, std::shared_ptr<co
   nlohmann::json meta = nlohmann::json::parse(bytes.substr(at, head), nullptr, /*allow_exceptions=*/false);
   at += head;
   if (!meta.is_object() || !meta.contains("config")) return KILN_ERROR(kInvalidModel, "{}: a corrupted tensor-parallel header", name);
+  std::vector<std::string_view> ranks;
+  for (uint64_t r = 0; r < n; ++r) {
+    at = (at + 8 + kAlign - 1) / kAlign * kAlign - 8;
+    uint64_t size = 0;
+    if (at > bytes.size() || !u64(size) || size > bytes.size() - at) {
+      return KILN_ERROR(kInvalidModel, "{}: rank {} of {} is missing or truncated", name, r, n);
+    }
+    ranks.push_back(bytes.substr(at, size));
+    at += size;
+    if (is_tensor_parallel_file(ranks.back())) return KILN_ERROR(kInvalidModel, "{}: rank {} is itself split", name, r);
+  }
+  *header = std::move(meta);
+  return ranks;
+}
+
+Expected<Engine> load_tensor_parallel(std::string_view bytes, std::shared_ptr<const void> owner, const std::string& name) {
+  auto t0 = std::chrono::steady_clock::now();
+  nlohmann::json meta;
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string_view> files, tensor_parallel_ranks(bytes, name, &meta));
+  const uint64_t n = files.size();
   KILN_ASSIGN_OR_RETURN(BuildConfig config, config_from_json(meta["config"]));
   if (config.tensor_parallel != int(n)) {
     return KILN_ERROR(kInvalidModel, "{}: holds {} ranks but was built for {}", name, n, config.tensor_parallel);
@@ -234,15 +254,8 @@ Expected<Engine> load_tensor_parallel(std::string_view bytes, std::shared_ptr<co
   }
   std::vector<Engine> ranks;
   for (uint64_t r = 0; r < n; ++r) {
-    at = (at + 8 + kAlign - 1) / kAlign * kAlign - 8;
-    uint64_t size = 0;
-    if (at > bytes.size() || !u64(size) || size > bytes.size() - at) {
-      return KILN_ERROR(kInvalidModel, "{}: rank {} of {} is missing or truncated", name, r, n);
-    }
     const std::string rank_name = fmt::format("{} (rank {})", name, r);
-    std::string_view rb = bytes.substr(at, size);
-    at += size;
-    if (is_tensor_parallel_file(rb)) return KILN_ERROR(kInvalidModel, "{}: a rank that is itself split", rank_name);
+    std::string_view rb = files[r];
     if (cuda) KILN_RETURN_IF_ERROR(gpu_select(int(r)));
     auto e = load_engine_view(rb, owner, rank_name, 0);
     if (cuda) (void)gpu_select(0);

@@ -82,6 +82,17 @@ for kind, make, layers in (("gpt2", models.gpt2, 2), ("llama", models.llama, 2))
                  expect_ok=False)
         check(r.returncode != 0 and "built for %d rank" % n in r.stderr,
               f"{kind}: running a {n}-rank engine file with --tensor-parallel 3 is refused: {r.stderr.strip()}")
+        r = kiln("inspect", engine)
+        check(f"tensor parallel: {n} ranks" in r.stdout and "AllReduce" in r.stdout,
+              f"{kind}: kiln inspect shows the ranks and the split")
+        data = open(engine, "rb").read()
+        for cut in (20, len(data) // 2, len(data) - 10):  # the header, rank 0's file, the last rank's
+            damaged = os.path.join(TMP, f"{kind}_cut.kiln")
+            open(damaged, "wb").write(data[:cut])
+            r = kiln("run", damaged, "--device", DEVICE, "--input", f"input_ids={ids_file}", expect_ok=False)
+            msg = r.stderr.strip()
+            check(r.returncode != 0 and damaged in msg and len(msg.splitlines()) == 1,
+                  f"{kind}: an engine file cut at {cut} of {len(data)} bytes is a one-line error naming it: {msg[:150]}")
 
     # The estimator: per-GPU weights shrink with the ranks; the collectives the split needs.
     est_file = os.path.join(TMP, f"{kind}_est.json")

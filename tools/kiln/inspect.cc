@@ -6,6 +6,7 @@
 #include "cli.h"
 #include "ir/dot.h"
 #include "ir/text.h"
+#include "api/engine_impl.h"
 #include "runtime/engine_file.h"
 
 namespace kiln::cli {
@@ -55,7 +56,15 @@ int inspect_engine(const std::string& path) {
   std::string bytes(size_t(std::max<std::streamoff>(f.tellg(), 0)), '\0');
   f.seekg(0);
   if (!f.read(bytes.data(), std::streamsize(bytes.size()))) return fail(KILN_ERROR(kIo, "{}: cannot read", path));
-  auto meta = read_engine_meta(bytes, path);
+  std::string_view file = bytes;
+  nlohmann::json tp;  // a tensor-parallel engine: its header; rank 0's file describes the rest
+  if (is_tensor_parallel_file(bytes)) {
+    auto ranks = tensor_parallel_ranks(bytes, path, &tp);
+    if (!ranks) return fail(ranks.status());
+    file = ranks->front();
+    std::printf("tensor parallel: %zu ranks, each an engine file of its own (rank 0's below)\n", ranks->size());
+  }
+  auto meta = read_engine_meta(file, path);
   if (!meta) return fail(meta.status());
   const nlohmann::json& j = *meta;
   std::printf("engine:    %s (%.1f MiB, format %u, kiln %s)\n", path.c_str(), double(bytes.size()) / (1 << 20),
@@ -82,6 +91,7 @@ int inspect_engine(const std::string& path) {
                   shape.c_str());
     }
   }
+  if (tp.contains("report")) std::printf("%s", tp["report"].get<std::string>().c_str());
   std::string report = j.value("report", std::string());
   std::printf("%s", report.substr(0, report.find("placement:")).c_str());
   return 0;

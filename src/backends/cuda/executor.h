@@ -75,7 +75,8 @@ enum class StepOp : uint16_t {
   kArgReduceLast,  // k::arg_reduce with select_last_index=1
   kAllReduce,      // ncclAllReduce (sum) on the session's communicator
   kAllGather,      // ncclAllGather on the session's communicator
-  kLast = kAllGather,
+  kRowMoments,     // k::row_moments (LayerNormalization's Mean and InvStdDev outputs)
+  kLast = kRowMoments,
 };
 
 // What a step sees when it runs: the session's stream, handles and memory.

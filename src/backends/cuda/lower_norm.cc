@@ -40,9 +40,52 @@ Expected<StepFn> bind_softmax(Params& in, BindCtx&) {
   });
 }
 
+// LayerNormalization's optional Mean and InvStdDev outputs ([rows] in the stash type), by a second
+// kernel over x: they are rare in inference graphs, so the fused kernel stays as it is.
+Status emit_row_moments(Lowering& L, const Node& n, const DevValue* x, int64_t rows, int64_t cols, float eps) {
+  const Value* mo = n.has_output(1) ? n.outputs[1] : nullptr;
+  const Value* io = n.has_output(2) ? n.outputs[2] : nullptr;
+  if (!mo && !io) return Status::ok();
+  const DevValue* m = mo ? &L.define(mo) : nullptr;
+  const DevValue* iv = io ? &L.define(io) : nullptr;
+  const k::DT dt = m ? m->dt : iv->dt;
+  if (!is_float_dt(dt) || (m && iv && m->dt != iv->dt)) KILN_UNSUPPORTED("Mean/InvStdDev of {}", dtype_name((m ? m : iv)->ir_dtype));
+  if ((m && m->numel() != rows) || (iv && iv->numel() != rows)) KILN_UNSUPPORTED("Mean/InvStdDev of {} rows", rows);
+  ByteWriter w;
+  w.put(int32_t(x->dt));
+  w.put(int32_t(dt));
+  put(w, x->ref);
+  put(w, m ? m->ref : Ref{});
+  put(w, iv ? iv->ref : Ref{});
+  w.i64(rows);
+  w.i64(cols);
+  w.put(eps);
+  std::vector<int> writes;
+  if (m) writes.push_back(m->ref.id);
+  if (iv) writes.push_back(iv->ref.id);
+  L.emit(&n, "kernel row_moments (Mean, InvStdDev)", {read_id(x)}, writes, StepOp::kRowMoments, std::move(w));
+  return Status::ok();
+}
+
+Expected<StepFn> bind_row_moments(Params& in, BindCtx&) {
+  const k::DT dt = in.dt(), out_dt = in.dt();
+  const Ref xr = in.ref(), mr = in.opt_ref(), ir = in.opt_ref();
+  const int64_t rows = in.i64(), cols = in.i64();
+  const float eps = in.f32();
+  KILN_RETURN_IF_ERROR(in.done());
+  if (rows < 0 || cols < 1 || (mr.id < 0 && ir.id < 0)) return KILN_ERROR(kInvalidModel, "step '{}': malformed", in.step().label);
+  return StepFn([=](const RunCtx& c) {
+    return cuda_status(k::row_moments(dt, c.ptr(xr), rows, cols, eps, out_dt, mr.id >= 0 ? c.ptr(mr) : nullptr,
+                                      ir.id >= 0 ? c.ptr(ir) : nullptr, c.stream),
+                       "row_moments");
+  });
+}
+
 Status lower_layer_norm(Lowering& L, const Node& n) {
-  for (size_t i = 1; i < n.outputs.size(); ++i) {
-    if (n.has_output(i)) KILN_UNSUPPORTED("{} with Mean/InvStdDev outputs", op_name(n.op));
+  if (n.op == OpKind::kRMSNormalization) {
+    for (size_t i = 1; i < n.outputs.size(); ++i) {
+      if (n.has_output(i)) KILN_UNSUPPORTED("{} with extra outputs", op_name(n.op));
+    }
   }
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
   if (!is_float_dt(x->dt)) KILN_UNSUPPORTED("{} on {}", op_name(n.op), dtype_name(x->ir_dtype));
@@ -58,6 +101,7 @@ Status lower_layer_norm(Lowering& L, const Node& n) {
     if (bias->numel() != cols || bias->dt != x->dt) KILN_UNSUPPORTED("LayerNormalization bias broadcast over rows");
   }
   float eps = n.attr_float("epsilon", 1e-5f);
+  KILN_RETURN_IF_ERROR(emit_row_moments(L, n, x, rows, cols, eps));
   // A half model's output that nothing else reads is written in its declared f32 by the kernel
   // itself: no output cast pass over the whole output (bench/RESULTS.md, "LayerNorm writes a half
   // model's f32 output (c38a9c8)").
@@ -463,6 +507,7 @@ void emit_softmax(Lowering& L, const Node* n, std::string label, k::DT dt, Ref x
 void register_norm_binders(std::map<StepOp, BindFn>& t) {
   t[StepOp::kSoftmax] = bind_softmax;
   t[StepOp::kLayerNorm] = bind_layer_norm;
+  t[StepOp::kRowMoments] = bind_row_moments;
   t[StepOp::kChannelAffine] = bind_channel_affine;
   t[StepOp::kGroupNorm] = bind_group_norm;
   t[StepOp::kReduce] = bind_reduce;

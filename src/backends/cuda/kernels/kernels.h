@@ -123,6 +123,11 @@ cudaError_t softmax(DT dt, const void* x, void* y, int64_t rows, int64_t cols, b
 cudaError_t layer_norm(DT dt, const void* x, const void* scale, const void* bias, void* y, DT y_dt, int64_t rows,
                        int64_t cols, float eps, cudaStream_t s, bool pdl = false);
 
+// LayerNorm's optional outputs: per row of x [rows, cols] its mean and 1 / sqrt(var + eps) (biased
+// variance, f32 math), written as out_dt (kF32, kF16, kBF16); either pointer may be null.
+cudaError_t row_moments(DT dt, const void* x, int64_t rows, int64_t cols, float eps, DT out_dt, void* mean,
+                        void* inv_std, cudaStream_t s);
+
 // RMSNorm-style variant (no mean subtraction): y = x / sqrt(mean(x^2) + eps) * scale.
 cudaError_t rms_norm(DT dt, const void* x, const void* scale, void* y, DT y_dt, int64_t rows, int64_t cols, float eps,
                      cudaStream_t s, bool pdl = false);

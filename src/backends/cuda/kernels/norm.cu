@@ -428,4 +428,47 @@ cudaError_t channel_affine(DT dt, const void* x, const float* scale, const float
   });
 }
 
+namespace {
+
+// One block per row (rows strided over the grid): the mean, then the variance around it, in f32.
+template <class T, class Y>
+__global__ void row_moments_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, float eps, Y* __restrict__ mean,
+                                   Y* __restrict__ inv_std) {
+  __shared__ float smem[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* row = x + r * cols;
+    float s = 0.f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += to_f(row[c]);
+    const float m = group_reduce<kBlock, false>(s, smem) / static_cast<float>(cols);
+    float q = 0.f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float d = to_f(row[c]) - m;
+      q += d * d;
+    }
+    const float var = group_reduce<kBlock, false>(q, smem) / static_cast<float>(cols);
+    if (threadIdx.x == 0) {
+      if (mean) mean[r] = from_f<Y>(m);
+      if (inv_std) inv_std[r] = from_f<Y>(rsqrtf(var + eps));
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t row_moments(DT dt, const void* x, int64_t rows, int64_t cols, float eps, DT out_dt, void* mean,
+                        void* inv_std, cudaStream_t s) {
+  if (rows < 0 || cols < 1) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  return dispatch_f32ish(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return dispatch_f32ish(out_dt, [&](auto otag) {
+      using Y = typename decltype(otag)::type;
+      const unsigned grid = static_cast<unsigned>(rows < kMaxGrid ? rows : kMaxGrid);
+      row_moments_kernel<T, Y><<<grid, kBlock, 0, s>>>(static_cast<const T*>(x), rows, cols, eps, static_cast<Y*>(mean),
+                                                        static_cast<Y*>(inv_std));
+      return cudaGetLastError();
+    });
+  });
+}
+
 }  // namespace kiln::cuda::k

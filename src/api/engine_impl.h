@@ -122,6 +122,8 @@ int gpu_count();             // GPUs this process sees (0 without CUDA)
 Status gpu_select(int ordinal);  // the calling thread's current GPU
 // NCCL communicators for GPUs 0..n-1, each freed with its pointer (gpu.cc).
 Expected<std::vector<std::shared_ptr<void>>> gpu_communicators(int n);
+// Aborts them: peers waiting in a collective return (a rank failed); they cannot be used again.
+void gpu_abort_communicators(const std::vector<std::shared_ptr<void>>& comms);
 // NCCL all-reduce timing (plan_parallel.h's measure_all_reduce_ms).
 Expected<double> gpu_all_reduce_ms(int n, size_t bytes, int iterations);
 // `unoptimized`: the graph before the passes when its inputs have ranged dims (else null).

@@ -145,6 +145,8 @@ Status gpu_select(int ordinal) {
 
 Expected<std::vector<std::shared_ptr<void>>> gpu_communicators(int n) { return cuda::nccl_comms(n); }
 
+void gpu_abort_communicators(const std::vector<std::shared_ptr<void>>& comms) { cuda::nccl_abort(comms); }
+
 Expected<double> gpu_all_reduce_ms(int n, size_t bytes, int iterations) { return cuda::nccl_all_reduce_ms(n, bytes, iterations); }
 
 Expected<std::shared_ptr<DeviceEngine>> build_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& c,
@@ -210,6 +212,8 @@ Status gpu_select(int) { return KILN_ERROR(kUnsupported, "this kiln was built wi
 Expected<std::vector<std::shared_ptr<void>>> gpu_communicators(int) {
   return KILN_ERROR(kUnsupported, "this kiln was built without CUDA");
 }
+
+void gpu_abort_communicators(const std::vector<std::shared_ptr<void>>&) {}
 
 Expected<double> gpu_all_reduce_ms(int, size_t, int) { return KILN_ERROR(kUnsupported, "this kiln was built without CUDA"); }
 

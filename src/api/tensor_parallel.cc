@@ -9,6 +9,7 @@
 // split's report), then each rank's own engine file at a 4 KiB boundary, loaded as it is.
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -62,10 +63,16 @@ class TensorParallelSession : public Session::Impl {
 
   // Runs f(r) on every rank at once, rank 0 on the calling thread; the first rank's error (in rank
   // order) is the answer, else rank 0's result. On the CPU a fresh communicator serves each call,
-  // so a rank that fails releases its peers and the next call starts clean.
+  // so a rank that fails releases its peers and the next call starts clean. On the GPU a rank that
+  // fails aborts the NCCL communicators, which releases peers waiting in a collective; the session
+  // cannot run again (its CUDA graphs hold them) and says so.
   template <typename T, typename F>
   Expected<T> on_ranks(F&& f) {
     const int n = int(ranks.size());
+    if (broken_) {
+      return KILN_ERROR(kInvalidArgument, "this tensor-parallel session stopped when a rank failed ({}); create a new "
+                        "session", broken_why_);
+    }
     auto comm = gpu_ ? nullptr : std::make_shared<ThreadComm>(n);
     std::vector<std::optional<Expected<T>>> res(static_cast<size_t>(n));
     auto one = [&](int r) {
@@ -78,6 +85,14 @@ class TensorParallelSession : public Session::Impl {
       ScopedComm scope(comm.get(), r);
       res[size_t(r)].emplace(f(r));
       if (!*res[size_t(r)] && comm) comm->abort();
+      if (!*res[size_t(r)] && gpu_) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!broken_) {
+          broken_ = true;
+          broken_why_ = fmt::format("rank {}: {}", r, res[size_t(r)]->status().message());
+          gpu_abort_communicators(comms_);
+        }
+      }
     };
     std::vector<std::thread> threads;
     for (int r = 1; r < n; ++r) threads.emplace_back(one, r);
@@ -121,6 +136,9 @@ class TensorParallelSession : public Session::Impl {
  private:
   bool gpu_;
   std::vector<std::shared_ptr<void>> comms_;  // one NCCL communicator per GPU (GPU sessions)
+  std::mutex mu_;
+  bool broken_ = false;     // a GPU rank failed and the communicators were aborted
+  std::string broken_why_;
 };
 
 void put_u64(std::string& s, uint64_t v) { s.append(reinterpret_cast<const char*>(&v), 8); }

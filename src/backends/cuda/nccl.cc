@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -57,6 +58,15 @@ const Loaded& loaded() {
   return l;
 }
 
+// Destroys a communicator when its last pointer goes, unless nccl_abort aborted it (which frees it).
+struct CommDeleter {
+  const Nccl* api;
+  std::shared_ptr<std::atomic<bool>> aborted;
+  void operator()(void* p) const {
+    if (!aborted->load()) api->comm_destroy(static_cast<ncclComm_t>(p));
+  }
+};
+
 }  // namespace
 
 Expected<const Nccl*> nccl_library() {
@@ -85,8 +95,15 @@ Expected<std::vector<std::shared_ptr<void>>> nccl_comms(int n) {
   for (int i = 0; i < n; ++i) devs.push_back(i);
   KILN_RETURN_IF_ERROR(nccl_status(api->comm_init_all(comms.data(), n, devs.data()), "ncclCommInitAll"));
   std::vector<std::shared_ptr<void>> out;
-  for (ncclComm_t c : comms) out.emplace_back(c, [api](void* p) { api->comm_destroy(static_cast<ncclComm_t>(p)); });
+  for (ncclComm_t c : comms) out.emplace_back(c, CommDeleter{api, std::make_shared<std::atomic<bool>>(false)});
   return out;
+}
+
+void nccl_abort(const std::vector<std::shared_ptr<void>>& comms) {
+  for (const std::shared_ptr<void>& c : comms) {
+    const CommDeleter* d = std::get_deleter<CommDeleter>(c);
+    if (d && !d->aborted->exchange(true)) d->api->comm_abort(static_cast<ncclComm_t>(c.get()));
+  }
 }
 
 Expected<double> nccl_all_reduce_ms(int n, size_t bytes, int iterations) {

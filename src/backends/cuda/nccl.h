@@ -37,6 +37,11 @@ Status nccl_status(ncclResult_t r, const char* call);
 // pointer is released. NVLink multicast (NVLS) is left off unless the environment turns it on.
 Expected<std::vector<std::shared_ptr<void>>> nccl_comms(int n);
 
+// Aborts each communicator of nccl_comms (ncclCommAbort: collectives waiting on it return) unless
+// already aborted; their pointers then free nothing more. For a rank that failed while its peers
+// wait in a collective: the communicators cannot be used again.
+void nccl_abort(const std::vector<std::shared_ptr<void>>& comms);
+
 // The median time (ms) of an fp16 all-reduce of `bytes` across GPUs 0..n-1, each rank on a thread
 // of its own, over `iterations` calls after a warmup (CUDA events on rank 0's stream).
 Expected<double> nccl_all_reduce_ms(int n, size_t bytes, int iterations);

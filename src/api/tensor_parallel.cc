@@ -7,6 +7,7 @@
 //
 // The engine file: "KILNTP01", the rank count, a JSON header (the build configuration and the
 // split's report), then each rank's own engine file at a 4 KiB boundary, loaded as it is.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -143,6 +144,20 @@ class TensorParallelSession : public Session::Impl {
 
 void put_u64(std::string& s, uint64_t v) { s.append(reinterpret_cast<const char*>(&v), 8); }
 
+// The passes before the split run once on the whole graph; each rank runs the split and the rest.
+// Options are handed to each part as far as they name its passes.
+PassOptions part_options(const BuildConfig& config, const std::vector<Pass>& part, bool dump) {
+  auto has = [&](const std::string& name) {
+    return std::any_of(part.begin(), part.end(), [&](const Pass& p) { return p.name == name; });
+  };
+  PassOptions po;
+  for (const std::string& d : config.disabled_passes) {
+    if (has(d)) po.disabled.push_back(d);
+  }
+  if (dump && (config.dump_ir_after == "all" || has(config.dump_ir_after))) po.dump_ir_after = config.dump_ir_after;
+  return po;
+}
+
 }  // namespace
 
 Expected<Engine> build_tensor_parallel(std::unique_ptr<Graph> g, const BuildConfig& config, double import_ms) {
@@ -152,15 +167,24 @@ Expected<Engine> build_tensor_parallel(std::unique_ptr<Graph> g, const BuildConf
   rc.device = device;
   std::vector<Engine> ranks;
   std::string report;
-  double passes_total = 0;
+  auto t_prefix = std::chrono::steady_clock::now();
+  {
+    std::vector<Pass> all = tensor_parallel_pipeline(n, 0, nullptr);
+    auto split = std::find_if(all.begin(), all.end(), [](const Pass& p) { return p.name == "tensor-parallel"; });
+    std::vector<Pass> prefix(all.begin(), split);
+    KILN_ASSIGN_OR_RETURN(PassReport pr, run_passes(*g, prefix, part_options(config, prefix, true)));
+    if (config.print_pass_report) std::fprintf(stderr, "%s", pr.to_text().c_str());
+  }
+  double passes_total = ms_since(t_prefix);
   for (int r = 0; r < n; ++r) {
     auto t0 = std::chrono::steady_clock::now();
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> rg, clone_graph(*g));
     TensorParallelReport rep;
-    PassOptions po;
-    po.disabled = config.disabled_passes;
-    if (r == 0) po.dump_ir_after = config.dump_ir_after;  // rank 0's IR stands for every rank's
-    KILN_ASSIGN_OR_RETURN(PassReport pr, run_passes(*rg, tensor_parallel_pipeline(n, r, &rep), po));
+    std::vector<Pass> all = tensor_parallel_pipeline(n, r, &rep);
+    std::vector<Pass> suffix(std::find_if(all.begin(), all.end(), [](const Pass& p) { return p.name == "tensor-parallel"; }),
+                             all.end());
+    // Rank 0's IR stands for every rank's.
+    KILN_ASSIGN_OR_RETURN(PassReport pr, run_passes(*rg, suffix, part_options(config, suffix, r == 0)));
     if (config.print_pass_report && r == 0) std::fprintf(stderr, "%s", pr.to_text().c_str());
     if (r == 0) report = rep.to_text();
     const double passes_ms = ms_since(t0);

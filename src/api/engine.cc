@@ -108,7 +108,10 @@ std::string Engine::report() const {
   if (!impl_->ranks.empty()) {
     std::string r = impl_->load_note + impl_->build_note + impl_->tp_report;
     for (size_t i = 0; i < impl_->ranks.size(); ++i) {
-      r += fmt::format("rank {}: weights {:.2f} MiB\n", i, double(impl_->ranks[i].weight_bytes()) / (1 << 20));
+      const Engine::Impl& ri = *impl_->ranks[i].impl();
+      r += fmt::format("rank {}: weights {:.2f} MiB{}\n", i, double(impl_->ranks[i].weight_bytes()) / (1 << 20),
+                       ri.gpu ? fmt::format(", activation arena {:.2f} MiB per session", double(ri.gpu->arena_bytes()) / (1 << 20))
+                              : std::string());
     }
     return r + "rank 0's engine:\n" + impl_->ranks[0].report();
   }

@@ -17,6 +17,8 @@ class DeviceEngine {
   virtual ~DeviceEngine() = default;
   virtual std::string report() const = 0;
   virtual size_t weight_bytes() const = 0;
+  // The activation arena each session allocates (0 when it varies with the run's shapes).
+  virtual size_t arena_bytes() const { return 0; }
   virtual double build_ms() const = 0;
   virtual std::string load_phases() const { return ""; }  // a loaded engine: where its load time went
   // Whether the engine file carries the graph's weights (a dynamic engine lowers shape plans from

@@ -76,6 +76,7 @@ class GpuEngine : public DeviceEngine {
     return m;
   }
   size_t weight_bytes() const override { return e_->report().weight_bytes; }
+  size_t arena_bytes() const override { return e_->report().arena_peak; }
   double build_ms() const override { return e_->report().build_ms; }
   std::string load_phases() const override { return e_->report().load_phases; }
   nlohmann::json target() const override { return target_json(cuda::current_target()); }

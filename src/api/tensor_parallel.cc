@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -57,9 +59,69 @@ Engine::Impl whole_of(const std::vector<Engine>& ranks, const BuildConfig& confi
   return w;
 }
 
+// Threads that live as long as a session, so a run starts none: run(f) calls f(r) for rank r > 0 on
+// thread r - 1 and f(0) on the caller, and returns when every call has.
+class RankThreads {
+ public:
+  explicit RankThreads(int n) : pending_(0) {
+    for (int r = 1; r < n; ++r) threads_.emplace_back([this, r] { loop(r); });
+  }
+  ~RankThreads() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+  RankThreads(const RankThreads&) = delete;
+  RankThreads& operator=(const RankThreads&) = delete;
+
+  void run(const std::function<void(int)>& f) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      task_ = &f;
+      pending_ = int(threads_.size());
+      ++generation_;
+    }
+    wake_.notify_all();
+    f(0);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    task_ = nullptr;
+  }
+
+ private:
+  void loop(int r) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(int)>* task = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        task = task_;
+      }
+      (*task)(r);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  const std::function<void(int)>* task_ = nullptr;
+  uint64_t generation_ = 0;
+  int pending_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
 class TensorParallelSession : public Session::Impl {
  public:
-  TensorParallelSession(bool gpu, std::vector<std::shared_ptr<void>> comms) : gpu_(gpu), comms_(std::move(comms)) {}
+  TensorParallelSession(int n, bool gpu, std::vector<std::shared_ptr<void>> comms)
+      : gpu_(gpu), comms_(std::move(comms)), threads_(n) {}
   std::vector<std::unique_ptr<Session::Impl>> ranks;
 
   // Runs f(r) on every rank at once, rank 0 on the calling thread; the first rank's error (in rank
@@ -95,10 +157,7 @@ class TensorParallelSession : public Session::Impl {
         }
       }
     };
-    std::vector<std::thread> threads;
-    for (int r = 1; r < n; ++r) threads.emplace_back(one, r);
-    one(0);
-    for (std::thread& t : threads) t.join();
+    threads_.run(one);
     if (gpu_) (void)gpu_select(0);
     for (int r = 0; r < n; ++r) {
       if (!*res[size_t(r)]) return make_error(res[size_t(r)]->status().code(), "rank {}: {}", r, res[size_t(r)]->status().message());
@@ -137,6 +196,7 @@ class TensorParallelSession : public Session::Impl {
  private:
   bool gpu_;
   std::vector<std::shared_ptr<void>> comms_;  // one NCCL communicator per GPU (GPU sessions)
+  RankThreads threads_;
   std::mutex mu_;
   bool broken_ = false;     // a GPU rank failed and the communicators were aborted
   std::string broken_why_;
@@ -210,7 +270,7 @@ Expected<std::unique_ptr<Session::Impl>> tensor_parallel_session(const Engine::I
   if (gpu) {
     KILN_ASSIGN_OR_RETURN(comms, gpu_communicators(n));
   }
-  auto s = std::make_unique<TensorParallelSession>(gpu, comms);
+  auto s = std::make_unique<TensorParallelSession>(n, gpu, comms);
   s->ranks.resize(size_t(n));
   // GPU ranks start together: each session's first forward (before its graph capture) already
   // runs the collectives, which wait for every rank.

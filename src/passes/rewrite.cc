@@ -82,7 +82,7 @@ bool has_subgraph(const Node& n) {
   return false;
 }
 
-bool has_side_effects(const Node&) { return false; }
+bool has_side_effects(const Node& n) { return is_collective(n.op); }
 
 std::optional<std::vector<int64_t>> static_dims(const Value* v) {
   if (!v || !v->type.is_tensor() || !v->type.shape) return std::nullopt;

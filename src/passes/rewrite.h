@@ -42,8 +42,8 @@ bool is_random_op(OpKind op);
 // this rank's input is a constant.
 bool is_collective(OpKind op);
 bool has_subgraph(const Node& n);
-// Ops with effects beyond their outputs, which DCE must keep. Standard ONNX ops are pure, so
-// none today; this is the one place to list such an op when one arrives.
+// Ops with effects beyond their outputs, which DCE must keep. Standard ONNX ops are pure; the
+// collectives are not: every rank must run each of them, even one whose result a rank does not read.
 bool has_side_effects(const Node& n);
 // The dims of a tensor value when all are static, else nullopt.
 std::optional<std::vector<int64_t>> static_dims(const Value* v);

@@ -218,6 +218,13 @@ class Propagator {
     for (const Value* v : n.inputs) any = any || (v && at(v).split());
     if (!any) return seed(n);
     if (has_subgraph(n)) return fail(n, "(a control-flow node) reads it");
+    // Every rule below maps axes through static dims: a value whose shape is not known stops a split.
+    for (const Value* v : n.inputs) {
+      if (v && !static_dims(v)) return fail(n, fmt::format("reads '{}', whose shape is not known at build", v->name));
+    }
+    for (const Value* v : n.outputs) {
+      if (v && !static_dims(v)) return fail(n, fmt::format("writes '{}', whose shape is not known at build", v->name));
+    }
     if (is_collective(n.op)) return fail(n, "is already a collective");
     if (is_elementwise(n.op)) return elementwise(n);
     switch (n.op) {
@@ -336,7 +343,7 @@ class Propagator {
   // other ranks), views, and then the residual Add (the other ranks pass their partial sum on).
   // Rank 0's product then keeps its bias and residual in its GEMM epilogue, and no rank runs an
   // Add after the AllReduce.
-  void reduce_after(Node& n, NodePlan& p) {
+  void reduce_after(Node& n, NodePlan& p, const Value* split_input) {
     Value* y = n.outputs[0];
     p.row = true;
     p.reduce_after = y;
@@ -358,7 +365,11 @@ class Propagator {
         p.bias_add = u;
         p.bias_input = oi;
       } else {
-        if (p.residual_add) return;
+        // Only a residual the product itself depends on: then every rank's graph keeps the same
+        // dependencies (rank 0 adds it, the others pass their sum on), the ranks' collectives stay
+        // in one order, and a sum of two partial products (parallel attention and MLP) is never
+        // taken for a residual.
+        if (p.residual_add || !is_ancestor(other, split_input)) return;
         p.residual_add = u;
         p.residual_input = oi;
       }
@@ -368,10 +379,28 @@ class Propagator {
     }
   }
 
+  // Whether `a` is `v` or a value v is computed from (within this graph).
+  static bool is_ancestor(const Value* a, const Value* v) {
+    std::vector<const Value*> stack = {v};
+    std::set<const Value*> seen;
+    while (!stack.empty()) {
+      const Value* x = stack.back();
+      stack.pop_back();
+      if (x == a) return true;
+      if (!x || !seen.insert(x).second || !x->producer) continue;
+      for (const Value* in : x->producer->inputs) stack.push_back(in);
+    }
+    return false;
+  }
+
   // Where a replicated operand meets a split one: fine when it broadcasts along the split axis; a
   // constant holding the whole axis is sliced; anything else cannot.
   bool whole_operand(Node& n, size_t i, int64_t out_axis, size_t out_rank, const Split& s, NodePlan& p) {
     const std::vector<int64_t> d = dims_of(n.inputs[i]);
+    if (!static_dims(n.inputs[i]) || d.size() > out_rank) {
+      fail(n, fmt::format("reads '{}', whose shape is not known at build", n.inputs[i]->name));
+      return false;
+    }
     const int64_t j = out_axis - int64_t(out_rank - d.size());
     if (j < 0 || d[size_t(j)] == 1) return true;
     if (constant_of(g_, n.inputs[i]) && !s.padded() && d[size_t(j)] == sum(s.segs)) {
@@ -426,7 +455,7 @@ class Propagator {
     if (sa.split() && sb.split()) {
       if (sa.axis == ra - 1 && sb.axis == rb - 2 && sa.segs == sb.segs) {
         unite(sa.comp, sb.comp);
-        reduce_after(n, p);
+        reduce_after(n, p, A);
         plans[&n] = std::move(p);
         return;
       }
@@ -443,7 +472,7 @@ class Propagator {
       if (sa.axis == ra - 1) {  // contracts over the split: rows of a constant weight
         if (!constant_of(g_, B)) return fail(n, "contracts over the split axis with a weight that is not a constant");
         p.slices.push_back({1, rb - 2, sa.segs});
-        reduce_after(n, p);
+        reduce_after(n, p, A);
         plans[&n] = std::move(p);
         return;
       }
@@ -470,7 +499,7 @@ class Propagator {
     NodePlan p;
     p.slices.push_back({1, n.attr_int("transB", 0) ? 1 : 0, s.segs});
     if (n.has_input(2)) p.zero_input = 2;
-    reduce_after(n, p);
+    reduce_after(n, p, n.inputs[0]);
     plans[&n] = std::move(p);
   }
 
@@ -489,7 +518,7 @@ class Propagator {
     while (o < od.size() && (prod < before || od[o] == 1)) prod *= od[o++];
     if (o == od.size() || prod != before) return fail(n, "mixes the split axis with the axes outside it");
     const bool kept = od[o] == id[size_t(s.axis)];
-    if (s.padded() && !kept) return fail(n, "reshapes an output padded to a multiple of the ranks");
+    if (s.padded()) return fail(n, "reshapes an output padded to a multiple of the ranks");
     if (!kept && (s.segs.size() != 1 || od[o] % n_)) {
       return fail(n, fmt::format("cuts the split axis of {} into {} parts of {}: {} does not divide by {} ranks",
                                  id[size_t(s.axis)], od[o], id[size_t(s.axis)] / std::max<int64_t>(1, od[o]), od[o], n_));
@@ -592,7 +621,12 @@ class Propagator {
     const Tensor* steps = n.has_input(4) ? constant_of(g_, n.inputs[4]) : nullptr;
     if ((n.has_input(3) && !axes) || (n.has_input(4) && !steps)) return fail(n, "has axes or steps that are not constants");
     auto elem = [](const Tensor* t, int64_t i) { return t->dtype() == DType::kInt32 ? t->data<int32_t>()[i] : t->data<int64_t>()[i]; };
-    for (int64_t i = 0; i < (axes ? axes->numel() : int64_t(r)); ++i) {
+    // Without axes, starts[i] applies to axis i: as many entries as starts has.
+    const Tensor* starts = n.has_input(1) ? constant_of(g_, n.inputs[1]) : nullptr;
+    if (!axes && !starts) return fail(n, "has starts that are not constants");
+    const int64_t count = axes ? axes->numel() : std::min<int64_t>(starts->numel(), int64_t(r));
+    if (steps && steps->numel() < count) return fail(n, "has fewer steps than axes");
+    for (int64_t i = 0; i < count; ++i) {
       const int64_t a = axes ? norm_axis(elem(axes, i), r) : i;
       // Only a slice that keeps the whole split axis in order reads the same on every rank.
       if (a == s.axis && (dims_of(n.inputs[0])[size_t(a)] != dims_of(n.outputs[0])[size_t(a)] ||
@@ -639,6 +673,7 @@ class Propagator {
 
   void expand(Node& n) {
     const Split& s = at(n.inputs[0]);
+    if (s.padded()) return fail(n, "expands an output padded to a multiple of the ranks");
     if (!constant_of(g_, n.inputs[1])) return fail(n, "has a target that is not a constant");
     const size_t ro = dims_of(n.outputs[0]).size();
     Split out = s;
@@ -738,7 +773,6 @@ class Rewriter {
   }
 
   void gather_output(Value* v, int64_t axis, int64_t whole, int64_t padded, TensorParallelReport& rep) {
-    std::vector<Use> rd = readers(v);
     Node* ag = node(OpKind::kAllGather, {v}, v->name + "_allgather");
     ag->attrs["axis"] = Attribute::of_int(axis);
     ag->attrs["ranks"] = Attribute::of_int(n_);
@@ -750,7 +784,8 @@ class Rewriter {
                       v->name + "_unpad");
       out = sl->outputs[0];
     }
-    redirect(v, out, rd);
+    // Only the model's output is gathered: nodes that read v go on reading this rank's part.
+    redirect(v, out, {});
     ++rep.all_gathers;
     rep.all_gather_bytes += value_bytes(v);
   }

@@ -178,6 +178,12 @@ class Propagator {
  private:
   void set(Value* v, Split s) {
     if (!v) return;
+    // A declared type whose rank the rule did not expect (a graph written by hand or another tool)
+    // cannot hold the split where the rule put it: every later rule indexes dims by the split axis.
+    if (s.axis < 0 || s.axis >= int64_t(dims_of(v).size())) {
+      bad(s.comp, fmt::format("'{}' ({}) has no axis {} to hold the split", v->name, v->type.to_string(), s.axis));
+      return;
+    }
     // A split read inside a subgraph (If/Loop body) would be taken for the whole value there.
     for (const Use& u : uses_.uses(v)) {
       if (u.body || (u.node && u.node->owner != &g_)) {
@@ -597,7 +603,7 @@ class Propagator {
       return;
     }
     std::vector<int64_t> sizes;
-    for (const Value* o : n.outputs) sizes.push_back(o ? dims_of(o)[size_t(s.axis)] : -1);
+    for (const Value* o : n.outputs) sizes.push_back(o && dims_of(o).size() == r ? dims_of(o)[size_t(s.axis)] : -1);
     if (sizes != s.segs) return fail(n, "splits the split axis into other parts than its producer's");
     if (n.has_input(1) && !constant_of(g_, n.inputs[1])) return fail(n, "has split sizes that are not constants");
     NodePlan p;

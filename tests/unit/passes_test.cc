@@ -293,6 +293,27 @@ TEST(TensorParallelOnGoldens, EveryGoldenGraphSplitsCorrectlyOrStaysWhole) {
   EXPECT_GE(split, 4);  // tensor-parallel.kir alone holds four graphs that split over 2 ranks
 }
 
+// Found by fuzz_ir_text: a Split whose declared outputs have another rank than its input (the
+// text IR takes declared types as written) sent the split axis past the output's dims.
+TEST(TensorParallelOnGoldens, DeclaredTypesOfAnotherRankStopTheSplit) {
+  auto g = parse_graph(R"(graph main(%x: f32[1,3,4]) {
+  %w = const dense<f32[4,12]> [1]
+  %qkv = MatMul(%x, %w) : f32[1,3,12]
+  %sizes = const dense<i64[3]> [4, 4, 4]
+  %q, %k, %v = Split(%qkv, %sizes) {axis = 2} : f32[1,7], f32[1,3,4], f32[1,3,4]
+  return %q, %k, %v
+})");
+  ASSERT_TRUE(g) << g.status().message();
+  for (int rank = 0; rank < 2; ++rank) {
+    auto c = parse_graph(print_graph(**g));
+    ASSERT_TRUE(c);
+    auto changed = shard_tensor_parallel(**c, 2, rank);  // no crash; the product stays whole
+    if (changed) {
+      EXPECT_FALSE(*changed);
+    }
+  }
+}
+
 TEST(PassGoldenFiles, EveryPipelinePassHasAGoldenFile) {
   for (const Pass& p : default_pipeline()) {
     EXPECT_TRUE(fs::exists(fs::path(KILN_PASS_TESTS_DIR) / (p.name + ".kir"))) << p.name;

@@ -35,6 +35,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "ops/infer.h"
@@ -89,6 +90,14 @@ std::vector<int64_t> dims_of(const Value* v) {
 }
 
 int64_t norm_axis(int64_t a, size_t rank) { return a < 0 ? a + int64_t(rank) : a; }
+
+// The entries of an integer constant (axes, sizes, steps); nullopt for a missing one or another dtype.
+std::optional<std::vector<int64_t>> ints_of(const Tensor* t) {
+  if (!t || (t->dtype() != DType::kInt64 && t->dtype() != DType::kInt32)) return std::nullopt;
+  std::vector<int64_t> v;
+  for (int64_t i = 0; i < t->numel(); ++i) v.push_back(t->dtype() == DType::kInt32 ? t->data<int32_t>()[i] : t->data<int64_t>()[i]);
+  return v;
+}
 
 // Bytes of a value with static dims (its whole size: the analysis reads the graph before the split).
 size_t value_bytes(const Value* v) {
@@ -582,11 +591,11 @@ class Propagator {
   void reduce(Node& n) {
     const Split& s = at(n.inputs[0]);
     const size_t r = dims_of(n.inputs[0]).size();
-    const Tensor* axes = n.has_input(1) ? constant_of(g_, n.inputs[1]) : nullptr;
-    if (!axes || axes->numel() == 0) return fail(n, "reduces every axis");
+    const auto axes = ints_of(n.has_input(1) ? constant_of(g_, n.inputs[1]) : nullptr);
+    if (!axes || axes->empty()) return fail(n, "reduces every axis, or axes that are not constants");
     int64_t below = 0;
-    for (int64_t i = 0; i < axes->numel(); ++i) {
-      const int64_t a = norm_axis(axes->dtype() == DType::kInt32 ? axes->data<int32_t>()[i] : axes->data<int64_t>()[i], r);
+    for (int64_t x : *axes) {
+      const int64_t a = norm_axis(x, r);
       if (a == s.axis) return fail(n, "reduces over the split axis");
       below += a < s.axis;
     }
@@ -605,7 +614,7 @@ class Propagator {
     std::vector<int64_t> sizes;
     for (const Value* o : n.outputs) sizes.push_back(o && dims_of(o).size() == r ? dims_of(o)[size_t(s.axis)] : -1);
     if (sizes != s.segs) return fail(n, "splits the split axis into other parts than its producer's");
-    if (n.has_input(1) && !constant_of(g_, n.inputs[1])) return fail(n, "has split sizes that are not constants");
+    if (n.has_input(1) && !ints_of(constant_of(g_, n.inputs[1]))) return fail(n, "has split sizes that are not integer constants");
     NodePlan p;
     p.split_sizes = n.has_input(1);
     plans[&n] = std::move(p);
@@ -623,20 +632,21 @@ class Propagator {
       if (n.inputs[i] && at(n.inputs[i]).split()) return fail(n, "reads split bounds");
     }
     const size_t r = dims_of(n.inputs[0]).size();
-    const Tensor* axes = n.has_input(3) ? constant_of(g_, n.inputs[3]) : nullptr;
-    const Tensor* steps = n.has_input(4) ? constant_of(g_, n.inputs[4]) : nullptr;
-    if ((n.has_input(3) && !axes) || (n.has_input(4) && !steps)) return fail(n, "has axes or steps that are not constants");
-    auto elem = [](const Tensor* t, int64_t i) { return t->dtype() == DType::kInt32 ? t->data<int32_t>()[i] : t->data<int64_t>()[i]; };
+    const auto axes = ints_of(n.has_input(3) ? constant_of(g_, n.inputs[3]) : nullptr);
+    const auto steps = ints_of(n.has_input(4) ? constant_of(g_, n.inputs[4]) : nullptr);
+    const auto starts = ints_of(n.has_input(1) ? constant_of(g_, n.inputs[1]) : nullptr);
+    if ((n.has_input(3) && !axes) || (n.has_input(4) && !steps) || !starts) {
+      return fail(n, "has starts, axes or steps that are not integer constants");
+    }
     // Without axes, starts[i] applies to axis i: as many entries as starts has.
-    const Tensor* starts = n.has_input(1) ? constant_of(g_, n.inputs[1]) : nullptr;
-    if (!axes && !starts) return fail(n, "has starts that are not constants");
-    const int64_t count = axes ? axes->numel() : std::min<int64_t>(starts->numel(), int64_t(r));
-    if (steps && steps->numel() < count) return fail(n, "has fewer steps than axes");
+    const int64_t count = axes ? int64_t(axes->size()) : std::min<int64_t>(int64_t(starts->size()), int64_t(r));
+    if (steps && int64_t(steps->size()) < count) return fail(n, "has fewer steps than axes");
+    if (dims_of(n.outputs[0]).size() != r) return fail(n, "has an output of another rank");
     for (int64_t i = 0; i < count; ++i) {
-      const int64_t a = axes ? norm_axis(elem(axes, i), r) : i;
+      const int64_t a = axes ? norm_axis((*axes)[size_t(i)], r) : i;
       // Only a slice that keeps the whole split axis in order reads the same on every rank.
       if (a == s.axis && (dims_of(n.inputs[0])[size_t(a)] != dims_of(n.outputs[0])[size_t(a)] ||
-                          (steps && elem(steps, i) != 1))) {
+                          (steps && (*steps)[size_t(i)] != 1))) {
         return fail(n, "slices the split axis");
       }
     }
@@ -922,9 +932,8 @@ Expected<bool> shard_tensor_parallel(Graph& g, int ranks, int rank, TensorParall
       n.inputs[1] = add_i64_constant(g, n.inputs[1]->name + "_rank", d);
     }
     if (p.split_sizes) {
-      std::vector<int64_t> sizes;
-      const Tensor& t = *constant_of(g, n.inputs[1]);
-      for (int64_t i = 0; i < t.numel(); ++i) sizes.push_back(t.data<int64_t>()[i] / ranks);
+      std::vector<int64_t> sizes = *ints_of(constant_of(g, n.inputs[1]));
+      for (int64_t& x : sizes) x /= ranks;
       n.inputs[1] = add_i64_constant(g, n.inputs[1]->name + "_rank", sizes);
     }
     if (p.zero_input != SIZE_MAX && rank != 0) {

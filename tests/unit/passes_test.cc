@@ -293,23 +293,26 @@ TEST(TensorParallelOnGoldens, EveryGoldenGraphSplitsCorrectlyOrStaysWhole) {
   EXPECT_GE(split, 4);  // tensor-parallel.kir alone holds four graphs that split over 2 ranks
 }
 
-// Found by fuzz_ir_text: a Split whose declared outputs have another rank than its input (the
-// text IR takes declared types as written) sent the split axis past the output's dims.
-TEST(TensorParallelOnGoldens, DeclaredTypesOfAnotherRankStopTheSplit) {
-  auto g = parse_graph(R"(graph main(%x: f32[1,3,4]) {
-  %w = const dense<f32[4,12]> [1]
-  %qkv = MatMul(%x, %w) : f32[1,3,12]
-  %sizes = const dense<i64[3]> [4, 4, 4]
-  %q, %k, %v = Split(%qkv, %sizes) {axis = 2} : f32[1,7], f32[1,3,4], f32[1,3,4]
-  return %q, %k, %v
-})");
-  ASSERT_TRUE(g) << g.status().message();
-  for (int rank = 0; rank < 2; ++rank) {
-    auto c = parse_graph(print_graph(**g));
-    ASSERT_TRUE(c);
-    auto changed = shard_tensor_parallel(**c, 2, rank);  // no crash; the product stays whole
-    if (changed) {
-      EXPECT_FALSE(*changed);
+// Found by fuzz_ir_text (the text IR takes declared types and constants as written): a Split whose
+// declared outputs have another rank than its input sent the split axis past the output's dims;
+// Split sizes held as i32 were read as i64.
+TEST(TensorParallelOnGoldens, MalformedGraphsStopTheSplit) {
+  for (const char* sizes_and_types : {"dense<i64[3]> [4, 4, 4]|f32[1,7]", "dense<i32[3]> [4, 4, 4]|f32[1,3,4]"}) {
+    const std::string spec = sizes_and_types;
+    const std::string sizes = spec.substr(0, spec.find('|')), q_type = spec.substr(spec.find('|') + 1);
+    auto g = parse_graph("graph main(%x: f32[1,3,4]) {\n  %w = const dense<f32[4,12]> [1]\n"
+                         "  %qkv = MatMul(%x, %w) : f32[1,3,12]\n  %sizes = const " + sizes + "\n"
+                         "  %q, %k, %v = Split(%qkv, %sizes) {axis = 2} : " + q_type + ", f32[1,3,4], f32[1,3,4]\n"
+                         "  return %q, %k, %v\n}");
+    ASSERT_TRUE(g) << g.status().message();
+    for (int rank = 0; rank < 2; ++rank) {
+      auto c = parse_graph(print_graph(**g));
+      ASSERT_TRUE(c);
+      // No crash; a declared rank the Split cannot have keeps the product whole, i32 sizes are read.
+      auto changed = shard_tensor_parallel(**c, 2, rank);
+      ASSERT_TRUE(changed) << changed.status().message();
+      EXPECT_EQ(*changed, q_type == "f32[1,3,4]") << sizes_and_types;
+      EXPECT_TRUE(verify_graph(**c)) << sizes_and_types;
     }
   }
 }

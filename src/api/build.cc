@@ -42,10 +42,6 @@ Status add_batch_bindings(const Graph& g, const BuildConfig& c, std::map<std::st
   return Status::ok();
 }
 
-double ms_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
-}
-
 }  // namespace
 
 Expected<std::map<std::string, DimRange>> bind_config_shapes(Graph& g, const BuildConfig& config) {

@@ -194,10 +194,6 @@ Status Engine::save(const std::string& path) const {
 
 namespace {
 
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
 // A tensor-parallel engine's file holds its ranks' files (tensor_parallel.cc).
 Expected<Engine> load_view(std::string_view bytes, std::shared_ptr<const void> owner, const std::string& name,
                            double read_ms) {

@@ -3,6 +3,7 @@
 // GPU engine, the CUDA engine built from the plan's graph.
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -10,6 +11,11 @@
 #include "runtime/plan.h"
 
 namespace kiln {
+
+// Milliseconds since t: the build and load reports' phase times.
+inline double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
 
 // The backend-specific part of an engine: the CUDA engine (src/api/gpu.cc) when it runs there.
 class DeviceEngine {

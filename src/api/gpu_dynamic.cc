@@ -31,10 +31,6 @@ using Shapes = std::vector<std::vector<int64_t>>;
 constexpr size_t kKeptPlans = 32;
 constexpr size_t kKeptSessions = 8;
 
-double ms_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
-}
-
 std::string shapes_text(const Graph& g, const Shapes& s) {
   std::string out;
   for (size_t i = 0; i < s.size() && i < g.inputs.size(); ++i) {

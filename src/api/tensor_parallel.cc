@@ -29,10 +29,6 @@ namespace {
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'T', 'P', '0', '1'};
 constexpr size_t kAlign = 4096;
 
-double ms_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
-}
-
 // Where the ranks run: every rank on its own GPU, or every rank on the CPU.
 Expected<Device> rank_device(const BuildConfig& c) {
   const int n = c.tensor_parallel;

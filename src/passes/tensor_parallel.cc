@@ -654,11 +654,7 @@ class Propagator {
   }
 
   void concat(Node& n) {
-    const size_t r = dims_of(n.outputs[0]).size();
-    const int64_t axis = norm_axis(n.attr_int("axis", 0), r);
-    elementwise_like_concat(n, axis);
-  }
-  void elementwise_like_concat(Node& n, int64_t axis) {
+    const int64_t axis = norm_axis(n.attr_int("axis", 0), dims_of(n.outputs[0]).size());
     const Split* first = nullptr;
     for (const Value* v : n.inputs) {
       if (!v || !at(v).split()) continue;

@@ -7,6 +7,7 @@
 #include "frontend/onnx/importer.h"
 #include "ops/infer.h"
 #include "passes/pipeline.h"
+#include "passes/value_inputs.h"
 #include "runtime/engine_file.h"
 
 namespace kiln {
@@ -104,10 +105,11 @@ Expected<Engine> build_model(Model m, const BuildConfig& config, double import_m
   Graph& g = *m.graph;
   KILN_ASSIGN_OR_RETURN(auto ranges, bind_config_shapes(g, config));
   if (config.tensor_parallel > 1) return build_tensor_parallel(std::move(m.graph), config, import_ms + ms_since(t0));
-  // A dynamic GPU engine optimizes each exact shape from the graph as it is before the passes, as a
-  // static build of that shape would (fusions that need static shapes happen there).
+  // A dynamic GPU engine (ranged dims or value inputs) optimizes each exact shape from the graph as it
+  // is before the passes, as a static build of that shape would (fusions that need static shapes
+  // happen there).
   std::unique_ptr<Graph> unoptimized;
-  if (!ranges.empty() && config.device != Device::kCpu) {
+  if ((!ranges.empty() || !value_inputs(g).empty()) && config.device != Device::kCpu) {
     KILN_ASSIGN_OR_RETURN(unoptimized, clone_graph(g));
   }
   // The default pipeline, for every device: the CPU gains as much as the GPU from fewer nodes, and

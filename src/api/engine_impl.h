@@ -119,8 +119,10 @@ Status check_dim_range(const std::string& input, size_t k, const DimRange& r);
 // A copy of graph `g` (weights shared) with its inputs bound to `shapes` (graph-input order), shapes
 // inferred and the default pipeline run, which folds the shape arithmetic the bound dims made
 // constant: a dynamic GPU engine's shape plan is lowered from it. `g` may be optimized already.
+// `values` binds value inputs (passes/value_inputs.h) as constants: index into g.inputs, value.
 Expected<std::unique_ptr<Graph>> specialize_graph(const Graph& g, const std::vector<std::vector<int64_t>>& shapes,
-                                                  const BuildConfig& config);
+                                                  const BuildConfig& config,
+                                                  const std::vector<std::pair<size_t, Tensor>>& values = {});
 
 
 // The GPU side (gpu.cc; without CUDA it reports that it is missing). An optimized graph whose

@@ -11,6 +11,7 @@
 #include "backends/cuda/nccl.h"
 #include "backends/cuda/nvrtc.h"
 #include "backends/cuda/timing_cache.h"
+#include "passes/value_inputs.h"
 #endif
 
 namespace kiln {
@@ -113,14 +114,15 @@ Expected<std::shared_ptr<DeviceEngine>> build_with_cache(std::shared_ptr<const P
                                                          std::unique_ptr<Graph> unoptimized) {
   cuda::BuildOptions bo = build_options(c);
   bo.timing_cache = cache;
-  for (const Value* v : plan->graph->inputs) {
-    if (v->type.shape && !v->type.shape->is_static()) {
-      if (unoptimized) {
-        KILN_ASSIGN_OR_RETURN(Plan p, plan_host(std::move(unoptimized), /*require_cpu_kernels=*/false));
-        plan = std::make_shared<const Plan>(std::move(p));
-      }
-      return build_dynamic_gpu_engine(std::move(plan), c, std::move(cache), std::move(source));
+  // Ranged input dims, or inputs whose values the plan needs (value inputs), make a dynamic engine.
+  bool dynamic = !value_inputs(unoptimized ? *unoptimized : *plan->graph).empty();
+  for (const Value* v : plan->graph->inputs) dynamic |= v->type.shape && !v->type.shape->is_static();
+  if (dynamic) {
+    if (unoptimized) {
+      KILN_ASSIGN_OR_RETURN(Plan p, plan_host(std::move(unoptimized), /*require_cpu_kernels=*/false));
+      plan = std::make_shared<const Plan>(std::move(p));
     }
+    return build_dynamic_gpu_engine(std::move(plan), c, std::move(cache), std::move(source));
   }
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<cuda::Engine> e, cuda::Engine::build(*plan->graph, bo));
   warn_cpu_nodes(e->report());

@@ -12,30 +12,51 @@
 // in turn at its min, max and the powers of two between with their midpoints (others at opt). Those plans are made at
 // build and kept. A saved dynamic engine carries the graph and its weights (the plans are lowered
 // again as shapes arrive) and the timing cache the build left (TUNE), so loading times nothing.
+//
+// Value inputs (passes/value_inputs.h: a TopK's k, Slice bounds, reduction axes fed by the caller)
+// key the plans too: each run reads them on the host (from device memory, a synchronisation) and a
+// plan is made per distinct value with the value bound as a constant. Such an engine makes no plan
+// at build (the values are not known yet); the report names the inputs.
 #ifdef KILN_HAVE_CUDA
 #include <algorithm>
+#include <cstring>
 #include <chrono>
 #include <mutex>
 
 #include "api/gpu_common.h"
+#include "backends/cuda/device.h"
 #include "backends/cuda/timing_cache.h"
 #include "backends/cuda/weight_pool.h"
+#include "passes/value_inputs.h"
 
 namespace kiln {
 
 namespace {
 
 using Shapes = std::vector<std::vector<int64_t>>;
+using Values = std::vector<std::pair<size_t, Tensor>>;  // value inputs: index into the graph's inputs, value
+// A plan's key: the exact input shapes and the bytes of each value input.
+using PlanKey = std::pair<Shapes, std::vector<std::string>>;
+
+PlanKey plan_key(Shapes s, const Values& values) {
+  std::vector<std::string> bytes;
+  for (const auto& [i, t] : values) bytes.emplace_back(static_cast<const char*>(t.raw()), t.nbytes());
+  return {std::move(s), std::move(bytes)};
+}
 
 // Shape plans an engine keeps, and CUDA sessions (each an arena and captured graphs) a session keeps.
 constexpr size_t kKeptPlans = 32;
 constexpr size_t kKeptSessions = 8;
 
-std::string shapes_text(const Graph& g, const Shapes& s) {
+std::string shapes_text(const Graph& g, const Shapes& s, const Values& values = {}) {
   std::string out;
   for (size_t i = 0; i < s.size() && i < g.inputs.size(); ++i) {
     out += fmt::format("{}{}:", i ? " " : "", g.inputs[i]->name);
     for (size_t k = 0; k < s[i].size(); ++k) out += fmt::format("{}{}", k ? "x" : "", s[i][k]);
+  }
+  for (const auto& [i, t] : values) {
+    out += fmt::format(" {}=", g.inputs[i]->name);
+    for (int64_t k = 0; k < t.numel(); ++k) out += fmt::format("{}{}", k ? "," : "", t.as_double(k));
   }
   return out;
 }
@@ -60,8 +81,10 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
       : plan_(std::move(plan)), config_(std::move(c)), cache_(std::move(cache)),
         pool_(std::make_shared<cuda::WeightPool>()) {}
 
-  // Reads the inputs' dims and the symbols' ranges; kUnsupported for a symbolic dim with no range.
+  // Reads the inputs' dims, the symbols' ranges and the value inputs; kUnsupported for a symbolic dim
+  // with no range.
   Status init() {
+    value_inputs_ = value_inputs(*plan_->graph);
     ranges_ = symbol_ranges(*plan_->graph, config_.shape_ranges);
     for (auto& [sym, r] : ranges_) {
       if (r.opt == 0) r.opt = r.max;
@@ -87,8 +110,11 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     return Status::ok();
   }
 
-  // Times the choices at the build's grid of shapes; their plans are kept.
+  // Times the choices at the build's grid of shapes; their plans are kept. With value inputs there
+  // is nothing to lower before the first run.
   Status tune(const std::string& cache_source) {
+    cache_line_ = fmt::format("timing cache: {}\n", cache_source);
+    if (!value_inputs_.empty()) return Status::ok();
     auto t0 = std::chrono::steady_clock::now();
     std::map<std::string, int64_t> base;
     for (const auto& [sym, r] : ranges_) base[sym] = r.opt;
@@ -110,7 +136,7 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     }
     for (const auto& a : grid) {
       Shapes s = shapes_of(a);
-      KILN_ASSIGN_OR_RETURN(auto p, plan_for(s, /*time_misses=*/true));
+      KILN_ASSIGN_OR_RETURN(auto p, plan_for(s, {}, /*time_misses=*/true));
       tuned_ += fmt::format("  {}: {:.0f} ms, arena {:.1f} MiB\n", shapes_text(*plan_->graph, s), p->make_ms,
                             double(p->engine->report().arena_peak) / (1 << 20));
       if (!reference_) reference_ = p;
@@ -124,24 +150,26 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
   // A loaded engine: the plan at every symbol's opt value, made now (nothing timed: the file's
   // TUNE has the build's choices), so a load that cannot run fails here.
   Status prepare() {
+    if (!value_inputs_.empty()) return Status::ok();
     std::map<std::string, int64_t> base;
     for (const auto& [sym, r] : ranges_) base[sym] = r.opt;
-    KILN_ASSIGN_OR_RETURN(reference_, plan_for(shapes_of(base), /*time_misses=*/false));
+    KILN_ASSIGN_OR_RETURN(reference_, plan_for(shapes_of(base), {}, /*time_misses=*/false));
     return Status::ok();
   }
 
-  // The plan for exact input shapes `s`, made on first use.
-  Expected<std::shared_ptr<ShapePlan>> plan_for(const Shapes& s, bool time_misses = false) {
+  // The plan for exact input shapes `s` and the value inputs' `values`, made on first use.
+  Expected<std::shared_ptr<ShapePlan>> plan_for(const Shapes& s, const Values& values, bool time_misses = false) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = plans_.find(s); it != plans_.end()) {
+    PlanKey key = plan_key(s, values);
+    if (auto it = plans_.find(key); it != plans_.end()) {
       it->second->last_use = ++clock_;
       return it->second;
     }
     auto t0 = std::chrono::steady_clock::now();
     auto p = std::make_shared<ShapePlan>();
     p->shapes = s;
-    auto g = specialize_graph(*plan_->graph, s, config_);
-    if (!g) return with_shape(g.status(), s);
+    auto g = specialize_graph(*plan_->graph, s, config_, values);
+    if (!g) return with_shape(g.status(), s, values);
     p->graph = std::move(*g);
     p->specialize_ms = ms_since(t0);
     cuda::BuildOptions bo = build_options(config_);
@@ -149,14 +177,14 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     bo.weight_pool = pool_;
     bo.time_misses = time_misses;
     auto e = cuda::Engine::build(*p->graph, bo);
-    if (!e) return with_shape(e.status(), s);
+    if (!e) return with_shape(e.status(), s, values);
     p->engine = std::move(*e);
     p->make_ms = ms_since(t0);
     p->last_use = ++clock_;
     ++made_;
     made_ms_ += p->make_ms;
     specialize_ms_ += p->specialize_ms;
-    plans_[s] = p;
+    plans_[std::move(key)] = p;
     while (plans_.size() > kKeptPlans) {  // the least recently used goes; sessions running it keep it alive
       auto lru = std::min_element(plans_.begin(), plans_.end(),
                                   [](const auto& a, const auto& b) { return a.second->last_use < b.second->last_use; });
@@ -172,6 +200,12 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
         "nearest shape below (nothing timed while running), the last {} kept; a session keeps the arenas and CUDA graphs of "
         "its last {} shapes\n",
         kKeptPlans, kKeptSessions);
+    if (!value_inputs_.empty()) {
+      std::string names;
+      for (size_t i : value_inputs_) names += fmt::format("{}'{}'", names.empty() ? "" : ", ", plan_->graph->inputs[i]->name);
+      out += fmt::format("value inputs {}: read on the host before each run (a synchronisation when they are on the GPU); "
+                         "a plan per distinct value, none made at build\n", names);
+    }
     if (!tuned_.empty()) out += fmt::format("tuned at {:.0f} ms over these shapes:\n{}", tune_ms_, tuned_);
     out += fmt::format("shape plans made so far: {} in {:.0f} ms (shapes bound and passes {:.0f}, lowering {:.0f}); weights "
                        "{:.1f} MiB on the GPU, shared by every plan\n", made_, made_ms_, specialize_ms_,
@@ -197,6 +231,7 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
   Expected<std::unique_ptr<Session::Impl>> create_session(void* comm) const override;
 
   const Graph& graph() const { return *plan_->graph; }
+  const std::vector<size_t>& value_input_indices() const { return value_inputs_; }
   std::string load_phases_;
 
  private:
@@ -209,8 +244,8 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     }
     return s;
   }
-  Status with_shape(const Status& st, const Shapes& s) const {
-    return Status(st.code(), fmt::format("shape plan for {}: {}", shapes_text(*plan_->graph, s), st.message()));
+  Status with_shape(const Status& st, const Shapes& s, const Values& values) const {
+    return Status(st.code(), fmt::format("shape plan for {}: {}", shapes_text(*plan_->graph, s, values), st.message()));
   }
 
   std::shared_ptr<const Plan> plan_;  // the graph with ranged dims before the passes, and its weights
@@ -219,9 +254,10 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
   std::shared_ptr<cuda::WeightPool> pool_;
   std::map<std::string, DimRange> ranges_;
   std::vector<std::vector<InputDim>> dims_;  // per input
+  std::vector<size_t> value_inputs_;
 
   mutable std::mutex mu_;
-  std::map<Shapes, std::shared_ptr<ShapePlan>> plans_;
+  std::map<PlanKey, std::shared_ptr<ShapePlan>> plans_;
   std::shared_ptr<ShapePlan> reference_;  // the first tuned plan (every symbol at opt): the report's
   uint64_t clock_ = 0;
   int made_ = 0;
@@ -245,7 +281,23 @@ class DynamicGpuSession : public Session::Impl {
       return KILN_ERROR(kInvalidArgument, "expected {} inputs, got {}", this->inputs.size(), inputs.size());
     }
     KILN_RETURN_IF_ERROR(check_run_shapes(this->inputs, shapes));
-    KILN_ASSIGN_OR_RETURN(cuda::Session * s, session_at(shapes));
+    Values values;
+    for (size_t i : e_->value_input_indices()) {
+      const TensorView& v = inputs[i];
+      if (v.dtype != this->inputs[i].dtype) {
+        return KILN_ERROR(kInvalidArgument, "input '{}' is {}, the engine takes {}", this->inputs[i].name,
+                          dtype_name(v.dtype), dtype_name(this->inputs[i].dtype));
+      }
+      KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(v.dtype, v.shape));
+      if (v.on_device) {
+        std::string err = cuda::copy_to_host(t.raw(), v.data, t.nbytes(), stream);
+        if (!err.empty()) return KILN_ERROR(kInternal, "input '{}': reading its value from the GPU: {}", this->inputs[i].name, err);
+      } else {
+        std::memcpy(t.raw(), v.data, t.nbytes());
+      }
+      values.emplace_back(i, std::move(t));
+    }
+    KILN_ASSIGN_OR_RETURN(cuda::Session * s, session_at(shapes, values));
     std::vector<cuda::IoBuffer> in, out;
     for (const TensorView& v : inputs) in.push_back({v.dtype, v.shape, v.data, v.on_device});
     for (const TensorView& v : outputs) out.push_back({v.dtype, v.shape, v.data, v.on_device});
@@ -281,22 +333,27 @@ class DynamicGpuSession : public Session::Impl {
       if (!inputs[i].is_tensor()) return KILN_ERROR(kInvalidArgument, "input {}: the GPU engine takes tensors", i);
       shapes.push_back(inputs[i].tensor.dims());
     }
-    return session_at(shapes);
+    Values values;
+    for (size_t i : e_->value_input_indices()) {
+      if (i < inputs.size()) values.emplace_back(i, inputs[i].tensor);
+    }
+    return session_at(shapes, values);
   }
 
-  Expected<cuda::Session*> session_at(const Shapes& shapes) {
-    if (auto it = sessions_.find(shapes); it != sessions_.end()) {
+  Expected<cuda::Session*> session_at(const Shapes& shapes, const Values& values) {
+    PlanKey key = plan_key(shapes, values);
+    if (auto it = sessions_.find(key); it != sessions_.end()) {
       it->second.last_use = ++clock_;
       return it->second.session.get();
     }
-    KILN_ASSIGN_OR_RETURN(std::shared_ptr<ShapePlan> p, e_->plan_for(shapes));
+    KILN_ASSIGN_OR_RETURN(std::shared_ptr<ShapePlan> p, e_->plan_for(shapes, values));
     if (sessions_.size() >= kKeptSessions) {  // the least recently used shape's arena goes first
       auto lru = std::min_element(sessions_.begin(), sessions_.end(),
                                   [](const auto& a, const auto& b) { return a.second.last_use < b.second.last_use; });
       sessions_.erase(lru);
     }
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<cuda::Session> s, p->engine->new_session());
-    Entry& e = sessions_[shapes];
+    Entry& e = sessions_[std::move(key)];
     e.plan = std::move(p);
     e.session = std::move(s);
     e.last_use = ++clock_;
@@ -304,7 +361,7 @@ class DynamicGpuSession : public Session::Impl {
   }
 
   std::shared_ptr<DynamicGpuEngine> e_;  // makes plans as shapes arrive (an engine is shared, its plans are a cache)
-  std::map<Shapes, Entry> sessions_;
+  std::map<PlanKey, Entry> sessions_;
   uint64_t clock_ = 0;
 };
 

@@ -10,6 +10,7 @@
 #include "frontend/onnx/importer.h"
 #include "ops/infer.h"
 #include "passes/pipeline.h"
+#include "passes/value_inputs.h"
 #include "runtime/engine_file.h"
 
 namespace kiln {
@@ -170,7 +171,8 @@ Status check_run_shapes(const std::vector<TensorInfo>& infos, const std::vector<
 }
 
 Expected<std::unique_ptr<Graph>> specialize_graph(const Graph& g, const std::vector<std::vector<int64_t>>& shapes,
-                                                  const BuildConfig& config) {
+                                                  const BuildConfig& config,
+                                                  const std::vector<std::pair<size_t, Tensor>>& values) {
   if (shapes.size() != g.inputs.size()) {
     return KILN_ERROR(kInvalidArgument, "expected {} input shapes, got {}", g.inputs.size(), shapes.size());
   }
@@ -178,6 +180,7 @@ Expected<std::unique_ptr<Graph>> specialize_graph(const Graph& g, const std::vec
   std::map<std::string, std::vector<int64_t>> bind;
   for (size_t i = 0; i < shapes.size(); ++i) bind[out->inputs[i]->name] = shapes[i];
   KILN_RETURN_IF_ERROR(bind_input_shapes(*out, bind));
+  KILN_RETURN_IF_ERROR(bind_value_inputs(*out, values));
   KILN_RETURN_IF_ERROR(infer_types(*out));
   PassOptions po;
   po.disabled = config.disabled_passes;

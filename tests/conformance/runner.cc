@@ -29,7 +29,9 @@
 #include "cuda_run.h"
 #include "frontend/onnx/importer.h"
 #include "frontend/onnx/onnx_tensor.h"
+#include "ops/infer.h"
 #include "passes/pipeline.h"
+#include "passes/value_inputs.h"
 
 namespace fs = std::filesystem;
 using namespace kiln;
@@ -138,11 +140,25 @@ std::string compare_data(const Data& want, const Data& got, const Exception* ran
 }
 
 // Imports a test's model, its symbolic input dims bound to `shapes` when given (the CUDA backend
-// builds for static shapes), and runs the default pipeline on it when asked.
-Expected<Model> load_model(const fs::path& dir, bool pipeline, const std::map<std::string, std::vector<int64_t>>& shapes) {
+// builds for static shapes), and runs the default pipeline on it when asked. With `inputs`, its
+// value inputs (passes/value_inputs.h) are bound to theirs, as a GPU engine's plan for them is, and
+// `value_key` gets their bytes.
+Expected<Model> load_model(const fs::path& dir, bool pipeline, const std::map<std::string, std::vector<int64_t>>& shapes,
+                           const std::vector<Data>* inputs = nullptr, std::string* value_key = nullptr) {
   ImportOptions io;
   io.input_shapes = shapes;
   KILN_ASSIGN_OR_RETURN(Model model, import_onnx_file((dir / "model.onnx").string(), io));
+  if (inputs) {
+    std::vector<std::pair<size_t, Tensor>> values;
+    for (size_t i : value_inputs(*model.graph)) {
+      if (i >= inputs->size() || !(*inputs)[i].is_tensor()) continue;
+      const Tensor& t = (*inputs)[i].tensor;
+      values.emplace_back(i, t);
+      if (value_key) value_key->append(static_cast<const char*>(t.raw()), t.nbytes()).push_back('|');
+    }
+    KILN_RETURN_IF_ERROR(bind_value_inputs(*model.graph, values));
+    KILN_RETURN_IF_ERROR(infer_types(*model.graph));
+  }
   if (pipeline) {
     PassOptions po;
     po.verify = true;
@@ -181,9 +197,11 @@ std::string run_test(const fs::path& dir, const Exception* random, bool pipeline
   }
   std::sort(sets.begin(), sets.end());
   if (sets.empty()) return "no test_data_set folders";
-  // On the GPU a model with symbolic input dims is built for each test set's input shapes.
+  // On the GPU a model with symbolic input dims is built for each test set's input shapes, and one
+  // with value inputs for each set's values (as a GPU engine makes a plan per value).
   const bool rebind = cuda && !inputs_static(*model->graph);
   std::map<std::string, std::vector<int64_t>> bound;
+  std::string bound_values;
   conformance::RunFn run;
   for (const fs::path& s : sets) {
     std::vector<Data> inputs;
@@ -197,11 +215,16 @@ std::string run_test(const fs::path& dir, const Exception* random, bool pipeline
       if (d->kind == Data::Kind::kTensor) shapes[v->name] = d->tensor.dims();
       inputs.push_back(std::move(*d));
     }
-    if (rebind && shapes != bound) {
-      run = nullptr;  // the engine goes before the graph its host steps read
-      model = load_model(dir, pipeline, shapes);
-      if (!model) return model.status().message();
-      bound = shapes;
+    if (cuda) {
+      std::string key;
+      auto m = load_model(dir, pipeline, rebind ? shapes : std::map<std::string, std::vector<int64_t>>{}, &inputs, &key);
+      if (!m) return m.status().message();
+      if (!run || shapes != bound || key != bound_values) {
+        run = nullptr;  // the engine goes before the graph its host steps read
+        model = std::move(m);
+        bound = shapes;
+        bound_values = key;
+      }
     }
     if (!run) {
       auto r = compile_for(*model->graph, cuda);

@@ -10,6 +10,7 @@
 #include "api/engine_impl.h"
 #include "ir/text.h"
 #include "passes/pipeline.h"
+#include "passes/value_inputs.h"
 
 namespace kiln {
 namespace {
@@ -130,6 +131,83 @@ TEST(Specialize, ShapesThatDoNotFitAreErrors) {
   ASSERT_FALSE(rank);
   auto fixed = specialize_graph(**g, {{1, 2, 9}}, BuildConfig{});
   ASSERT_FALSE(fixed) << "a fixed dim bound to another value";
+}
+
+// Value inputs: a TopK's k fed by the caller through a Cast, and a Slice end through arithmetic,
+// are values the plan needs; the data they act on, a Gather's indices and anything read only
+// through Shape are not. Bound, the graph computes what it computes with those values fed, and
+// every shape is static.
+constexpr const char* kValueInputs = R"(graph main(%x: f32[4,10], %k: i32[1], %idx: i64[2], %end: i64[1], %y: f32[4,10]) {
+  %k64 = Cast(%k) {to = 7} : i64[1]
+  %v, %i = TopK(%x, %k64) {axis = 1} : f32[4,?], i64[4,?]
+  %g = Gather(%x, %idx) {axis = 0} : f32[2,10]
+  %one = const dense<i64[1]> [1]
+  %e = Add(%end, %one) : i64[1]
+  %z = const dense<i64[1]> [0]
+  %sh = Shape(%y) : i64[2]
+  %ax = const dense<i64[1]> [1]
+  %s = Slice(%x, %z, %e, %ax) : f32[4,?]
+  %r = Reshape(%y, %sh) : f32[4,10]
+  return %v, %g, %s, %r
+})";
+
+TEST(Specialize, ValueInputsAreFoundAndBound) {
+  auto g = parse_graph(kValueInputs);
+  ASSERT_TRUE(g) << g.status().message();
+  EXPECT_EQ(value_inputs(**g), (std::vector<size_t>{1, 3}));  // k and end; not idx, not y (Shape)
+
+  Tensor x = *Tensor::create(DType::kFloat32, {4, 10});
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = float((i * 7) % 13) - 6.0f;
+  Tensor k = Tensor::from_vector<int32_t>({3}, {1}), idx = Tensor::from_vector<int64_t>({2, 0}, {2});
+  Tensor end = Tensor::from_vector<int64_t>({4}, {1});
+  const std::vector<Data> in = {Data(x), Data(k), Data(idx), Data(end), Data(x)};
+  auto copy = parse_graph(kValueInputs);
+  ASSERT_TRUE(copy);
+  std::vector<Data> want;
+  {
+    auto plan = plan_host(std::move(*copy));
+    ASSERT_TRUE(plan) << plan.status().message();
+    auto out = run_plan(*plan, in);
+    ASSERT_TRUE(out) << out.status().message();
+    want = *out;
+  }
+  auto sg = specialize_graph(**g, {{4, 10}, {1}, {2}, {1}, {4, 10}}, BuildConfig{}, {{1, k}, {3, end}});
+  ASSERT_TRUE(sg) << sg.status().message();
+  for (const auto& v : (*sg)->values) {
+    if (v->type.is_tensor()) {
+      EXPECT_TRUE(v->type.shape && v->type.shape->is_static()) << v->name << " is " << v->type.to_string();
+    }
+  }
+  ASSERT_EQ((*sg)->inputs.size(), 5u) << "bound inputs stay inputs";
+  auto plan = plan_host(std::move(*sg));
+  ASSERT_TRUE(plan) << plan.status().message();
+  auto got = run_plan(*plan, in);
+  ASSERT_TRUE(got) << got.status().message();
+  ASSERT_EQ(got->size(), want.size());
+  EXPECT_EQ((*got)[0].tensor.dims(), (std::vector<int64_t>{4, 3}));
+  EXPECT_EQ((*got)[2].tensor.dims(), (std::vector<int64_t>{4, 5}));
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(want[i].tensor.dims(), (*got)[i].tensor.dims()) << "output " << i;
+    EXPECT_EQ(std::memcmp(want[i].tensor.raw(), (*got)[i].tensor.raw(), want[i].tensor.nbytes()), 0) << "output " << i;
+  }
+
+  // A value of another dtype or shape than the input's is refused, naming the input.
+  auto bad = specialize_graph(**g, {{4, 10}, {1}, {2}, {1}, {4, 10}}, BuildConfig{}, {{1, end}});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.status().message().find("input 'k'"), std::string::npos) << bad.status().message();
+}
+
+// A value input larger than kMaxValueInputElements is data, however it is read.
+TEST(Specialize, LargeInputsAreNeverValueInputs) {
+  auto g = parse_graph(R"(graph main(%x: f32[2,100], %p: i64[65]) {
+  %m = ReduceMax(%p) {keepdims = 1} : i64[1]
+  %z = const dense<i64[1]> [0]
+  %ax = const dense<i64[1]> [1]
+  %s = Slice(%x, %z, %m, %ax) : f32[2,?]
+  return %s
+})");
+  ASSERT_TRUE(g) << g.status().message();
+  EXPECT_TRUE(value_inputs(**g).empty());
 }
 
 }  // namespace

@@ -63,3 +63,14 @@ int device_count() {
 bool select_device(int ordinal) { return cudaSetDevice(ordinal) == cudaSuccess; }
 
 }  // namespace kiln::cuda
+
+namespace kiln::cuda {
+
+std::string copy_to_host(void* dst, const void* src, size_t bytes, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  return e == cudaSuccess ? "" : cuda_reason(e);
+}
+
+}  // namespace kiln::cuda

@@ -23,3 +23,12 @@ int device_count();
 bool select_device(int ordinal);
 
 }  // namespace kiln::cuda
+
+namespace kiln::cuda {
+
+// Copies `bytes` from device memory to host memory on `stream` (a cudaStream_t; null: the legacy
+// stream) and waits for it; "" on success, else the CUDA error. Dynamic engines read value inputs
+// a caller passed on the device this way.
+std::string copy_to_host(void* dst, const void* src, size_t bytes, void* stream);
+
+}  // namespace kiln::cuda

@@ -57,6 +57,9 @@ struct Rng {
         case DType::kInt64: t.data<int64_t>()[i] = ints(g); break;
         case DType::kInt32: t.data<int32_t>()[i] = int32_t(ints(g)); break;
         case DType::kBool: t.data<bool>()[i] = (ints(g) & 1) != 0; break;
+        case DType::kFloat64: t.data<double>()[i] = real(g); break;
+        case DType::kInt8: t.data<int8_t>()[i] = int8_t(ints(g) - int_hi / 2); break;  // negatives too
+        case DType::kUInt8: t.data<uint8_t>()[i] = uint8_t(ints(g)); break;
         default: break;
       }
     }

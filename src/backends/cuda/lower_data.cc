@@ -76,10 +76,29 @@ Status check_rank(const std::vector<int64_t>& dims) {
   return Status::ok();
 }
 
+// Fills y with `val` (ConstantOfShape, an inference Dropout's mask).
+void emit_fill(Lowering& L, const Node& n, const DevValue& y, double val) {
+  ByteWriter p;
+  p.put(int32_t(y.dt));
+  put(p, y.ref);
+  p.i64(y.numel());
+  p.put(val);
+  L.emit(&n, "kernel fill", {}, {y.ref.id}, StepOp::kFill, std::move(p));
+}
+
 Status lower_view(Lowering& L, const Node& n) {
-  if (n.outputs.size() > 1 && n.has_output(1)) KILN_UNSUPPORTED("{} with a mask output", op_name(n.op));
+  if (n.op == OpKind::kDropout && n.has_input(2)) {
+    const Tensor* mode = L.constant(n.inputs[2]);
+    if (!mode || mode->numel() != 1) KILN_UNSUPPORTED("Dropout with training_mode computed at run time");
+    if (mode->as_double(0) != 0) KILN_UNSUPPORTED("Dropout in training mode");
+  }
+  if (n.outputs.size() > 1 && n.has_output(1) && n.op != OpKind::kDropout) {
+    KILN_UNSUPPORTED("{} with a second output", op_name(n.op));
+  }
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
   L.define_alias(n.outputs[0], *x);
+  // Inference Dropout keeps every element: its mask is all true.
+  if (n.outputs.size() > 1 && n.has_output(1)) emit_fill(L, n, L.define(n.outputs[1]), 1.0);
   return Status::ok();
 }
 
@@ -202,14 +221,7 @@ Status lower_gather(Lowering& L, const Node& n) {
 
 Status lower_constant_of_shape(Lowering& L, const Node& n) {
   const Tensor* v = n.attr_tensor("value");
-  const DevValue& y = L.define(n.outputs[0]);
-  double val = v && v->numel() ? v->as_double(0) : 0.0;
-  ByteWriter p;
-  p.put(int32_t(y.dt));
-  put(p, y.ref);
-  p.i64(y.numel());
-  p.put(val);
-  L.emit(&n, "kernel fill", {}, {y.ref.id}, StepOp::kFill, std::move(p));
+  emit_fill(L, n, L.define(n.outputs[0]), v && v->numel() ? v->as_double(0) : 0.0);
   return Status::ok();
 }
 

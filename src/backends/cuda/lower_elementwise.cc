@@ -78,7 +78,7 @@ std::optional<UnaryInfo> unary_of(OpKind op) {
     case OpKind::kSign: return UnaryInfo{k::Unary::kSign};
     case OpKind::kRound: return UnaryInfo{k::Unary::kRound};
     case OpKind::kGelu: return UnaryInfo{k::Unary::kGeluErf};
-    case OpKind::kClip: return UnaryInfo{k::Unary::kClip};
+    case OpKind::kClip: return UnaryInfo{k::Unary::kClip, true};
     case OpKind::kLeakyRelu: return UnaryInfo{k::Unary::kLeakyRelu};
     case OpKind::kElu: return UnaryInfo{k::Unary::kElu};
     case OpKind::kHardSigmoid: return UnaryInfo{k::Unary::kHardSigmoid};
@@ -107,8 +107,8 @@ std::optional<UnaryInfo> unary_of(OpKind op) {
 Status lower_unary(Lowering& L, const Node& n) {
   UnaryInfo u = *unary_of(n.op);
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
-  if (u.op == k::Unary::kNot ? x->dt != k::DT::kBool
-                             : !is_float_dt(x->dt) && !(u.ints_ok && (x->dt == k::DT::kI64 || x->dt == k::DT::kI32))) {
+  const bool int_dt = x->dt == k::DT::kI64 || x->dt == k::DT::kI32 || x->dt == k::DT::kI8 || x->dt == k::DT::kU8;
+  if (u.op == k::Unary::kNot ? x->dt != k::DT::kBool : !is_float_dt(x->dt) && !(u.ints_ok && int_dt)) {
     KILN_UNSUPPORTED("{} on {} has no CUDA kernel", op_name(n.op), dtype_name(ir_dtype_of(x->dt)));
   }
   k::UnaryParams p;
@@ -140,7 +140,10 @@ Status lower_unary(Lowering& L, const Node& n) {
         if (!n.has_input(i)) continue;
         const Tensor* c = L.constant(n.inputs[i]);
         if (!c || c->numel() != 1) KILN_UNSUPPORTED("Clip bounds computed at run time");
-        (i == 1 ? p.a : p.b) = float(c->as_double(0));
+        const double v = c->as_double(0);
+        // Integer bounds travel as float: they must be exact in it.
+        if (int_dt && double(float(v)) != v) KILN_UNSUPPORTED("Clip of integers with a bound ({}) not exact in float", v);
+        (i == 1 ? p.a : p.b) = float(v);
       }
       break;
     }
@@ -235,7 +238,12 @@ Status lower_binary(Lowering& L, const Node& n) {
   if (n.inputs.size() < 2 && n.op != OpKind::kSum && n.op != OpKind::kMax && n.op != OpKind::kMin) {
     KILN_UNSUPPORTED("{} with {} input(s)", op_name(n.op), n.inputs.size());
   }
-  if (n.inputs.size() < 2) KILN_UNSUPPORTED("variadic {} with one input", op_name(n.op));
+  if (n.inputs.size() == 1 && n.inputs[0]) {  // Sum/Max/Min of one input is that input
+    KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
+    L.define_alias(n.outputs[0], *x);
+    return Status::ok();
+  }
+  if (n.inputs.size() < 2) KILN_UNSUPPORTED("variadic {} with no input", op_name(n.op));
   // The first non-constant input decides the compute dtype; constants are converted to it.
   std::optional<k::DT> dt;
   for (const Value* v : n.inputs) {
@@ -249,8 +257,8 @@ Status lower_binary(Lowering& L, const Node& n) {
   if (!dt) KILN_UNSUPPORTED("{} on {}", op_name(n.op), n.inputs[0]->type.to_string());
   bool logic = op == k::Binary::kAnd || op == k::Binary::kOr || op == k::Binary::kXor;
   bool ok = logic ? *dt == k::DT::kBool
-                  : is_float_dt(*dt) || *dt == k::DT::kI64 || *dt == k::DT::kI32 ||
-                        (*dt == k::DT::kBool && op == k::Binary::kEqual);
+                  : is_float_dt(*dt) || *dt == k::DT::kF64 || *dt == k::DT::kI64 || *dt == k::DT::kI32 ||
+                        *dt == k::DT::kI8 || *dt == k::DT::kU8 || (*dt == k::DT::kBool && op == k::Binary::kEqual);
   if (!ok) KILN_UNSUPPORTED("{} on {} has no CUDA kernel", op_name(n.op), dtype_name(ir_dtype_of(*dt)));
   std::vector<const DevValue*> ins;
   for (size_t i = 0; i < n.inputs.size(); ++i) {

@@ -574,6 +574,29 @@ Status lower_matmul(Lowering& L, const Node& n) {
   return define_and_emit(L, n, a, b, s, ep, out, fused, dt);
 }
 
+// Gemm's C broadcast to [m, n] (ONNX's unidirectional broadcasting: a scalar, a row, a column)
+// into a buffer of the node, for cuBLASLt's C slot.
+Expected<const DevValue*> broadcast_c(Lowering& L, const Node& n, const DevValue* c, int64_t m, int64_t nc) {
+  if (c->dims.size() > 2) KILN_UNSUPPORTED("Gemm with C of rank {}", c->dims.size());
+  std::vector<int64_t> cdims = c->dims, cs = c->strides();
+  while (cdims.size() < 2) {
+    cdims.insert(cdims.begin(), 1);
+    cs.insert(cs.begin(), 0);
+  }
+  const std::vector<int64_t> out = {m, nc};
+  for (size_t i = 0; i < 2; ++i) {
+    if (cdims[i] == 1) cs[i] = 0;
+    else if (cdims[i] != out[i]) KILN_UNSUPPORTED("Gemm with C of shape {} for a [{},{}] result", dims_to_string(c->dims), m, nc);
+  }
+  auto* full = new DevValue(*c);
+  L.keep_alive.emplace_back(full, [](void* q) { delete static_cast<DevValue*>(q); });
+  full->dims = out;
+  full->ref = Ref{false, L.scratch(full->bytes())};
+  emit_copy_nd(L, &n, "kernel copy_nd (Gemm's C broadcast)", k::dt_size(c->dt), c->ref, 0, nd(out, cs), full->ref, 0,
+               nd(out, full->strides()));
+  return static_cast<const DevValue*>(full);
+}
+
 Status lower_gemm(Lowering& L, const Node& n) {
   KILN_ASSIGN_OR_RETURN(const DevValue* a, L.rowmajor(n.inputs[0]));
   KILN_ASSIGN_OR_RETURN(const DevValue* b, L.rowmajor(n.inputs[1]));
@@ -606,7 +629,10 @@ Status lower_gemm(Lowering& L, const Node& n) {
       ep.bias = bias;
     } else {
       KILN_ASSIGN_OR_RETURN(const DevValue* cd, L.rowmajor(cv));
-      if (cd->numel() != s.m * s.n || cd->dt != dt) KILN_UNSUPPORTED("Gemm with C broadcast as {}", dims_to_string(cd->dims));
+      if (cd->dt != dt) KILN_UNSUPPORTED("Gemm with C of another dtype");
+      if (cd->numel() != s.m * s.n || cd->dims.size() != 2) {
+        KILN_ASSIGN_OR_RETURN(cd, broadcast_c(L, n, cd, s.m, s.n));
+      }
       ep.c = cd;
     }
   }

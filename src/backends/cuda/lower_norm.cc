@@ -21,11 +21,26 @@ Status lower_softmax(Lowering& L, const Node& n) {
   if (!is_float_dt(x->dt)) KILN_UNSUPPORTED("Softmax on {}", dtype_name(x->ir_dtype));
   int64_t r = int64_t(x->dims.size()), axis = n.attr_int("axis", -1);
   if (axis < 0) axis += r;
-  if (prod(x->dims, size_t(axis) + 1, size_t(r)) != 1) KILN_UNSUPPORTED("Softmax over a non-innermost axis");
   int64_t cols = r ? x->dims[size_t(axis)] : 1, rows = x->numel() / std::max<int64_t>(cols, 1);
   const DevValue& y = L.define(n.outputs[0]);
   const bool log = n.op == OpKind::kLogSoftmax;
-  emit_softmax(L, &n, log ? "kernel log_softmax" : "kernel softmax", x->dt, x->ref, y.ref, rows, cols, log);
+  const char* what = log ? "kernel log_softmax" : "kernel softmax";
+  const int64_t inner = r ? prod(x->dims, size_t(axis) + 1, size_t(r)) : 1;
+  if (inner == 1) {
+    emit_softmax(L, &n, what, x->dt, x->ref, y.ref, rows, cols, log);
+    return Status::ok();
+  }
+  // Over a middle axis: x as [outer, C, inner] is copied to [outer, inner, C], normalized by rows
+  // and copied back.
+  const int64_t outer = rows / inner, eb = k::dt_size(x->dt);
+  const size_t bytes = size_t(x->numel()) * size_t(eb);
+  const Ref t{false, L.scratch(bytes)}, u{false, L.scratch(bytes)};
+  const std::vector<int64_t> moved = {outer, inner, cols}, moved_strides = {inner * cols, 1, inner};
+  emit_copy_nd(L, &n, "kernel copy_nd (softmax axis last)", int(eb), x->ref, 0, nd(moved, moved_strides), t, 0,
+               nd(moved, {inner * cols, cols, 1}));
+  emit_softmax(L, &n, what, x->dt, t, u, rows, cols, log);
+  emit_copy_nd(L, &n, "kernel copy_nd (softmax axis back)", int(eb), u, 0, nd(moved, {inner * cols, cols, 1}), y.ref, 0,
+               nd(moved, moved_strides));
   return Status::ok();
 }
 
@@ -349,9 +364,11 @@ Expected<StepFn> bind_reduce(Params& in, BindCtx&) {
 }
 
 Status lower_reduce(Lowering& L, const Node& n) {
-  k::Reduce op = *reduce_of(n.op);
+  // ReduceLogSum is log(ReduceSum): the sum, then Log in place.
+  const bool log_sum = n.op == OpKind::kReduceLogSum;
+  k::Reduce op = log_sum ? k::Reduce::kSum : *reduce_of(n.op);
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
-  bool float_only = op != k::Reduce::kSum && op != k::Reduce::kMax && op != k::Reduce::kMin;
+  bool float_only = log_sum || (op != k::Reduce::kSum && op != k::Reduce::kMax && op != k::Reduce::kMin);
   if (!is_float_dt(x->dt) && (float_only || (x->dt != k::DT::kI64 && x->dt != k::DT::kI32))) {
     KILN_UNSUPPORTED("{} on {}", op_name(n.op), dtype_name(x->ir_dtype));
   }
@@ -364,7 +381,12 @@ Status lower_reduce(Lowering& L, const Node& n) {
   }
   bool none = std::none_of(red.begin(), red.end(), [](bool b) { return b; });
   if (none) {
-    if (n.attr_int("noop_with_empty_axes", 0)) KILN_UNSUPPORTED("noop_with_empty_axes");
+    if (n.attr_int("noop_with_empty_axes", 0) && !log_sum && op != k::Reduce::kSumSquare && op != k::Reduce::kL1 &&
+        op != k::Reduce::kL2 && op != k::Reduce::kLogSumExp) {
+      L.define_alias(n.outputs[0], *x);  // no axes: the input as it is
+      return Status::ok();
+    }
+    if (n.attr_int("noop_with_empty_axes", 0)) KILN_UNSUPPORTED("{} with noop_with_empty_axes", op_name(n.op));
     red.assign(r, true);
   }
   // Axes of size 1 reduce trivially; drop them so that e.g. {1,3} of [N,C,1,W] stays contiguous.
@@ -378,6 +400,17 @@ Status lower_reduce(Lowering& L, const Node& n) {
   }
   const DevValue& y = L.define(n.outputs[0]);
   emit_reduce(L, n, op, x, a0, a1, y.ref);
+  if (log_sum) {
+    ByteWriter w;
+    w.put(int32_t(k::Unary::kLog));
+    w.put(int32_t(y.dt));
+    put(w, y.ref);
+    put(w, y.ref);
+    w.i64(y.numel());
+    w.put(0.0f);
+    w.put(0.0f);
+    L.emit(&n, "kernel unary Log (of the sum)", {y.ref.id}, {y.ref.id}, StepOp::kUnary, std::move(w));
+  }
   return Status::ok();
 }
 
@@ -482,7 +515,7 @@ void register_norm_lowerings(std::map<OpKind, LowerFn>& t) {
   t[OpKind::kGroupNormalization] = lower_group_norm;
   for (OpKind op : {OpKind::kReduceSum, OpKind::kReduceMean, OpKind::kReduceMax, OpKind::kReduceMin,
                     OpKind::kReduceProd, OpKind::kReduceSumSquare, OpKind::kReduceL1, OpKind::kReduceL2,
-                    OpKind::kReduceLogSumExp}) {
+                    OpKind::kReduceLogSumExp, OpKind::kReduceLogSum}) {
     t[op] = lower_reduce;
   }
   t[OpKind::kArgMax] = lower_arg;

@@ -189,12 +189,24 @@ struct UnaryF {
       else return Bool8{static_cast<uint8_t>(x.v != 0)};  // kIdentity
     } else if constexpr (std::is_integral_v<T>) {
       using Un = std::make_unsigned_t<T>;
+      constexpr bool kSigned = std::is_signed_v<T>;
       const T neg = static_cast<T>(Un(0) - static_cast<Un>(x));  // wraps at the minimum, no UB
       if constexpr (OP == Unary::kNeg) return neg;
-      else if constexpr (OP == Unary::kAbs) return x < 0 ? neg : x;
-      else if constexpr (OP == Unary::kRelu) return x < 0 ? T(0) : x;
-      else if constexpr (OP == Unary::kSign) return static_cast<T>((x > 0) - (x < 0));
-      else return x;  // kIdentity
+      else if constexpr (OP == Unary::kAbs || OP == Unary::kRelu) {
+        if constexpr (kSigned) return x < 0 ? (OP == Unary::kAbs ? neg : T(0)) : x;
+        else return x;
+      } else if constexpr (OP == Unary::kSign) {
+        if constexpr (kSigned) return static_cast<T>((x > 0) - (x < 0));
+        else return static_cast<T>(x != 0);
+      } else if constexpr (OP == Unary::kClip) {
+        // The bounds are integers exact in float (the lowering checks); an absent one is +-inf and
+        // one beyond T's range clamps to T's limit.
+        constexpr T hi_t = static_cast<T>(static_cast<Un>(~Un(0)) >> (kSigned ? 1 : 0));
+        constexpr T lo_t = kSigned ? static_cast<T>(-hi_t - 1) : T(0);
+        const T lo = p.a <= static_cast<float>(lo_t) ? lo_t : static_cast<T>(p.a);
+        const T hi = p.b >= static_cast<float>(hi_t) ? hi_t : static_cast<T>(p.b);
+        return x < lo ? lo : (x > hi ? hi : x);
+      } else return x;  // kIdentity
     } else {
       return from_f<T>(unary_f32<OP>(to_f(x), p));
     }
@@ -204,9 +216,9 @@ struct UnaryF {
 template <class T>
 constexpr bool unary_ok(Unary op) {
   if constexpr (std::is_same_v<T, Bool8>) return op == Unary::kNot || op == Unary::kIdentity;
-  else if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, int32_t>)
+  else if constexpr (std::is_integral_v<T>)
     return op == Unary::kIdentity || op == Unary::kNeg || op == Unary::kAbs || op == Unary::kRelu ||
-           op == Unary::kSign;
+           op == Unary::kSign || op == Unary::kClip;
   else if constexpr (kIsF32ish<T>) return op != Unary::kNot;
   else return false;
 }
@@ -277,7 +289,7 @@ __host__ __device__ constexpr bool is_logic(Binary op) {
 template <class T>
 constexpr bool binary_ok(Binary op) {
   if constexpr (std::is_same_v<T, Bool8>) return is_logic(op) || op == Binary::kEqual;
-  else if constexpr (kIsF32ish<T> || std::is_same_v<T, int64_t> || std::is_same_v<T, int32_t>) return !is_logic(op);
+  else if constexpr (kIsF32ish<T> || std::is_same_v<T, double> || std::is_integral_v<T>) return !is_logic(op);
   else return false;
 }
 
@@ -290,17 +302,18 @@ __device__ __forceinline__ bool compare(C a, C b) {
   else return a >= b;
 }
 
-template <Binary OP>
-__device__ __forceinline__ float binary_f32(float a, float b) {
+// F is float (f32, f16 and bf16 compute in it) or double.
+template <Binary OP, class F>
+__device__ __forceinline__ F binary_fp(F a, F b) {
   if constexpr (OP == Binary::kAdd) return a + b;
   else if constexpr (OP == Binary::kSub) return a - b;
   else if constexpr (OP == Binary::kMul) return a * b;
   else if constexpr (OP == Binary::kDiv) return a / b;
-  else if constexpr (OP == Binary::kPow) return powf(a, b);
+  else if constexpr (OP == Binary::kPow) return pow(a, b);
   else if constexpr (OP == Binary::kMax) return (a > b || a != a) ? a : b;  // NaN propagates
   else if constexpr (OP == Binary::kMin) return (a < b || a != a) ? a : b;
-  else if constexpr (OP == Binary::kPRelu) return a < 0.f ? a * b : a;
-  else return fmodf(a, b);  // kMod: floats require fmod=1 in ONNX, which is C fmod
+  else if constexpr (OP == Binary::kPRelu) return a < F(0) ? a * b : a;
+  else return fmod(a, b);  // kMod: floats require fmod=1 in ONNX, which is C fmod
 }
 
 template <Binary OP, class T>
@@ -313,16 +326,25 @@ __device__ __forceinline__ T binary_int(T a, T b) {
   else if constexpr (OP == Binary::kDiv) {
     // Truncating; x/0 is undefined in ONNX and gives 0 here; MIN/-1 wraps instead of trapping UB.
     if (b == 0) return 0;
-    if (b == -1) return static_cast<T>(Un(0) - static_cast<Un>(a));
-    return a / b;
+    if constexpr (std::is_signed_v<T>) {
+      if (b == -1) return static_cast<T>(Un(0) - static_cast<Un>(a));
+    }
+    return static_cast<T>(a / b);
   } else if constexpr (OP == Binary::kMod) {
     // Python-style (fmod=0): the result takes the divisor's sign.
-    if (b == 0 || b == -1) return 0;
-    T r = a % b;
-    if (r != 0 && ((r < 0) != (b < 0))) r += b;
-    return r;
+    if (b == 0) return 0;
+    if constexpr (std::is_signed_v<T>) {
+      if (b == -1) return 0;
+      T r = static_cast<T>(a % b);
+      if (r != 0 && ((r < 0) != (b < 0))) r = static_cast<T>(r + b);
+      return r;
+    } else {
+      return static_cast<T>(a % b);
+    }
   } else if constexpr (OP == Binary::kPow) {
-    if (b < 0) return a == 1 ? T(1) : (a == -1 ? ((b & 1) ? T(-1) : T(1)) : T(0));  // trunc(a^b)
+    if constexpr (std::is_signed_v<T>) {
+      if (b < 0) return a == 1 ? T(1) : (a == -1 ? ((b & 1) ? T(-1) : T(1)) : T(0));  // trunc(a^b)
+    }
     Un r = 1, base = static_cast<Un>(a);
     for (T e = b; e != 0; e >>= 1) {
       if (e & 1) r *= base;
@@ -330,8 +352,10 @@ __device__ __forceinline__ T binary_int(T a, T b) {
     }
     return static_cast<T>(r);
   } else if constexpr (OP == Binary::kMax) return a > b ? a : b;
-  else if constexpr (OP == Binary::kPRelu) return a < 0 ? static_cast<T>(static_cast<Un>(a) * static_cast<Un>(b)) : a;
-  else return a < b ? a : b;  // kMin
+  else if constexpr (OP == Binary::kPRelu) {
+    if constexpr (std::is_signed_v<T>) return a < 0 ? static_cast<T>(static_cast<Un>(a) * static_cast<Un>(b)) : a;
+    else return a;
+  } else return a < b ? a : b;  // kMin
 }
 
 template <class T, Binary OP>
@@ -352,7 +376,9 @@ struct BinaryF {
       if constexpr (kIsF32ish<T>) return Bool8{static_cast<uint8_t>(compare<OP>(to_f(a), to_f(b)))};
       else return Bool8{static_cast<uint8_t>(compare<OP>(a, b))};
     } else if constexpr (kIsF32ish<T>) {
-      return from_f<T>(binary_f32<OP>(to_f(a), to_f(b)));
+      return from_f<T>(binary_fp<OP>(to_f(a), to_f(b)));
+    } else if constexpr (std::is_same_v<T, double>) {
+      return binary_fp<OP>(a, b);
     } else {
       return binary_int<OP>(a, b);
     }

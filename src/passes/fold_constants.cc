@@ -12,7 +12,8 @@ Expected<bool> fold_node(const Node& n, const std::function<const Tensor*(const 
   // A fused elementwise body reads only the node's inputs: it folds like the ops it holds (a graph
   // optimized with ranged dims fuses shape arithmetic that binding the dims later makes constant).
   if (is_random_op(n.op) || is_collective(n.op) || (has_subgraph(n) && n.op != OpKind::kFusedElementwise) || !op_def(n.op).cpu) return false;
-  bool shape_only = n.op == OpKind::kShape || n.op == OpKind::kSize;
+  // Shape, Size and EyeLike read only their input's dims (and dtype).
+  bool shape_only = n.op == OpKind::kShape || n.op == OpKind::kSize || n.op == OpKind::kEyeLike;
   // CastLike reads only the dtype of its second input: a constant cast to the dtype of a run-time
   // value folds (ONNX's expanded function bodies write their constants so: CastLike(0.5, X)).
   bool dtype_only = n.op == OpKind::kCastLike;
@@ -31,7 +32,7 @@ Expected<bool> fold_node(const Node& n, const std::function<const Tensor*(const 
     }
     auto dims = shape_only && i == 0 ? static_dims(v) : std::nullopt;
     if (!dims || v->type.dtype == DType::kString) return false;
-    // Shape and Size read only the dims: a zero-element view of them is enough.
+    // A zero-element view of the dims is enough.
     held.emplace_back(Tensor::view(v->type.dtype, *dims, nullptr, nullptr));
   }
   for (const Value* o : n.outputs) {

@@ -10,6 +10,7 @@ namespace kiln {
 Expected<bool> eliminate_dead_code(Graph& g);            // dce.cc             "dce"
 Expected<bool> eliminate_common_subexpressions(Graph& g);  // cse.cc           "cse"
 Expected<bool> canonicalize(Graph& g);                   // canonicalize.cc    "canonicalize"
+Expected<bool> inline_if(Graph& g);                      // inline_if.cc       "inline-if"
 Expected<bool> propagate_layout(Graph& g);               // propagate_layout.cc "propagate-layout"
 Expected<bool> fold_batchnorm(Graph& g);                 // fold_batchnorm.cc  "fold-batchnorm"
 Expected<bool> einsum_as_matmul(Graph& g);               // einsum_as_matmul.cc "einsum-as-matmul"

@@ -25,6 +25,9 @@ std::vector<Pass> default_pipeline() {
       // needs those static shapes and constant targets.
       {"fold-constants", "evaluate what is known at build time",
        [](Graph& g) { return fold_constants(g); }},
+      // An If on a condition fold-constants made constant (exporters branch on shapes) -> the
+      // branch's nodes, which the fusions below and the GPU then see like any others.
+      {"inline-if", "If with a condition known at build time -> the nodes of the branch it takes", inline_if},
       // Drops Identity, inference Dropout, no-op Cast/Reshape/Expand/Transpose and cancelling
       // pairs, so the fusions below find their producer and consumer directly connected.
       // Two-operand Einsums that are matrix products -> Transpose/Reshape/MatMul, which every

@@ -104,8 +104,15 @@ std::optional<UnaryInfo> unary_of(OpKind op) {
   }
 }
 
+Status lower_clip_bounds(Lowering& L, const Node& n);
+
 Status lower_unary(Lowering& L, const Node& n) {
   UnaryInfo u = *unary_of(n.op);
+  if (n.op == OpKind::kClip) {
+    for (size_t i = 1; i < 3; ++i) {
+      if (n.has_input(i) && !L.constant(n.inputs[i])) return lower_clip_bounds(L, n);
+    }
+  }
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
   const bool int_dt = x->dt == k::DT::kI64 || x->dt == k::DT::kI32 || x->dt == k::DT::kI8 || x->dt == k::DT::kU8;
   if (u.op == k::Unary::kNot ? x->dt != k::DT::kBool : !is_float_dt(x->dt) && !(u.ints_ok && int_dt)) {
@@ -178,7 +185,7 @@ Expected<StepFn> bind_unary(Params& in, BindCtx&) {
 
 std::optional<k::Binary> binary_of(OpKind op) {
   switch (op) {
-    case OpKind::kAdd: case OpKind::kSum: return k::Binary::kAdd;
+    case OpKind::kAdd: case OpKind::kSum: case OpKind::kMean: return k::Binary::kAdd;
     case OpKind::kSub: return k::Binary::kSub;
     case OpKind::kMul: return k::Binary::kMul;
     case OpKind::kDiv: return k::Binary::kDiv;
@@ -233,9 +240,61 @@ Expected<StepFn> bind_binary(Params& in, BindCtx&) {
   });
 }
 
+// A scalar constant on the device in dtype dt (a Mean's count, IsInf's infinity).
+Expected<const DevValue*> scalar_value(Lowering& L, double v, k::DT dt, DType ir) {
+  KILN_ASSIGN_OR_RETURN(Ref r, L.upload(Tensor::scalar<double>(v), dt));
+  auto* d = new DevValue{r, dt, ir, {}, Layout::kRowMajor};
+  L.keep_alive.emplace_back(d, [](void* p) { delete static_cast<DevValue*>(p); });
+  return static_cast<const DevValue*>(d);
+}
+
+// x converted to dt into a buffer of the node (same dims and layout).
+const DevValue* cast_value(Lowering& L, const Node& n, const DevValue* x, k::DT dt, DType ir, const char* what) {
+  auto* c = new DevValue(*x);
+  L.keep_alive.emplace_back(c, [](void* p) { delete static_cast<DevValue*>(p); });
+  c->dt = dt;
+  c->ir_dtype = ir;
+  c->ref = Ref{false, L.scratch(c->bytes())};
+  emit_cast(L, &n, fmt::format("kernel cast ({})", what), x->dt, dt, x->ref, c->ref, x->numel());
+  return c;
+}
+
+// Pow whose exponent has another dtype than the base (the result has the base's): a float base
+// takes the exponent converted to it; an integer base with a float exponent is raised in that
+// float and the result converted back (truncating, as the ONNX reference's astype).
+Status lower_pow_mixed(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
+  KILN_ASSIGN_OR_RETURN(const DevValue* e, L.value(n.inputs[1]));
+  const DevValue* base = x;
+  k::DT in_dt = x->dt;
+  if (is_float_dt(x->dt) || x->dt == k::DT::kF64 || !(is_float_dt(e->dt) || e->dt == k::DT::kF64)) {
+    e = cast_value(L, n, e, x->dt, x->ir_dtype, "Pow's exponent");
+  } else {
+    in_dt = e->dt;
+    base = cast_value(L, n, x, e->dt, e->ir_dtype, "Pow's base");
+  }
+  if (in_dt == x->dt) return emit_binary(L, n, k::Binary::kPow, base, e, n.outputs[0], true).status();
+  KILN_ASSIGN_OR_RETURN(DevValue p, emit_binary(L, n, k::Binary::kPow, base, e, n.outputs[0], false));
+  const DevValue& y = L.define(n.outputs[0], p.layout);
+  emit_cast(L, &n, "kernel cast (Pow's result)", in_dt, y.dt, p.ref, y.ref, y.numel());
+  return Status::ok();
+}
+
+// Mod of integers with fmod = 1 (C's remainder: the dividend's sign) as a - trunc(a / b) * b; the
+// division truncates, so this is exact.
+Status lower_int_fmod(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* a, L.value(n.inputs[0]));
+  KILN_ASSIGN_OR_RETURN(const DevValue* b, operand_value(L, n, 1, a->dt));
+  if (b->dt != a->dt) KILN_UNSUPPORTED("Mod: mixed input dtypes");
+  KILN_ASSIGN_OR_RETURN(DevValue q, emit_binary(L, n, k::Binary::kDiv, a, b, n.outputs[0], false));
+  KILN_ASSIGN_OR_RETURN(DevValue qb, emit_binary(L, n, k::Binary::kMul, &q, b, n.outputs[0], false));
+  return emit_binary(L, n, k::Binary::kSub, a, &qb, n.outputs[0], true).status();
+}
+
 Status lower_binary(Lowering& L, const Node& n) {
   k::Binary op = *binary_of(n.op);
-  if (n.inputs.size() < 2 && n.op != OpKind::kSum && n.op != OpKind::kMax && n.op != OpKind::kMin) {
+  if (n.inputs.size() < 2 && n.op != OpKind::kSum && n.op != OpKind::kMax && n.op != OpKind::kMin &&
+      n.op != OpKind::kMean) {
     KILN_UNSUPPORTED("{} with {} input(s)", op_name(n.op), n.inputs.size());
   }
   if (n.inputs.size() == 1 && n.inputs[0]) {  // Sum/Max/Min of one input is that input
@@ -260,6 +319,13 @@ Status lower_binary(Lowering& L, const Node& n) {
                   : is_float_dt(*dt) || *dt == k::DT::kF64 || *dt == k::DT::kI64 || *dt == k::DT::kI32 ||
                         *dt == k::DT::kI8 || *dt == k::DT::kU8 || (*dt == k::DT::kBool && op == k::Binary::kEqual);
   if (!ok) KILN_UNSUPPORTED("{} on {} has no CUDA kernel", op_name(n.op), dtype_name(ir_dtype_of(*dt)));
+  if (n.op == OpKind::kPow) {
+    KILN_ASSIGN_OR_RETURN(const DevValue* e, operand_value(L, n, 1, dt));
+    if (e->dt != *dt) return lower_pow_mixed(L, n);
+  }
+  const bool int_dt = !is_float_dt(*dt) && *dt != k::DT::kF64;
+  if (n.op == OpKind::kMod && int_dt && n.attr_int("fmod", 0) != 0) return lower_int_fmod(L, n);
+  if (n.op == OpKind::kMean && int_dt) KILN_UNSUPPORTED("Mean on {}", dtype_name(ir_dtype_of(*dt)));
   std::vector<const DevValue*> ins;
   for (size_t i = 0; i < n.inputs.size(); ++i) {
     KILN_ASSIGN_OR_RETURN(const DevValue* d, operand_value(L, n, i, dt));
@@ -267,14 +333,80 @@ Status lower_binary(Lowering& L, const Node& n) {
     if (d->dims.size() > size_t(k::kMaxRank)) KILN_UNSUPPORTED("rank > {}", k::kMaxRank);
     ins.push_back(d);
   }
-  // Variadic Sum/Max/Min: a chain of binary steps, the last writing the output.
+  // Variadic Sum/Max/Min/Mean: a chain of binary steps, the last writing the output (Mean's last
+  // divides the sum by the count).
+  const bool mean = n.op == OpKind::kMean;
   DevValue acc = *ins[0];
   for (size_t i = 1; i < ins.size(); ++i) {
-    bool last = i + 1 == ins.size();
+    bool last = i + 1 == ins.size() && !mean;
     const Value* out = n.outputs[0];
     KILN_ASSIGN_OR_RETURN(acc, emit_binary(L, n, op, &acc, ins[i], out, last));
   }
+  if (mean) {
+    KILN_ASSIGN_OR_RETURN(const DevValue* count, scalar_value(L, double(ins.size()), *dt, n.outputs[0]->type.dtype));
+    KILN_RETURN_IF_ERROR(emit_binary(L, n, k::Binary::kDiv, &acc, count, n.outputs[0], true).status());
+  }
   return Status::ok();
+}
+
+// Clip with a bound fed at run time: Min(Max(x, lo), hi), each bound broadcast. NaN in x stays NaN
+// (binary Max and Min propagate it); lo > hi gives hi, as ONNX asks.
+Status lower_clip_bounds(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
+  std::vector<std::pair<k::Binary, size_t>> steps;
+  if (n.has_input(1)) steps.emplace_back(k::Binary::kMax, 1);
+  if (n.has_input(2)) steps.emplace_back(k::Binary::kMin, 2);
+  DevValue acc = *x;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(const DevValue* b, operand_value(L, n, steps[i].second, x->dt));
+    if (b->dt != x->dt) KILN_UNSUPPORTED("Clip: a bound of another dtype");
+    KILN_ASSIGN_OR_RETURN(acc, emit_binary(L, n, steps[i].first, &acc, b, n.outputs[0], i + 1 == steps.size()));
+  }
+  return Status::ok();
+}
+
+// IsNaN: Equal(x, x) is false exactly at NaN, then Not. IsInf: Equal(|x|, inf) (or x against
+// +inf or -inf alone, per detect_positive/detect_negative).
+Status lower_is_special(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
+  if (!is_float_dt(x->dt) && x->dt != k::DT::kF64) KILN_UNSUPPORTED("{} on {}", op_name(n.op), dtype_name(x->ir_dtype));
+  const Value* out = n.outputs[0];
+  if (n.op == OpKind::kIsNaN) {
+    KILN_ASSIGN_OR_RETURN(DevValue eq, emit_binary(L, n, k::Binary::kEqual, x, x, out, false));
+    const DevValue& y = L.define(out, eq.layout);
+    ByteWriter w;
+    w.put(int32_t(k::Unary::kNot));
+    w.put(int32_t(k::DT::kBool));
+    put(w, eq.ref);
+    put(w, y.ref);
+    w.i64(y.numel());
+    w.put(0.0f);
+    w.put(0.0f);
+    L.emit(&n, "kernel unary Not", {eq.ref.id}, {y.ref.id}, StepOp::kUnary, std::move(w));
+    return Status::ok();
+  }
+  const bool pos = n.attr_int("detect_positive", 1) != 0, neg = n.attr_int("detect_negative", 1) != 0;
+  // Neither: nothing is detected; NaN compares unequal to everything.
+  const double want = pos && neg ? INFINITY : pos ? INFINITY : neg ? -INFINITY : NAN;
+  KILN_ASSIGN_OR_RETURN(const DevValue* c, scalar_value(L, want, x->dt, x->ir_dtype));
+  const DevValue* v = x;
+  if (pos && neg && x->dt == k::DT::kF64) KILN_UNSUPPORTED("IsInf on f64 detecting both signs");
+  if (pos && neg) {
+    auto* a = new DevValue(*x);
+    L.keep_alive.emplace_back(a, [](void* p) { delete static_cast<DevValue*>(p); });
+    a->ref = Ref{false, L.scratch(a->bytes())};
+    ByteWriter w;
+    w.put(int32_t(k::Unary::kAbs));
+    w.put(int32_t(x->dt));
+    put(w, x->ref);
+    put(w, a->ref);
+    w.i64(x->numel());
+    w.put(0.0f);
+    w.put(0.0f);
+    L.emit(&n, "kernel unary Abs", {read_id(x)}, {a->ref.id}, StepOp::kUnary, std::move(w));
+    v = a;
+  }
+  return emit_binary(L, n, k::Binary::kEqual, v, c, out, true).status();
 }
 
 Status lower_where(Lowering& L, const Node& n) {
@@ -353,9 +485,11 @@ void register_elementwise_lowerings(std::map<OpKind, LowerFn>& t) {
   }
   for (OpKind op : {OpKind::kAdd, OpKind::kSum, OpKind::kSub, OpKind::kMul, OpKind::kDiv, OpKind::kPow, OpKind::kMax,
                     OpKind::kMin, OpKind::kMod, OpKind::kEqual, OpKind::kLess, OpKind::kLessOrEqual, OpKind::kGreater,
-                    OpKind::kGreaterOrEqual, OpKind::kAnd, OpKind::kOr, OpKind::kXor, OpKind::kPRelu}) {
+                    OpKind::kGreaterOrEqual, OpKind::kAnd, OpKind::kOr, OpKind::kXor, OpKind::kPRelu, OpKind::kMean}) {
     t[op] = lower_binary;
   }
+  t[OpKind::kIsNaN] = lower_is_special;
+  t[OpKind::kIsInf] = lower_is_special;
   t[OpKind::kWhere] = lower_where;
   t[OpKind::kCast] = lower_cast;
   t[OpKind::kCastLike] = lower_cast;

@@ -62,6 +62,10 @@ class Lowering;
 void emit_copy_nd(Lowering& L, const Node* n, std::string label, int eb, Ref src, int64_t src_off, const k::NdStrides& s,
                   Ref dst, int64_t dst_off, const k::NdStrides& d, size_t zero_bytes = 0);
 
+// y = op(x) over count elements, x and y of dtype dt (lower_elementwise.cc).
+void emit_unary(Lowering& L, const Node* n, std::string label, k::Unary op, k::DT dt, Ref x, Ref y, int64_t count,
+                k::UnaryParams p = {});
+
 // y = (to)x over count elements (lower_elementwise.cc).
 void emit_cast(Lowering& L, const Node* n, std::string label, k::DT from, k::DT to, Ref x, Ref y, int64_t count);
 
@@ -287,6 +291,12 @@ Expected<cudnnTensorDescriptor_t> make_tensor_desc(std::vector<std::shared_ptr<v
 // A [K, C, R, S] filter as [K, R, S, C] (cuDNN's NHWC filter layout).
 Expected<Tensor> filter_krsc(const Tensor& w);
 void register_conv_transpose_lowerings(std::map<OpKind, LowerFn>& t);  // lower_conv_transpose.cc
+// A 2-D Conv whose weight or bias is computed at run time (lower_conv_fed.cc; lower_conv hands it
+// over): cuDNN reads the filter from the arena.
+Status lower_conv_fed(Lowering& L, const Node& n);
+// A device value's [K, C, R, S] filter copied as [K, R, S, C] into a buffer of node n (cuDNN's
+// NHWC filter layout, for filters computed at run time).
+const DevValue* filter_krsc_copy(Lowering& L, const Node& n, const DevValue* w);
 
 
 // Convenience for lowering functions.

@@ -465,8 +465,9 @@ Status lower_conv(Lowering& L, const Node& n) {
     xv = in_clip->x;
   }
   const Tensor* w = L.constant(n.inputs[1]);
-  if (!w || w->rank() != 4) KILN_UNSUPPORTED("Conv needs a constant 4-D weight (2-D convolution)");
   const Tensor* bias_t = n.has_input(2) ? L.constant(n.inputs[2]) : nullptr;
+  if (!in_clip && (!w || (n.has_input(2) && !bias_t))) return lower_conv_fed(L, n);
+  if (!w || w->rank() != 4) KILN_UNSUPPORTED("Conv needs a 4-D weight (2-D convolution)");
   if (n.has_input(2) && !bias_t) KILN_UNSUPPORTED("Conv bias computed at run time");
   auto p4 = pads4(n);
   if (!p4) KILN_UNSUPPORTED("Conv with auto_pad {}", n.attr_string("auto_pad", ""));

@@ -7,7 +7,8 @@
 // Output size: stride * (in - 1) + output_padding + (k - 1) * dilation + 1 - pad_begin - pad_end.
 // cuDNN pads the forward convolution symmetrically by pad_begin, which reproduces ONNX's positions
 // whenever 0 <= output_padding + pad_begin - pad_end < stride (what exporters write: symmetric
-// pads, output_padding below the stride); other pads stay on the CPU.
+// pads, output_padding below the stride); other pads stay on the CPU. A weight or bias computed at run time is read
+// from the arena (the filter copied to KRSC in NHWC builds).
 #include "backends/cuda/lower.h"
 
 namespace kiln::cuda {
@@ -29,9 +30,17 @@ Expected<cudnnConvolutionBwdDataAlgo_t> pick_bwd_algo(cudnnHandle_t h, const Con
 
 Status lower_conv_transpose(Lowering& L, const Node& n) {
   const Tensor* w = L.constant(n.inputs[1]);
-  if (!w || w->rank() != 4) KILN_UNSUPPORTED("ConvTranspose needs a constant 4-D weight (2-D)");
   const Tensor* bias_t = n.has_input(2) ? L.constant(n.inputs[2]) : nullptr;
-  if (n.has_input(2) && !bias_t) KILN_UNSUPPORTED("ConvTranspose bias computed at run time");
+  const DevValue* wv = nullptr;  // a weight computed at run time
+  const DevValue* bv = nullptr;  // a bias computed at run time
+  if (!w) {
+    KILN_ASSIGN_OR_RETURN(wv, L.rowmajor(n.inputs[1]));
+  }
+  if (n.has_input(2) && !bias_t) {
+    KILN_ASSIGN_OR_RETURN(bv, L.rowmajor(n.inputs[2]));
+  }
+  const std::vector<int64_t> wshape = w ? w->dims() : wv->dims;
+  if (wshape.size() != 4) KILN_UNSUPPORTED("ConvTranspose needs a 4-D weight (2-D)");
   const std::string ap = n.attr_string("auto_pad", "NOTSET");
   if ((ap != "NOTSET" && ap != "VALID") || n.has_attr("output_shape")) {
     KILN_UNSUPPORTED("ConvTranspose with auto_pad {} or output_shape", ap);
@@ -53,20 +62,29 @@ Status lower_conv_transpose(Lowering& L, const Node& n) {
   }
   const Layout lay = L.half() ? Layout::kNHWC : Layout::kRowMajor;
   KILN_ASSIGN_OR_RETURN(const DevValue* x, lay == Layout::kNHWC ? L.nhwc(n.inputs[0]) : L.rowmajor(n.inputs[0]));
-  if (x->dims.size() != 4 || x->dims[1] != w->dim(0)) KILN_UNSUPPORTED("ConvTranspose input {}", dims_to_string(x->dims));
+  if (x->dims.size() != 4 || x->dims[1] != wshape[0]) KILN_UNSUPPORTED("ConvTranspose input {}", dims_to_string(x->dims));
+  if ((wv && wv->dt != *dt) || (bv && (bv->dt != *dt || bv->numel() != wshape[1] * group))) {
+    KILN_UNSUPPORTED("ConvTranspose weight or bias of another dtype or size");
+  }
   std::vector<int64_t> yd;
   for (const Dim& d : n.outputs[0]->type.shape->dims) yd.push_back(d.value());
-  const std::array<int64_t, 4> wdims{w->dim(0), w->dim(1), w->dim(2), w->dim(3)};
+  const std::array<int64_t, 4> wdims{wshape[0], wshape[1], wshape[2], wshape[3]};
   // The forward convolution dx (our output) -> dy (our input).
   KILN_ASSIGN_OR_RETURN(ConvDescs d, make_conv_descs(L.keep_alive, L.options().precision, L.options().workspace_bytes, *dt,
                                                      lay, yd, wdims, {int(p[0]), int(p[1])}, {int(st[0]), int(st[1])},
                                                      {int(dil[0]), int(dil[1])}, group, x->dims));
   KILN_ASSIGN_OR_RETURN(cudnnConvolutionBwdDataAlgo_t algo, pick_bwd_algo(L.dnn, d, L.options().workspace_bytes));
-  KILN_ASSIGN_OR_RETURN(Tensor wt, lay == Layout::kNHWC ? filter_krsc(*w) : Expected<Tensor>(*w));
-  KILN_ASSIGN_OR_RETURN(Ref wr, L.upload(wt, *dt));
-  Ref br;
+  Ref wr, br;
+  if (w) {
+    KILN_ASSIGN_OR_RETURN(Tensor wt, lay == Layout::kNHWC ? filter_krsc(*w) : Expected<Tensor>(*w));
+    KILN_ASSIGN_OR_RETURN(wr, L.upload(wt, *dt));
+  } else {
+    wr = (lay == Layout::kNHWC ? filter_krsc_copy(L, n, wv) : wv)->ref;
+  }
   if (bias_t) {
     KILN_ASSIGN_OR_RETURN(br, L.upload(*bias_t, *dt));
+  } else if (bv) {
+    br = bv->ref;
   }
   const DevValue& y = L.define(n.outputs[0], lay);
   ByteWriter w8;
@@ -84,8 +102,9 @@ Status lower_conv_transpose(Lowering& L, const Node& n) {
   put(w8, y.ref);
   L.emit(&n, fmt::format("cudnn conv-transpose {} {} algo {}{}", lay == Layout::kNHWC ? "NHWC" : "NCHW",
                          *dt == k::DT::kF32 ? "fp32" : *dt == k::DT::kF16 ? "fp16" : "bf16", int(algo),
-                         bias_t ? " +bias (cudnnAddTensor)" : ""),
-         {read_id(x)}, {y.ref.id}, StepOp::kCudnnConvTranspose, std::move(w8));
+                         bias_t || bv ? " +bias (cudnnAddTensor)" : ""),
+         {read_id(x), wv ? int(wr.id) : -1, bv ? int(br.id) : -1}, {y.ref.id}, StepOp::kCudnnConvTranspose,
+         std::move(w8));
   return Status::ok();
 }
 

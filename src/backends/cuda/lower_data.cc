@@ -456,7 +456,8 @@ Expected<StepFn> bind_scatter(Params& in, BindCtx&) {
 // short lines; nothing here is bandwidth-bound).
 Status lower_cumsum(Lowering& L, const Node& n) {
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
-  if (x->dt != k::DT::kF32 && x->dt != k::DT::kF16 && x->dt != k::DT::kBF16 && x->dt != k::DT::kI64 && x->dt != k::DT::kI32) {
+  if (x->dt != k::DT::kF32 && x->dt != k::DT::kF16 && x->dt != k::DT::kBF16 && x->dt != k::DT::kF64 &&
+      x->dt != k::DT::kI64 && x->dt != k::DT::kI32) {
     KILN_UNSUPPORTED("CumSum of {}", dtype_name(x->ir_dtype));
   }
   const Tensor* a = L.constant(n.inputs[1]);
@@ -492,6 +493,63 @@ Expected<StepFn> bind_cumsum(Params& in, BindCtx&) {
 }
 
 // GatherElements where indices and data agree on every dim but the axis (what models write).
+// OneHot(indices, depth, [off, on]) with the depth axis inserted at `axis`: over [outer, depth,
+// inner], position j is on where the index is j or j - depth (negative indices count from the
+// end; any other index leaves its row off, as ONNX asks): two compares against constant iotas,
+// Or, and a Where choosing between the two values (copied out of `values` when it is fed).
+Status lower_one_hot(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* idx, L.rowmajor(n.inputs[0]));
+  const Tensor* dt_ = L.constant(n.inputs[1]);
+  if (!dt_ || dt_->numel() != 1) KILN_UNSUPPORTED("OneHot depth computed at run time");
+  const int64_t depth = int64_t(dt_->as_double(0));
+  if (depth < 1) KILN_UNSUPPORTED("OneHot depth {}", depth);
+  KILN_ASSIGN_OR_RETURN(const DevValue* vals, L.rowmajor(n.inputs[2]));
+  if (vals->numel() != 2) KILN_UNSUPPORTED("OneHot values of {} elements", vals->numel());
+  const int64_t r = int64_t(idx->dims.size());
+  int64_t axis = n.attr_int("axis", -1);
+  if (axis < 0) axis += r + 1;
+  if (axis < 0 || axis > r) KILN_UNSUPPORTED("OneHot axis {} for indices of rank {}", n.attr_int("axis", -1), r);
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < r; ++i) (i < axis ? outer : inner) *= idx->dims[size_t(i)];
+  // Indices compare as i64 (float indices are truncated, as the reference's astype).
+  Ref ix = idx->ref;
+  if (idx->dt != k::DT::kI64) {
+    ix = Ref{false, L.scratch(size_t(idx->numel()) * sizeof(int64_t))};
+    emit_cast(L, &n, "kernel cast (OneHot indices)", idx->dt, k::DT::kI64, idx->ref, ix, idx->numel());
+  }
+  std::vector<int64_t> iota(static_cast<size_t>(depth)), iota_neg(static_cast<size_t>(depth));
+  for (int64_t j = 0; j < depth; ++j) {
+    iota[size_t(j)] = j;
+    iota_neg[size_t(j)] = j - depth;
+  }
+  KILN_ASSIGN_OR_RETURN(Ref pos, L.upload(Tensor::from_vector<int64_t>(iota, {depth}), k::DT::kI64));
+  KILN_ASSIGN_OR_RETURN(Ref neg, L.upload(Tensor::from_vector<int64_t>(iota_neg, {depth}), k::DT::kI64));
+  const std::vector<int64_t> dims = {outer, depth, inner};
+  const k::NdStrides along = nd(dims, {0, 1, 0}), index = nd(dims, {inner, 0, 1}), flat = nd(dims, {depth * inner, inner, 1});
+  const size_t count = size_t(outer * depth * inner);
+  const Ref e1{false, L.scratch(count)}, e2{false, L.scratch(count)}, on{false, L.scratch(count)};
+  emit_binary_nd(L, &n, "kernel binary Equal (OneHot)", k::Binary::kEqual, k::DT::kI64, pos, along, ix, index, e1);
+  emit_binary_nd(L, &n, "kernel binary Equal (OneHot, negative)", k::Binary::kEqual, k::DT::kI64, neg, along, ix, index, e2);
+  emit_binary_nd(L, &n, "kernel binary Or (OneHot)", k::Binary::kOr, k::DT::kBool, e1, flat, e2, flat, on);
+  const DevValue& y = L.define(n.outputs[0]);
+  if (vals->dt != y.dt) KILN_UNSUPPORTED("OneHot values of another dtype than the output");
+  const int eb = k::dt_size(vals->dt);
+  const Ref off_v{false, L.scratch(size_t(eb))}, on_v{false, L.scratch(size_t(eb))};
+  emit_copy_nd(L, &n, "kernel copy_nd (OneHot off value)", eb, vals->ref, 0, nd({1}, {1}), off_v, 0, nd({1}, {1}));
+  emit_copy_nd(L, &n, "kernel copy_nd (OneHot on value)", eb, vals->ref, 1, nd({1}, {1}), on_v, 0, nd({1}, {1}));
+  ByteWriter w;  // the kWhere record (lower_elementwise.cc)
+  w.put(int32_t(y.dt));
+  put(w, on);
+  put(w, flat);
+  put(w, on_v);
+  put(w, nd(dims, {0, 0, 0}));
+  put(w, off_v);
+  put(w, nd(dims, {0, 0, 0}));
+  put(w, y.ref);
+  L.emit(&n, "kernel where (OneHot)", {on.id, on_v.id, off_v.id}, {y.ref.id}, StepOp::kWhere, std::move(w));
+  return Status::ok();
+}
+
 Status lower_gather_elements(Lowering& L, const Node& n) {
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
   KILN_ASSIGN_OR_RETURN(const DevValue* idx, L.rowmajor(n.inputs[1]));
@@ -548,6 +606,7 @@ void register_data_lowerings(std::map<OpKind, LowerFn>& t) {
   t[OpKind::kDepthToSpace] = lower_depth_space;
   t[OpKind::kSpaceToDepth] = lower_depth_space;
   t[OpKind::kGatherElements] = lower_gather_elements;
+  t[OpKind::kOneHot] = lower_one_hot;
 }
 
 void emit_copy_nd(Lowering& L, const Node* n, std::string label, int eb, Ref src, int64_t src_off, const k::NdStrides& s,

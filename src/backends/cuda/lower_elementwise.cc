@@ -157,15 +157,7 @@ Status lower_unary(Lowering& L, const Node& n) {
     default: break;
   }
   const DevValue& y = L.define(n.outputs[0], x->layout);
-  ByteWriter w;
-  w.put(int32_t(u.op));
-  w.put(int32_t(x->dt));
-  put(w, x->ref);
-  put(w, y.ref);
-  w.i64(y.numel());
-  w.put(p.a);
-  w.put(p.b);
-  L.emit(&n, fmt::format("kernel unary {}", op_name(n.op)), {read_id(x)}, {y.ref.id}, StepOp::kUnary, std::move(w));
+  emit_unary(L, &n, fmt::format("kernel unary {}", op_name(n.op)), u.op, x->dt, x->ref, y.ref, y.numel(), p);
   return Status::ok();
 }
 
@@ -374,15 +366,7 @@ Status lower_is_special(Lowering& L, const Node& n) {
   if (n.op == OpKind::kIsNaN) {
     KILN_ASSIGN_OR_RETURN(DevValue eq, emit_binary(L, n, k::Binary::kEqual, x, x, out, false));
     const DevValue& y = L.define(out, eq.layout);
-    ByteWriter w;
-    w.put(int32_t(k::Unary::kNot));
-    w.put(int32_t(k::DT::kBool));
-    put(w, eq.ref);
-    put(w, y.ref);
-    w.i64(y.numel());
-    w.put(0.0f);
-    w.put(0.0f);
-    L.emit(&n, "kernel unary Not", {eq.ref.id}, {y.ref.id}, StepOp::kUnary, std::move(w));
+    emit_unary(L, &n, "kernel unary Not", k::Unary::kNot, k::DT::kBool, eq.ref, y.ref, y.numel());
     return Status::ok();
   }
   const bool pos = n.attr_int("detect_positive", 1) != 0, neg = n.attr_int("detect_negative", 1) != 0;
@@ -395,15 +379,7 @@ Status lower_is_special(Lowering& L, const Node& n) {
     auto* a = new DevValue(*x);
     L.keep_alive.emplace_back(a, [](void* p) { delete static_cast<DevValue*>(p); });
     a->ref = Ref{false, L.scratch(a->bytes())};
-    ByteWriter w;
-    w.put(int32_t(k::Unary::kAbs));
-    w.put(int32_t(x->dt));
-    put(w, x->ref);
-    put(w, a->ref);
-    w.i64(x->numel());
-    w.put(0.0f);
-    w.put(0.0f);
-    L.emit(&n, "kernel unary Abs", {read_id(x)}, {a->ref.id}, StepOp::kUnary, std::move(w));
+    emit_unary(L, &n, "kernel unary Abs", k::Unary::kAbs, x->dt, x->ref, a->ref, x->numel());
     v = a;
   }
   return emit_binary(L, n, k::Binary::kEqual, v, c, out, true).status();
@@ -503,6 +479,19 @@ void emit_cast(Lowering& L, const Node* n, std::string label, k::DT from, k::DT 
   put(w, y);
   w.i64(count);
   L.emit(n, std::move(label), {x.weight ? -1 : x.id}, {y.id}, StepOp::kCast, std::move(w));
+}
+
+void emit_unary(Lowering& L, const Node* n, std::string label, k::Unary op, k::DT dt, Ref x, Ref y, int64_t count,
+                k::UnaryParams p) {
+  ByteWriter w;
+  w.put(int32_t(op));
+  w.put(int32_t(dt));
+  put(w, x);
+  put(w, y);
+  w.i64(count);
+  w.put(p.a);
+  w.put(p.b);
+  L.emit(n, std::move(label), {x.weight ? -1 : x.id}, {y.id}, StepOp::kUnary, std::move(w));
 }
 
 void emit_binary_nd(Lowering& L, const Node* n, std::string label, k::Binary op, k::DT dt, Ref a, const k::NdStrides& sa,

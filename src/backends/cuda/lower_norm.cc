@@ -369,7 +369,7 @@ Status lower_reduce(Lowering& L, const Node& n) {
   k::Reduce op = log_sum ? k::Reduce::kSum : *reduce_of(n.op);
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
   bool float_only = log_sum || (op != k::Reduce::kSum && op != k::Reduce::kMax && op != k::Reduce::kMin);
-  if (!is_float_dt(x->dt) && (float_only || (x->dt != k::DT::kI64 && x->dt != k::DT::kI32))) {
+  if (!is_float_dt(x->dt) && x->dt != k::DT::kF64 && (float_only || (x->dt != k::DT::kI64 && x->dt != k::DT::kI32))) {
     KILN_UNSUPPORTED("{} on {}", op_name(n.op), dtype_name(x->ir_dtype));
   }
   size_t r = x->dims.size();
@@ -400,17 +400,7 @@ Status lower_reduce(Lowering& L, const Node& n) {
   }
   const DevValue& y = L.define(n.outputs[0]);
   emit_reduce(L, n, op, x, a0, a1, y.ref);
-  if (log_sum) {
-    ByteWriter w;
-    w.put(int32_t(k::Unary::kLog));
-    w.put(int32_t(y.dt));
-    put(w, y.ref);
-    put(w, y.ref);
-    w.i64(y.numel());
-    w.put(0.0f);
-    w.put(0.0f);
-    L.emit(&n, "kernel unary Log (of the sum)", {y.ref.id}, {y.ref.id}, StepOp::kUnary, std::move(w));
-  }
+  if (log_sum) emit_unary(L, &n, "kernel unary Log (of the sum)", k::Unary::kLog, y.dt, y.ref, y.ref, y.numel());
   return Status::ok();
 }
 
@@ -431,6 +421,37 @@ Status lower_arg(Lowering& L, const Node& n) {
   // select_last_index has its own step kind, so that earlier engine files' records still read.
   L.emit(&n, last ? "kernel arg_reduce (last index)" : "kernel arg_reduce", {read_id(x)}, {y.ref.id},
          last ? StepOp::kArgReduceLast : StepOp::kArgReduce, std::move(w));
+  return Status::ok();
+}
+
+// Hardmax: 1 at the first maximum along the axis, 0 elsewhere, as ArgMax into a buffer, the
+// index compared with a constant iota [1, C, 1] over [outer, C, inner], and the bools cast.
+Status lower_hardmax(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
+  if (!is_float_dt(x->dt)) KILN_UNSUPPORTED("Hardmax on {}", dtype_name(x->ir_dtype));
+  const int64_t r = int64_t(x->dims.size());
+  int64_t axis = n.attr_int("axis", -1);
+  if (axis < 0) axis += r;
+  if (axis < 0 || axis >= r) KILN_UNSUPPORTED("Hardmax axis {} of rank {}", n.attr_int("axis", -1), r);
+  const int64_t outer = prod(x->dims, 0, size_t(axis)), cnt = x->dims[size_t(axis)],
+                inner = prod(x->dims, size_t(axis) + 1, size_t(r));
+  const Ref arg{false, L.scratch(size_t(outer * inner) * sizeof(int64_t))};
+  ByteWriter w;
+  w.u8(1);  // ArgMax
+  w.put(int32_t(x->dt));
+  put(w, x->ref);
+  put(w, arg);
+  for (int64_t v : {outer, cnt, inner}) w.i64(v);
+  L.emit(&n, "kernel arg_reduce (Hardmax)", {read_id(x)}, {arg.id}, StepOp::kArgReduce, std::move(w));
+  std::vector<int64_t> iota(static_cast<size_t>(cnt));
+  for (int64_t i = 0; i < cnt; ++i) iota[size_t(i)] = i;
+  KILN_ASSIGN_OR_RETURN(Ref ir, L.upload(Tensor::from_vector<int64_t>(iota, {cnt}), k::DT::kI64));
+  const std::vector<int64_t> dims = {outer, cnt, inner};
+  const Ref eq{false, L.scratch(size_t(x->numel()))};
+  emit_binary_nd(L, &n, "kernel binary Equal (Hardmax)", k::Binary::kEqual, k::DT::kI64, ir, nd(dims, {0, 1, 0}), arg,
+                 nd(dims, {inner, 0, 1}), eq);
+  const DevValue& y = L.define(n.outputs[0]);
+  emit_cast(L, &n, "kernel cast (Hardmax)", k::DT::kBool, y.dt, eq, y.ref, y.numel());
   return Status::ok();
 }
 
@@ -508,6 +529,7 @@ Status lower_global_pool(Lowering& L, const Node& n) {
 void register_norm_lowerings(std::map<OpKind, LowerFn>& t) {
   t[OpKind::kSoftmax] = lower_softmax;
   t[OpKind::kLogSoftmax] = lower_softmax;
+  t[OpKind::kHardmax] = lower_hardmax;
   t[OpKind::kLayerNormalization] = lower_layer_norm;
   t[OpKind::kRMSNormalization] = lower_layer_norm;
   t[OpKind::kBatchNormalization] = lower_batch_norm;

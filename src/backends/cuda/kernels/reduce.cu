@@ -26,34 +26,55 @@ __device__ __forceinline__ float shfl_xor(float a, int o) { return __shfl_xor_sy
 __device__ __forceinline__ int64_t shfl_xor(int64_t a, int o) {
   return static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, static_cast<long long>(a), o));
 }
-__device__ __forceinline__ float2 shfl_xor(float2 a, int o) { return make_float2(shfl_xor(a.x, o), shfl_xor(a.y, o)); }
+__device__ __forceinline__ double shfl_xor(double a, int o) { return __shfl_xor_sync(0xffffffffu, a, o); }
+
+// LogSumExp's accumulator: the running max and the sum of exp(x - max).
+template <class F>
+struct Lse {
+  F m, s;
+};
+template <class F>
+__device__ __forceinline__ Lse<F> shfl_xor(Lse<F> a, int o) {
+  return {shfl_xor(a.m, o), shfl_xor(a.s, o)};
+}
 template <class V>
 __device__ __forceinline__ ArgAcc<V> shfl_xor(ArgAcc<V> a, int o) {
   return {shfl_xor(a.v, o), shfl_xor(a.i, o)};
 }
 
-__device__ __forceinline__ float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
-__device__ __forceinline__ float nan_min(float a, float b) { return (a < b || a != a) ? a : b; }
+template <class F>
+__device__ __forceinline__ F nan_max(F a, F b) { return (a > b || a != a) ? a : b; }
+template <class F>
+__device__ __forceinline__ F nan_min(F a, F b) { return (a < b || a != a) ? a : b; }
 
-// f32 accumulation for kF32/kF16/kBF16.
+// f32 accumulation for kF32/kF16/kBF16, f64 for kF64.
 template <Reduce OP, class T>
 struct FloatReducer {
-  using Acc = std::conditional_t<OP == Reduce::kLogSumExp, float2, float>;  // lse: (max, sum exp(x - max))
+  using F = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  using Acc = std::conditional_t<OP == Reduce::kLogSumExp, Lse<F>, F>;
   using Out = T;
   static __device__ __forceinline__ Acc init() {
-    if constexpr (OP == Reduce::kLogSumExp) return make_float2(-INFINITY, 0.f);
-    else if constexpr (OP == Reduce::kMax) return -INFINITY;
-    else if constexpr (OP == Reduce::kMin) return INFINITY;
-    else if constexpr (OP == Reduce::kProd) return 1.f;
-    else return 0.f;
+    if constexpr (OP == Reduce::kLogSumExp) return Lse<F>{F(-INFINITY), F(0)};
+    else if constexpr (OP == Reduce::kMax) return F(-INFINITY);
+    else if constexpr (OP == Reduce::kMin) return F(INFINITY);
+    else if constexpr (OP == Reduce::kProd) return F(1);
+    else return F(0);
+  }
+  static __device__ __forceinline__ F load(T x) {
+    if constexpr (std::is_same_v<T, double>) return x;
+    else return to_f(x);
+  }
+  static __device__ __forceinline__ Out store(F a) {
+    if constexpr (std::is_same_v<T, double>) return a;
+    else return from_f<T>(a);
   }
   static __device__ __forceinline__ Acc combine(Acc a, Acc b) {
     if constexpr (OP == Reduce::kLogSumExp) {
-      const float m = nan_max(a.x, b.x);
+      const F m = nan_max(a.m, b.m);
       // exp(inf - inf) would be NaN: an infinite max decides the result by itself (the sum is 0
       // for -inf, which also covers the empty accumulator, and 1 for +inf).
-      if (isinf(m)) return make_float2(m, m > 0.f ? 1.f : 0.f);
-      return make_float2(m, a.y * expf(a.x - m) + b.y * expf(b.x - m));
+      if (isinf(m)) return Lse<F>{m, m > F(0) ? F(1) : F(0)};
+      return Lse<F>{m, a.s * exp(a.m - m) + b.s * exp(b.m - m)};
     } else if constexpr (OP == Reduce::kMax) {
       return nan_max(a, b);
     } else if constexpr (OP == Reduce::kMin) {
@@ -65,17 +86,17 @@ struct FloatReducer {
     }
   }
   static __device__ __forceinline__ Acc add(Acc a, T xt, int64_t) {
-    const float x = to_f(xt);
-    if constexpr (OP == Reduce::kLogSumExp) return combine(a, make_float2(x, 1.f));
-    else if constexpr (OP == Reduce::kSumSquare || OP == Reduce::kL2) return fmaf(x, x, a);
-    else if constexpr (OP == Reduce::kL1) return a + fabsf(x);
+    const F x = load(xt);
+    if constexpr (OP == Reduce::kLogSumExp) return combine(a, Lse<F>{x, F(1)});
+    else if constexpr (OP == Reduce::kSumSquare || OP == Reduce::kL2) return fma(x, x, a);
+    else if constexpr (OP == Reduce::kL1) return a + fabs(x);
     else return combine(a, x);
   }
   static __device__ __forceinline__ Out finish(Acc a, int64_t n) {
-    if constexpr (OP == Reduce::kLogSumExp) return from_f<T>(a.x + logf(a.y));  // n == 0: log 0 = -inf
-    else if constexpr (OP == Reduce::kMean) return from_f<T>(a / static_cast<float>(n));
-    else if constexpr (OP == Reduce::kL2) return from_f<T>(sqrtf(a));
-    else return from_f<T>(a);
+    if constexpr (OP == Reduce::kLogSumExp) return store(a.m + log(a.s));  // n == 0: log 0 = -inf
+    else if constexpr (OP == Reduce::kMean) return store(a / static_cast<F>(n));
+    else if constexpr (OP == Reduce::kL2) return store(sqrt(a));
+    else return store(a);
   }
 };
 
@@ -271,7 +292,7 @@ cudaError_t reduce(Reduce op, DT dt, const void* x, void* y, int64_t outer, int6
     constexpr Reduce kOp = decltype(opc)::value;
     return dispatch_dt(dt, [&](auto tag) -> cudaError_t {
       using T = typename decltype(tag)::type;
-      if constexpr (kIsF32ish<T>) {
+      if constexpr (kIsF32ish<T> || std::is_same_v<T, double>) {
         return launch_reduce<FloatReducer<kOp, T>, T>(x, y, outer, n, inner, s);
       } else if constexpr ((std::is_same_v<T, int64_t> || std::is_same_v<T, int32_t>) &&
                            (kOp == Reduce::kSum || kOp == Reduce::kMax || kOp == Reduce::kMin)) {

@@ -295,6 +295,7 @@ cudaError_t cumsum(DT dt, const void* x, void* y, int64_t outer, int64_t n, int6
     case DT::kBF16: go(Tag<__nv_bfloat16>{}, 0.f); break;
     case DT::kI64: go(Tag<int64_t>{}, int64_t{}); break;
     case DT::kI32: go(Tag<int32_t>{}, int64_t{}); break;
+    case DT::kF64: go(Tag<double>{}, 0.0); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

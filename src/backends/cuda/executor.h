@@ -76,7 +76,8 @@ enum class StepOp : uint16_t {
   kAllReduce,      // ncclAllReduce (sum) on the session's communicator
   kAllGather,      // ncclAllGather on the session's communicator
   kRowMoments,     // k::row_moments (LayerNormalization's Mean and InvStdDev outputs)
-  kLast = kRowMoments,
+  kRnnStep,        // k::rnn_step (one time step of RNN, GRU or LSTM)
+  kLast = kRnnStep,
 };
 
 // What a step sees when it runs: the session's stream, handles and memory.
@@ -155,6 +156,8 @@ void register_attention_binders(std::map<StepOp, BindFn>& t);
 void register_fused_binders(std::map<StepOp, BindFn>& t);
 void register_resample_binders(std::map<StepOp, BindFn>& t);
 void register_conv_transpose_binders(std::map<StepOp, BindFn>& t);
+void register_pool_binders(std::map<StepOp, BindFn>& t);  // lower_pool.cc
+void register_rnn_binders(std::map<StepOp, BindFn>& t);   // lower_rnn.cc
 void register_host_binders(std::map<StepOp, BindFn>& t);
 void register_quant_binders(std::map<StepOp, BindFn>& t);  // lower_gemm_quant.cc
 void register_loss_binders(std::map<StepOp, BindFn>& t);   // lower_loss.cc

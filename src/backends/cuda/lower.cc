@@ -61,6 +61,13 @@ std::optional<k::DT> to_kdt(DType d) {
   }
 }
 
+Expected<std::vector<int64_t>> exact_dims(const Value* v) {
+  if (!v->type.shape) KILN_UNSUPPORTED("'{}' has no known shape", v->name);
+  auto d = v->type.shape->static_dims();
+  if (!d) KILN_UNSUPPORTED("'{}' has shape {}", v->name, v->type.shape->to_string());
+  return *d;
+}
+
 DType ir_dtype_of(k::DT d) {
   switch (d) {
     case k::DT::kF32: return DType::kFloat32;
@@ -310,6 +317,8 @@ const std::map<OpKind, LowerFn>& lowering_table() {
     register_fused_lowerings(t);
     register_resample_lowerings(t);
     register_conv_transpose_lowerings(t);
+    register_pool_lowerings(t);
+    register_rnn_lowerings(t);
     register_quant_lowerings(t);
     register_loss_lowerings(t);
     register_collective_lowerings(t);

@@ -77,6 +77,9 @@ void emit_softmax(Lowering& L, const Node* n, std::string label, k::DT dt, Ref x
 void emit_binary_nd(Lowering& L, const Node* n, std::string label, k::Binary op, k::DT dt, Ref a, const k::NdStrides& sa,
                     Ref b, const k::NdStrides& sb, Ref y);
 
+// A value's dims, all static (a lowering's precondition), or kUnsupported naming it.
+Expected<std::vector<int64_t>> exact_dims(const Value* v);
+
 // Makes a k::NdStrides from dims and strides (rank <= kMaxRank, checked by the caller).
 k::NdStrides nd(const std::vector<int64_t>& dims, const std::vector<int64_t>& strides);
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& dims);
@@ -291,6 +294,8 @@ Expected<cudnnTensorDescriptor_t> make_tensor_desc(std::vector<std::shared_ptr<v
 // A [K, C, R, S] filter as [K, R, S, C] (cuDNN's NHWC filter layout).
 Expected<Tensor> filter_krsc(const Tensor& w);
 void register_conv_transpose_lowerings(std::map<OpKind, LowerFn>& t);  // lower_conv_transpose.cc
+void register_pool_lowerings(std::map<OpKind, LowerFn>& t);            // lower_pool.cc: Max/AveragePool
+void register_rnn_lowerings(std::map<OpKind, LowerFn>& t);             // lower_rnn.cc: RNN, GRU, LSTM
 // A 2-D Conv whose weight or bias is computed at run time (lower_conv_fed.cc; lower_conv hands it
 // over): cuDNN reads the filter from the arena.
 Status lower_conv_fed(Lowering& L, const Node& n);

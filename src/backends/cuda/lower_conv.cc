@@ -1,4 +1,4 @@
-// 2-D convolution and pooling through cuDNN. Half-precision builds run them NHWC (cuDNN's tensor
+// 2-D convolution through cuDNN (pooling: lower_pool.cc). Half-precision builds run it NHWC (cuDNN's tensor
 // core layout; weights are stored KRSC), fp32 builds NCHW. A Conv whose output feeds only an Add
 // and/or a Relu becomes one cudnnConvolutionBiasActivationForward:
 //   y = relu(conv(x, w) + z + bias)      (ResNet's conv3 + residual + ReLU in one call)
@@ -29,7 +29,6 @@ Status destroy_tensor(cudnnTensorDescriptor_t d) { return cuda_status(cudnnDestr
 Status destroy_filter(cudnnFilterDescriptor_t d) { return cuda_status(cudnnDestroyFilterDescriptor(d), "destroy"); }
 Status destroy_conv(cudnnConvolutionDescriptor_t d) { return cuda_status(cudnnDestroyConvolutionDescriptor(d), "destroy"); }
 Status destroy_act(cudnnActivationDescriptor_t d) { return cuda_status(cudnnDestroyActivationDescriptor(d), "destroy"); }
-Status destroy_pool(cudnnPoolingDescriptor_t d) { return cuda_status(cudnnDestroyPoolingDescriptor(d), "destroy"); }
 using Keep = std::vector<std::shared_ptr<void>>;
 
 Expected<cudnnTensorDescriptor_t> tensor_desc(Keep& keep, const std::vector<int64_t>& d, k::DT dt, Layout lay) {
@@ -51,12 +50,6 @@ std::optional<std::array<int64_t, 4>> pads4(const Node& n) {
   return std::array<int64_t, 4>{p[0], p[1], p[2], p[3]};
 }
 
-// Symmetric 2-D pads; nullopt if asymmetric.
-std::optional<std::array<int, 2>> sym_pads(const Node& n) {
-  auto p = pads4(n);
-  if (!p || (*p)[0] != (*p)[2] || (*p)[1] != (*p)[3]) return std::nullopt;
-  return std::array<int, 2>{int((*p)[0]), int((*p)[1])};
-}
 
 // cuDNN pads symmetrically. TensorFlow-style SAME padding (one more row/column at the end) gets
 // the extra zeros from an explicit copy into a zero-filled, larger buffer; the convolution then
@@ -747,60 +740,6 @@ Status lower_conv(Lowering& L, const Node& n) {
   return Status::ok();
 }
 
-Status lower_pool(Lowering& L, const Node& n) {
-  if (n.outputs.size() > 1 && n.has_output(1)) KILN_UNSUPPORTED("MaxPool with Indices output");
-  std::vector<int64_t> ks = n.attr_ints("kernel_shape");
-  if (ks.size() != 2) KILN_UNSUPPORTED("{} over {} spatial dims", op_name(n.op), ks.size());
-  auto pads = sym_pads(n);
-  if (!pads) KILN_UNSUPPORTED("{} with asymmetric padding", op_name(n.op));
-  std::vector<int64_t> st = n.attr_ints("strides", {1, 1}), dil = n.attr_ints("dilations", {1, 1});
-  if (dil[0] != 1 || dil[1] != 1) KILN_UNSUPPORTED("dilated pooling");
-  const Value* xv = n.inputs[0];
-  auto dt = L.device_dt(xv->type.dtype);
-  if (!dt || (*dt != k::DT::kF32 && *dt != k::DT::kF16 && *dt != k::DT::kBF16)) KILN_UNSUPPORTED("{} on {}", op_name(n.op), xv->type.to_string());
-  std::vector<int64_t> yd_dims;
-  for (const Dim& d : n.outputs[0]->type.shape->dims) yd_dims.push_back(d.value());
-  // cuDNN floors the output size; ceil_mode is fine only when it gives the same size.
-  for (int i = 0; i < 2; ++i) {
-    int64_t in = xv->type.shape->dims[size_t(2 + i)].value();
-    int64_t fl = (in + 2 * (*pads)[size_t(i)] - ks[size_t(i)]) / st[size_t(i)] + 1;
-    if (fl != yd_dims[size_t(2 + i)]) KILN_UNSUPPORTED("{} with ceil_mode changing the output size", op_name(n.op));
-  }
-  Layout lay = L.half() ? Layout::kNHWC : Layout::kRowMajor;
-  KILN_ASSIGN_OR_RETURN(const DevValue* x, lay == Layout::kNHWC ? L.nhwc(xv) : L.rowmajor(xv));
-  if (n.op == OpKind::kMaxPool && lay == Layout::kNHWC && x->dims[1] % 8 == 0 && k::dt_size(x->dt) == 2) {
-    // kiln's kernel: cuDNN's NHWC max pooling ran well over its memory time on ResNet-50's at batch
-    // 256 (bench/RESULTS.md, "ResNet-50: input image read by space-to-depth, kiln's max pooling,
-    // conv algorithms re-timed (c955006, 9be7bf1, 285d861)").
-    k::PoolShape ps{int(x->dims[0]), int(x->dims[2]), int(x->dims[3]), int(x->dims[1]), int(yd_dims[2]), int(yd_dims[3]),
-                    int(ks[0]), int(ks[1]), int(st[0]), int(st[1]), (*pads)[0], (*pads)[1]};
-    const DevValue& y = L.define(n.outputs[0], lay);
-    ByteWriter w;
-    w.put(int32_t(x->dt));
-    put(w, x->ref);
-    put(w, y.ref);
-    for (int v : {ps.n, ps.h, ps.w, ps.c, ps.p, ps.q, ps.kh, ps.kw, ps.sh, ps.sw, ps.ph, ps.pw}) w.put(int32_t(v));
-    L.emit(&n, "kernel max_pool_nhwc", {read_id(x)}, {y.ref.id}, StepOp::kMaxPoolNhwc, std::move(w));
-    return Status::ok();
-  }
-  cudnnPoolingMode_t mode = n.op == OpKind::kMaxPool ? CUDNN_POOLING_MAX
-                            : n.attr_int("count_include_pad", 0) ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING
-                                                                 : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
-  const DevValue& y = L.define(n.outputs[0], lay);
-  ByteWriter w;
-  w.put(int32_t(*dt));
-  w.u8(lay == Layout::kNHWC);
-  put(w, x->dims);
-  put(w, yd_dims);
-  w.put(int32_t(mode));
-  for (int v : {int(ks[0]), int(ks[1]), (*pads)[0], (*pads)[1], int(st[0]), int(st[1])}) w.put(int32_t(v));
-  put(w, x->ref);
-  put(w, y.ref);
-  L.emit(&n, fmt::format("cudnn pooling {}", lay == Layout::kNHWC ? "NHWC" : "NCHW"), {read_id(x)}, {y.ref.id},
-         StepOp::kCudnnPool, std::move(w));
-  return Status::ok();
-}
-
 }  // namespace
 
 namespace {
@@ -871,41 +810,6 @@ Expected<StepFn> bind_cudnn_conv(Params& in, BindCtx& bc) {
   });
 }
 
-Expected<StepFn> bind_cudnn_pool(Params& in, BindCtx& bc) {
-  bool ok = true;
-  const k::DT dt = in.dt();
-  const Layout lay = in.flag() ? Layout::kNHWC : Layout::kRowMajor;
-  const std::vector<int64_t> xdims = dims4(in, ok), ydims = dims4(in, ok);
-  const auto mode = cudnnPoolingMode_t(in.i32());
-  std::array<int, 6> pi{};
-  for (int& v : pi) v = in.i32();
-  const Ref xr = in.ref(), yr = in.ref();
-  KILN_RETURN_IF_ERROR(in.done());
-  if (!ok) return malformed(in);
-  KILN_ASSIGN_OR_RETURN(auto xd, tensor_desc(bc.keep_alive, xdims, dt, lay));
-  KILN_ASSIGN_OR_RETURN(auto yd, tensor_desc(bc.keep_alive, ydims, dt, lay));
-  cudnnPoolingDescriptor_t pd = nullptr;
-  KILN_CUDA_TRY(cudnnCreatePoolingDescriptor(&pd));
-  hold(bc.keep_alive, pd, destroy_pool);
-  KILN_CUDA_TRY(cudnnSetPooling2dDescriptor(pd, mode, CUDNN_NOT_PROPAGATE_NAN, pi[0], pi[1], pi[2], pi[3], pi[4], pi[5]));
-  return StepFn([=](const RunCtx& c) -> Status {
-    float one = 1.0f, zero = 0.0f;
-    KILN_CUDA_TRY(cudnnPoolingForward(c.dnn, pd, &one, xd, c.ptr(xr), &zero, yd, c.ptr(yr)));
-    return Status::ok();
-  });
-}
-
-Expected<StepFn> bind_max_pool_nhwc(Params& in, BindCtx&) {
-  const k::DT dt = in.dt();
-  const Ref xr = in.ref(), yr = in.ref();
-  k::PoolShape ps{};
-  for (int* v : {&ps.n, &ps.h, &ps.w, &ps.c, &ps.p, &ps.q, &ps.kh, &ps.kw, &ps.sh, &ps.sw, &ps.ph, &ps.pw}) *v = in.i32();
-  KILN_RETURN_IF_ERROR(in.done());
-  return StepFn([=](const RunCtx& c) {
-    return cuda_status(k::max_pool_nhwc(dt, c.ptr(xr), ps, c.ptr(yr), c.stream), "max_pool_nhwc");
-  });
-}
-
 Expected<StepFn> bind_depthwise(Params& in, BindCtx&) {
   const k::DT dt = in.dt();
   const Ref xr = in.ref(), wr = in.ref(), br = in.opt_ref(), yr = in.ref();
@@ -945,16 +849,12 @@ Expected<StepFn> bind_space_to_depth(Params& in, BindCtx&) {
 
 void register_conv_binders(std::map<StepOp, BindFn>& t) {
   t[StepOp::kCudnnConv] = bind_cudnn_conv;
-  t[StepOp::kCudnnPool] = bind_cudnn_pool;
-  t[StepOp::kMaxPoolNhwc] = bind_max_pool_nhwc;
   t[StepOp::kDepthwiseConv] = bind_depthwise;
   t[StepOp::kSpaceToDepth] = bind_space_to_depth;
 }
 
 void register_conv_lowerings(std::map<OpKind, LowerFn>& t) {
   t[OpKind::kConv] = lower_conv;
-  t[OpKind::kMaxPool] = lower_pool;
-  t[OpKind::kAveragePool] = lower_pool;
 }
 
 Expected<ConvDescs> make_conv_descs(std::vector<std::shared_ptr<void>>& keep, Precision prec, size_t workspace, k::DT dt,

@@ -37,11 +37,26 @@ const DevValue* filter_krsc_copy(Lowering& L, const Node& n, const DevValue* w) 
 }
 
 Status lower_conv_fed(Lowering& L, const Node& n) {
+  if (!n.inputs[1]->type.has_rank() || n.inputs[1]->type.shape->rank() != 4 || !n.inputs[0]->type.has_rank() ||
+      n.inputs[0]->type.shape->rank() != 4) {
+    KILN_UNSUPPORTED("Conv of rank other than 4 (2-D convolutions only)");
+  }
   const std::string ap = n.attr_string("auto_pad", "NOTSET");
-  if (ap != "NOTSET" && ap != "VALID") KILN_UNSUPPORTED("Conv with a weight computed at run time and auto_pad {}", ap);
-  std::vector<int64_t> p = ap == "VALID" ? std::vector<int64_t>{0, 0, 0, 0} : n.attr_ints("pads", {0, 0, 0, 0});
+  std::vector<int64_t> p = ap == "NOTSET" ? n.attr_ints("pads", {0, 0, 0, 0}) : std::vector<int64_t>{0, 0, 0, 0};
   std::vector<int64_t> st = n.attr_ints("strides", {1, 1}), dil = n.attr_ints("dilations", {1, 1});
   if (p.size() != 4 || st.size() != 2 || dil.size() != 2) KILN_UNSUPPORTED("Conv attributes (2-D convolutions only)");
+  if (ap == "SAME_UPPER" || ap == "SAME_LOWER") {  // the output is ceil(in / stride)
+    const Value* w = n.inputs[1];
+    for (size_t i = 0; i < 2; ++i) {
+      const int64_t in = n.inputs[0]->type.shape->dims[2 + i].value(), k = w->type.shape->dims[2 + i].value();
+      const int64_t out = (in + st[i] - 1) / st[i];
+      const int64_t total = std::max<int64_t>(0, (out - 1) * st[i] + (k - 1) * dil[i] + 1 - in);
+      p[i] = ap == "SAME_UPPER" ? total / 2 : total - total / 2;
+      p[i + 2] = total - p[i];
+    }
+  } else if (ap != "NOTSET" && ap != "VALID") {
+    KILN_UNSUPPORTED("Conv with a weight computed at run time and auto_pad {}", ap);
+  }
   if (p[0] != p[2] || p[1] != p[3]) KILN_UNSUPPORTED("Conv with a weight computed at run time and asymmetric pads");
   const int64_t group = n.attr_int("group", 1);
   auto dt = L.device_dt(n.inputs[0]->type.dtype);

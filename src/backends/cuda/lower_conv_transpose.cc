@@ -42,13 +42,34 @@ Status lower_conv_transpose(Lowering& L, const Node& n) {
   const std::vector<int64_t> wshape = w ? w->dims() : wv->dims;
   if (wshape.size() != 4) KILN_UNSUPPORTED("ConvTranspose needs a 4-D weight (2-D)");
   const std::string ap = n.attr_string("auto_pad", "NOTSET");
-  if ((ap != "NOTSET" && ap != "VALID") || n.has_attr("output_shape")) {
-    KILN_UNSUPPORTED("ConvTranspose with auto_pad {} or output_shape", ap);
+  if (ap != "NOTSET" && ap != "VALID" && ap != "SAME_UPPER" && ap != "SAME_LOWER") {
+    KILN_UNSUPPORTED("ConvTranspose with auto_pad {}", ap);
   }
   std::vector<int64_t> p = ap == "VALID" ? std::vector<int64_t>{0, 0, 0, 0} : n.attr_ints("pads", {0, 0, 0, 0});
   std::vector<int64_t> st = n.attr_ints("strides", {1, 1}), dil = n.attr_ints("dilations", {1, 1}),
                        op = n.attr_ints("output_padding", {0, 0});
   if (p.size() != 4 || st.size() != 2 || dil.size() != 2 || op.size() != 2) KILN_UNSUPPORTED("ConvTranspose attributes");
+  // An output_shape (or SAME's input * stride) decides the pads, as the CPU reference derives them:
+  // total = the unpadded size - the wanted one, the odd one at the end for SAME_UPPER, else first.
+  std::vector<int64_t> want = n.attr_ints("output_shape");
+  if (want.size() == 4) want = {want[2], want[3]};
+  const bool same = ap == "SAME_UPPER" || ap == "SAME_LOWER";
+  if (want.empty() && same) {
+    for (int i = 0; i < 2; ++i) want.push_back(n.inputs[0]->type.shape->dims[size_t(2 + i)].value() * st[size_t(i)]);
+  }
+  if (!want.empty()) {
+    if (want.size() != 2) KILN_UNSUPPORTED("ConvTranspose output_shape of {} values", want.size());
+    for (size_t i = 0; i < 2; ++i) {
+      const int64_t in = n.inputs[0]->type.shape->dims[2 + i].value();
+      const int64_t total = st[i] * (in - 1) + op[i] + (wshape[2 + i] - 1) * dil[i] + 1 - want[i];
+      const int64_t half = total >= 0 ? total / 2 : -((-total + 1) / 2);
+      p[i] = ap == "SAME_UPPER" ? half : total - half;
+      p[i + 2] = total - p[i];
+    }
+  }
+  for (int64_t v : p) {
+    if (v < 0) KILN_UNSUPPORTED("ConvTranspose with negative pads {}", dims_to_string(p));
+  }
   for (int i = 0; i < 2; ++i) {
     const int64_t extra = op[size_t(i)] + p[size_t(i)] - p[size_t(i) + 2];
     if (extra < 0 || extra >= st[size_t(i)]) {

@@ -13,12 +13,6 @@ namespace kiln::cuda {
 namespace {
 
 
-Expected<std::vector<int64_t>> static_dims(const Value* v) {
-  if (!v->type.shape) KILN_UNSUPPORTED("'{}' has no known shape", v->name);
-  auto d = v->type.shape->static_dims();
-  if (!d) KILN_UNSUPPORTED("'{}' has shape {}", v->name, v->type.shape->to_string());
-  return *d;
-}
 
 // The constant's value as the device holds an element of dt.
 Expected<uint64_t> value_bits(const Tensor* t, k::DT dt) {
@@ -76,7 +70,7 @@ Status lower_pad(Lowering& L, const Node& n) {
     if (m == 1 && (lo >= d || hi >= d)) KILN_UNSUPPORTED("Pad reflect by {} and {} over a dim of {}", lo, hi, d);
     if (m != 0 && d == 0) KILN_UNSUPPORTED("Pad {} of an empty dim", mode);
   }
-  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> out, static_dims(n.outputs[0]));
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> out, exact_dims(n.outputs[0]));
   if (out.size() != r) KILN_UNSUPPORTED("Pad output of rank {}", out.size());
   KILN_ASSIGN_OR_RETURN(uint64_t bits, value_bits(value, x->dt));
   const DevValue& y = L.define(n.outputs[0]);
@@ -140,7 +134,7 @@ Status lower_resize(Lowering& L, const Node& n) {
   }
   if (nearest < 0) KILN_UNSUPPORTED("Resize nearest_mode '{}'", nm);
   if (n.attr_string("keep_aspect_ratio_policy", "stretch") != "stretch") KILN_UNSUPPORTED("keep_aspect_ratio_policy");
-  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> out, static_dims(n.outputs[0]));
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> out, exact_dims(n.outputs[0]));
   if (out.size() != r) KILN_UNSUPPORTED("Resize output of rank {}", out.size());
   // Per-axis scales: the scales input (a constant) when given, else output / input from the sizes.
   std::vector<double> scale(r, 1.0);

@@ -67,14 +67,15 @@ Status lower_conv_transpose(Lowering& L, const Node& n) {
       p[i + 2] = total - p[i];
     }
   }
-  for (int64_t v : p) {
-    if (v < 0) KILN_UNSUPPORTED("ConvTranspose with negative pads {}", dims_to_string(p));
-  }
+  if (p[0] < 0 || p[1] < 0) KILN_UNSUPPORTED("ConvTranspose with negative leading pads {}", dims_to_string(p));
+  // Pads cuDNN cannot place (see the top) take the whole unpadded output into a buffer, cropped after.
+  bool crop = false;
   for (int i = 0; i < 2; ++i) {
     const int64_t extra = op[size_t(i)] + p[size_t(i)] - p[size_t(i) + 2];
-    if (extra < 0 || extra >= st[size_t(i)]) {
-      KILN_UNSUPPORTED("ConvTranspose pads {} with output_padding {}", dims_to_string(p), dims_to_string(op));
-    }
+    crop = crop || extra < 0 || extra >= st[size_t(i)];
+  }
+  if (crop && (p[2] < 0 || p[3] < 0)) {
+    KILN_UNSUPPORTED("ConvTranspose pads {} with output_padding {}", dims_to_string(p), dims_to_string(op));
   }
   const int64_t group = n.attr_int("group", 1);
   auto dt = L.device_dt(n.inputs[0]->type.dtype);
@@ -90,6 +91,12 @@ Status lower_conv_transpose(Lowering& L, const Node& n) {
   std::vector<int64_t> yd;
   for (const Dim& d : n.outputs[0]->type.shape->dims) yd.push_back(d.value());
   const std::array<int64_t, 4> wdims{wshape[0], wshape[1], wshape[2], wshape[3]};
+  const std::vector<int64_t> out_dims = yd;
+  const std::array<int64_t, 2> lead{p[0], p[1]};
+  if (crop) {  // unpadded: stride * (in - 1) + output_padding + (k - 1) * dilation + 1
+    for (size_t i = 0; i < 2; ++i) yd[2 + i] = st[i] * (x->dims[2 + i] - 1) + op[i] + (wshape[2 + i] - 1) * dil[i] + 1;
+    p = {0, 0, 0, 0};
+  }
   // The forward convolution dx (our output) -> dy (our input).
   KILN_ASSIGN_OR_RETURN(ConvDescs d, make_conv_descs(L.keep_alive, L.options().precision, L.options().workspace_bytes, *dt,
                                                      lay, yd, wdims, {int(p[0]), int(p[1])}, {int(st[0]), int(st[1])},
@@ -108,6 +115,11 @@ Status lower_conv_transpose(Lowering& L, const Node& n) {
     br = bv->ref;
   }
   const DevValue& y = L.define(n.outputs[0], lay);
+  DevValue full = y;  // the cropped path's whole output
+  if (crop) {
+    full.dims = yd;
+    full.ref = Ref{false, L.scratch(full.bytes())};
+  }
   ByteWriter w8;
   w8.put(int32_t(*dt));
   w8.u8(lay == Layout::kNHWC);
@@ -120,12 +132,17 @@ Status lower_conv_transpose(Lowering& L, const Node& n) {
   put(w8, x->ref);
   put(w8, wr);
   put(w8, br);
-  put(w8, y.ref);
+  put(w8, full.ref);
   L.emit(&n, fmt::format("cudnn conv-transpose {} {} algo {}{}", lay == Layout::kNHWC ? "NHWC" : "NCHW",
                          *dt == k::DT::kF32 ? "fp32" : *dt == k::DT::kF16 ? "fp16" : "bf16", int(algo),
                          bias_t || bv ? " +bias (cudnnAddTensor)" : ""),
-         {read_id(x), wv ? int(wr.id) : -1, bv ? int(br.id) : -1}, {y.ref.id}, StepOp::kCudnnConvTranspose,
+         {read_id(x), wv ? int(wr.id) : -1, bv ? int(br.id) : -1}, {full.ref.id}, StepOp::kCudnnConvTranspose,
          std::move(w8));
+  if (crop) {
+    const std::vector<int64_t> fs = full.strides();
+    emit_copy_nd(L, &n, "kernel copy_nd (ConvTranspose output cropped to its pads)", k::dt_size(*dt), full.ref,
+                 lead[0] * fs[2] + lead[1] * fs[3], nd(out_dims, fs), y.ref, 0, nd(out_dims, y.strides()));
+  }
   return Status::ok();
 }
 

@@ -279,6 +279,29 @@ void apply_gather_arange(UseMap& u, Node& n) {
   erase_unused_constants(u, {idx});
 }
 
+// Compress along an axis with a constant condition (a value input bound as one, or a folded mask)
+// selects fixed positions: a Gather with those indices, which every backend runs. Entries past
+// the condition's length select nothing, as ONNX says.
+bool match_compress_constant(const UseMap& u, const Node& n) {
+  if (!n.has_attr("axis") || n.inputs.size() != 2 || !n.inputs[0] || !rank_of(n.inputs[0])) return false;
+  const Tensor* c = constant_of(u.graph(), n.inputs[1]);
+  return c && c->rank() == 1;
+}
+void apply_compress_constant(UseMap& u, Node& n) {
+  const Tensor& c = *constant_of(u.graph(), n.inputs[1]);
+  std::vector<int64_t> idx;
+  for (int64_t i = 0; i < c.numel(); ++i) {
+    if (c.as_double(i) != 0) idx.push_back(i);
+  }
+  Graph& g = u.graph();
+  Value* iv = g.add_constant(g.unique_name(n.outputs[0]->name + "_indices"),
+                             Tensor::from_vector<int64_t>(idx, {int64_t(idx.size())}));
+  Value* cond = n.inputs[1];
+  u.set_input(&n, 1, iv);
+  n.op = OpKind::kGather;
+  erase_unused_constants(u, {cond});
+}
+
 const Rule kRules[] = {
     {OpKind::kIdentity, "Identity(x) -> x", match_input0, apply_input0},
     {OpKind::kDropout, "Dropout(x) -> x in inference, mask unread", match_dropout, apply_input0},
@@ -300,6 +323,8 @@ const Rule kRules[] = {
     {OpKind::kSum, "Sum(a, b) -> Add(a, b)", match_sum2, apply_sum2},
     {OpKind::kGather, "Gather(x, [0, 1, .., n-1] along an axis of n) -> Reshape(x, result shape)", match_gather_arange,
      apply_gather_arange},
+    {OpKind::kCompress, "Compress(x, constant condition, axis) -> Gather(x, the selected positions, axis)",
+     match_compress_constant, apply_compress_constant},
 };
 
 }  // namespace

@@ -60,6 +60,10 @@ struct Rng {
         case DType::kFloat64: t.data<double>()[i] = real(g); break;
         case DType::kInt8: t.data<int8_t>()[i] = int8_t(ints(g) - int_hi / 2); break;  // negatives too
         case DType::kUInt8: t.data<uint8_t>()[i] = uint8_t(ints(g)); break;
+        case DType::kInt16: t.data<int16_t>()[i] = int16_t(ints(g) - int_hi / 2); break;
+        case DType::kUInt16: t.data<uint16_t>()[i] = uint16_t(ints(g)); break;
+        case DType::kUInt32: t.data<uint32_t>()[i] = uint32_t(ints(g)); break;
+        case DType::kUInt64: t.data<uint64_t>()[i] = uint64_t(ints(g)) * 0x100000001ull; break;  // past 2^32
         default: break;
       }
     }

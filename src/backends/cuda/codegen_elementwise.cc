@@ -41,6 +41,10 @@ std::optional<const char*> storage_of(k::DT d) {
     case k::DT::kI32: return "int";
     case k::DT::kI8: return "signed char";
     case k::DT::kU8: case k::DT::kBool: return "unsigned char";
+    case k::DT::kI16: return "short";
+    case k::DT::kU16: return "unsigned short";
+    case k::DT::kU32: return "unsigned int";
+    case k::DT::kU64: return "unsigned long long";
     default: return std::nullopt;
   }
 }
@@ -64,6 +68,10 @@ std::string store_expr(k::DT d, const std::string& v) {
     case k::DT::kI32: return "(int)(" + v + ")";
     case k::DT::kI8: return "(signed char)(" + v + ")";
     case k::DT::kU8: return "(unsigned char)(" + v + ")";
+    case k::DT::kI16: return "(short)(" + v + ")";
+    case k::DT::kU16: return "(unsigned short)(" + v + ")";
+    case k::DT::kU32: return "(unsigned int)(" + v + ")";
+    case k::DT::kU64: return "(unsigned long long)(" + v + ")";
     default: return v;
   }
 }

@@ -37,7 +37,7 @@ Ref Params::ref() {
   return r;
 }
 
-k::DT Params::dt() { return k::DT(r_.get_in<int32_t>("a dtype", 0, int32_t(k::DT::kBool))); }
+k::DT Params::dt() { return k::DT(r_.get_in<int32_t>("a dtype", 0, int32_t(k::kLastDT))); }
 
 k::NdStrides Params::nd() {
   k::NdStrides s;

@@ -57,6 +57,10 @@ std::optional<k::DT> to_kdt(DType d) {
     case DType::kInt8: return k::DT::kI8;
     case DType::kUInt8: return k::DT::kU8;
     case DType::kBool: return k::DT::kBool;
+    case DType::kInt16: return k::DT::kI16;
+    case DType::kUInt16: return k::DT::kU16;
+    case DType::kUInt32: return k::DT::kU32;
+    case DType::kUInt64: return k::DT::kU64;
     default: return std::nullopt;
   }
 }
@@ -79,6 +83,10 @@ DType ir_dtype_of(k::DT d) {
     case k::DT::kI8: return DType::kInt8;
     case k::DT::kU8: return DType::kUInt8;
     case k::DT::kBool: return DType::kBool;
+    case k::DT::kI16: return DType::kInt16;
+    case k::DT::kU16: return DType::kUInt16;
+    case k::DT::kU32: return DType::kUInt32;
+    case k::DT::kU64: return DType::kUInt64;
   }
   return DType::kFloat32;
 }

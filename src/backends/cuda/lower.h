@@ -48,6 +48,10 @@ struct DevValue {
 // Lowering::emit's `reads` take.
 inline int read_id(const DevValue* d) { return d && !d->ref.weight ? d->ref.id : -1; }
 inline bool is_float_dt(k::DT d) { return d == k::DT::kF32 || d == k::DT::kF16 || d == k::DT::kBF16; }
+inline bool is_int_dt(k::DT d) {
+  return d == k::DT::kI64 || d == k::DT::kI32 || d == k::DT::kI16 || d == k::DT::kI8 || d == k::DT::kU8 ||
+         d == k::DT::kU16 || d == k::DT::kU32 || d == k::DT::kU64;
+}
 
 
 // A step as lowering emits it: the record, plus what only the build needs.

@@ -19,6 +19,9 @@ std::optional<ncclDataType_t> nccl_dt(k::DT d) {
     case k::DT::kI32: return ncclInt32;
     case k::DT::kI8: return ncclInt8;
     case k::DT::kU8: case k::DT::kBool: return ncclUint8;
+    case k::DT::kU32: return ncclUint32;
+    case k::DT::kU64: return ncclUint64;
+    case k::DT::kI16: case k::DT::kU16: return std::nullopt;
   }
   return std::nullopt;
 }

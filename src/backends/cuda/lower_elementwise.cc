@@ -114,7 +114,7 @@ Status lower_unary(Lowering& L, const Node& n) {
     }
   }
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
-  const bool int_dt = x->dt == k::DT::kI64 || x->dt == k::DT::kI32 || x->dt == k::DT::kI8 || x->dt == k::DT::kU8;
+  const bool int_dt = is_int_dt(x->dt);
   if (u.op == k::Unary::kNot ? x->dt != k::DT::kBool : !is_float_dt(x->dt) && !(u.ints_ok && int_dt)) {
     KILN_UNSUPPORTED("{} on {} has no CUDA kernel", op_name(n.op), dtype_name(ir_dtype_of(x->dt)));
   }
@@ -194,6 +194,7 @@ std::optional<k::Binary> binary_of(OpKind op) {
     case OpKind::kOr: return k::Binary::kOr;
     case OpKind::kXor: return k::Binary::kXor;
     case OpKind::kPRelu: return k::Binary::kPRelu;
+    case OpKind::kBitShift: return k::Binary::kShiftLeft;  // or right: lower_binary reads direction
     default: return std::nullopt;
   }
 }
@@ -219,7 +220,7 @@ Expected<DevValue> emit_binary(Lowering& L, const Node& n, k::Binary op, const D
 }
 
 Expected<StepFn> bind_binary(Params& in, BindCtx&) {
-  const k::Binary op = in.en(k::Binary::kPRelu);
+  const k::Binary op = in.en(k::Binary::kShiftRight);
   const k::DT dt = in.dt();
   const Ref ar = in.ref();
   const k::NdStrides sa = in.nd();
@@ -285,6 +286,11 @@ Status lower_int_fmod(Lowering& L, const Node& n) {
 
 Status lower_binary(Lowering& L, const Node& n) {
   k::Binary op = *binary_of(n.op);
+  if (n.op == OpKind::kBitShift) {
+    const std::string d = n.attr_string("direction", "");
+    if (d != "LEFT" && d != "RIGHT") KILN_UNSUPPORTED("BitShift direction '{}'", d);
+    op = d == "LEFT" ? k::Binary::kShiftLeft : k::Binary::kShiftRight;
+  }
   if (n.inputs.size() < 2 && n.op != OpKind::kSum && n.op != OpKind::kMax && n.op != OpKind::kMin &&
       n.op != OpKind::kMean) {
     KILN_UNSUPPORTED("{} with {} input(s)", op_name(n.op), n.inputs.size());
@@ -307,9 +313,12 @@ Status lower_binary(Lowering& L, const Node& n) {
   if (!dt) dt = L.device_dt(n.inputs[0]->type.dtype);
   if (!dt) KILN_UNSUPPORTED("{} on {}", op_name(n.op), n.inputs[0]->type.to_string());
   bool logic = op == k::Binary::kAnd || op == k::Binary::kOr || op == k::Binary::kXor;
+  const bool shift = op == k::Binary::kShiftLeft || op == k::Binary::kShiftRight;
+  const bool unsigned_dt = *dt == k::DT::kU8 || *dt == k::DT::kU16 || *dt == k::DT::kU32 || *dt == k::DT::kU64;
   bool ok = logic ? *dt == k::DT::kBool
-                  : is_float_dt(*dt) || *dt == k::DT::kF64 || *dt == k::DT::kI64 || *dt == k::DT::kI32 ||
-                        *dt == k::DT::kI8 || *dt == k::DT::kU8 || (*dt == k::DT::kBool && op == k::Binary::kEqual);
+                  : shift ? unsigned_dt
+                          : is_float_dt(*dt) || *dt == k::DT::kF64 || is_int_dt(*dt) ||
+                                (*dt == k::DT::kBool && op == k::Binary::kEqual);
   if (!ok) KILN_UNSUPPORTED("{} on {} has no CUDA kernel", op_name(n.op), dtype_name(ir_dtype_of(*dt)));
   if (n.op == OpKind::kPow) {
     KILN_ASSIGN_OR_RETURN(const DevValue* e, operand_value(L, n, 1, dt));
@@ -461,7 +470,7 @@ void register_elementwise_lowerings(std::map<OpKind, LowerFn>& t) {
   }
   for (OpKind op : {OpKind::kAdd, OpKind::kSum, OpKind::kSub, OpKind::kMul, OpKind::kDiv, OpKind::kPow, OpKind::kMax,
                     OpKind::kMin, OpKind::kMod, OpKind::kEqual, OpKind::kLess, OpKind::kLessOrEqual, OpKind::kGreater,
-                    OpKind::kGreaterOrEqual, OpKind::kAnd, OpKind::kOr, OpKind::kXor, OpKind::kPRelu, OpKind::kMean}) {
+                    OpKind::kGreaterOrEqual, OpKind::kAnd, OpKind::kOr, OpKind::kXor, OpKind::kPRelu, OpKind::kMean, OpKind::kBitShift}) {
     t[op] = lower_binary;
   }
   t[OpKind::kIsNaN] = lower_is_special;

@@ -26,6 +26,10 @@ Expected<uint64_t> value_bits(const Tensor* t, k::DT dt) {
     case k::DT::kI32: return uint64_t(uint32_t(int32_t(v)));
     case k::DT::kI8: return uint64_t(uint8_t(int8_t(v)));
     case k::DT::kU8: return uint64_t(uint8_t(v));
+    case k::DT::kI16: return uint64_t(uint16_t(int16_t(v)));
+    case k::DT::kU16: return uint64_t(uint16_t(v));
+    case k::DT::kU32: return uint64_t(uint32_t(v));
+    case k::DT::kU64: return uint64_t(v);
     case k::DT::kBool: return uint64_t(v != 0);
     default: KILN_UNSUPPORTED("Pad of {}", int(dt));
   }

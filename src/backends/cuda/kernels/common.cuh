@@ -38,6 +38,10 @@ cudaError_t dispatch_dt(DT dt, F&& f) {
     case DT::kI8: return f(Tag<int8_t>{});
     case DT::kU8: return f(Tag<uint8_t>{});
     case DT::kBool: return f(Tag<Bool8>{});
+    case DT::kI16: return f(Tag<int16_t>{});
+    case DT::kU16: return f(Tag<uint16_t>{});
+    case DT::kU32: return f(Tag<uint32_t>{});
+    case DT::kU64: return f(Tag<uint64_t>{});
   }
   return cudaErrorInvalidValue;
 }
@@ -94,6 +98,10 @@ __device__ __forceinline__ int64_t widen(int64_t x) { return x; }
 __device__ __forceinline__ int64_t widen(int32_t x) { return x; }
 __device__ __forceinline__ int64_t widen(int8_t x) { return x; }
 __device__ __forceinline__ int64_t widen(uint8_t x) { return x; }
+__device__ __forceinline__ int64_t widen(int16_t x) { return x; }
+__device__ __forceinline__ int64_t widen(uint16_t x) { return x; }
+__device__ __forceinline__ int64_t widen(uint32_t x) { return x; }
+__device__ __forceinline__ uint64_t widen(uint64_t x) { return x; }  // beyond int64: its own narrow()
 __device__ __forceinline__ int64_t widen(Bool8 x) { return x.v != 0; }
 
 // Float -> integer truncates toward zero into i64 (saturating; NaN -> INT64_MIN) and then wraps
@@ -122,6 +130,16 @@ __device__ __forceinline__ To narrow(int64_t v) {
   else if constexpr (std::is_same_v<To, __half>) return __ll2half_rn(v);
   else if constexpr (std::is_same_v<To, __nv_bfloat16>) return __ll2bfloat16_rn(v);
   else if constexpr (std::is_same_v<To, double>) return __ll2double_rn(v);
+  else if constexpr (std::is_same_v<To, Bool8>) return Bool8{static_cast<uint8_t>(v != 0)};
+  else return static_cast<To>(v);
+}
+
+template <class To>
+__device__ __forceinline__ To narrow(uint64_t v) {
+  if constexpr (std::is_same_v<To, float>) return __ull2float_rn(v);
+  else if constexpr (std::is_same_v<To, __half>) return __ull2half_rn(v);
+  else if constexpr (std::is_same_v<To, __nv_bfloat16>) return __ull2bfloat16_rn(v);
+  else if constexpr (std::is_same_v<To, double>) return __ull2double_rn(v);
   else if constexpr (std::is_same_v<To, Bool8>) return Bool8{static_cast<uint8_t>(v != 0)};
   else return static_cast<To>(v);
 }

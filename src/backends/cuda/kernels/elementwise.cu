@@ -289,7 +289,9 @@ __host__ __device__ constexpr bool is_logic(Binary op) {
 template <class T>
 constexpr bool binary_ok(Binary op) {
   if constexpr (std::is_same_v<T, Bool8>) return is_logic(op) || op == Binary::kEqual;
-  else if constexpr (kIsF32ish<T> || std::is_same_v<T, double> || std::is_integral_v<T>) return !is_logic(op);
+  else if constexpr (std::is_integral_v<T> && std::is_unsigned_v<T>) return !is_logic(op);
+  else if constexpr (kIsF32ish<T> || std::is_same_v<T, double> || std::is_integral_v<T>)
+    return !is_logic(op) && op != Binary::kShiftLeft && op != Binary::kShiftRight;
   else return false;
 }
 
@@ -355,6 +357,11 @@ __device__ __forceinline__ T binary_int(T a, T b) {
   else if constexpr (OP == Binary::kPRelu) {
     if constexpr (std::is_signed_v<T>) return a < 0 ? static_cast<T>(static_cast<Un>(a) * static_cast<Un>(b)) : a;
     else return a;
+  } else if constexpr (OP == Binary::kShiftLeft || OP == Binary::kShiftRight) {
+    // Unsigned only (binary_ok); a shift by the width or more is 0 rather than C++'s undefined.
+    if (static_cast<Un>(b) >= sizeof(T) * 8) return T(0);
+    return static_cast<T>(OP == Binary::kShiftLeft ? static_cast<Un>(a) << static_cast<Un>(b)
+                                                   : static_cast<Un>(a) >> static_cast<Un>(b));
   } else return a < b ? a : b;  // kMin
 }
 
@@ -408,6 +415,8 @@ cudaError_t with_binary(Binary op, F&& f) {
     case Binary::kOr: return f(BinaryC<Binary::kOr>{});
     case Binary::kXor: return f(BinaryC<Binary::kXor>{});
     case Binary::kPRelu: return f(BinaryC<Binary::kPRelu>{});
+    case Binary::kShiftLeft: return f(BinaryC<Binary::kShiftLeft>{});
+    case Binary::kShiftRight: return f(BinaryC<Binary::kShiftRight>{});
   }
   return cudaErrorInvalidValue;
 }

@@ -19,13 +19,15 @@
 
 namespace kiln::cuda::k {
 
-enum class DT : int { kF32, kF16, kBF16, kF64, kI64, kI32, kI8, kU8, kBool };
+// Values are part of the engine-file format: append, never renumber.
+enum class DT : int { kF32, kF16, kBF16, kF64, kI64, kI32, kI8, kU8, kBool, kI16, kU16, kU32, kU64 };
+inline constexpr DT kLastDT = DT::kU64;
 
 inline int dt_size(DT d) {
   switch (d) {
-    case DT::kF64: case DT::kI64: return 8;
-    case DT::kF32: case DT::kI32: return 4;
-    case DT::kF16: case DT::kBF16: return 2;
+    case DT::kF64: case DT::kI64: case DT::kU64: return 8;
+    case DT::kF32: case DT::kI32: case DT::kU32: return 4;
+    case DT::kF16: case DT::kBF16: case DT::kI16: case DT::kU16: return 2;
     case DT::kI8: case DT::kU8: case DT::kBool: return 1;
   }
   return 0;
@@ -78,6 +80,7 @@ enum class Binary : int {
   kEqual, kLess, kLessOrEqual, kGreater, kGreaterOrEqual,
   kAnd, kOr, kXor,
   kPRelu,  // a < 0 ? a * b : a (b: the slope, broadcast)
+  kShiftLeft, kShiftRight,  // BitShift on unsigned integers (a shift by the width or more gives 0)
 };
 cudaError_t binary(Binary op, DT dt, const void* a, const NdStrides& sa, const void* b, const NdStrides& sb, void* y,
                    cudaStream_t s);

@@ -253,7 +253,7 @@ Expected<std::shared_ptr<Engine>> Engine::load(const Graph* g, const BuildOption
   }
   for (const auto* ios : {&e->plan.inputs, &e->plan.outputs}) {
     for (const DeviceIo& io : *ios) {
-      if (io.device_dtype > uint8_t(k::DT::kBool) || io.ir_dtype < 0 || io.ir_dtype >= kNumDTypes) {
+      if (io.device_dtype > uint8_t(k::kLastDT) || io.ir_dtype < 0 || io.ir_dtype >= kNumDTypes) {
         return KILN_ERROR(kInvalidModel, "{}: an {} of unknown dtype", name, ios == &e->plan.inputs ? "input" : "output");
       }
     }

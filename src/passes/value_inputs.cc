@@ -71,6 +71,7 @@ bool is_parameter_input(const Node& n, size_t slot) {
 std::vector<size_t> value_inputs(const Graph& g) {
   std::vector<const Value*> work;
   parameter_reads(g, work);
+  const std::set<const Value*> direct(work.begin(), work.end());  // read by a parameter input itself
   std::set<const Value*> seen;
   std::set<const Value*> reached;  // graph inputs reached
   while (!work.empty()) {
@@ -79,7 +80,7 @@ std::vector<size_t> value_inputs(const Graph& g) {
     if (!seen.insert(v).second || v->constant) continue;
     const Node* p = v->producer;
     if (!p) {
-      reached.insert(v);
+      if (dtype_is_int(v->type.dtype) || v->type.dtype == DType::kBool || direct.count(v)) reached.insert(v);
       continue;
     }
     // Shape and Size read only their input's shape; a subgraph's results are not traced into.

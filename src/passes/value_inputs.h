@@ -26,6 +26,8 @@ bool is_parameter_input(const Node& n, size_t slot);
 // Indices into g.inputs of the tensor inputs whose values reach a parameter input of some node (of
 // g or its subgraphs) through any chain of nodes other than Shape and Size (which read only shapes),
 // that have a static shape of at most kMaxValueInputElements elements and are not graph outputs.
+// Float inputs qualify only when a parameter input reads them directly (Resize's scales): through
+// arithmetic, a float is data (a condition computed from it would make a plan per call).
 std::vector<size_t> value_inputs(const Graph& g);
 
 // Makes every reader of the inputs given (index into g.inputs, value) read a constant holding the

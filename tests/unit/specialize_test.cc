@@ -197,6 +197,26 @@ TEST(Specialize, ValueInputsAreFoundAndBound) {
   EXPECT_NE(bad.status().message().find("input 'k'"), std::string::npos) << bad.status().message();
 }
 
+// A float input is a value input only where a parameter reads it directly (Resize's scales); a
+// float that reaches one through arithmetic (a condition computed from it) stays data.
+TEST(Specialize, FloatInputsQualifyOnlyWhenReadDirectly) {
+  auto g = parse_graph(R"(graph main(%x: f32[1,1,2,2], %s: f32[4], %t: f32[2]) {
+  %r = Resize(%x, _, %s) {mode = "nearest"} : f32[1,1,?,?]
+  %zero = const dense<f32[]> [0.0]
+  %m = ReduceMax(%t) {keepdims = 0} : f32[]
+  %c = Greater(%m, %zero) : bool[]
+  %y = If(%c) {else_branch = graph else_g() {
+    return %x
+  }, then_branch = graph then_g() {
+    %a = Abs(%x) : f32[1,1,2,2]
+    return %a
+  }} : f32[1,1,2,2]
+  return %r, %y
+})");
+  ASSERT_TRUE(g) << g.status().message();
+  EXPECT_EQ(value_inputs(**g), (std::vector<size_t>{1}));  // s, not t
+}
+
 // A value input larger than kMaxValueInputElements is data, however it is read.
 TEST(Specialize, LargeInputsAreNeverValueInputs) {
   auto g = parse_graph(R"(graph main(%x: f32[2,100], %p: i64[65]) {

@@ -68,6 +68,9 @@ Status lower_conv_transpose(Lowering& L, const Node& n) {
     }
   }
   if (p[0] < 0 || p[1] < 0) KILN_UNSUPPORTED("ConvTranspose with negative leading pads {}", dims_to_string(p));
+  if (op[0] >= st[0] || op[1] >= st[1]) {
+    KILN_UNSUPPORTED("ConvTranspose output_padding {} not below the strides {}", dims_to_string(op), dims_to_string(st));
+  }
   // Pads cuDNN cannot place (see the top) take the whole unpadded output into a buffer, cropped after.
   bool crop = false;
   for (int i = 0; i < 2; ++i) {

@@ -253,18 +253,21 @@ const DevValue* cast_value(Lowering& L, const Node& n, const DevValue* x, k::DT 
 }
 
 // Pow whose exponent has another dtype than the base (the result has the base's): a float base
-// takes the exponent converted to it; an integer base with a float exponent is raised in that
-// float and the result converted back (truncating, as the ONNX reference's astype).
+// takes the exponent converted to it; an integer base with a float exponent is raised in f64 and
+// the result converted back (truncating, as the ONNX reference's astype).
 Status lower_pow_mixed(Lowering& L, const Node& n) {
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
   KILN_ASSIGN_OR_RETURN(const DevValue* e, L.value(n.inputs[1]));
   const DevValue* base = x;
   k::DT in_dt = x->dt;
   if (is_float_dt(x->dt) || x->dt == k::DT::kF64 || !(is_float_dt(e->dt) || e->dt == k::DT::kF64)) {
-    e = cast_value(L, n, e, x->dt, x->ir_dtype, "Pow's exponent");
+    if (e->dt != x->dt) e = cast_value(L, n, e, x->dt, x->ir_dtype, "Pow's exponent");
   } else {
-    in_dt = e->dt;
-    base = cast_value(L, n, x, e->dt, e->ir_dtype, "Pow's base");
+    // An integer base: raised in f64, as the CPU reference does (never the build's 16-bit type).
+    in_dt = k::DT::kF64;
+    const DType ir = DType::kFloat64;
+    base = cast_value(L, n, x, in_dt, ir, "Pow's base");
+    if (e->dt != in_dt) e = cast_value(L, n, e, in_dt, ir, "Pow's exponent");
   }
   if (in_dt == x->dt) return emit_binary(L, n, k::Binary::kPow, base, e, n.outputs[0], true).status();
   KILN_ASSIGN_OR_RETURN(DevValue p, emit_binary(L, n, k::Binary::kPow, base, e, n.outputs[0], false));
@@ -301,10 +304,15 @@ Status lower_binary(Lowering& L, const Node& n) {
     return Status::ok();
   }
   if (n.inputs.size() < 2) KILN_UNSUPPORTED("variadic {} with no input", op_name(n.op));
-  // The first non-constant input decides the compute dtype; constants are converted to it.
+  // The first non-constant input decides the compute dtype; constants are converted to it. Pow's
+  // result has its base's dtype, whatever the exponent's.
   std::optional<k::DT> dt;
+  if (n.op == OpKind::kPow) {
+    if (n.inputs[1]->type.dtype != n.inputs[0]->type.dtype) return lower_pow_mixed(L, n);
+    dt = L.device_dt(n.inputs[0]->type.dtype);
+  }
   for (const Value* v : n.inputs) {
-    if (v && !L.constant(v)) {
+    if (v && !dt && !L.constant(v)) {
       KILN_ASSIGN_OR_RETURN(const DevValue* d, L.value(v));
       dt = d->dt;
       break;
@@ -320,10 +328,6 @@ Status lower_binary(Lowering& L, const Node& n) {
                           : is_float_dt(*dt) || *dt == k::DT::kF64 || is_int_dt(*dt) ||
                                 (*dt == k::DT::kBool && op == k::Binary::kEqual);
   if (!ok) KILN_UNSUPPORTED("{} on {} has no CUDA kernel", op_name(n.op), dtype_name(ir_dtype_of(*dt)));
-  if (n.op == OpKind::kPow) {
-    KILN_ASSIGN_OR_RETURN(const DevValue* e, operand_value(L, n, 1, dt));
-    if (e->dt != *dt) return lower_pow_mixed(L, n);
-  }
   const bool int_dt = !is_float_dt(*dt) && *dt != k::DT::kF64;
   if (n.op == OpKind::kMod && int_dt && n.attr_int("fmod", 0) != 0) return lower_int_fmod(L, n);
   if (n.op == OpKind::kMean && int_dt) KILN_UNSUPPORTED("Mean on {}", dtype_name(ir_dtype_of(*dt)));

@@ -110,6 +110,17 @@ Status lower_rnn(Lowering& L, const Node& n) {
   if (rdims.size() != 3 || rdims[0] != D || rdims[1] % G != 0) KILN_UNSUPPORTED("{} R of shape {}", op_name(n.op), dims_to_string(rdims));
   const int64_t H = rdims[2], GH = G * H;
   if (rdims[1] != GH || n.attr_int("hidden_size", H) != H) KILN_UNSUPPORTED("{} hidden_size", op_name(n.op));
+  // Every operand's shape, as the CPU checks them: anything else stays there and is named there.
+  const std::vector<int64_t> state_dims = batch_first ? std::vector<int64_t>{B, D, H} : std::vector<int64_t>{D, B, H};
+  const std::vector<std::pair<size_t, std::vector<int64_t>>> want = {
+      {1, {D, GH, I}}, {3, {D, 2 * GH}}, {4, {B}}, {5, state_dims}, {6, state_dims}, {7, {D, 3 * H}}};
+  for (const auto& [i, dims] : want) {
+    if (!n.has_input(i) || (i >= 6 && n.op != OpKind::kLSTM)) continue;
+    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> got, exact_dims(n.inputs[i]));
+    if (got != dims) {
+      KILN_UNSUPPORTED("{} input {} is {}, expected {}", op_name(n.op), i, dims_to_string(got), dims_to_string(dims));
+    }
+  }
   const float clip = n.has_attr("clip") ? n.attr_float("clip", 0.f) : 0.f;
   const int eb = k::dt_size(dt);
   auto arena_value = [&](size_t i) -> Expected<const DevValue*> {
@@ -250,6 +261,7 @@ Status lower_rnn(Lowering& L, const Node& n) {
         rec.n = GH;
         KILN_RETURN_IF_ERROR(emit_gemm(L, n, &state, &rd, rec, Epilogue{}, gh, dt));
         emit_cell(L, n, cell, dt, s, refs);
+        if (step == 0 && lens) L.steps.back().bad_index_slot = L.new_bad_index_slot();
         continue;
       }
       rec.n = 2 * H;
@@ -259,6 +271,7 @@ Status lower_rnn(Lowering& L, const Node& n) {
       first.aux1 = rh;
       first.y = Ref{};
       emit_cell(L, n, k::RnnCell::kGruReset, dt, s, first);
+      if (step == 0 && lens) L.steps.back().bad_index_slot = L.new_bad_index_slot();
       DevValue rhv = state;
       rhv.ref = rh;
       rec.n = H;
@@ -306,6 +319,7 @@ Expected<StepFn> bind_rnn_step(Params& in, BindCtx&) {
     return KILN_ERROR(kInvalidModel, "step '{}': malformed recurrence parameters", in.step().label);
   }
   const int eb = k::dt_size(dt);
+  const int slot = in.step().bad_index_slot;  // sequence lengths past the steps are counted here
   return StepFn([=](const RunCtx& ctx) {
     auto at = [&](Ref r, int64_t off) -> void* {
       return r.id < 0 ? nullptr : static_cast<char*>(ctx.ptr(r)) + off * eb;
@@ -322,6 +336,7 @@ Expected<StepFn> bind_rnn_step(Params& in, BindCtx&) {
     p.seq_lens = seq.id < 0 ? nullptr : static_cast<const int32_t*>(ctx.ptr(seq));
     p.aux0 = at(aux0, 0);
     p.aux1 = at(aux1, 0);
+    p.bad = slot >= 0 ? ctx.bad_index + slot : nullptr;
     return cuda_status(k::rnn_step(cell, dt, p, ctx.stream), "rnn_step");
   });
 }

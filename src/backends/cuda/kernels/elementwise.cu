@@ -155,7 +155,10 @@ __device__ __forceinline__ float unary_f32(float x, UnaryParams p) {
   else if constexpr (OP == Unary::kGeluErf) return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
   else if constexpr (OP == Unary::kGeluTanh)
     return 0.5f * x * (1.f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
-  else if constexpr (OP == Unary::kClip) return x < p.a ? p.a : (x > p.b ? p.b : x);  // NaN stays NaN
+  else if constexpr (OP == Unary::kClip) {  // NaN stays NaN; min > max gives max, as ONNX says
+    const float v = x < p.a ? p.a : x;
+    return v > p.b ? p.b : v;
+  }
   else if constexpr (OP == Unary::kLeakyRelu) return x >= 0.f ? x : p.a * x;
   else if constexpr (OP == Unary::kElu) return x >= 0.f ? x : p.a * expm1f(x);
   else if constexpr (OP == Unary::kHardSigmoid) return fmaxf(0.f, fminf(1.f, p.a * x + p.b));
@@ -205,7 +208,8 @@ struct UnaryF {
         constexpr T lo_t = kSigned ? static_cast<T>(-hi_t - 1) : T(0);
         const T lo = p.a <= static_cast<float>(lo_t) ? lo_t : static_cast<T>(p.a);
         const T hi = p.b >= static_cast<float>(hi_t) ? hi_t : static_cast<T>(p.b);
-        return x < lo ? lo : (x > hi ? hi : x);
+        const T v = x < lo ? lo : x;
+        return v > hi ? hi : v;
       } else return x;  // kIdentity
     } else {
       return from_f<T>(unary_f32<OP>(to_f(x), p));

@@ -20,7 +20,11 @@ __global__ void rnn_step_kernel(RnnStep p) {
   const int64_t H = p.hidden, n = p.batch * H;
   for (int64_t i = global_tid(); i < n; i += global_threads()) {
     const int64_t b = i / H, j = i - b * H;
-    const int64_t len = p.seq_lens ? p.seq_lens[b] : p.steps;
+    int64_t len = p.seq_lens ? p.seq_lens[b] : p.steps;
+    if (len < 0 || len > p.steps) {
+      if (p.bad && j == 0) atomicAdd(p.bad, 1);
+      len = len < 0 ? 0 : p.steps;
+    }
     if (p.k >= len) continue;
     const int64_t t = p.reverse ? len - 1 - p.k : p.k;
     const T* gx = static_cast<const T*>(p.gx) + t * p.gx_t + b * p.gx_b;

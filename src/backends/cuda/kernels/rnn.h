@@ -36,6 +36,7 @@ struct RnnStep {
   void* y = nullptr;                             // output row (t, b) at y + t * y_t + b * y_b, or null
   int64_t y_t = 0, y_b = 0;
   const int32_t* seq_lens = nullptr;             // [batch], or null: every row runs all steps
+  int* bad = nullptr;                            // counts lengths outside [0, steps] (taken as clamped)
   void* aux0 = nullptr;                          // GRU: z [batch, hidden]
   void* aux1 = nullptr;                          // GRU: r * H [batch, hidden]
   float clip = 0;                                // > 0: gate inputs clipped to [-clip, clip]

@@ -2,6 +2,7 @@
 // They are layout-agnostic: inputs are read through their logical strides, so an NHWC input needs
 // no conversion, and the output keeps NHWC when it has an NHWC input's shape.
 #include <cmath>
+#include <set>
 
 #include "backends/cuda/lower.h"
 
@@ -115,7 +116,14 @@ Status lower_unary(Lowering& L, const Node& n) {
   }
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
   const bool int_dt = is_int_dt(x->dt);
-  if (u.op == k::Unary::kNot ? x->dt != k::DT::kBool : !is_float_dt(x->dt) && !(u.ints_ok && int_dt)) {
+  // f64: the ops the kernel computes in double (kernels/elementwise.cu, unary_f64).
+  static const std::set<k::Unary> kF64 = {k::Unary::kRelu, k::Unary::kSigmoid, k::Unary::kTanh, k::Unary::kExp,
+                                          k::Unary::kLog, k::Unary::kSqrt, k::Unary::kReciprocal, k::Unary::kNeg,
+                                          k::Unary::kAbs, k::Unary::kErf, k::Unary::kFloor, k::Unary::kCeil,
+                                          k::Unary::kSin, k::Unary::kCos, k::Unary::kSign, k::Unary::kRound,
+                                          k::Unary::kSoftplus};
+  const bool f64_ok = x->dt == k::DT::kF64 && kF64.count(u.op);
+  if (u.op == k::Unary::kNot ? x->dt != k::DT::kBool : !is_float_dt(x->dt) && !f64_ok && !(u.ints_ok && int_dt)) {
     KILN_UNSUPPORTED("{} on {} has no CUDA kernel", op_name(n.op), dtype_name(ir_dtype_of(x->dt)));
   }
   k::UnaryParams p;
@@ -322,9 +330,8 @@ Status lower_binary(Lowering& L, const Node& n) {
   if (!dt) KILN_UNSUPPORTED("{} on {}", op_name(n.op), n.inputs[0]->type.to_string());
   bool logic = op == k::Binary::kAnd || op == k::Binary::kOr || op == k::Binary::kXor;
   const bool shift = op == k::Binary::kShiftLeft || op == k::Binary::kShiftRight;
-  const bool unsigned_dt = *dt == k::DT::kU8 || *dt == k::DT::kU16 || *dt == k::DT::kU32 || *dt == k::DT::kU64;
   bool ok = logic ? *dt == k::DT::kBool
-                  : shift ? unsigned_dt
+                  : shift ? is_int_dt(*dt)
                           : is_float_dt(*dt) || *dt == k::DT::kF64 || is_int_dt(*dt) ||
                                 (*dt == k::DT::kBool && op == k::Binary::kEqual);
   if (!ok) KILN_UNSUPPORTED("{} on {} has no CUDA kernel", op_name(n.op), dtype_name(ir_dtype_of(*dt)));

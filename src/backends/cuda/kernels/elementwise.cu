@@ -183,6 +183,38 @@ __device__ __forceinline__ float unary_f32(float x, UnaryParams p) {
   else return x;  // kNot: rejected by unary_ok for floats
 }
 
+// f64's unary ops (the ones models and the ONNX tests use on doubles), computed in double.
+template <Unary OP>
+constexpr bool unary_f64_ok() {
+  return OP == Unary::kIdentity || OP == Unary::kRelu || OP == Unary::kSigmoid || OP == Unary::kTanh ||
+         OP == Unary::kExp || OP == Unary::kLog || OP == Unary::kSqrt || OP == Unary::kReciprocal ||
+         OP == Unary::kNeg || OP == Unary::kAbs || OP == Unary::kErf || OP == Unary::kFloor || OP == Unary::kCeil ||
+         OP == Unary::kSin || OP == Unary::kCos || OP == Unary::kSign || OP == Unary::kRound ||
+         OP == Unary::kSoftplus;
+}
+
+template <Unary OP>
+__device__ __forceinline__ double unary_f64(double x) {
+  if constexpr (OP == Unary::kRelu) return x < 0.0 ? 0.0 : x;
+  else if constexpr (OP == Unary::kSigmoid) return 1.0 / (1.0 + exp(-x));
+  else if constexpr (OP == Unary::kTanh) return tanh(x);
+  else if constexpr (OP == Unary::kExp) return exp(x);
+  else if constexpr (OP == Unary::kLog) return log(x);
+  else if constexpr (OP == Unary::kSqrt) return sqrt(x);
+  else if constexpr (OP == Unary::kReciprocal) return 1.0 / x;
+  else if constexpr (OP == Unary::kNeg) return -x;
+  else if constexpr (OP == Unary::kAbs) return fabs(x);
+  else if constexpr (OP == Unary::kErf) return erf(x);
+  else if constexpr (OP == Unary::kFloor) return floor(x);
+  else if constexpr (OP == Unary::kCeil) return ceil(x);
+  else if constexpr (OP == Unary::kSin) return sin(x);
+  else if constexpr (OP == Unary::kCos) return cos(x);
+  else if constexpr (OP == Unary::kSign) return x > 0.0 ? 1.0 : (x < 0.0 ? -1.0 : x);
+  else if constexpr (OP == Unary::kRound) return rint(x);
+  else if constexpr (OP == Unary::kSoftplus) return fmax(x, 0.0) + log1p(exp(-fabs(x)));
+  else return x;  // kIdentity
+}
+
 template <class T, Unary OP>
 struct UnaryF {
   UnaryParams p;
@@ -211,6 +243,8 @@ struct UnaryF {
         const T v = x < lo ? lo : x;
         return v > hi ? hi : v;
       } else return x;  // kIdentity
+    } else if constexpr (std::is_same_v<T, double>) {
+      return unary_f64<OP>(x);
     } else {
       return from_f<T>(unary_f32<OP>(to_f(x), p));
     }
@@ -224,6 +258,17 @@ constexpr bool unary_ok(Unary op) {
     return op == Unary::kIdentity || op == Unary::kNeg || op == Unary::kAbs || op == Unary::kRelu ||
            op == Unary::kSign || op == Unary::kClip;
   else if constexpr (kIsF32ish<T>) return op != Unary::kNot;
+  else if constexpr (std::is_same_v<T, double>) {
+    switch (op) {
+#define KILN_F64_CASE(o) case Unary::o: return unary_f64_ok<Unary::o>();
+      KILN_F64_CASE(kIdentity) KILN_F64_CASE(kRelu) KILN_F64_CASE(kSigmoid) KILN_F64_CASE(kTanh) KILN_F64_CASE(kExp)
+      KILN_F64_CASE(kLog) KILN_F64_CASE(kSqrt) KILN_F64_CASE(kReciprocal) KILN_F64_CASE(kNeg) KILN_F64_CASE(kAbs)
+      KILN_F64_CASE(kErf) KILN_F64_CASE(kFloor) KILN_F64_CASE(kCeil) KILN_F64_CASE(kSin) KILN_F64_CASE(kCos)
+      KILN_F64_CASE(kSign) KILN_F64_CASE(kRound) KILN_F64_CASE(kSoftplus)
+#undef KILN_F64_CASE
+      default: return false;
+    }
+  }
   else return false;
 }
 
@@ -293,8 +338,8 @@ __host__ __device__ constexpr bool is_logic(Binary op) {
 template <class T>
 constexpr bool binary_ok(Binary op) {
   if constexpr (std::is_same_v<T, Bool8>) return is_logic(op) || op == Binary::kEqual;
-  else if constexpr (std::is_integral_v<T> && std::is_unsigned_v<T>) return !is_logic(op);
-  else if constexpr (kIsF32ish<T> || std::is_same_v<T, double> || std::is_integral_v<T>)
+  else if constexpr (std::is_integral_v<T>) return !is_logic(op);
+  else if constexpr (kIsF32ish<T> || std::is_same_v<T, double>)
     return !is_logic(op) && op != Binary::kShiftLeft && op != Binary::kShiftRight;
   else return false;
 }
@@ -362,10 +407,17 @@ __device__ __forceinline__ T binary_int(T a, T b) {
     if constexpr (std::is_signed_v<T>) return a < 0 ? static_cast<T>(static_cast<Un>(a) * static_cast<Un>(b)) : a;
     else return a;
   } else if constexpr (OP == Binary::kShiftLeft || OP == Binary::kShiftRight) {
-    // Unsigned only (binary_ok); a shift by the width or more is 0 rather than C++'s undefined.
-    if (static_cast<Un>(b) >= sizeof(T) * 8) return T(0);
-    return static_cast<T>(OP == Binary::kShiftLeft ? static_cast<Un>(a) << static_cast<Un>(b)
-                                                   : static_cast<Un>(a) >> static_cast<Un>(b));
+    // A shift by the width or more (a negative amount included) gives what sign extension alone
+    // gives: -1 for a negative value shifted right, else 0, as the CPU reference. Right shifts of
+    // signed values are arithmetic.
+    if (static_cast<uint64_t>(static_cast<Un>(b)) >= sizeof(T) * 8) {  // a negative b is huge unsigned
+      if constexpr (std::is_signed_v<T>) {
+        if (OP == Binary::kShiftRight && a < T(0)) return T(-1);
+      }
+      return T(0);
+    }
+    if constexpr (OP == Binary::kShiftLeft) return static_cast<T>(static_cast<Un>(a) << static_cast<Un>(b));
+    else return static_cast<T>(a >> b);
   } else return a < b ? a : b;  // kMin
 }
 

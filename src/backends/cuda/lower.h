@@ -70,6 +70,9 @@ void emit_copy_nd(Lowering& L, const Node* n, std::string label, int eb, Ref src
 void emit_unary(Lowering& L, const Node* n, std::string label, k::Unary op, k::DT dt, Ref x, Ref y, int64_t count,
                 k::UnaryParams p = {});
 
+// count elements of dtype dt at r set to `value` (the kFill record; lower_data.cc).
+void emit_fill(Lowering& L, const Node& n, std::string label, k::DT dt, Ref r, int64_t count, double value);
+
 // y = (to)x over count elements (lower_elementwise.cc).
 void emit_cast(Lowering& L, const Node* n, std::string label, k::DT from, k::DT to, Ref x, Ref y, int64_t count);
 

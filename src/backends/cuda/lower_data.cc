@@ -76,16 +76,6 @@ Status check_rank(const std::vector<int64_t>& dims) {
   return Status::ok();
 }
 
-// Fills y with `val` (ConstantOfShape, an inference Dropout's mask).
-void emit_fill(Lowering& L, const Node& n, const DevValue& y, double val) {
-  ByteWriter p;
-  p.put(int32_t(y.dt));
-  put(p, y.ref);
-  p.i64(y.numel());
-  p.put(val);
-  L.emit(&n, "kernel fill", {}, {y.ref.id}, StepOp::kFill, std::move(p));
-}
-
 Status lower_view(Lowering& L, const Node& n) {
   if (n.op == OpKind::kDropout && n.has_input(2)) {
     const Tensor* mode = L.constant(n.inputs[2]);
@@ -98,7 +88,10 @@ Status lower_view(Lowering& L, const Node& n) {
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
   L.define_alias(n.outputs[0], *x);
   // Inference Dropout keeps every element: its mask is all true.
-  if (n.outputs.size() > 1 && n.has_output(1)) emit_fill(L, n, L.define(n.outputs[1]), 1.0);
+  if (n.outputs.size() > 1 && n.has_output(1)) {
+    const DevValue& m = L.define(n.outputs[1]);
+    emit_fill(L, n, "kernel fill", m.dt, m.ref, m.numel(), 1.0);
+  }
   return Status::ok();
 }
 
@@ -221,7 +214,8 @@ Status lower_gather(Lowering& L, const Node& n) {
 
 Status lower_constant_of_shape(Lowering& L, const Node& n) {
   const Tensor* v = n.attr_tensor("value");
-  emit_fill(L, n, L.define(n.outputs[0]), v && v->numel() ? v->as_double(0) : 0.0);
+  const DevValue& y = L.define(n.outputs[0]);
+  emit_fill(L, n, "kernel fill", y.dt, y.ref, y.numel(), v && v->numel() ? v->as_double(0) : 0.0);
   return Status::ok();
 }
 
@@ -607,6 +601,15 @@ void register_data_lowerings(std::map<OpKind, LowerFn>& t) {
   t[OpKind::kSpaceToDepth] = lower_depth_space;
   t[OpKind::kGatherElements] = lower_gather_elements;
   t[OpKind::kOneHot] = lower_one_hot;
+}
+
+void emit_fill(Lowering& L, const Node& n, std::string label, k::DT dt, Ref r, int64_t count, double value) {
+  ByteWriter p;
+  p.put(int32_t(dt));
+  put(p, r);
+  p.i64(count);
+  p.put(value);
+  L.emit(&n, std::move(label), {}, {r.id}, StepOp::kFill, std::move(p));
 }
 
 void emit_copy_nd(Lowering& L, const Node* n, std::string label, int eb, Ref src, int64_t src_off, const k::NdStrides& s,

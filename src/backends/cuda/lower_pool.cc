@@ -130,15 +130,8 @@ Status lower_pool(Lowering& L, const Node& n) {
   const int eb = k::dt_size(*dt);
   const std::vector<int64_t> pd = {N, C, Hp, Wp};
   const Ref padded{false, L.scratch(size_t(N * C * Hp * Wp) * size_t(eb))};
-  {
-    ByteWriter w;  // the kFill record (lower_data.cc)
-    w.put(int32_t(*dt));
-    put(w, padded);
-    w.i64(N * C * Hp * Wp);
-    w.put(is_max ? -INFINITY : 0.0);
-    L.emit(&n, is_max ? "kernel fill (-inf around the pooled input)" : "kernel fill (zeros around the pooled input)", {},
-           {padded.id}, StepOp::kFill, std::move(w));
-  }
+  emit_fill(L, n, is_max ? "kernel fill (-inf around the pooled input)" : "kernel fill (zeros around the pooled input)",
+            *dt, padded, N * C * Hp * Wp, is_max ? -INFINITY : 0.0);
   const std::vector<int64_t> xs = contiguous_strides(xd0);
   emit_copy_nd(L, &n, "kernel copy_nd (pooled input into its padding)", eb, x->ref, 0, nd(xd0, xs), padded,
                ax[0].pb * Wp + ax[1].pb, nd(xd0, {C * Hp * Wp, Hp * Wp, Wp, 1}));

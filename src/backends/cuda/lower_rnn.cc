@@ -57,12 +57,7 @@ Expected<DevValue> direction_slice(Lowering& L, const Node& n, const Value* v, i
 }
 
 void fill_zero(Lowering& L, const Node& n, k::DT dt, Ref r, int64_t count, const char* what) {
-  ByteWriter w;  // the kFill record (lower_data.cc)
-  w.put(int32_t(dt));
-  put(w, r);
-  w.i64(count);
-  w.put(0.0);
-  L.emit(&n, fmt::format("kernel fill ({})", what), {}, {r.id}, StepOp::kFill, std::move(w));
+  emit_fill(L, n, fmt::format("kernel fill ({})", what), dt, r, count, 0.0);
 }
 
 struct StepRefs {

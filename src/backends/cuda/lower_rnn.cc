@@ -46,7 +46,7 @@ Expected<DevValue> direction_slice(Lowering& L, const Node& n, const Value* v, i
   }
   KILN_ASSIGN_OR_RETURN(const DevValue* w, L.rowmajor(v));
   if (w->dt != dt) KILN_UNSUPPORTED("{}: weights of another dtype than X", op_name(n.op));
-  if (w->numel() / std::max<int64_t>(1, rows * cols) == 1 && d == 0) {
+  if (w->numel() == rows * cols) {  // one direction: the value itself
     out.ref = w->ref;
     return out;
   }
@@ -168,7 +168,16 @@ Status lower_rnn(Lowering& L, const Node& n) {
   xrows.dims = {T * B, I};
   for (int64_t d = 0; d < D; ++d) {
     KILN_ASSIGN_OR_RETURN(DevValue wd, direction_slice(L, n, n.inputs[1], d, GH, I, dt));
-    KILN_ASSIGN_OR_RETURN(DevValue rd, direction_slice(L, n, n.inputs[2], d, GH, H, dt));
+    // GRU with linear_before_reset = 0 takes R's rows apart (below); a constant R then needs no
+    // whole-direction copy on the device.
+    const bool split_r = n.op == OpKind::kGRU && !lbr;
+    DevValue rd;
+    rd.dt = dt;
+    rd.ir_dtype = n.inputs[2]->type.dtype;
+    rd.dims = {GH, H};
+    if (!split_r || !L.constant(n.inputs[2])) {
+      KILN_ASSIGN_OR_RETURN(rd, direction_slice(L, n, n.inputs[2], d, GH, H, dt));
+    }
     GemmShape in_proj;
     in_proj.m = T * B;
     in_proj.k = I;
@@ -177,7 +186,7 @@ Status lower_rnn(Lowering& L, const Node& n) {
     KILN_RETURN_IF_ERROR(emit_gemm(L, n, &xrows, &wd, in_proj, Epilogue{}, gx, dt));
     // GRU (linear_before_reset = 0): R's z/r rows and h rows as separate products.
     DevValue r_zr = rd, r_h = rd;
-    if (n.op == OpKind::kGRU && !lbr) {
+    if (split_r) {
       if (const Tensor* rt = L.constant(n.inputs[2])) {
         // Slices of this direction's [3H, H] block: rows 0..2H and 2H..3H.
         KILN_ASSIGN_OR_RETURN(Tensor whole, convert_tensor(*rt, DType::kFloat32));

@@ -8,21 +8,22 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ops/grid_sample_math.h"
 #include "ops/image_util.h"
 
 namespace kiln {
 
 namespace {
 
-enum class SampleMode { kNearest, kLinear, kCubic };
-enum class PaddingMode { kZeros, kBorder, kReflection };
+using SampleMode = grid::Mode;
+using PaddingMode = grid::Padding;
 
 constexpr NamedValue<SampleMode> kSampleModes[] = {
-    {"nearest", SampleMode::kNearest}, {"linear", SampleMode::kLinear}, {"cubic", SampleMode::kCubic},
+    {"nearest", grid::kNearest}, {"linear", grid::kLinear}, {"cubic", grid::kCubic},
     // opset 16 spellings, kept so older models also work if the importer passes them through
-    {"bilinear", SampleMode::kLinear}, {"bicubic", SampleMode::kCubic}};
+    {"bilinear", grid::kLinear}, {"bicubic", grid::kCubic}};
 constexpr NamedValue<PaddingMode> kPaddingModes[] = {
-    {"zeros", PaddingMode::kZeros}, {"border", PaddingMode::kBorder}, {"reflection", PaddingMode::kReflection}};
+    {"zeros", grid::kZeros}, {"border", grid::kBorder}, {"reflection", grid::kReflection}};
 
 // ---- GridSample inference ------------------------------------------------------------------------
 
@@ -58,127 +59,39 @@ Status infer_grid_sample(InferCtx& c) {
 
 // ---- GridSample kernel ---------------------------------------------------------------------------
 
-// Reflects x into [lo, hi] by the nearer border, repeatedly (PyTorch reflect_coordinates).
-double reflect(double x, double lo, double hi) {
-  const double range = hi - lo;
-  if (range <= 0) return lo;
-  if (x < lo) {
-    double d = lo - x;
-    int64_t n = int64_t(d / range);
-    double rem = d - double(n) * range;
-    return n % 2 == 0 ? lo + rem : hi - rem;
-  }
-  if (x > hi) {
-    double d = x - hi;
-    int64_t n = int64_t(d / range);
-    double rem = d - double(n) * range;
-    return n % 2 == 0 ? hi - rem : lo + rem;
-  }
-  return x;
-}
-
-// One spatial dimension: its size and the coordinate range inside the image.
-struct SpatialDim {
-  int64_t size;
-  double lo, hi;  // [-0.5, size-0.5], or [0, size-1] with align_corners
-};
-
-// Maps an integer tap to a pixel index under the padding mode; -1 means "reads zero".
-int64_t pad_index(int64_t i, const SpatialDim& d, PaddingMode m) {
-  switch (m) {
-    case PaddingMode::kZeros: return i >= 0 && i < d.size ? i : -1;
-    case PaddingMode::kBorder: return std::clamp<int64_t>(i, 0, d.size - 1);
-    case PaddingMode::kReflection:
-      return std::clamp<int64_t>(int64_t(reflect(double(i), d.lo, d.hi)), 0, d.size - 1);
-  }
-  return -1;
-}
-
-// Cubic convolution weights (Keys, A = -0.75) for the 4 taps around a point at fraction t.
-void cubic_weights(double t, double* w) {
-  const double A = -0.75;
-  auto near = [&](double d) { return ((A + 2) * d - (A + 3)) * d * d + 1; };
-  auto far = [&](double d) { return ((A * d - 5 * A) * d + 8 * A) * d - 4 * A; };
-  w[0] = far(t + 1);
-  w[1] = near(t);
-  w[2] = near(1 - t);
-  w[3] = far(2 - t);
-}
-
 struct SampleAttrs {
   SampleMode mode;
   PaddingMode padding;
   bool align_corners;
 };
 
-// The taps of one point along one spatial dim: up to 4 pixel indices (-1 = zero) and weights.
-struct DimTaps {
-  int n = 0;
-  int64_t index[4];
-  double weight[4];
-};
-
-DimTaps taps_for(double coord, const SpatialDim& d, const SampleAttrs& a) {
-  DimTaps t;
-  if (a.mode == SampleMode::kNearest) coord = std::nearbyint(coord);  // ties to even, as PyTorch
-  // Points outside the image move inside for border/reflection padding before interpolation.
-  if (coord < d.lo || coord > d.hi) {
-    if (a.padding == PaddingMode::kBorder) coord = std::clamp(coord, 0.0, double(d.size - 1));
-    else if (a.padding == PaddingMode::kReflection) coord = reflect(coord, d.lo, d.hi);
-  }
-  // Far-away points only ever read padding; bounding them keeps the integer casts defined.
-  coord = std::clamp(coord, -double(d.size) - 8, 2 * double(d.size) + 8);
-  if (a.mode == SampleMode::kNearest) {
-    t.n = 1;
-    t.index[0] = pad_index(int64_t(coord), d, a.padding);
-    t.weight[0] = 1;
-    return t;
-  }
-  const double f = std::floor(coord), frac = coord - f;
-  const int64_t i0 = int64_t(f);
-  if (a.mode == SampleMode::kLinear) {
-    t.n = 2;
-    t.index[0] = pad_index(i0, d, a.padding);
-    t.index[1] = pad_index(i0 + 1, d, a.padding);
-    t.weight[0] = 1 - frac;
-    t.weight[1] = frac;
-    return t;
-  }
-  t.n = 4;
-  cubic_weights(frac, t.weight);
-  for (int k = 0; k < 4; ++k) t.index[k] = pad_index(i0 - 1 + k, d, a.padding);
-  return t;
-}
-
+// G: float for 16- and 32-bit grids (read as float, their compute type), double for f64.
 template <typename T, typename G>
-void grid_sample(const Tensor& x, const Tensor& grid, Tensor& y, const SampleAttrs& a) {
+void grid_sample(const Tensor& x, const G* g, Tensor& y, const SampleAttrs& a) {
   const std::vector<int64_t>& xd = x.dims();
   const size_t r = xd.size() - 2;
   const int64_t N = xd[0], C = xd[1];
-  std::vector<SpatialDim> dims(r);
+  std::vector<grid::SpatialDim> dims(r);
   int64_t image = 1;  // elements per (n, c) image
   for (size_t i = 0; i < r; ++i) {
     const int64_t s = xd[i + 2];
-    dims[i] = a.align_corners ? SpatialDim{s, 0.0, double(s - 1)} : SpatialDim{s, -0.5, double(s) - 0.5};
+    dims[i] = grid::spatial_dim(s, a.align_corners);
     image *= s;
   }
   const std::vector<int64_t> st = strides_of(std::vector<int64_t>(xd.begin() + 2, xd.end()));
   const int64_t points = y.numel() / std::max<int64_t>(N * C, 1);
   const T* src = x.data<T>();
-  const G* g = grid.data<G>();
   T* dst = y.data<T>();
   parallel_for(N * points, 256, [&](int64_t b, int64_t e) {
-    std::vector<DimTaps> taps(r);
+    std::vector<grid::DimTaps> taps(r);
     for (int64_t np = b; np < e; ++np) {
       const int64_t n = np / points, p = np % points;
       const G* gp = g + np * int64_t(r);
       for (size_t i = 0; i < r; ++i) {
         // Grid coordinates come innermost-first; denormalize in the grid's compute type.
         using GC = compute_t<G>;
-        const GC v = GC(gp[r - 1 - i]);
-        const GC len = GC(dims[i].size);
-        const GC coord = a.align_corners ? (v + GC(1)) / GC(2) * (len - GC(1)) : ((v + GC(1)) * len - GC(1)) / GC(2);
-        taps[i] = taps_for(double(coord), dims[i], a);
+        const GC coord = grid::denormalize(GC(gp[r - 1 - i]), GC(dims[i].size), a.align_corners);
+        taps[i] = grid::taps_for(double(coord), dims[i], a.mode, a.padding);
       }
       // Sum over every combination of taps (n^r of them), skipping zero-padded ones.
       for (int64_t ch = 0; ch < C; ++ch) {
@@ -227,14 +140,15 @@ Status grid_sample_cpu(KernelCtx& c) {
     if constexpr (!is_numeric_v<T>) {
       return c.unsupported("GridSample of {}", dtype_name(x.dtype()));
     } else {
-      return visit_dtype(grid.dtype(), [&]<typename G>() -> Status {
-        if constexpr (!is_float_v<G>) {
-          return c.unsupported("GridSample grid of {}", dtype_name(grid.dtype()));
-        } else {
-          grid_sample<T, G>(x, grid, *y, a);
-          return Status::ok();
-        }
-      });
+      if (!dtype_is_float(grid.dtype())) return c.unsupported("GridSample grid of {}", dtype_name(grid.dtype()));
+      if (grid.dtype() == DType::kFloat64) {
+        grid_sample<T, double>(x, grid.data<double>(), *y, a);
+      } else {
+        std::vector<float> g(size_t(grid.numel()));
+        for (int64_t i = 0; i < grid.numel(); ++i) g[size_t(i)] = float(grid.as_double(i));
+        grid_sample<T, float>(x, g.data(), *y, a);
+      }
+      return Status::ok();
     }
   });
 }

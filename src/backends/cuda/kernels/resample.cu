@@ -1,9 +1,11 @@
-// Pad and Resize: kernels where every output element reads the input at positions computed from its
-// own index (a padded border, an interpolated grid). One thread per output element; the index is
-// decomposed once per element, in 32 bits when the output allows.
+// Pad, Resize and GridSample: kernels where every output element reads the input at positions
+// computed from its own index (a padded border, an interpolated grid) or its grid point. Pad and
+// Resize: one thread per output element, the index decomposed once, in 32 bits when the output
+// allows; GridSample: one thread per grid point, over its channels.
 #include <type_traits>
 
 #include "backends/cuda/kernels/common.cuh"
+#include "ops/grid_sample_math.h"
 
 namespace kiln::cuda::k {
 
@@ -55,105 +57,141 @@ __global__ void pad_kernel(const T* __restrict__ x, T* __restrict__ y, PadGeom g
 }
 
 // Resize of the 1..3 dims `sp` of x viewed as [outer, sp..., inner] (inner: the channels of an NHWC
-// tensor, 1 for NCHW). Coordinates are computed in double, as the CPU reference does, so a nearest
-// pick never rounds the other way; they depend on one axis each, so a first launch writes per-axis
-// tables (source index pair and weight per output coordinate) and the main kernel only looks up.
+// tensor, 1 for NCHW) from per-axis tap tables the host planned (ops/resize_taps.h): output
+// coordinate o of axis d reads taps [table_at[d] + o * n[d], + n[d]). The interpolation is
+// separable, so an output element is the weighted sum over the product of its axes' taps.
 struct ResizeGeom {
   int sp = 0;
   int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1};
-  double scale[3] = {1, 1, 1};  // output / input, as the coordinate transform uses it
+  int n[3] = {1, 1, 1};             // taps per output coordinate
+  int64_t table_at[3] = {0, 0, 0};  // each axis's first entry in the table
   int64_t inner = 1;
-  int64_t table_at[3] = {0, 0, 0};  // each axis's first entry in the tables
 };
 
-// The input coordinate (before rounding or interpolation) of output coordinate o. The "resized
-// length" of align_corners and pytorch_half_pixel is scale * in (fractional when scales were given).
-__device__ __forceinline__ double resize_coord(int64_t o, int64_t in, int64_t out, double s, int ctm) {
-  const double od = static_cast<double>(o), ind = static_cast<double>(in), len = s * ind;
-  switch (ctm) {
-    case 0: return (od + 0.5) / s - 0.5;                                 // half_pixel
-    case 1: return len == 1 ? -0.5 : (od + 0.5) / s - 0.5;               // pytorch_half_pixel
-    case 2: return od / s;                                               // asymmetric
-    case 3: return len == 1 ? 0.0 : od * (ind - 1) / (len - 1);          // align_corners
-    case 4: return ind / 2 * (1 - static_cast<double>(out) / len) + (od + 0.5) / s - 0.5;  // half_pixel_symmetric
-    default: return (od + 0.5) / s;                                      // tf_half_pixel_for_nn
-  }
-}
-
-__device__ __forceinline__ int64_t nearest_index(double x, int64_t n, int nearest) {
-  const double f = floor(x);
-  int64_t i;
-  if (x == f) i = static_cast<int64_t>(f);
-  else if (nearest == 0) i = static_cast<int64_t>(x - f <= 0.5 ? f : f + 1);  // round_prefer_floor
-  else if (nearest == 1) i = static_cast<int64_t>(x - f < 0.5 ? f : f + 1);   // round_prefer_ceil
-  else if (nearest == 2) i = static_cast<int64_t>(f);                         // floor
-  else i = static_cast<int64_t>(f + 1);                                       // ceil
-  return i < 0 ? 0 : (i >= n ? n - 1 : i);
-}
-
-struct Tap {
-  int32_t lo, hi;
-  float w;  // weight of hi (linear); 0 for nearest, whose pick is lo
-};
-
-__global__ void resize_table_kernel(ResizeGeom g, bool linear, int ctm, int nearest, Tap* __restrict__ taps, int64_t n) {
-  for (int64_t t = global_tid(); t < n; t += global_threads()) {
-    int d = 0;
-    while (d + 1 < g.sp && t >= g.table_at[d + 1]) ++d;
-    const int64_t o = t - g.table_at[d];
-    double c = resize_coord(o, g.in[d], g.out[d], g.scale[d], ctm);
-    if (!linear) {
-      const int32_t i = static_cast<int32_t>(nearest_index(c, g.in[d], nearest));
-      taps[t] = Tap{i, i, 0.f};
-      continue;
-    }
-    // Clamping the coordinate into [0, in - 1] first gives what the reference's clamped taps give.
-    const double maxc = static_cast<double>(g.in[d] - 1);
-    c = c < 0 ? 0 : (c > maxc ? maxc : c);
-    const double f = floor(c);
-    const int32_t lo = static_cast<int32_t>(f);
-    taps[t] = Tap{lo, lo + 1 < g.in[d] ? lo + 1 : lo, static_cast<float>(c - f)};
-  }
-}
-
-template <class U, int SP, bool kLinear, class T>
-__global__ void resize_kernel(const T* __restrict__ x, T* __restrict__ y, ResizeGeom g, const Tap* __restrict__ taps,
-                              int64_t total) {
+// Nearest: one tap per axis, copied (any element type; uint4 moves 16-byte pixels of NHWC).
+template <class U, int SP, class T>
+__global__ void resize_nearest_kernel(const T* __restrict__ x, T* __restrict__ y, ResizeGeom g,
+                                      const ResizeTap* __restrict__ taps, T extrapolation, int64_t total) {
   for (int64_t i = global_tid(); i < total; i += global_threads()) {
     U rest = static_cast<U>(i);
     const U c = rest % static_cast<U>(g.inner);
     rest /= static_cast<U>(g.inner);
-    Tap tp[SP];
+    int64_t src = 0, stride = g.inner;
+    bool outside = false;
 #pragma unroll
     for (int d = SP - 1; d >= 0; --d) {
       const U o = rest % static_cast<U>(g.out[d]);
       rest /= static_cast<U>(g.out[d]);
-      tp[d] = taps[g.table_at[d] + static_cast<int64_t>(o)];
+      const int32_t t = taps[g.table_at[d] + static_cast<int64_t>(o)].index;
+      outside = outside || t < 0;
+      src += static_cast<int64_t>(t) * stride;
+      stride *= g.in[d];
     }
-    int64_t plane = 1;
+    y[i] = outside ? extrapolation : x[static_cast<int64_t>(rest) * stride + src + static_cast<int64_t>(c)];
+  }
+}
+
+// Linear (N = 2), cubic (N = 4) or any tap count (N = 0: antialiased kernels, mixed counts), in f32.
+template <class U, int SP, int N, class T>
+__global__ void resize_interp_kernel(const T* __restrict__ x, T* __restrict__ y, ResizeGeom g,
+                                     const ResizeTap* __restrict__ taps, float extrapolation, int64_t total) {
+  for (int64_t i = global_tid(); i < total; i += global_threads()) {
+    U rest = static_cast<U>(i);
+    const U c = rest % static_cast<U>(g.inner);
+    rest /= static_cast<U>(g.inner);
+    const ResizeTap* tp[SP];
+    int64_t stride[SP];
+    int64_t plane = g.inner;
+    bool outside = false;
 #pragma unroll
-    for (int d = 0; d < SP; ++d) plane *= g.in[d];
-    const T* xp = x + static_cast<int64_t>(rest) * plane * g.inner + static_cast<int64_t>(c);
-    if constexpr (!kLinear) {
-      int64_t src = 0;
+    for (int d = SP - 1; d >= 0; --d) {
+      const U o = rest % static_cast<U>(g.out[d]);
+      rest /= static_cast<U>(g.out[d]);
+      tp[d] = taps + g.table_at[d] + static_cast<int64_t>(o) * (N > 0 ? N : g.n[d]);
+      outside = outside || tp[d][0].index < 0;
+      stride[d] = plane;
+      plane *= g.in[d];
+    }
+    if (outside) {
+      y[i] = from_f<T>(extrapolation);
+      continue;
+    }
+    const T* xp = x + static_cast<int64_t>(rest) * plane + static_cast<int64_t>(c);
+    float acc = 0.f;
+    if constexpr (N > 0) {
+      constexpr int kCorners = SP == 1 ? N : (SP == 2 ? N * N : N * N * N);
 #pragma unroll
-      for (int d = 0; d < SP; ++d) src = src * g.in[d] + tp[d].lo;
-      y[i] = xp[src * g.inner];
+      for (int corner = 0; corner < kCorners; ++corner) {
+        int rem = corner;
+        float wt = 1.f;
+        int64_t src = 0;
+#pragma unroll
+        for (int d = SP - 1; d >= 0; --d) {
+          const ResizeTap t = tp[d][rem % N];
+          rem /= N;
+          wt *= t.weight;
+          src += static_cast<int64_t>(t.index) * stride[d];
+        }
+        if (wt != 0.f) acc += wt * to_f(xp[src]);  // as the CPU: a zero-weight Inf tap adds nothing
+      }
     } else {
-      float acc = 0.f;
-#pragma unroll
-      for (int corner = 0; corner < (1 << SP); ++corner) {
+      int k[SP] = {};
+      for (;;) {
         float wt = 1.f;
         int64_t src = 0;
 #pragma unroll
         for (int d = 0; d < SP; ++d) {
-          const bool up = (corner >> (SP - 1 - d)) & 1;
-          wt *= up ? tp[d].w : 1.f - tp[d].w;
-          src = src * g.in[d] + (up ? tp[d].hi : tp[d].lo);
+          wt *= tp[d][k[d]].weight;
+          src += static_cast<int64_t>(tp[d][k[d]].index) * stride[d];
         }
-        acc += wt * to_f(xp[src * g.inner]);
+        if (wt != 0.f) acc += wt * to_f(xp[src]);
+        int d = SP - 1;
+        while (d >= 0 && ++k[d] == g.n[d]) k[d--] = 0;
+        if (d < 0) break;
       }
-      y[i] = from_f<T>(acc);
+    }
+    y[i] = from_f<T>(acc);
+  }
+}
+
+// GridSample: a thread per output point finds its taps once (ops/grid_sample_math.h, the CPU's
+// math) and walks the channels; adjacent threads write adjacent points of a channel's plane.
+struct GridGeom {
+  int r = 0, mode = 0, padding = 0;
+  bool align = false;
+  int64_t c = 0, points = 0, image = 1;
+  int64_t size[3] = {1, 1, 1}, stride[3] = {0, 0, 0};
+};
+
+template <class T, class G>
+__global__ void grid_sample_kernel(const T* __restrict__ x, const G* __restrict__ gr, T* __restrict__ y, GridGeom g,
+                                   int64_t total) {
+  for (int64_t np = global_tid(); np < total; np += global_threads()) {
+    const int64_t n = np / g.points, p = np % g.points;
+    grid::DimTaps taps[3];
+    for (int i = 0; i < g.r; ++i) {
+      const grid::SpatialDim d = grid::spatial_dim(g.size[i], g.align);
+      const float coord = grid::denormalize(to_f(gr[np * g.r + (g.r - 1 - i)]), static_cast<float>(g.size[i]), g.align);
+      taps[i] = grid::taps_for(static_cast<double>(coord), d, g.mode, g.padding);
+    }
+    for (int64_t ch = 0; ch < g.c; ++ch) {
+      const T* img = x + (n * g.c + ch) * g.image;
+      float acc = 0.f;
+      int k[3] = {0, 0, 0};
+      for (;;) {
+        float w = 1.f;
+        int64_t off = 0;
+        for (int i = 0; i < g.r && off >= 0; ++i) {
+          const int64_t idx = taps[i].index[k[i]];
+          w *= static_cast<float>(taps[i].weight[k[i]]);
+          off = idx < 0 ? -1 : off + idx * g.stride[i];
+        }
+        if (off >= 0 && w != 0.f) acc += w * to_f(img[off]);
+        int i = g.r - 1;
+        while (i >= 0 && ++k[i] == taps[i].n) k[i--] = 0;
+        if (i < 0) break;
+      }
+      y[(n * g.c + ch) * g.points + p] = from_f<T>(acc);
     }
   }
 }
@@ -225,75 +263,112 @@ cudaError_t pad_nd(int elem_bytes, const void* x, void* y, int rank, const int64
   });
 }
 
-size_t resize_scratch_bytes(int sp, const int64_t* out_dims) {
-  int64_t n = 0;
-  for (int d = 0; d < sp && d < 3; ++d) n += out_dims[d];
-  return size_t(n) * sizeof(Tap);
-}
-
 cudaError_t resize(DT dt, const void* x, void* y, int64_t outer, int sp, const int64_t* in_dims, const int64_t* out_dims,
-                   int64_t inner, const double* scales, bool linear, int ctm, int nearest, void* scratch,
-                   cudaStream_t s) {
-  if (sp < 1 || sp > 3 || outer < 0 || inner < 1 || ctm < 0 || ctm > 5 || nearest < 0 || nearest > 3) {
-    return cudaErrorInvalidValue;
-  }
+                   int64_t inner, const int* taps_per_axis, const ResizeTap* taps, bool interpolate,
+                   double extrapolation, uint64_t extrapolation_bits, cudaStream_t s) {
+  if (sp < 1 || sp > 3 || outer < 0 || inner < 1) return cudaErrorInvalidValue;
   ResizeGeom g;
   g.sp = sp;
   g.inner = inner;
   int64_t total = outer * inner, entries = 0;
+  bool same_n = true;
   for (int d = 0; d < sp; ++d) {
-    if (in_dims[d] < 1 || in_dims[d] > 0x7fffffff || out_dims[d] < 0 || !(scales[d] > 0)) return cudaErrorInvalidValue;
+    if (in_dims[d] < 1 || out_dims[d] < 0 || taps_per_axis[d] < 1 || taps_per_axis[d] > 64) {
+      return cudaErrorInvalidValue;
+    }
+    if (!interpolate && taps_per_axis[d] != 1) return cudaErrorInvalidValue;
     g.in[d] = in_dims[d];
     g.out[d] = out_dims[d];
-    g.scale[d] = scales[d];
+    g.n[d] = taps_per_axis[d];
     g.table_at[d] = entries;
-    entries += out_dims[d];
+    entries += out_dims[d] * taps_per_axis[d];
     total *= out_dims[d];
+    same_n = same_n && taps_per_axis[d] == taps_per_axis[0];
   }
   if (total == 0) return cudaSuccess;
-  auto* taps = static_cast<Tap*>(scratch);
-  resize_table_kernel<<<grid_for(entries), kBlock, 0, s>>>(g, linear, ctm, nearest, taps, entries);
-  // Nearest in NHWC copies whole pixels: 16 bytes at a time when a pixel's channels allow.
-  const int64_t pixel_bytes = inner * dt_size(dt);
-  if (!linear && pixel_bytes % 16 == 0 && aligned_to(x, 16) && aligned_to(y, 16)) {
-    ResizeGeom gv = g;
-    gv.inner = pixel_bytes / 16;
-    const int64_t tv = total / inner * gv.inner;
-    auto go = [&](auto u, auto spc) {
-      using U = decltype(u);
-      resize_kernel<U, decltype(spc)::value, false, uint4>
-          <<<grid_for(tv), kBlock, 0, s>>>(static_cast<const uint4*>(x), static_cast<uint4*>(y), gv, taps, tv);
-    };
-    auto by_sp = [&](auto u) {
-      if (sp == 1) go(u, std::integral_constant<int, 1>{});
-      else if (sp == 2) go(u, std::integral_constant<int, 2>{});
-      else go(u, std::integral_constant<int, 3>{});
-    };
-    if (fits_u32(tv)) by_sp(uint32_t{});
-    else by_sp(uint64_t{});
+  auto by_sp = [&](auto go) {
+    if (sp == 1) go(std::integral_constant<int, 1>{});
+    else if (sp == 2) go(std::integral_constant<int, 2>{});
+    else go(std::integral_constant<int, 3>{});
     return cudaGetLastError();
+  };
+  if (!interpolate) {
+    // Nearest in NHWC copies whole pixels: 16 bytes at a time when a pixel's channels allow and the
+    // extrapolation value is zero (all-zero bytes in every dtype; another value is one element).
+    const int64_t pixel_bytes = inner * dt_size(dt);
+    int eb = dt_size(dt);
+    ResizeGeom gv = g;
+    int64_t tv = total;
+    if (pixel_bytes % 16 == 0 && aligned_to(x, 16) && aligned_to(y, 16) && extrapolation_bits == 0) {
+      eb = 16;
+      gv.inner = pixel_bytes / 16;
+      tv = total / inner * gv.inner;
+    }
+    return dispatch_bytes(eb, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      T v{};
+      if constexpr (sizeof(T) <= 8) memcpy(&v, &extrapolation_bits, sizeof(T));
+      const auto* xt = static_cast<const T*>(x);
+      auto* yt = static_cast<T*>(y);
+      return by_sp([&](auto spc) {
+        if (fits_u32(tv)) {
+          resize_nearest_kernel<uint32_t, decltype(spc)::value, T><<<grid_for(tv), kBlock, 0, s>>>(xt, yt, gv, taps, v, tv);
+        } else {
+          resize_nearest_kernel<uint64_t, decltype(spc)::value, T><<<grid_for(tv), kBlock, 0, s>>>(xt, yt, gv, taps, v, tv);
+        }
+      });
+    });
   }
+  const int n = same_n ? taps_per_axis[0] : 0;
+  const float ev = static_cast<float>(extrapolation);
   return dispatch_f32ish(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const auto* xt = static_cast<const T*>(x);
     auto* yt = static_cast<T*>(y);
-    auto go = [&](auto u, auto spc, auto lin) {
-      using U = decltype(u);
-      resize_kernel<U, decltype(spc)::value, decltype(lin)::value, T>
-          <<<grid_for(total), kBlock, 0, s>>>(xt, yt, g, taps, total);
-    };
-    auto by_sp = [&](auto u, auto lin) {
-      if (sp == 1) go(u, std::integral_constant<int, 1>{}, lin);
-      else if (sp == 2) go(u, std::integral_constant<int, 2>{}, lin);
-      else go(u, std::integral_constant<int, 3>{}, lin);
-    };
-    auto by_lin = [&](auto u) {
-      if (linear) by_sp(u, std::true_type{});
-      else by_sp(u, std::false_type{});
-    };
-    if (fits_u32(total)) by_lin(uint32_t{});
-    else by_lin(uint64_t{});
-    return cudaGetLastError();
+    return by_sp([&](auto spc) {
+      constexpr int SP = decltype(spc)::value;
+      if (n == 2 && fits_u32(total)) {  // linear: the common case, 32-bit index math
+        resize_interp_kernel<uint32_t, SP, 2, T><<<grid_for(total), kBlock, 0, s>>>(xt, yt, g, taps, ev, total);
+      } else if (n == 2) {
+        resize_interp_kernel<uint64_t, SP, 2, T><<<grid_for(total), kBlock, 0, s>>>(xt, yt, g, taps, ev, total);
+      } else if (n == 4) {
+        resize_interp_kernel<uint64_t, SP, 4, T><<<grid_for(total), kBlock, 0, s>>>(xt, yt, g, taps, ev, total);
+      } else {
+        resize_interp_kernel<uint64_t, SP, 0, T><<<grid_for(total), kBlock, 0, s>>>(xt, yt, g, taps, ev, total);
+      }
+    });
+  });
+}
+
+cudaError_t grid_sample(DT dt, DT grid_dt, const void* x, const void* grid, void* y, int64_t n, int64_t c, int r,
+                        const int64_t* in_sp, int64_t points, int mode, int padding, bool align_corners,
+                        cudaStream_t s) {
+  if (r < 1 || r > 3 || n < 0 || c < 0 || points < 0 || mode < 0 || mode > 2 || padding < 0 || padding > 2) {
+    return cudaErrorInvalidValue;
+  }
+  GridGeom g;
+  g.r = r;
+  g.mode = mode;
+  g.padding = padding;
+  g.align = align_corners;
+  g.c = c;
+  g.points = points;
+  for (int i = r - 1; i >= 0; --i) {
+    if (in_sp[i] < 1) return cudaErrorInvalidValue;
+    g.size[i] = in_sp[i];
+    g.stride[i] = g.image;
+    g.image *= in_sp[i];
+  }
+  const int64_t total = n * points;
+  if (total == 0 || c == 0) return cudaSuccess;
+  return dispatch_f32ish(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return dispatch_f32ish(grid_dt, [&](auto gtag) {
+      using G = typename decltype(gtag)::type;
+      grid_sample_kernel<T, G><<<grid_for(total), kBlock, 0, s>>>(static_cast<const T*>(x), static_cast<const G*>(grid),
+                                                                 static_cast<T*>(y), g, total);
+      return cudaGetLastError();
+    });
   });
 }
 

@@ -80,6 +80,8 @@ const std::map<StepOp, BindFn>& binders() {
     register_conv_transpose_binders(t);
     register_pool_binders(t);
     register_rnn_binders(t);
+    register_classic_binders(t);
+    register_random_binders(t);
     register_host_binders(t);
     register_quant_binders(t);
     register_loss_binders(t);

@@ -60,7 +60,7 @@ enum class StepOp : uint16_t {
   kGenerated,      // an NVRTC-compiled elementwise kernel, by its cubin
   kGroupNorm,      // k::group_norm (GroupNormalization, InstanceNormalization)
   kPad,            // k::pad_nd (Pad: constant, reflect, edge, wrap)
-  kResize,         // k::resize (Resize: nearest and linear)
+  kResize,         // k::resize (Resize: host-planned taps)
   kCumSum,         // k::cumsum
   kGatherElements, // k::gather_elements
   kCudnnConvTranspose,  // cudnnConvolutionBackwardData (ConvTranspose)
@@ -77,7 +77,13 @@ enum class StepOp : uint16_t {
   kAllGather,      // ncclAllGather on the session's communicator
   kRowMoments,     // k::row_moments (LayerNormalization's Mean and InvStdDev outputs)
   kRnnStep,        // k::rnn_step (one time step of RNN, GRU or LSTM)
-  kLast = kRnnStep,
+  kGridSample,     // k::grid_sample
+  kReverseSequence,  // k::reverse_sequence
+  kDet,            // k::det
+  kRandom,         // k::random (RandomUniform/Normal(Like), Bernoulli)
+  kDynamicQuantize,  // k::dynamic_quantize_u8
+  kCudnnLrn,       // cudnnLRNCrossChannelForward
+  kLast = kCudnnLrn,
 };
 
 // What a step sees when it runs: the session's stream, handles and memory.
@@ -91,6 +97,9 @@ struct RunCtx {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   int* bad_index = nullptr;  // device counters, one per step that checks indices
+  // Device words of the session's own, one per bad-index slot, zeroed once when the session is
+  // ready (after its warm-up and capture) and kept across runs: random steps' run counters.
+  unsigned long long* counters = nullptr;
   void* comm = nullptr;      // the rank's ncclComm_t in a tensor-parallel session, else null
 
   void* ptr(Ref r) const { return r.weight ? (*weights)[size_t(r.id)] : arena + (*offsets)[size_t(r.id)]; }
@@ -158,6 +167,8 @@ void register_resample_binders(std::map<StepOp, BindFn>& t);
 void register_conv_transpose_binders(std::map<StepOp, BindFn>& t);
 void register_pool_binders(std::map<StepOp, BindFn>& t);  // lower_pool.cc
 void register_rnn_binders(std::map<StepOp, BindFn>& t);   // lower_rnn.cc
+void register_classic_binders(std::map<StepOp, BindFn>& t);  // lower_classic.cc
+void register_random_binders(std::map<StepOp, BindFn>& t);   // lower_random.cc
 void register_host_binders(std::map<StepOp, BindFn>& t);
 void register_quant_binders(std::map<StepOp, BindFn>& t);  // lower_gemm_quant.cc
 void register_loss_binders(std::map<StepOp, BindFn>& t);   // lower_loss.cc

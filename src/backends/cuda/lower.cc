@@ -243,6 +243,7 @@ const DevValue& Lowering::define(const Value* v, Layout layout, std::optional<k:
   if (layout == Layout::kNHWC && dv.dims.size() == 4 && dv.dims[2] * dv.dims[3] == 1) layout = Layout::kRowMajor;
   dv.layout = layout;
   dv.ref = Ref{false, scratch(dv.bytes())};
+  buffer_dtype[size_t(dv.ref.id)] = uint8_t(dv.dt);
   return values[v] = dv;
 }
 
@@ -256,6 +257,7 @@ void Lowering::define_alias(const Value* v, const DevValue& src) {
 
 int Lowering::scratch(size_t bytes) {
   buffer_bytes.push_back(bytes);
+  buffer_dtype.push_back(DevicePlan::kNoDtype);
   return int(buffer_bytes.size() - 1);
 }
 
@@ -327,6 +329,8 @@ const std::map<OpKind, LowerFn>& lowering_table() {
     register_conv_transpose_lowerings(t);
     register_pool_lowerings(t);
     register_rnn_lowerings(t);
+    register_classic_lowerings(t);
+    register_random_lowerings(t);
     register_quant_lowerings(t);
     register_loss_lowerings(t);
     register_collective_lowerings(t);

@@ -73,6 +73,13 @@ void emit_unary(Lowering& L, const Node* n, std::string label, k::Unary op, k::D
 // count elements of dtype dt at r set to `value` (the kFill record; lower_data.cc).
 void emit_fill(Lowering& L, const Node& n, std::string label, k::DT dt, Ref r, int64_t count, double value);
 
+// A k::scatter step (lower_data.cc): y = data (the same buffer: no copy) with the updates upd written
+// or combined (reduction 0 none, 1 add, 2 mul, 3 max, 4 min) at idx's indices; out-of-range
+// indices (negative ones too unless wrap_negative) counted in the step's bad-index slot.
+void emit_scatter(Lowering& L, const Node& n, std::string label, k::DT dt, Ref data, int64_t data_numel,
+                  const DevValue* idx, Ref upd, int64_t upd_numel, Ref y, bool elements, int64_t nr_or_axis,
+                  const k::IndexTuple& t, int64_t n_axis, int64_t inner, int reduction, bool wrap_negative = true);
+
 // y = (to)x over count elements (lower_elementwise.cc).
 void emit_cast(Lowering& L, const Node* n, std::string label, k::DT from, k::DT to, Ref x, Ref y, int64_t count);
 
@@ -178,6 +185,7 @@ class Lowering {
   // Results, read by the engine after lowering.
   std::vector<Step> steps;
   std::vector<size_t> buffer_bytes;        // per arena buffer id
+  std::vector<uint8_t> buffer_dtype;       // per arena buffer id: the value's k::DT, or kNoDtype (scratch)
   std::vector<std::vector<char>> weight_data;  // per weight id, host bytes to upload
   std::vector<int32_t> pooled;                 // with options().weight_pool: its id per weight id
   std::unordered_map<const Value*, DevValue> values;
@@ -303,6 +311,8 @@ Expected<Tensor> filter_krsc(const Tensor& w);
 void register_conv_transpose_lowerings(std::map<OpKind, LowerFn>& t);  // lower_conv_transpose.cc
 void register_pool_lowerings(std::map<OpKind, LowerFn>& t);            // lower_pool.cc: Max/AveragePool
 void register_rnn_lowerings(std::map<OpKind, LowerFn>& t);             // lower_rnn.cc: RNN, GRU, LSTM
+void register_classic_lowerings(std::map<OpKind, LowerFn>& t);  // lower_classic.cc: ReverseSequence, Det, MaxUnpool, LRN
+void register_random_lowerings(std::map<OpKind, LowerFn>& t);   // lower_random.cc: RandomUniform/Normal, Bernoulli
 // A 2-D Conv whose weight or bias is computed at run time (lower_conv_fed.cc; lower_conv hands it
 // over): cuDNN reads the filter from the arena.
 Status lower_conv_fed(Lowering& L, const Node& n);

@@ -382,16 +382,23 @@ Expected<StepFn> bind_gather_nd(Params& in, BindCtx&) {
   });
 }
 
-// ScatterND and ScatterElements with reduction "none" (KV-cache writes, detection heads): the
-// output is a copy of data with the updates written over it.
+// ScatterND and ScatterElements (KV-cache writes, detection heads): the output is a copy of data
+// with the updates written over it, or combined into it (reduction add/mul/max/min).
 Status lower_scatter(Lowering& L, const Node& n) {
   const bool elements = n.op == OpKind::kScatterElements;
-  if (n.attr_string("reduction", "none") != "none") KILN_UNSUPPORTED("{} with reduction", op_name(n.op));
+  const std::string red_name = n.attr_string("reduction", "none");
+  const int red = red_name == "none" ? 0 : red_name == "add" ? 1 : red_name == "mul" ? 2 : red_name == "max" ? 3
+                                                                                  : red_name == "min" ? 4 : -1;
+  if (red < 0) KILN_UNSUPPORTED("{} reduction '{}'", op_name(n.op), red_name);
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
   KILN_ASSIGN_OR_RETURN(const DevValue* idx, L.rowmajor(n.inputs[1]));
   KILN_ASSIGN_OR_RETURN(const DevValue* upd, L.rowmajor(n.inputs[2]));
   if (idx->dt != k::DT::kI64 && idx->dt != k::DT::kI32) KILN_UNSUPPORTED("{} indices of {}", op_name(n.op), dtype_name(idx->ir_dtype));
   if (upd->dt != x->dt) KILN_UNSUPPORTED("{} updates of another dtype", op_name(n.op));
+  if (red != 0 && x->dt != k::DT::kF32 && x->dt != k::DT::kF16 && x->dt != k::DT::kBF16 && x->dt != k::DT::kF64 &&
+      x->dt != k::DT::kI32 && x->dt != k::DT::kI64) {
+    KILN_UNSUPPORTED("{} with reduction '{}' of {}", op_name(n.op), red_name, dtype_name(x->ir_dtype));
+  }
   const size_t r = x->dims.size(), q = idx->dims.size();
   int64_t a = 0, n_axis = 0, inner = 0, nr_or_axis = 0;
   k::IndexTuple t;
@@ -413,36 +420,27 @@ Status lower_scatter(Lowering& L, const Node& n) {
     t = index_tuple(x->dims, 0, kk);
   }
   const DevValue& y = L.define(n.outputs[0]);
-  ByteWriter p;
-  p.put(int32_t(k::dt_size(x->dt)));
-  put(p, x->ref);
-  put(p, idx->ref);
-  put(p, upd->ref);
-  put(p, y.ref);
-  p.put(int32_t(idx->dt));
-  p.u8(elements);
-  for (int64_t v : {x->numel(), upd->numel(), nr_or_axis, n_axis, inner}) p.i64(v);
-  put_tuple(p, t);
-  const int slot = L.new_bad_index_slot();
-  L.emit(&n, elements ? "kernel scatter_elements" : "kernel scatter_nd", {read_id(x), read_id(idx), read_id(upd)},
-         {y.ref.id}, StepOp::kScatter, std::move(p));
-  L.steps.back().bad_index_slot = slot;
+  emit_scatter(L, n, fmt::format("kernel {}{}", elements ? "scatter_elements" : "scatter_nd", red ? " (" + red_name + ")" : ""),
+               x->dt, x->ref, x->numel(), idx, upd->ref, upd->numel(), y.ref, elements, nr_or_axis, t, n_axis, inner, red);
   return Status::ok();
 }
 
 Expected<StepFn> bind_scatter(Params& in, BindCtx&) {
-  const int eb = in.i32();
+  const k::DT dt = in.dt();
   const Ref xr = in.ref(), ir = in.ref(), ur = in.ref(), yr = in.ref();
   const k::DT idt = in.dt();
   const bool elements = in.flag();
   const int64_t numel = in.i64(), upd_numel = in.i64(), nr_or_axis = in.i64(), n_axis = in.i64(), inner = in.i64();
   KILN_ASSIGN_OR_RETURN(k::IndexTuple t, read_tuple(in));
+  const int32_t red = in.i32();
+  const bool wrap = in.flag();
   const int slot = in.step().bad_index_slot;
   if (slot < 0) return KILN_ERROR(kInvalidModel, "step '{}': a scatter without its index check", in.step().label);
   KILN_RETURN_IF_ERROR(in.done());
+  if (red < 0 || red > 4) return KILN_ERROR(kInvalidModel, "step '{}': scatter reduction {}", in.step().label, red);
   return StepFn([=](const RunCtx& c) {
-    return cuda_status(k::scatter(eb, c.ptr(xr), numel, c.ptr(ir), idt, c.ptr(ur), upd_numel, c.ptr(yr), elements, nr_or_axis,
-                                  t, n_axis, inner, c.bad_index + slot, c.stream), "scatter");
+    return cuda_status(k::scatter(dt, c.ptr(xr), numel, c.ptr(ir), idt, c.ptr(ur), upd_numel, c.ptr(yr), elements, nr_or_axis,
+                                  t, n_axis, inner, red, wrap, c.bad_index + slot, c.stream), "scatter");
   });
 }
 
@@ -578,6 +576,27 @@ Status lower_gather_elements(Lowering& L, const Node& n) {
 }
 
 }  // namespace
+
+void emit_scatter(Lowering& L, const Node& n, std::string label, k::DT dt, Ref data, int64_t data_numel,
+                  const DevValue* idx, Ref upd, int64_t upd_numel, Ref y, bool elements, int64_t nr_or_axis,
+                  const k::IndexTuple& t, int64_t n_axis, int64_t inner, int reduction, bool wrap_negative) {
+  ByteWriter p;
+  p.put(int32_t(dt));
+  put(p, data);
+  put(p, idx->ref);
+  put(p, upd);
+  put(p, y);
+  p.put(int32_t(idx->dt));
+  p.u8(elements);
+  for (int64_t v : {data_numel, upd_numel, nr_or_axis, n_axis, inner}) p.i64(v);
+  put_tuple(p, t);
+  p.put(int32_t(reduction));
+  p.u8(wrap_negative);
+  const int slot = L.new_bad_index_slot();
+  const int data_id = data.weight || data.id == y.id ? -1 : data.id, upd_id = upd.weight ? -1 : upd.id;
+  L.emit(&n, std::move(label), {data_id, read_id(idx), upd_id}, {y.id}, StepOp::kScatter, std::move(p));
+  L.steps.back().bad_index_slot = slot;
+}
 
 void register_data_lowerings(std::map<OpKind, LowerFn>& t) {
   for (OpKind op : {OpKind::kReshape, OpKind::kFlatten, OpKind::kSqueeze, OpKind::kUnsqueeze, OpKind::kIdentity,

@@ -382,14 +382,57 @@ Expected<StepFn> bind_dequant_cols(Params& in, BindCtx&) {
   });
 }
 
+// DynamicQuantizeLinear (onnxruntime's dynamic quantization in front of MatMulInteger): the
+// range, scale and zero point on the device (k::dynamic_quantize_u8), no host round trip.
+Status lower_dynamic_quantize(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
+  if (x->dt != k::DT::kF32 && x->dt != k::DT::kF16 && x->dt != k::DT::kBF16) {
+    KILN_UNSUPPORTED("DynamicQuantizeLinear of {}", dtype_name(x->ir_dtype));
+  }
+  const DevValue& y = L.define(n.outputs[0], Layout::kRowMajor, k::DT::kU8);
+  // The scale stays f32 in half builds too: it is what the reference computes and what consumers read.
+  const Ref scale = n.has_output(1) ? L.define(n.outputs[1], Layout::kRowMajor, k::DT::kF32).ref
+                                    : Ref{false, L.scratch(sizeof(float))};
+  const Ref zp = n.has_output(2) ? L.define(n.outputs[2], Layout::kRowMajor, k::DT::kU8).ref : Ref{false, L.scratch(1)};
+  ByteWriter w;
+  w.put(int32_t(x->dt));
+  put(w, x->ref);
+  put(w, y.ref);
+  put(w, scale);
+  put(w, zp);
+  w.i64(x->numel());
+  L.emit(&n, "kernel dynamic_quantize (uint8)", {read_id(x)}, {y.ref.id, scale.id, zp.id}, StepOp::kDynamicQuantize,
+         std::move(w));
+  return Status::ok();
+}
+
+Expected<StepFn> bind_dynamic_quantize(Params& in, BindCtx&) {
+  const k::DT dt = in.dt();
+  const Ref xr = in.ref(), yr = in.ref(), sr = in.ref(), zr = in.ref();
+  const int64_t count = in.i64();
+  KILN_RETURN_IF_ERROR(in.done());
+  if (count < 0 || yr.weight || sr.weight || zr.weight) {
+    return KILN_ERROR(kInvalidModel, "{}: malformed dynamic_quantize parameters", in.step().label);
+  }
+  return StepFn([=](const RunCtx& c) {
+    return cuda_status(k::dynamic_quantize_u8(dt, c.ptr(xr), count, static_cast<uint8_t*>(c.ptr(yr)),
+                                              static_cast<float*>(c.ptr(sr)), static_cast<uint8_t*>(c.ptr(zr)), c.stream),
+                       "dynamic_quantize_u8");
+  });
+}
+
 }  // namespace
 
-void register_quant_lowerings(std::map<OpKind, LowerFn>& t) { t[OpKind::kQuantizedMatMul] = lower_quantized_matmul; }
+void register_quant_lowerings(std::map<OpKind, LowerFn>& t) {
+  t[OpKind::kQuantizedMatMul] = lower_quantized_matmul;
+  t[OpKind::kDynamicQuantizeLinear] = lower_dynamic_quantize;
+}
 
 void register_quant_binders(std::map<StepOp, BindFn>& t) {
   t[StepOp::kQuantizeAct] = bind_quantize_act;
   t[StepOp::kLtMatmulQuant] = bind_lt_matmul_quant;
   t[StepOp::kDequantCols] = bind_dequant_cols;
+  t[StepOp::kDynamicQuantize] = bind_dynamic_quantize;
 }
 
 }  // namespace kiln::cuda

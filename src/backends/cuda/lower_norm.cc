@@ -395,11 +395,38 @@ Status lower_reduce(Lowering& L, const Node& n) {
     if (red[i] && x->dims[i] != 1) { a0 = std::min(a0, i); a1 = i + 1; }
   }
   if (a0 == r) { a0 = 0; a1 = 0; }
-  for (size_t i = a0; i < a1; ++i) {
-    if (!red[i] && x->dims[i] != 1) KILN_UNSUPPORTED("{} over non-contiguous axes", op_name(n.op));
-  }
+  bool contiguous = true;
+  for (size_t i = a0; i < a1; ++i) contiguous = contiguous && (red[i] || x->dims[i] == 1);
   const DevValue& y = L.define(n.outputs[0]);
-  emit_reduce(L, n, op, x, a0, a1, y.ref);
+  if (contiguous) {
+    emit_reduce(L, n, op, x, a0, a1, y.ref);
+  } else {
+    // Reduced axes apart (MVN's [0, 2, 3]): one copy moves them last, after the kept axes in their
+    // order, which is the output's element order; then one reduction over the trailing block.
+    if (r > size_t(k::kMaxRank)) KILN_UNSUPPORTED("{} over non-contiguous axes of rank {}", op_name(n.op), r);
+    std::vector<size_t> order;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (size_t i = 0; i < r; ++i) {
+        if ((red[i] && x->dims[i] != 1) == (pass == 1)) order.push_back(i);
+      }
+    }
+    std::vector<int64_t> st(r, 1);
+    for (size_t i = r; i-- > 1;) st[i - 1] = st[i] * x->dims[i];
+    k::NdStrides src, dst;
+    src.rank = dst.rank = int(r);
+    int64_t stride = 1, kept = 1;
+    for (size_t j = r; j-- > 0;) {
+      src.dims[j] = dst.dims[j] = x->dims[order[j]];
+      src.strides[j] = st[order[j]];
+      dst.strides[j] = stride;
+      stride *= x->dims[order[j]];
+    }
+    for (size_t i = 0; i < r; ++i) kept *= red[i] && x->dims[i] != 1 ? 1 : x->dims[i];
+    DevValue moved = *x;
+    moved.ref = Ref{false, L.scratch(size_t(x->numel()) * size_t(k::dt_size(x->dt)))};
+    emit_copy_nd(L, &n, "copy (reduced axes last)", k::dt_size(x->dt), x->ref, 0, src, moved.ref, 0, dst);
+    emit_reduce_3d(L, n, "kernel reduce", op, &moved, kept, x->numel() / std::max<int64_t>(kept, 1), 1, y.ref);
+  }
   if (log_sum) emit_unary(L, &n, "kernel unary Log (of the sum)", k::Unary::kLog, y.dt, y.ref, y.ref, y.numel());
   return Status::ok();
 }

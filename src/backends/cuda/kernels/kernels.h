@@ -172,14 +172,26 @@ cudaError_t pad_nd(int elem_bytes, const void* x, void* y, int rank, const int64
                    const int64_t* begin, int mode, uint64_t value_bits, cudaStream_t s);
 
 // Resize of the sp (1..3) dims of x viewed as [outer, in_dims..., inner] to [outer, out_dims...,
-// inner] (inner > 1: the channels of NHWC): nearest (`nearest`: 0 round_prefer_floor,
-// 1 round_prefer_ceil, 2 floor, 3 ceil) or (bi/tri)linear, with the coordinate transform `ctm`:
-// 0 half_pixel, 1 pytorch_half_pixel, 2 asymmetric, 3 align_corners, 4 half_pixel_symmetric,
-// 5 tf_half_pixel_for_nn; scales[d] = output / input. `scratch` holds resize_scratch_bytes(...).
-size_t resize_scratch_bytes(int sp, const int64_t* out_dims);
+// inner] (inner > 1: the channels of NHWC) from host-planned taps (ops/resize_taps.h): output
+// coordinate o of axis d reads the taps_per_axis[d] entries at (sum of the earlier axes' out * n)
+// + o * n; a first entry with index -1 writes the extrapolation value (tf_crop_and_resize).
+// interpolate = false: nearest (one tap per axis, copied, any dtype; extrapolation_bits is the
+// value as the element's bits); true: the weighted sum in f32 (f32/f16/bf16; `extrapolation`).
+struct ResizeTap {
+  int32_t index;
+  float weight;
+};
 cudaError_t resize(DT dt, const void* x, void* y, int64_t outer, int sp, const int64_t* in_dims, const int64_t* out_dims,
-                   int64_t inner, const double* scales, bool linear, int ctm, int nearest, void* scratch,
-                   cudaStream_t s);
+                   int64_t inner, const int* taps_per_axis, const ResizeTap* taps, bool interpolate,
+                   double extrapolation, uint64_t extrapolation_bits, cudaStream_t s);
+
+// GridSample of x [n, c, in_sp...] (r = 1..3 spatial dims) at grid [n, points..., r] (coordinates
+// innermost-first, normalized to [-1, 1]) into y [n, c, points...]: the CPU's per-point taps
+// (ops/grid_sample_math.h), summed in f32. mode 0 nearest, 1 linear, 2 cubic; padding 0 zeros,
+// 1 border, 2 reflection.
+cudaError_t grid_sample(DT dt, DT grid_dt, const void* x, const void* grid, void* y, int64_t n, int64_t c, int r,
+                        const int64_t* in_sp, int64_t points, int mode, int padding, bool align_corners,
+                        cudaStream_t s);
 
 // CumSum of x viewed as [outer, n, inner] along n (ONNX exclusive and reverse); f32/f16/bf16 sum
 // in f32, i32/i64 in i64.
@@ -198,13 +210,23 @@ struct IndexTuple {
 // out-of-range tuples are clamped and counted in *bad.
 cudaError_t gather_nd(int elem_bytes, const void* data, const void* idx, DT idx_dt, void* y, int64_t nb, int64_t ni,
                       int64_t nr, const IndexTuple& t, int64_t batch_stride, int* bad, cudaStream_t s);
-// ScatterND / ScatterElements with reduction "none": y = data (copied unless the same buffer), then
-// each update written where its index says (ScatterND: slices of nr elements at tuples of t;
-// ScatterElements: along an axis of nr_or_axis elements, idx/upd viewed as [outer, n_axis, inner]).
-// Out-of-range indices are skipped and counted in *bad; duplicates land in an unspecified order.
-cudaError_t scatter(int elem_bytes, const void* data, int64_t data_numel, const void* idx, DT idx_dt, const void* upd,
+// ScatterND / ScatterElements: y = data (copied unless the same buffer), then each update written
+// where its index says (ScatterND: slices of nr elements at tuples of t; ScatterElements: along an
+// axis of nr_or_axis elements, idx/upd viewed as [outer, n_axis, inner]). reduction 0 (none) writes
+// (any dtype; duplicates land in an unspecified order); 1 add, 2 mul, 3 max, 4 min combine in
+// the updates' order, deterministically (f32/f16/bf16/f64/i32/i64). Negative indices count from
+// the end (ScatterElements: unless !wrap_negative, MaxUnpool's); out-of-range ones are skipped and
+// counted in *bad.
+cudaError_t scatter(DT dt, const void* data, int64_t data_numel, const void* idx, DT idx_dt, const void* upd,
                     int64_t upd_numel, void* y, bool elements, int64_t nr_or_axis, const IndexTuple& t, int64_t n_axis,
-                    int64_t inner, int* bad, cudaStream_t s);
+                    int64_t inner, int reduction, bool wrap_negative, int* bad, cudaStream_t s);
+// ReverseSequence of x viewed as [d0, d1, inner], batch and time the first two dims (batch_first:
+// batch is d0): y[b, t] = x[b, lens[b] - 1 - t] for t < lens[b] (clamped to [0, steps]), else x[b, t].
+cudaError_t reverse_sequence(int elem_bytes, const void* x, const void* lens, DT lens_dt, void* y, int64_t d0, int64_t d1,
+                             int64_t inner, bool batch_first, cudaStream_t s);
+// Det of each [n, n] matrix of x [batch, n, n] into y [batch] (f32/f16/bf16/f64): LU with partial
+// pivoting in f64, a thread per matrix in `work` (batch * n * n doubles).
+cudaError_t det(DT dt, const void* x, void* y, double* work, int64_t batch, int64_t n, cudaStream_t s);
 // TopK along n of x viewed as [outer, n, inner] (n <= 4096: topk_supported): values (x's dtype) and
 // indices (may be null) [outer, k, inner], best first (larger or smaller; NaN above every number;
 // ties by lower index). f32/f16/bf16/i64/i32.
@@ -334,6 +356,21 @@ cudaError_t quantize_fp8(DT dt, const void* x, void* y, int64_t n, float scale, 
 // of acc_dt (kI32 or kF32).
 cudaError_t dequant_cols(DT acc_dt, const void* acc, const float* alpha, const float* beta, DT dt, void* y, int64_t rows,
                          int64_t cols, cudaStream_t s);
+
+// *count += the number of NaN and Inf among x's n elements (f32/f16/bf16/f64); for --check-finite.
+cudaError_t count_nonfinite(DT dt, const void* x, int64_t n, unsigned long long* count, cudaStream_t s);
+
+// DynamicQuantizeLinear of x (f32/f16/bf16, n elements): *scale = (max(0, max x) - min(0, min x))
+// / 255 (1/255 when that range is empty), *zp = round(-min / scale) clamped to [0, 255], y (uint8)
+// = saturate(round(x / scale) + zp), as the CPU reference computes them (quant.cu).
+cudaError_t dynamic_quantize_u8(DT dt, const void* x, int64_t n, uint8_t* y, float* scale, uint8_t* zp, cudaStream_t s);
+
+// RandomUniform (dist 0: [a, b)), RandomNormal (1: mean a, scale b) and Bernoulli (2: 1 where a
+// draw is below probs[i], of dtype probs_dt: f32/f16/bf16/f64) into y (dt, n elements): Philox
+// draws keyed by seed, the element index and *counter (a device word), which each call advances,
+// so that every run draws anew (random.cu).
+cudaError_t random(DT dt, void* y, int64_t n, int dist, float a, float b, uint64_t seed, unsigned long long* counter,
+                   const void* probs, DT probs_dt, cudaStream_t s);
 
 cudaError_t fill(DT dt, void* y, int64_t n, double value, cudaStream_t s);
 

@@ -1,6 +1,6 @@
 // Quantized products' element passes (QuantizedMatMul, lower_gemm_quant.cc): the activation
 // quantized to int8 or float8 e4m3 before the GEMM, and a GEMM's raw sums (int32 from int8, f32
-// from fp8 without epilogue scales) scaled back per column after it.
+// from fp8 without epilogue scales) scaled back per column after it; DynamicQuantizeLinear.
 #include <cuda_fp8.h>
 
 #include "backends/cuda/kernels/common.cuh"
@@ -75,6 +75,62 @@ cudaError_t dequant_cols(DT acc_dt, const void* acc, const float* alpha, const f
       dequant_cols_kernel<<<grid_for(rows * cols), kBlock, 0, s>>>(static_cast<const float*>(acc), alpha, beta,
                                                                    static_cast<T*>(y), rows, cols);
     }
+    return cudaGetLastError();
+  });
+}
+
+namespace {
+
+// DynamicQuantizeLinear's range: one block of 1024 threads over x (0 included), then thread 0
+// writes the scale and zero point the CPU reference computes (f32, correctly rounded).
+template <class T>
+__global__ void dynamic_range_kernel(const T* __restrict__ x, int64_t n, float* __restrict__ scale,
+                                     uint8_t* __restrict__ zp) {
+  float mx = 0.f, mn = 0.f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = to_f(x[i]);
+    mx = fmaxf(mx, v);
+    mn = fminf(mn, v);
+  }
+  __shared__ float smx[32], smn[32];
+  for (int o = 16; o > 0; o >>= 1) {
+    mx = fmaxf(mx, __shfl_down_sync(0xffffffffu, mx, o));
+    mn = fminf(mn, __shfl_down_sync(0xffffffffu, mn, o));
+  }
+  if ((threadIdx.x & 31) == 0) {
+    smx[threadIdx.x >> 5] = mx;
+    smn[threadIdx.x >> 5] = mn;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (unsigned w = 1; w < blockDim.x / 32; ++w) {
+      mx = fmaxf(mx, smx[w]);
+      mn = fminf(mn, smn[w]);
+    }
+    const float s = __fdiv_rn(mx == mn ? 1.0f : __fsub_rn(mx, mn), 255.0f);
+    *scale = s;
+    *zp = static_cast<uint8_t>(rintf(fminf(fmaxf(__fsub_rn(0.0f, __fdiv_rn(mn, s)), 0.0f), 255.0f)));
+  }
+}
+
+template <class T>
+__global__ void dynamic_apply_kernel(const T* __restrict__ x, int64_t n, const float* __restrict__ scale,
+                                     const uint8_t* __restrict__ zp, uint8_t* __restrict__ y) {
+  const float s = *scale, z = static_cast<float>(*zp);
+  for (int64_t i = global_tid(); i < n; i += global_threads()) {
+    y[i] = static_cast<uint8_t>(fminf(fmaxf(rintf(__fdiv_rn(to_f(x[i]), s)) + z, 0.0f), 255.0f));
+  }
+}
+
+}  // namespace
+
+cudaError_t dynamic_quantize_u8(DT dt, const void* x, int64_t n, uint8_t* y, float* scale, uint8_t* zp, cudaStream_t s) {
+  if (n < 0) return cudaErrorInvalidValue;
+  return dispatch_f32ish(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* xt = static_cast<const T*>(x);
+    dynamic_range_kernel<T><<<1, 1024, 0, s>>>(xt, n, scale, zp);
+    if (n > 0) dynamic_apply_kernel<T><<<grid_for(n), kBlock, 0, s>>>(xt, n, scale, zp, y);
     return cudaGetLastError();
   });
 }

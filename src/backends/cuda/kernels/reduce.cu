@@ -323,4 +323,41 @@ cudaError_t arg_reduce(bool is_max, bool last, DT dt, const void* x, int64_t* y,
   });
 }
 
+namespace {
+
+// Counts the NaN and Inf among n elements (one atomic per block).
+template <class T>
+__global__ void count_nonfinite_kernel(const T* __restrict__ x, int64_t n, unsigned long long* __restrict__ count) {
+  unsigned c = 0;
+  for (int64_t i = global_tid(); i < n; i += global_threads()) {
+    const float v = to_f(x[i]);
+    c += isfinite(v) ? 0u : 1u;
+  }
+  c = __reduce_add_sync(0xffffffffu, c);
+  if ((threadIdx.x & 31) == 0 && c != 0) atomicAdd(count, static_cast<unsigned long long>(c));
+}
+
+__global__ void count_nonfinite_f64_kernel(const double* __restrict__ x, int64_t n, unsigned long long* __restrict__ count) {
+  unsigned c = 0;
+  for (int64_t i = global_tid(); i < n; i += global_threads()) c += isfinite(x[i]) ? 0u : 1u;
+  c = __reduce_add_sync(0xffffffffu, c);
+  if ((threadIdx.x & 31) == 0 && c != 0) atomicAdd(count, static_cast<unsigned long long>(c));
+}
+
+}  // namespace
+
+cudaError_t count_nonfinite(DT dt, const void* x, int64_t n, unsigned long long* count, cudaStream_t s) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (dt == DT::kF64) {
+    count_nonfinite_f64_kernel<<<grid_for(n), kBlock, 0, s>>>(static_cast<const double*>(x), n, count);
+    return cudaGetLastError();
+  }
+  return dispatch_f32ish(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    count_nonfinite_kernel<T><<<grid_for(n), kBlock, 0, s>>>(static_cast<const T*>(x), n, count);
+    return cudaGetLastError();
+  });
+}
+
 }  // namespace kiln::cuda::k

@@ -1,5 +1,5 @@
-// CumSum along one axis, GatherElements, GatherND, ScatterND, ScatterElements, Trilu and TopK: small
-// index kernels that models use
+// CumSum along one axis, GatherElements, GatherND, ScatterND, ScatterElements (with reductions),
+// Trilu, TopK, ReverseSequence and Det: small index kernels that models use
 // on position ids and masks (RoBERTa's CumSum over the attention mask, GatherElements in
 // detection and sequence heads).
 #include "backends/cuda/kernels/common.cuh"
@@ -106,16 +106,113 @@ __global__ void scatter_nd_kernel(const I* __restrict__ idx, const T* __restrict
 // with idx and upd [outer, n_axis, inner].
 template <class T, class I>
 __global__ void scatter_elements_kernel(const I* __restrict__ idx, const T* __restrict__ upd, T* __restrict__ y,
-                                        int64_t axis_dim, int64_t n_axis, int64_t inner, int64_t total, int* bad) {
+                                        int64_t axis_dim, int64_t n_axis, int64_t inner, int64_t total, bool wrap,
+                                        int* bad) {
   for (int64_t u = global_tid(); u < total; u += global_threads()) {
     const int64_t in = u % inner, o = u / inner / n_axis;
     int64_t id = static_cast<int64_t>(idx[u]);
-    if (id < 0) id += axis_dim;
+    if (id < 0 && wrap) id += axis_dim;
     if (id < 0 || id >= axis_dim) {
       if (bad != nullptr) atomicAdd(bad, 1);
       continue;
     }
     y[(o * axis_dim + id) * inner + in] = upd[u];
+  }
+}
+
+// Scatter with a reduction (1 add, 2 mul, 3 max, 4 min), deterministic and in the reference's
+// order: ScatterND gives a thread each element position r of the nr-element slices (every tuple's
+// offset is a multiple of nr, so no two threads touch one element) and walks the updates in order;
+// ScatterElements gives a thread each line (outer, inner) and walks its n_axis updates in order.
+template <class T>
+__device__ __forceinline__ T combine(T a, T b, int red) {
+  const auto wa = widen(a), wb = widen(b);
+  const decltype(wa) r = red == 1 ? wa + wb : red == 2 ? wa * wb : red == 3 ? (wa < wb ? wb : wa) : (wb < wa ? wb : wa);
+  return narrow<T>(r);
+}
+
+template <class T, class I>
+__global__ void scatter_nd_reduce_kernel(const I* __restrict__ idx, const T* __restrict__ upd, T* __restrict__ y,
+                                         int64_t nr, IndexTuple t, int64_t nq, int red, int* bad) {
+  for (int64_t r = global_tid(); r < nr; r += global_threads()) {
+    for (int64_t q = 0; q < nq; ++q) {
+      bool ok = true;
+      const int64_t off = nd_offset(idx + q * t.k, t, r == 0 ? bad : nullptr, &ok);
+      if (ok) y[off + r] = combine(y[off + r], upd[q * nr + r], red);
+    }
+  }
+}
+
+template <class T, class I>
+__global__ void scatter_elements_reduce_kernel(const I* __restrict__ idx, const T* __restrict__ upd, T* __restrict__ y,
+                                               int64_t axis_dim, int64_t n_axis, int64_t inner, int64_t lines, int red,
+                                               bool wrap, int* bad) {
+  for (int64_t l = global_tid(); l < lines; l += global_threads()) {
+    const int64_t in = l % inner, o = l / inner;
+    for (int64_t j = 0; j < n_axis; ++j) {
+      const int64_t u = (o * n_axis + j) * inner + in;
+      int64_t id = static_cast<int64_t>(idx[u]);
+      if (id < 0 && wrap) id += axis_dim;
+      if (id < 0 || id >= axis_dim) {
+        if (bad != nullptr) atomicAdd(bad, 1);
+        continue;
+      }
+      T& dst = y[(o * axis_dim + id) * inner + in];
+      dst = combine(dst, upd[u], red);
+    }
+  }
+}
+
+// ReverseSequence over x viewed as [d0, d1, inner] with the batch and time axes 0 and 1 (either
+// way round): the first lens[b] steps of batch row b reversed, the rest copied.
+template <class T, class L>
+__global__ void reverse_sequence_kernel(const T* __restrict__ x, const L* __restrict__ lens, T* __restrict__ y,
+                                        int64_t d1, int64_t inner, bool batch_first, int64_t total) {
+  const int64_t steps = batch_first ? d1 : total / (d1 * inner);
+  for (int64_t i = global_tid(); i < total; i += global_threads()) {
+    const int64_t in = i % inner, q = i / inner, i1 = q % d1, i0 = q / d1;
+    const int64_t b = batch_first ? i0 : i1, t = batch_first ? i1 : i0;
+    int64_t len = static_cast<int64_t>(lens[b]);
+    len = len < 0 ? 0 : (len > steps ? steps : len);
+    const int64_t src_t = t < len ? len - 1 - t : t;
+    const int64_t j0 = batch_first ? i0 : src_t, j1 = batch_first ? src_t : i1;
+    y[i] = x[(j0 * d1 + j1) * inner + in];
+  }
+}
+
+// Det: a thread per matrix, LU with partial pivoting in f64 in its slice of `work`.
+template <class T>
+__global__ void det_kernel(const T* __restrict__ x, T* __restrict__ y, double* __restrict__ work, int64_t n,
+                           int64_t batch) {
+  for (int64_t b = global_tid(); b < batch; b += global_threads()) {
+    double* a = work + b * n * n;
+    for (int64_t i = 0; i < n * n; ++i) a[i] = static_cast<double>(widen(x[b * n * n + i]));
+    double det = 1.0;
+    for (int64_t c = 0; c < n && det != 0.0; ++c) {
+      int64_t p = c;
+      for (int64_t r = c + 1; r < n; ++r) {
+        if (fabs(a[r * n + c]) > fabs(a[p * n + c])) p = r;
+      }
+      if (a[p * n + c] == 0.0) {
+        det = 0.0;
+        break;
+      }
+      if (p != c) {
+        for (int64_t j = 0; j < n; ++j) {
+          const double t = a[c * n + j];
+          a[c * n + j] = a[p * n + j];
+          a[p * n + j] = t;
+        }
+        det = -det;
+      }
+      const double piv = a[c * n + c];
+      det *= piv;
+      for (int64_t r = c + 1; r < n; ++r) {
+        const double f = a[r * n + c] / piv;
+        for (int64_t j = c + 1; j < n; ++j) a[r * n + j] -= f * a[c * n + j];
+      }
+    }
+    y[b] = narrow<T>(det);
   }
 }
 
@@ -231,15 +328,49 @@ cudaError_t gather_nd(int elem_bytes, const void* data, const void* idx, DT idx_
   });
 }
 
-cudaError_t scatter(int elem_bytes, const void* data, int64_t data_numel, const void* idx, DT idx_dt, const void* upd,
+cudaError_t scatter(DT dt, const void* data, int64_t data_numel, const void* idx, DT idx_dt, const void* upd,
                     int64_t upd_numel, void* y, bool elements, int64_t nr_or_axis, const IndexTuple& t, int64_t n_axis,
-                    int64_t inner, int* bad, cudaStream_t s) {
-  if (data_numel < 0 || upd_numel < 0 || (idx_dt != DT::kI64 && idx_dt != DT::kI32)) return cudaErrorInvalidValue;
+                    int64_t inner, int reduction, bool wrap_negative, int* bad, cudaStream_t s) {
+  if (data_numel < 0 || upd_numel < 0 || (idx_dt != DT::kI64 && idx_dt != DT::kI32) || reduction < 0 || reduction > 4) {
+    return cudaErrorInvalidValue;
+  }
+  const int elem_bytes = dt_size(dt);
   if (data_numel > 0 && data != y) {
     const cudaError_t e = cudaMemcpyAsync(y, data, size_t(data_numel) * size_t(elem_bytes), cudaMemcpyDeviceToDevice, s);
     if (e != cudaSuccess) return e;
   }
   if (upd_numel == 0) return cudaSuccess;
+  if (reduction != 0) {
+    if (dt != DT::kF32 && dt != DT::kF16 && dt != DT::kBF16 && dt != DT::kF64 && dt != DT::kI32 && dt != DT::kI64) {
+      return cudaErrorInvalidValue;
+    }
+    return dispatch_dt(dt, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || kIsHalfLike<T> ||
+                    std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t>) {
+        auto go = [&](auto ix) {
+          using I = decltype(ix);
+          const I* ip = static_cast<const I*>(idx);
+          if (elements) {
+            if (n_axis < 1 || inner < 1) return;
+            const int64_t lines = upd_numel / n_axis;
+            scatter_elements_reduce_kernel<T, I><<<grid_for(lines), kBlock, 0, s>>>(
+                ip, static_cast<const T*>(upd), static_cast<T*>(y), nr_or_axis, n_axis, inner, lines, reduction,
+                wrap_negative, bad);
+          } else {
+            if (nr_or_axis < 1) return;
+            scatter_nd_reduce_kernel<T, I><<<grid_for(nr_or_axis), kBlock, 0, s>>>(
+                ip, static_cast<const T*>(upd), static_cast<T*>(y), nr_or_axis, t, upd_numel / nr_or_axis, reduction, bad);
+          }
+        };
+        if (idx_dt == DT::kI64) go(int64_t{});
+        else go(int32_t{});
+        return cudaGetLastError();
+      } else {
+        return cudaErrorInvalidValue;
+      }
+    });
+  }
   return dispatch_bytes(elem_bytes, [&](auto tag) {
     using T = typename decltype(tag)::type;
     auto go = [&](auto ix) {
@@ -248,7 +379,8 @@ cudaError_t scatter(int elem_bytes, const void* data, int64_t data_numel, const 
       if (elements) {
         if (n_axis < 1 || inner < 1) return;
         scatter_elements_kernel<T, I><<<grid_for(upd_numel), kBlock, 0, s>>>(ip, static_cast<const T*>(upd), static_cast<T*>(y),
-                                                                             nr_or_axis, n_axis, inner, upd_numel, bad);
+                                                                             nr_or_axis, n_axis, inner, upd_numel,
+                                                                             wrap_negative, bad);
       } else {
         if (nr_or_axis < 1) return;
         scatter_nd_kernel<T, I><<<grid_for(upd_numel), kBlock, 0, s>>>(ip, static_cast<const T*>(upd), static_cast<T*>(y),
@@ -324,6 +456,39 @@ cudaError_t gather_elements(int elem_bytes, const void* data, int64_t outer, int
       if (idx_dt == DT::kI64) go(uint64_t{}, int64_t{}); else go(uint64_t{}, int32_t{});
     }
     return cudaGetLastError();
+  });
+}
+
+cudaError_t reverse_sequence(int elem_bytes, const void* x, const void* lens, DT lens_dt, void* y, int64_t d0, int64_t d1,
+                             int64_t inner, bool batch_first, cudaStream_t s) {
+  if (d0 < 0 || d1 < 0 || inner < 0 || (lens_dt != DT::kI64 && lens_dt != DT::kI32)) return cudaErrorInvalidValue;
+  const int64_t total = d0 * d1 * inner;
+  if (total == 0) return cudaSuccess;
+  return dispatch_bytes(elem_bytes, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (lens_dt == DT::kI64) {
+      reverse_sequence_kernel<T, int64_t><<<grid_for(total), kBlock, 0, s>>>(
+          static_cast<const T*>(x), static_cast<const int64_t*>(lens), static_cast<T*>(y), d1, inner, batch_first, total);
+    } else {
+      reverse_sequence_kernel<T, int32_t><<<grid_for(total), kBlock, 0, s>>>(
+          static_cast<const T*>(x), static_cast<const int32_t*>(lens), static_cast<T*>(y), d1, inner, batch_first, total);
+    }
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t det(DT dt, const void* x, void* y, double* work, int64_t batch, int64_t n, cudaStream_t s) {
+  if (batch < 0 || n < 0) return cudaErrorInvalidValue;
+  if (batch == 0) return cudaSuccess;
+  if (dt != DT::kF32 && dt != DT::kF16 && dt != DT::kBF16 && dt != DT::kF64) return cudaErrorInvalidValue;
+  return dispatch_dt(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || kIsHalfLike<T>) {
+      det_kernel<T><<<grid_for(batch, 64), 64, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), work, n, batch);
+      return cudaGetLastError();
+    } else {
+      return cudaErrorInvalidValue;
+    }
   });
 }
 

@@ -30,10 +30,10 @@ std::vector<Pass> default_pipeline() {
       {"inline-if", "If with a condition known at build time -> the nodes of the branch it takes", inline_if},
       // Drops Identity, inference Dropout, no-op Cast/Reshape/Expand/Transpose and cancelling
       // pairs, so the fusions below find their producer and consumer directly connected.
-      // Two-operand Einsums that are matrix products -> Transpose/Reshape/MatMul, which every
-      // backend runs as a GEMM and the attention pattern below can match. Needs the static shapes
+      // Einsums without a diagonal -> ReduceSum/Transpose/Reshape/MatMul, which every backend runs
+      // (products as a GEMM) and the attention pattern below can match. Needs the static shapes
       // fold-constants leaves; before canonicalize, which drops the no-op views it may add.
-      {"einsum-as-matmul", "two-operand Einsum that is a (batched) matrix product -> MatMul between views",
+      {"einsum-as-matmul", "Einsum of one or two operands -> ReduceSum, MatMul and views",
        einsum_as_matmul},
       {"canonicalize", "remove no-op and self-cancelling nodes", canonicalize},
       // NHWC exports (tf2onnx) wrap each Conv in layout Transposes with the activations and

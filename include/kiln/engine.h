@@ -150,6 +150,13 @@ struct StepTime {
   double ms = 0;
 };
 
+// A step that wrote NaN or Inf into its float outputs (Session::check_finite).
+struct NonFiniteStep {
+  std::string step;   // the node and its implementation
+  int64_t count = 0;  // NaN and Inf among the values it wrote
+  int64_t numel = 0;  // the values it wrote
+};
+
 class Session {
  public:
   // Inputs in engine.inputs() order, host memory; outputs in engine.outputs() order. A wrong
@@ -166,6 +173,10 @@ class Session {
   Expected<std::vector<double>> benchmark(const std::vector<TensorView>& inputs, int warmup, int iterations);
   // One forward step by step with a timer around each step (GPU; empty on the CPU).
   Expected<std::vector<StepTime>> profile(const std::vector<TensorView>& inputs);
+  // One forward step by step, counting the NaN and Inf each step writes (GPU; empty on the CPU,
+  // whose fp32 result is the reference): the steps that wrote any, in order. The first is where a
+  // 16-bit overflow or a bad input starts.
+  Expected<std::vector<NonFiniteStep>> check_finite(const std::vector<TensorView>& inputs);
   size_t device_bytes() const;  // device memory this session holds beyond the engine's weights
 
   struct Impl;

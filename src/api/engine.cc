@@ -89,6 +89,9 @@ class CpuSession : public Session::Impl {
     return t;
   }
   Expected<std::vector<StepTime>> profile(const std::vector<Data>&) override { return std::vector<StepTime>{}; }
+  Expected<std::vector<NonFiniteStep>> check_finite(const std::vector<Data>&) override {
+    return std::vector<NonFiniteStep>{};
+  }
   size_t device_bytes() const override { return 0; }
 
  private:
@@ -286,6 +289,11 @@ Expected<std::vector<double>> Session::benchmark(const std::vector<TensorView>& 
 Expected<std::vector<StepTime>> Session::profile(const std::vector<TensorView>& inputs) {
   KILN_ASSIGN_OR_RETURN(std::vector<Data> in, to_data(inputs, impl_->inputs));
   return impl_->profile(in);
+}
+
+Expected<std::vector<NonFiniteStep>> Session::check_finite(const std::vector<TensorView>& inputs) {
+  KILN_ASSIGN_OR_RETURN(std::vector<Data> in, to_data(inputs, impl_->inputs));
+  return impl_->check_finite(in);
 }
 
 size_t Session::device_bytes() const { return impl_->device_bytes(); }

@@ -65,6 +65,7 @@ struct Session::Impl {
                             void* stream) = 0;
   virtual Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) = 0;
   virtual Expected<std::vector<StepTime>> profile(const std::vector<Data>& inputs) = 0;
+  virtual Expected<std::vector<NonFiniteStep>> check_finite(const std::vector<Data>& inputs) = 0;
   virtual size_t device_bytes() const = 0;
 };
 

@@ -35,6 +35,13 @@ void warn_cpu_nodes(const cuda::BuildReport& r) {
                cpu.size(), list.c_str(), cpu.size() > 3 ? "; ..." : "");
 }
 
+Expected<std::vector<NonFiniteStep>> nonfinite_steps(cuda::Session* s, const std::vector<Data>& inputs) {
+  KILN_ASSIGN_OR_RETURN(auto steps, s->check_finite(inputs));
+  std::vector<NonFiniteStep> r;
+  for (auto& st : steps) r.push_back({std::move(st.label), st.count, st.numel});
+  return r;
+}
+
 namespace {
 
 class GpuSession : public Session::Impl {
@@ -56,6 +63,9 @@ class GpuSession : public Session::Impl {
     std::vector<StepTime> r;
     for (auto& [label, ms] : steps) r.push_back({std::move(label), ms});
     return r;
+  }
+  Expected<std::vector<NonFiniteStep>> check_finite(const std::vector<Data>& inputs) override {
+    return nonfinite_steps(s_.get(), inputs);
   }
   size_t device_bytes() const override { return s_->device_bytes(); }
 

@@ -13,6 +13,8 @@ nlohmann::json target_json(const cuda::TargetInfo& t);
 // slower and always stops graph capture: say so once, naming the first few and why.
 void warn_cpu_nodes(const cuda::BuildReport& r);
 cuda::BuildOptions build_options(const BuildConfig& c);
+// A CUDA session's check_finite in the public API's terms.
+Expected<std::vector<NonFiniteStep>> nonfinite_steps(cuda::Session* s, const std::vector<Data>& inputs);
 
 // A GPU engine for a graph whose inputs have ranged dims (gpu_dynamic.cc): `cache` holds the
 // choices timed so far (source: where it came from, for the report).

@@ -314,6 +314,10 @@ class DynamicGpuSession : public Session::Impl {
     for (auto& [label, ms] : steps) r.push_back({std::move(label), ms});
     return r;
   }
+  Expected<std::vector<NonFiniteStep>> check_finite(const std::vector<Data>& inputs) override {
+    KILN_ASSIGN_OR_RETURN(cuda::Session * s, session_for(inputs));
+    return nonfinite_steps(s, inputs);
+  }
   size_t device_bytes() const override {
     size_t b = 0;
     for (const auto& [shape, x] : sessions_) b += x.session->device_bytes();

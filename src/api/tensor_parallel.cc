@@ -174,6 +174,9 @@ class TensorParallelSession : public Session::Impl {
   Expected<std::vector<StepTime>> profile(const std::vector<Data>& inputs) override {
     return on_ranks<std::vector<StepTime>>([&](int r) { return ranks[size_t(r)]->profile(inputs); });
   }
+  Expected<std::vector<NonFiniteStep>> check_finite(const std::vector<Data>& inputs) override {
+    return on_ranks<std::vector<NonFiniteStep>>([&](int r) { return ranks[size_t(r)]->check_finite(inputs); });
+  }
   size_t device_bytes() const override {
     size_t b = 0;
     for (const auto& r : ranks) b += r->device_bytes();

@@ -8,7 +8,7 @@ namespace kiln {
 namespace {
 
 constexpr size_t kWeightAlign = kDeviceWeightAlign;
-constexpr uint32_t kDevicePlanVersion = 1;
+constexpr uint32_t kDevicePlanVersion = 2;  // 2: buffer dtypes
 
 void put_ref(ByteWriter& w, const DeviceRef& r) {
   w.u8(r.weight);
@@ -57,6 +57,7 @@ std::string write_device_plan(const DevicePlan& p) {
   w.u32(kDevicePlanVersion);
   w.vec(p.buffer_bytes);
   w.vec(p.offsets);
+  w.vec(p.buffer_dtype);
   w.u64(p.arena_peak);
   w.u64(p.arena_naive);
   w.u64(p.arena_lower_bound);
@@ -114,6 +115,7 @@ Expected<DevicePlan> read_device_plan(std::string_view dpln, std::string_view dw
   }
   p.buffer_bytes = r.vec<uint64_t>("the buffer sizes");
   p.offsets = r.vec<uint64_t>("the arena offsets");
+  p.buffer_dtype = r.vec<uint8_t>("the buffer dtypes");
   p.arena_peak = r.get<uint64_t>("the arena size");
   p.arena_naive = r.get<uint64_t>("the arena size");
   p.arena_lower_bound = r.get<uint64_t>("the arena size");
@@ -155,6 +157,7 @@ Expected<DevicePlan> read_device_plan(std::string_view dpln, std::string_view dw
   // References in range and the memory plan inside the arena, so no binder indexes out of bounds.
   const size_t nb = p.buffer_bytes.size();
   if (p.offsets.size() != nb) return err("DPLN section: the memory plan does not cover every buffer");
+  if (p.buffer_dtype.size() != nb) return err("DPLN section: the buffer dtypes do not cover every buffer");
   for (size_t b = 0; b < nb; ++b) {
     if (p.offsets[b] > p.arena_peak || p.buffer_bytes[b] > p.arena_peak - p.offsets[b]) {
       // A buffer no step touches is planned at 0 bytes wherever; one that is used must fit.

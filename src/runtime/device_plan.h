@@ -63,6 +63,10 @@ struct DevicePlan {
   std::vector<DeviceStep> steps;
   std::vector<uint64_t> buffer_bytes;  // per arena buffer id
   std::vector<uint64_t> offsets;       // per arena buffer id, from the memory plan
+  // Per arena buffer id, the backend's element type of the value it holds (kNoDtype: scratch);
+  // what check_finite reads.
+  std::vector<uint8_t> buffer_dtype;
+  static constexpr uint8_t kNoDtype = 255;
   uint64_t arena_peak = 0, arena_naive = 0, arena_lower_bound = 0;
   int32_t bad_index_slots = 0;
   std::vector<DeviceIo> inputs, outputs;  // graph-input / graph-output order

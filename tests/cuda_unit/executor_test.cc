@@ -13,6 +13,7 @@ DevicePlan cast_plan(const std::string& params, uint16_t kind = uint16_t(StepOp:
   DevicePlan p;
   p.buffer_bytes = {64, 64};
   p.offsets = {0, 64};
+  p.buffer_dtype = {0, 0};
   p.arena_peak = 128;
   DeviceStep s;
   s.kind = kind;

@@ -298,6 +298,15 @@ def runtime_cases():
         check="present:{D}/out/z.npy")
     add("ok_inspect_add", ["inspect", "{T}/rt/model.onnx"], "Add", kind="ok")
     add("ok_random_inputs", rt + ["--random-inputs", "--seed", "3"], "output 'z'", kind="ok")
+    # --check-finite: a finite result passes; Sqrt of a negative input is NaN, which the fp32 CPU
+    # reference itself makes (on the GPU an fp16 overflow is the error: bench/RESULTS.md).
+    add("ok_check_finite", rt + ["--input", "x={T}/rt/x.npy"] + y + ["--check-finite"], "every output value is finite",
+        kind="ok")
+    m = model([h.make_node("Sqrt", ["x"], ["r"], name="root")], [vi("x", [2, 3])], [vi("r", [2, 3])])
+    write("check_finite_nan", "model.onnx", m)
+    npy("check_finite_nan", "x.npy", np.array([[1, -1, 4], [-9, 0, 2]], np.float32))
+    add("check_finite_nan", ["run", "{D}/model.onnx", "--input", "x={D}/x.npy", "--check-finite", "--device", "cpu"],
+        "NaN/Inf in 'r' (2 of 6);the model makes them", kind="ok")
     for c in ["ok_run_add", "ok_inspect_add", "ok_random_inputs"]:
         cdir(c)
     bad = [

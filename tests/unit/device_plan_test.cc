@@ -11,6 +11,7 @@ DevicePlan sample() {
   DevicePlan p;
   p.buffer_bytes = {256, 512, 0};
   p.offsets = {0, 256, 0};
+  p.buffer_dtype = {1, 0, DevicePlan::kNoDtype};
   p.arena_peak = 768;
   p.arena_naive = 768;
   p.arena_lower_bound = 512;
@@ -47,6 +48,7 @@ TEST(DevicePlan, RoundTrip) {
   auto q = read_device_plan(dpln, dwgt, "m.kiln");
   ASSERT_TRUE(q) << q.status().message();
   EXPECT_EQ(q->buffer_bytes, p.buffer_bytes);
+  EXPECT_EQ(q->buffer_dtype, p.buffer_dtype);
   EXPECT_EQ(q->offsets, p.offsets);
   EXPECT_EQ(q->arena_lower_bound, 512u);
   ASSERT_EQ(q->weights.size(), 3u);

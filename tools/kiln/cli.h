@@ -32,6 +32,7 @@ struct RunOptions {
   int top_k = 0;                     // print the k largest scores of each output
   std::string labels;                // one class name per line, for --top-k
   int64_t batch = 0;                 // bind the leading symbolic dim of every input (0: leave)
+  bool check_finite = false;         // count NaN/Inf in the outputs; on the GPU, name the first step
   // A dynamic engine file's exact input shapes for random data (--shapes on it); else each ranged
   // dim takes its range's largest value.
   std::map<std::string, std::vector<int64_t>> run_shapes;

@@ -1,6 +1,6 @@
 // kiln: compile and run ONNX models. Subcommands (like trtexec, but split by job):
 //   kiln inspect model.onnx [--ir] [--dot FILE]
-//   kiln run model.onnx --input NAME=FILE.npy ... [--random-inputs --seed S] [--output-dir DIR]
+//   kiln run model.onnx --input NAME=FILE.npy ... [--random-inputs --seed S] [--output-dir DIR] [--check-finite]
 //   kiln compare model.onnx --inputs DIR --reference DIR [--rtol R --atol A]
 //   kiln build model.onnx -o model.kiln [--device D] [--fp16|--bf16|--tf32] [--report] [--int8|--fp8 --calib DIR]
 //   kiln bench model.onnx|model.kiln --batch N --warmup W --iterations I [--json FILE]
@@ -142,6 +142,9 @@ int main(int argc, char** argv) {
   r->add_option("--top-k", run.top_k, "print the K highest scores of each float output (classifiers)");
   r->add_option("--labels", run.labels, "class names, one per line, for --top-k");
   r->add_option("--batch", run.batch, "bind the leading symbolic dim of every input to N")->check(kPositiveInt);
+  r->add_flag("--check-finite", run.check_finite,
+              "fail when an output holds NaN or Inf that the fp32 CPU reference does not; on the GPU, name the "
+              "first step that wrote any");
   add_engine_options(r, eng);
 
   CLI::App* cmp = app.add_subcommand("compare", "run a model and check its outputs against reference .npy files");

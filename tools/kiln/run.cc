@@ -120,6 +120,68 @@ Status write_all_npy(const std::vector<std::pair<std::string, const Tensor*>>& f
   return Status::ok();
 }
 
+int64_t count_nonfinite(const Tensor& t) {
+  if (!dtype_is_float(t.dtype())) return 0;
+  int64_t n = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) n += std::isfinite(t.as_double(i)) ? 0 : 1;
+  return n;
+}
+
+// --check-finite: the outputs' NaN and Inf counted; when a GPU run has any, its steps are run one
+// by one to name the first that wrote some, and the fp32 CPU reference (an ONNX model) says whether
+// it has them too. An error when the outputs hold NaN or Inf that the reference does not (or, for
+// an engine file, that no reference can be run for). A CPU run is the reference itself.
+Status check_finite(const LoadOptions& load, const EngineOptions& eng, const RunOptions& opt, const Engine& engine,
+                    Session& session, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outs) {
+  int64_t bad = 0;
+  std::string where;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const int64_t n = count_nonfinite(outs[i]);
+    if (n == 0) continue;
+    bad += n;
+    where += fmt::format("{}'{}' ({} of {})", where.empty() ? "" : ", ", engine.outputs()[i].name, n, outs[i].numel());
+  }
+  if (bad == 0) {
+    std::printf("check-finite: every output value is finite\n");
+    return Status::ok();
+  }
+  std::printf("check-finite: NaN/Inf in %s\n", where.c_str());
+  if (engine.device() == Device::kCuda) {
+    KILN_ASSIGN_OR_RETURN(std::vector<NonFiniteStep> steps, session.check_finite(views(inputs)));
+    for (size_t i = 0; i < steps.size() && i < 8; ++i) {
+      std::printf("  %s %s: %lld NaN/Inf of %lld values\n", i == 0 ? "first:" : "then: ", steps[i].step.c_str(),
+                  static_cast<long long>(steps[i].count), static_cast<long long>(steps[i].numel));
+    }
+    if (steps.size() > 8) std::printf("  ... %zu more step(s)\n", steps.size() - 8);
+  }
+  if (engine.device() != Device::kCuda) {
+    std::printf("check-finite: this run is the fp32 CPU reference: the model makes them\n");
+    return Status::ok();
+  }
+  if (is_engine_file(load.model)) {
+    return KILN_ERROR(kInvalidModel, "{}: {} output value(s) are NaN or Inf (an engine file: no ONNX model to run the "
+                      "fp32 reference of)", load.model, bad);
+  }
+  EngineOptions cpu = eng;
+  cpu.device = "cpu";
+  cpu.precision = "fp32";
+  KILN_ASSIGN_OR_RETURN(Engine ref, open_engine(load, cpu, opt.batch));
+  KILN_ASSIGN_OR_RETURN(Session rs, ref.create_session());
+  KILN_ASSIGN_OR_RETURN(std::vector<HostTensor> ro, rs.run(views(inputs)));
+  int64_t ref_bad = 0;
+  for (HostTensor& h : ro) ref_bad += count_nonfinite(from_host(std::move(h)));
+  if (ref_bad >= bad) {
+    std::printf("check-finite: the fp32 CPU reference has them too (%lld): the model makes them\n",
+                static_cast<long long>(ref_bad));
+    return Status::ok();
+  }
+  return KILN_ERROR(kInvalidModel, "{}: {} output value(s) are NaN or Inf where the fp32 CPU reference has {}{}",
+                    load.model, bad, ref_bad,
+                    engine.config().precision == Precision::kFp32
+                        ? ""
+                        : " (a 16-bit overflow? it starts at the first step listed; an fp32 build avoids it)");
+}
+
 }  // namespace
 
 int run_main(const LoadOptions& load, const RunOptions& opt, const EngineOptions& eng) {
@@ -181,6 +243,9 @@ int run_main(const LoadOptions& load, const RunOptions& opt, const EngineOptions
     files.emplace_back((fs::path(opt.output_dir) / (file_name_for(name) + ".npy")).string(), &t);
   }
   if (Status s = write_all_npy(files); !s) return fail(s);
+  if (opt.check_finite) {
+    if (Status s = check_finite(load, eng, opt, *engine, *session, *inputs, outs); !s) return fail(s);
+  }
   for (const auto& [path, t] : files) {
     if (!dtype_is_float(t->dtype()) || t->dtype() == DType::kFloat32 || t->dtype() == DType::kFloat64 ||
         t->dtype() == DType::kFloat16) {

@@ -115,6 +115,7 @@ void plan_memory_of(const Lowering& L, const Stages& e, DevicePlan& dp) {
   }
   MemoryPlan p = plan_memory(req);
   dp.buffer_bytes.assign(L.buffer_bytes.begin(), L.buffer_bytes.end());
+  dp.buffer_dtype = L.buffer_dtype;
   for (size_t b = 0; b < nb; ++b) {
     if (req[b].last_step < 0) dp.buffer_bytes[b] = 0;  // planned nowhere: holds nothing
   }

@@ -121,6 +121,13 @@ class Session {
   virtual Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) = 0;
   // One forward run step by step (no graph) with CUDA events around each step: (label, ms).
   virtual Expected<std::vector<std::pair<std::string, double>>> profile(const std::vector<Data>& inputs) = 0;
+  // One forward run step by step (no graph), counting the NaN and Inf of each float value right
+  // after the last step that writes it: the steps whose values have any, in order (--check-finite).
+  struct NonFinite {
+    std::string label;
+    int64_t count = 0, numel = 0;
+  };
+  virtual Expected<std::vector<NonFinite>> check_finite(const std::vector<Data>& inputs) = 0;
   // Device bytes this session holds (arena, workspace, staging).
   virtual size_t device_bytes() const = 0;
   // Reads inputs from and writes outputs to the caller's buffers (device pointers copied on the

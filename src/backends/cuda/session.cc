@@ -106,8 +106,9 @@ class CudaSession : public Session {
       KILN_ASSIGN_OR_RETURN(dnn_, DnnPool::get().take());
       KILN_CUDA_TRY(cudnnSetStream(dnn_, stream_));
     }
-    bytes_ = align_up(e_->rep.arena_peak) + align_up(e_->opt.workspace_bytes) +
-             align_up(sizeof(int) * size_t(std::max(1, P.bad_index_slots)));
+    const size_t slots = size_t(std::max(1, P.bad_index_slots));
+    bytes_ = align_up(e_->rep.arena_peak) + align_up(e_->opt.workspace_bytes) + align_up(sizeof(int) * slots) +
+             align_up(sizeof(unsigned long long) * slots);
     KILN_CUDA_TRY(cudaMalloc(&mem_.p, bytes_));
     char* base = static_cast<char*>(mem_.p);
     ctx_.stream = stream_;
@@ -119,6 +120,8 @@ class CudaSession : public Session {
     ctx_.workspace = base + align_up(e_->rep.arena_peak);
     ctx_.workspace_bytes = e_->opt.workspace_bytes;
     ctx_.bad_index = reinterpret_cast<int*>(base + align_up(e_->rep.arena_peak) + align_up(e_->opt.workspace_bytes));
+    ctx_.counters = reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(ctx_.bad_index) +
+                                                          align_up(sizeof(int) * slots));
     size_t host = 0;
     for (const DeviceIo& d : P.inputs) host += align_up(io_bytes(d));
     for (const DeviceIo& d : P.outputs) host += align_up(io_bytes(d));
@@ -139,6 +142,8 @@ class CudaSession : public Session {
       // 0xFF bytes are NaN in every float dtype: an output element no kernel wrote stays NaN.
       KILN_CUDA_TRY(cudaMemsetAsync(mem_.p, 0xFF, align_up(e_->rep.arena_peak), stream_));
     }
+    // The first run the caller makes is run 0 of the session's random steps, warm-up or not.
+    KILN_CUDA_TRY(cudaMemsetAsync(ctx_.counters, 0, sizeof(unsigned long long) * slots, stream_));
     KILN_CUDA_TRY(cudaStreamSynchronize(stream_));
     return Status::ok();
   }
@@ -215,6 +220,58 @@ class CudaSession : public Session {
     }
     KILN_RETURN_IF_ERROR(st);
     return out;
+  }
+
+  Expected<std::vector<NonFinite>> check_finite(const std::vector<Data>& inputs) override {
+    const DevicePlan& P = e_->plan;
+    KILN_RETURN_IF_ERROR(stage_inputs(inputs));
+    // A value is counted once, right after the last step that writes its buffer: then every slice
+    // of it is written (Concat's copies, a scatter into its copy, an op in place) and none of its
+    // bytes is what a dead buffer left in the arena.
+    std::vector<size_t> last_writer(P.buffer_bytes.size(), P.steps.size());
+    for (size_t i = 0; i < P.steps.size(); ++i) {
+      for (int32_t b : P.steps[i].writes) last_writer[size_t(b)] = i;
+    }
+    for (size_t i = 0; i < P.inputs.size(); ++i) {
+      const DeviceIo& d = P.inputs[i];
+      KILN_CUDA_TRY(cudaMemcpyAsync(ctx_.ptr(d.ref), in_host_[i], io_bytes(d), cudaMemcpyHostToDevice, stream_));
+    }
+    if (P.bad_index_slots) {
+      KILN_CUDA_TRY(cudaMemsetAsync(ctx_.bad_index, 0, sizeof(int) * size_t(P.bad_index_slots), stream_));
+    }
+    DeviceMem counter;
+    KILN_CUDA_TRY(cudaMalloc(&counter.p, sizeof(unsigned long long)));
+    auto* cnt = static_cast<unsigned long long*>(counter.p);
+    std::vector<NonFinite> found;
+    for (size_t i = 0; i < P.steps.size(); ++i) {
+      KILN_RETURN_IF_ERROR(run_step(i));
+      NonFinite nf{P.steps[i].label, 0, 0};
+      KILN_CUDA_TRY(cudaMemsetAsync(cnt, 0, sizeof(unsigned long long), stream_));
+      for (int32_t b : P.steps[i].writes) {
+        const uint8_t dt = P.buffer_dtype[size_t(b)];
+        if (last_writer[size_t(b)] != i) continue;
+        const auto kdt = k::DT(dt);
+        if (dt == DevicePlan::kNoDtype ||
+            (kdt != k::DT::kF32 && kdt != k::DT::kF16 && kdt != k::DT::kBF16 && kdt != k::DT::kF64)) {
+          continue;
+        }
+        const int64_t n = int64_t(P.buffer_bytes[size_t(b)] / size_t(k::dt_size(kdt)));
+        KILN_CUDA_TRY(k::count_nonfinite(kdt, ctx_.arena + P.offsets[size_t(b)], n, cnt, stream_));
+        nf.numel += n;
+      }
+      unsigned long long c = 0;
+      KILN_CUDA_TRY(cudaMemcpyAsync(&c, cnt, sizeof(c), cudaMemcpyDeviceToHost, stream_));
+      KILN_CUDA_TRY(cudaStreamSynchronize(stream_));
+      nf.count = int64_t(c);
+      if (c != 0) found.push_back(std::move(nf));
+    }
+    if (P.bad_index_slots) {
+      KILN_CUDA_TRY(cudaMemcpyAsync(bad_host_, ctx_.bad_index, sizeof(int) * size_t(P.bad_index_slots),
+                                    cudaMemcpyDeviceToHost, stream_));
+      KILN_CUDA_TRY(cudaStreamSynchronize(stream_));
+    }
+    KILN_RETURN_IF_ERROR(check_bad_indices());
+    return found;
   }
 
   size_t device_bytes() const override { return bytes_; }
@@ -455,7 +512,7 @@ Status EngineImpl::finish() {
   auto t1 = clock::now();
   for (const DeviceStep& st : plan.steps) {
     uses_dnn = uses_dnn || st.kind == uint16_t(StepOp::kCudnnConv) || st.kind == uint16_t(StepOp::kCudnnPool) ||
-               st.kind == uint16_t(StepOp::kCudnnConvTranspose);
+               st.kind == uint16_t(StepOp::kCudnnConvTranspose) || st.kind == uint16_t(StepOp::kCudnnLrn);
     uses_lt = uses_lt || st.kind == uint16_t(StepOp::kLtMatmul) || st.kind == uint16_t(StepOp::kLtMatmulQuant);
     uses_comm = uses_comm || st.kind == uint16_t(StepOp::kAllReduce) || st.kind == uint16_t(StepOp::kAllGather);
   }

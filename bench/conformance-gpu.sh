@@ -8,7 +8,7 @@
 # Python has one. Each model runs through the default pipeline, then on the GPU at fp32 with CPU
 # fallback forbidden; prints "SUITE: N passed, M failed, K skipped" and writes every non-pass's
 # reason to $OUT/conformance-gpu.json (or build/conformance-gpu.json). Exits non-zero when any test
-# fails (issue 27's target is 850 of the 932 onnx 1.12 node tests; no run has measured it yet).
+# fails (issue 27's target is 850 of the 932 onnx 1.12 node tests; bench/RESULTS.md has every run).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BIN="${1:-build/tests}"

@@ -82,6 +82,7 @@ const std::map<StepOp, BindFn>& binders() {
     register_rnn_binders(t);
     register_classic_binders(t);
     register_random_binders(t);
+    register_conv_nd_binders(t);
     register_host_binders(t);
     register_quant_binders(t);
     register_loss_binders(t);

@@ -83,7 +83,8 @@ enum class StepOp : uint16_t {
   kRandom,         // k::random (RandomUniform/Normal(Like), Bernoulli)
   kDynamicQuantize,  // k::dynamic_quantize_u8
   kCudnnLrn,       // cudnnLRNCrossChannelForward
-  kLast = kCudnnLrn,
+  kCudnnConvNd,    // cudnnConvolutionForward over N-d descriptors (3-D, and 1-D with a fed weight)
+  kLast = kCudnnConvNd,
 };
 
 // What a step sees when it runs: the session's stream, handles and memory.
@@ -169,6 +170,7 @@ void register_pool_binders(std::map<StepOp, BindFn>& t);  // lower_pool.cc
 void register_rnn_binders(std::map<StepOp, BindFn>& t);   // lower_rnn.cc
 void register_classic_binders(std::map<StepOp, BindFn>& t);  // lower_classic.cc
 void register_random_binders(std::map<StepOp, BindFn>& t);   // lower_random.cc
+void register_conv_nd_binders(std::map<StepOp, BindFn>& t);  // lower_conv_nd.cc
 void register_host_binders(std::map<StepOp, BindFn>& t);
 void register_quant_binders(std::map<StepOp, BindFn>& t);  // lower_gemm_quant.cc
 void register_loss_binders(std::map<StepOp, BindFn>& t);   // lower_loss.cc

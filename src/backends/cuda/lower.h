@@ -316,6 +316,9 @@ void register_random_lowerings(std::map<OpKind, LowerFn>& t);   // lower_random.
 // A 2-D Conv whose weight or bias is computed at run time (lower_conv_fed.cc; lower_conv hands it
 // over): cuDNN reads the filter from the arena.
 Status lower_conv_fed(Lowering& L, const Node& n);
+// A Conv of 3 spatial dims, or of 1 with a weight computed at run time (lower_conv_nd.cc): cuDNN's
+// N-d descriptors, row-major.
+Status lower_conv_nd(Lowering& L, const Node& n);
 // A device value's [K, C, R, S] filter copied as [K, R, S, C] into a buffer of node n (cuDNN's
 // NHWC filter layout, for filters computed at run time).
 const DevValue* filter_krsc_copy(Lowering& L, const Node& n, const DevValue* w);

@@ -459,6 +459,7 @@ Status lower_conv(Lowering& L, const Node& n) {
   }
   const Tensor* w = L.constant(n.inputs[1]);
   const Tensor* bias_t = n.has_input(2) ? L.constant(n.inputs[2]) : nullptr;
+  if (!in_clip && w && (w->rank() == 3 || w->rank() == 5)) return lower_conv_nd(L, n);
   if (!in_clip && (!w || (n.has_input(2) && !bias_t))) return lower_conv_fed(L, n);
   if (!w || w->rank() != 4) KILN_UNSUPPORTED("Conv needs a 4-D weight (2-D convolution)");
   if (n.has_input(2) && !bias_t) KILN_UNSUPPORTED("Conv bias computed at run time");

@@ -37,9 +37,12 @@ const DevValue* filter_krsc_copy(Lowering& L, const Node& n, const DevValue* w) 
 }
 
 Status lower_conv_fed(Lowering& L, const Node& n) {
+  if (n.inputs[0]->type.has_rank() && (n.inputs[0]->type.shape->rank() == 3 || n.inputs[0]->type.shape->rank() == 5)) {
+    return lower_conv_nd(L, n);
+  }
   if (!n.inputs[1]->type.has_rank() || n.inputs[1]->type.shape->rank() != 4 || !n.inputs[0]->type.has_rank() ||
       n.inputs[0]->type.shape->rank() != 4) {
-    KILN_UNSUPPORTED("Conv of rank other than 4 (2-D convolutions only)");
+    KILN_UNSUPPORTED("Conv of that rank (1-, 2- and 3-D convolutions of known shape)");
   }
   const std::string ap = n.attr_string("auto_pad", "NOTSET");
   std::vector<int64_t> p = ap == "NOTSET" ? n.attr_ints("pads", {0, 0, 0, 0}) : std::vector<int64_t>{0, 0, 0, 0};

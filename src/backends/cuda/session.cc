@@ -512,7 +512,8 @@ Status EngineImpl::finish() {
   auto t1 = clock::now();
   for (const DeviceStep& st : plan.steps) {
     uses_dnn = uses_dnn || st.kind == uint16_t(StepOp::kCudnnConv) || st.kind == uint16_t(StepOp::kCudnnPool) ||
-               st.kind == uint16_t(StepOp::kCudnnConvTranspose) || st.kind == uint16_t(StepOp::kCudnnLrn);
+               st.kind == uint16_t(StepOp::kCudnnConvTranspose) || st.kind == uint16_t(StepOp::kCudnnLrn) ||
+               st.kind == uint16_t(StepOp::kCudnnConvNd);
     uses_lt = uses_lt || st.kind == uint16_t(StepOp::kLtMatmul) || st.kind == uint16_t(StepOp::kLtMatmulQuant);
     uses_comm = uses_comm || st.kind == uint16_t(StepOp::kAllReduce) || st.kind == uint16_t(StepOp::kAllGather);
   }

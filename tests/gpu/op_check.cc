@@ -484,6 +484,36 @@ Status check_out_of_memory(uint64_t seed) {
   return Status::ok();
 }
 
+// Session::check_finite (`kiln run --check-finite`): x * 300 * 300 for x = 1.5 is 135000, past
+// fp16's 65504, so the fp16 build's second Mul writes Inf (its first, 450, does not) and the check
+// names that step alone; the fp32 build finds nothing.
+Status check_nonfinite_steps(uint64_t) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, parse_graph("graph g(%x: f32[4,8]) {\n %k = const dense<f32[]> [300.0]\n"
+                                                              " %a = Mul(%x, %k) : f32[4,8] @scale1\n"
+                                                              " %y = Mul(%a, %k) : f32[4,8] @scale2\n return %y\n}"));
+  KILN_RETURN_IF_ERROR(infer_types(*g));
+  KILN_ASSIGN_OR_RETURN(Tensor x, Tensor::create(DType::kFloat32, {4, 8}));
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = 1.5f;
+  std::vector<Data> in;
+  in.emplace_back(x);
+  for (cuda::Precision prec : {cuda::Precision::kFp16, cuda::Precision::kFp32}) {
+    cuda::BuildOptions bo;
+    bo.precision = prec;
+    KILN_ASSIGN_OR_RETURN(auto engine, cuda::Engine::build(*g, bo));
+    KILN_ASSIGN_OR_RETURN(auto session, engine->new_session());
+    KILN_ASSIGN_OR_RETURN(auto steps, session->check_finite(in));
+    if (prec == cuda::Precision::kFp32) {
+      if (!steps.empty()) return KILN_ERROR(kInternal, "fp32: {} step(s) reported, first {}", steps.size(), steps[0].label);
+      continue;
+    }
+    if (steps.size() != 1 || steps[0].label.find("scale2") == std::string::npos || steps[0].count != 32) {
+      return KILN_ERROR(kInternal, "fp16: expected one step, scale2's 32 values, got {}: {}", steps.size(),
+                        steps.empty() ? "" : fmt::format("{} ({} of {})", steps[0].label, steps[0].count, steps[0].numel));
+    }
+  }
+  return Status::ok();
+}
+
 // --filter: comma-separated substrings, any of which selects a case; empty selects all.
 bool matches_filter(const std::string& name, const std::string& filter) {
   if (filter.empty()) return true;
@@ -550,7 +580,8 @@ int main(int argc, char** argv) {
                             {"shared_weights", check_shared_weights},
                             {"device_buffers", check_device_buffers},
                             {"session_churn", check_session_churn},
-                            {"out_of_memory", check_out_of_memory}}) {
+                            {"out_of_memory", check_out_of_memory},
+                            {"nonfinite_steps", check_nonfinite_steps}}) {
       Status s = fn(seed);
       (s ? passed : failed)++;
       std::printf("%-4s %-22s %s\n", s ? "ok" : "FAIL", name, s ? "" : s.message().c_str());

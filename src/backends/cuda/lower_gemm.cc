@@ -23,6 +23,7 @@ cudaDataType_t lt_type(k::DT d) {
   switch (d) {
     case k::DT::kF16: return CUDA_R_16F;
     case k::DT::kBF16: return CUDA_R_16BF;
+    case k::DT::kF64: return CUDA_R_64F;
     default: return CUDA_R_32F;
   }
 }
@@ -53,7 +54,8 @@ Expected<LtDescs> make_lt_descs(std::vector<std::shared_ptr<void>>& keep, k::DT 
                                 const GemmShape& s, cublasLtEpilogue_t epi) {
   cudaDataType_t t = lt_type(dt);
   LtDescs d;
-  KILN_CUDA_TRY(cublasLtMatmulDescCreate(&d.desc, ct, CUDA_R_32F));
+  // f64 products scale in f64 (alpha and beta are doubles); every other in f32.
+  KILN_CUDA_TRY(cublasLtMatmulDescCreate(&d.desc, ct, ct == CUBLAS_COMPUTE_64F ? CUDA_R_64F : CUDA_R_32F));
   hold(keep, d.desc, destroy_desc);
   cublasOperation_t opa = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, opb = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   KILN_CUDA_TRY(cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
@@ -210,10 +212,14 @@ Expected<cublasLtMatmulAlgo_t> pick_lt_algo(Lowering& L, cublasLtMatmulDesc_t de
            CUBLAS_STATUS_SUCCESS;
     }
     float alpha = 1, beta = ep.c ? 1.0f : 0.0f, best_ms = -1;
+    const double alpha_d = alpha, beta_d = beta;
+    const bool f64 = dt == k::DT::kF64;
+    const void* pa = f64 ? static_cast<const void*>(&alpha_d) : &alpha;
+    const void* pb = f64 ? static_cast<const void*>(&beta_d) : &beta;
     for (const cublasLtMatmulAlgo_t& algo : cands) {
       if (!ok) break;
       auto launch = [&](int i, cudaStream_t stream) {
-        return cublasLtMatmul(L.lt, desc, &alpha, op.w.copy(i), la, op.a.copy(i), lb, &beta, ep.c ? op.c.copy(i) : d.p, ld,
+        return cublasLtMatmul(L.lt, desc, pa, op.w.copy(i), la, op.a.copy(i), lb, pb, ep.c ? op.c.copy(i) : d.p, ld,
                               d.p, ld, &algo, L.build_workspace, ws, stream) == CUBLAS_STATUS_SUCCESS;
       };
       const float ms = time_in_graph(op.launches, launch);  // -1: the algorithm refuses these operands
@@ -246,8 +252,9 @@ std::string describe_algo(const cublasLtMatmulAlgo_t& a) {
 
 Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s, const Epilogue& ep,
                  Ref y, k::DT dt) {
-  cublasComputeType_t ct = L.options().precision == Precision::kTf32 && dt == k::DT::kF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                                                          : CUBLAS_COMPUTE_32F;
+  cublasComputeType_t ct = dt == k::DT::kF64                                              ? CUBLAS_COMPUTE_64F
+                           : L.options().precision == Precision::kTf32 && dt == k::DT::kF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                                            : CUBLAS_COMPUTE_32F;
   cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
   if (ep.bias) {
     epi = ep.act == Act::kRelu ? CUBLASLT_EPILOGUE_RELU_BIAS
@@ -272,7 +279,8 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
   std::vector<int> reads = {read_id(a), read_id(b)};
   if (ep.bias) reads.push_back(read_id(ep.bias));
   if (ep.c) reads.push_back(read_id(ep.c));
-  std::string impl = fmt::format("cublasLt {} m={} n={} k={}{}{}{}{}", L.options().precision == Precision::kTf32 ? "tf32" :
+  std::string impl = fmt::format("cublasLt {} m={} n={} k={}{}{}{}{}", dt == k::DT::kF64 ? "fp64" :
+                                 L.options().precision == Precision::kTf32 ? "tf32" :
                                  dt == k::DT::kF32 ? "fp32" : dt == k::DT::kF16 ? "fp16" : "bf16", s.m, s.n, s.k,
                                  s.batch > 1 ? fmt::format(" batch={}", s.batch) : "", has_bias ? " +bias" : "",
                                  ep.c ? (ep.beta == 1.0f && ep.alpha == 1.0f ? " +residual" : " +C") : "",
@@ -311,6 +319,7 @@ Expected<StepFn> bind_lt_matmul(Params& in, BindCtx& bc) {
   s.trans_a = in.flag();
   s.trans_b = in.flag();
   const float alpha = in.f32(), beta = in.f32();
+  const double alpha_d = alpha, beta_d = beta;  // f64 products' scale type
   cublasLtMatmulAlgo_t algo{};
   for (uint64_t& word : algo.data) word = uint64_t(in.i64());
   const Ref ar = in.ref(), br = in.ref(), bias = in.opt_ref(), cr = in.opt_ref(), y = in.ref();
@@ -335,7 +344,9 @@ Expected<StepFn> bind_lt_matmul(Params& in, BindCtx& bc) {
     }
     void* d = c.ptr(y);
     const void* cin = has_c ? c.ptr(cr) : d;
-    KILN_CUDA_TRY(cublasLtMatmul(c.lt, lt.desc, &alpha, c.ptr(br), lt.la, c.ptr(ar), lt.lb, &beta, cin, lt.ld, d, lt.ld,
+    const bool f64 = ct == CUBLAS_COMPUTE_64F;
+    KILN_CUDA_TRY(cublasLtMatmul(c.lt, lt.desc, f64 ? static_cast<const void*>(&alpha_d) : &alpha, c.ptr(br), lt.la,
+                                 c.ptr(ar), lt.lb, f64 ? static_cast<const void*>(&beta_d) : &beta, cin, lt.ld, d, lt.ld,
                                  &algo, c.workspace, c.workspace_bytes, c.stream));
     return Status::ok();
   });
@@ -538,8 +549,10 @@ Status emit_padded_matmul(Lowering& L, const Node& n, const DevValue* a, const D
 Status lower_matmul(Lowering& L, const Node& n) {
   KILN_ASSIGN_OR_RETURN(const DevValue* a, L.rowmajor(n.inputs[0]));
   k::DT dt = a->dt;
-  if (dt != k::DT::kF32 && dt != k::DT::kF16 && dt != k::DT::kBF16) KILN_UNSUPPORTED("MatMul on {}", dtype_name(a->ir_dtype));
-  if (a->dims.size() >= 2) {
+  if (dt != k::DT::kF32 && dt != k::DT::kF16 && dt != k::DT::kBF16 && dt != k::DT::kF64) {
+    KILN_UNSUPPORTED("MatMul on {}", dtype_name(a->ir_dtype));
+  }
+  if (a->dims.size() >= 2 && dt != k::DT::kF64) {
     KILN_ASSIGN_OR_RETURN(const DevValue* pw, padded_weight(L, n.inputs[1], dt, a->dims.back()));
     if (pw) {
       return emit_padded_matmul(L, n, a, pw, a->numel() / a->dims.back(), L.constant(n.inputs[1])->dim(1), dt);

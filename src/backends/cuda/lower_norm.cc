@@ -229,7 +229,8 @@ bool is_silu(const Node& n) {
 }
 
 // InstanceNormalization and GroupNormalization (k::group_norm): statistics per (batch, group) in
-// f32, the channel's scale and shift (constants, per channel or, GroupNormalization-18, per group),
+// f32, the channel's scale and shift (constants, per channel or, GroupNormalization-18, per group;
+// or per-channel values computed at run time),
 // and the output's only reader fused in when it is Relu or SiLU (diffusion UNets' GroupNorm ->
 // SiLU). NCHW x, or NHWC straight from a convolution; statistics scratch in the arena.
 Status lower_group_norm(Lowering& L, const Node& n) {
@@ -250,21 +251,32 @@ Status lower_group_norm(Lowering& L, const Node& n) {
   const int64_t nb = x->dims[0], c = x->dims[1], spatial = prod(x->dims, 2, x->dims.size());
   const int64_t groups = instance ? c : n.attr_int("num_groups", 0);
   if (groups < 1 || c % groups != 0) KILN_UNSUPPORTED("{} channels in {} groups", c, groups);
-  const Tensor *sc = L.constant(n.inputs[1]), *sh = L.constant(n.inputs[2]);
-  if (!sc || !sh) KILN_UNSUPPORTED("{} scale or bias computed at run time", op_name(n.op));
-  std::vector<float> s(static_cast<size_t>(c)), t(static_cast<size_t>(c));
-  for (const Tensor* p : {sc, sh}) {
-    if (p->numel() != c && p->numel() != groups) KILN_UNSUPPORTED("{} parameter of {} values", op_name(n.op), p->numel());
-  }
-  for (int64_t i = 0; i < c; ++i) {
-    s[size_t(i)] = float(sc->as_double(sc->numel() == c ? i : i / (c / groups)));
-    t[size_t(i)] = float(sh->as_double(sh->numel() == c ? i : i / (c / groups)));
-  }
   if (k::group_norm_scratch_bytes(nb, c, groups, spatial) == 0 || (c / groups) * spatial > int64_t(65535) * 8192) {
     KILN_UNSUPPORTED("{} groups of {} values", nb * groups, (c / groups) * spatial);
   }
-  KILN_ASSIGN_OR_RETURN(Ref sr, L.upload_raw(s.data(), s.size() * sizeof(float)));
-  KILN_ASSIGN_OR_RETURN(Ref tr, L.upload_raw(t.data(), t.size() * sizeof(float)));
+  // The per-channel scale and shift as f32: constants uploaded (a per-group one spread over its
+  // channels), values computed at run time read in place (or cast to f32 first in half builds).
+  std::vector<int> param_reads;
+  auto channel_param = [&](const Value* v) -> Expected<Ref> {
+    if (const Tensor* p = L.constant(v)) {
+      if (p->numel() != c && p->numel() != groups) KILN_UNSUPPORTED("{} parameter of {} values", op_name(n.op), p->numel());
+      std::vector<float> h(static_cast<size_t>(c));
+      for (int64_t i = 0; i < c; ++i) h[size_t(i)] = float(p->as_double(p->numel() == c ? i : i / (c / groups)));
+      return L.upload_raw(h.data(), h.size() * sizeof(float));
+    }
+    KILN_ASSIGN_OR_RETURN(const DevValue* d, L.rowmajor(v));
+    if (d->numel() != c || !is_float_dt(d->dt)) {
+      KILN_UNSUPPORTED("{} parameter of {} values computed at run time", op_name(n.op), d->numel());
+    }
+    param_reads.push_back(read_id(d));
+    if (d->dt == k::DT::kF32) return d->ref;
+    const Ref f{false, L.scratch(size_t(c) * sizeof(float))};
+    emit_cast(L, &n, "kernel cast (norm parameter to f32)", d->dt, k::DT::kF32, d->ref, f, c);
+    param_reads.push_back(f.id);
+    return f;
+  };
+  KILN_ASSIGN_OR_RETURN(Ref sr, channel_param(n.inputs[1]));
+  KILN_ASSIGN_OR_RETURN(Ref tr, channel_param(n.inputs[2]));
   const Value* out = n.outputs[0];
   int act = 0;
   const Node* next = L.only_consumer(out);
@@ -287,9 +299,11 @@ Status lower_group_norm(Lowering& L, const Node& n) {
   w.put(int32_t(act));
   w.u8(nhwc);
   if (act) L.mark_fused(next, &n);
+  std::vector<int> reads = {read_id(x), scratch};
+  reads.insert(reads.end(), param_reads.begin(), param_reads.end());
   L.emit(&n, fmt::format("kernel group_norm ({} groups{}){}", groups, nhwc ? ", NHWC" : "",
                          act == 1 ? " +relu" : act == 2 ? " +silu" : ""),
-         {read_id(x), scratch}, {y.ref.id, scratch}, StepOp::kGroupNorm, std::move(w));
+         std::move(reads), {y.ref.id, scratch}, StepOp::kGroupNorm, std::move(w));
   return Status::ok();
 }
 
@@ -301,8 +315,7 @@ Expected<StepFn> bind_group_norm(Params& in, BindCtx&) {
   const int32_t act = in.i32();
   const bool nhwc = in.flag();
   KILN_RETURN_IF_ERROR(in.done());
-  if (nb < 0 || c < 1 || groups < 1 || c % groups != 0 || spatial < 0 || act < 0 || act > 2 || !sr.weight || !tr.weight ||
-      scr.weight) {
+  if (nb < 0 || c < 1 || groups < 1 || c % groups != 0 || spatial < 0 || act < 0 || act > 2 || scr.weight) {
     return KILN_ERROR(kInvalidModel, "{}: malformed group_norm parameters", in.step().label);
   }
   return StepFn([=](const RunCtx& cx) {

@@ -479,6 +479,9 @@ Status lower_attention_unfused(Lowering& L, const Node& n) {
   }
   const DevValue& y = L.define(n.outputs[0]);
   const k::DT dt = y.dt;
+  if (dt != k::DT::kF32 && dt != k::DT::kF16 && dt != k::DT::kBF16) {  // the softmax between the GEMMs
+    KILN_UNSUPPORTED("Attention on {}", dtype_name(y.ir_dtype));
+  }
   DevValue s = y, p = y;  // the scores and probabilities, [B,H,Sq,Sk]
   s.dims = p.dims = sdims;
   s.ref = Ref{false, L.scratch(s.bytes())};

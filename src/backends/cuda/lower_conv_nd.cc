@@ -3,6 +3,8 @@
 // cuDNN's N-d descriptors on row-major NC[D]HW data, a 1-D convolution as a 2-D one of height 1.
 // The weight and bias may be constants or values; the algorithm is cuDNN's heuristic first choice
 // within the workspace, the bias added by cudnnAddTensor. Pads must be symmetric per dim (cuDNN's).
+#include <algorithm>
+
 #include "backends/cuda/lower.h"
 
 namespace kiln::cuda {
@@ -116,17 +118,31 @@ Status lower_conv_nd(Lowering& L, const Node& n) {
     g.strides.insert(g.strides.begin(), 1);
     g.dil.insert(g.dil.begin(), 1);
   }
+  // cuDNN's descriptors take int dims and strides: every leading stride must fit.
   for (const auto* v : {&g.x, &g.w, &g.y}) {
-    for (int64_t d : *v) {
-      if (d < 1 || d > INT32_MAX) KILN_UNSUPPORTED("Conv of {}", dims_to_string(x->dims));
+    int64_t inner = 1;
+    for (size_t i = v->size(); i-- > 1;) inner *= (*v)[i];
+    if (inner > INT32_MAX || (*v)[0] > INT32_MAX ||
+        std::any_of(v->begin(), v->end(), [](int64_t e) { return e < 1; })) {
+      KILN_UNSUPPORTED("Conv of {} with a weight {}", dims_to_string(x->dims), dims_to_string(w->dims));
     }
   }
-  if (g.group < 1 || g.x[1] != g.w[1] * g.group) KILN_UNSUPPORTED("Conv of {} channels in {} groups", g.x[1], g.group);
-  KILN_ASSIGN_OR_RETURN(NdDescs d, nd_descs(L.keep_alive, x->dt, L.options().precision, g, b != nullptr));
+  if (g.group < 1 || g.x[1] != g.w[1] * g.group || g.w[0] % g.group != 0 || g.y[1] != g.w[0]) {
+    KILN_UNSUPPORTED("Conv of {} channels to {} in {} groups", g.x[1], g.w[0], g.group);
+  }
+  // A cuDNN refusal here is a node the GPU declines (the CPU runs it), not a failed build.
+  auto descs = nd_descs(L.keep_alive, x->dt, L.options().precision, g, b != nullptr);
+  if (!descs) KILN_UNSUPPORTED("cuDNN declines this convolution: {}", descs.status().message());
+  const NdDescs d = *descs;
+  std::vector<int> want(g.y.size());
+  if (cudnnGetConvolutionNdForwardOutputDim(d.c, d.x, d.w, int(want.size()), want.data()) != CUDNN_STATUS_SUCCESS ||
+      !std::equal(want.begin(), want.end(), g.y.begin(), [](int a, int64_t e) { return int64_t(a) == e; })) {
+    KILN_UNSUPPORTED("Conv output {} is not cuDNN's", dims_to_string(yd));
+  }
   constexpr int kMax = 8;
   cudnnConvolutionFwdAlgoPerf_t perf[kMax];
   int got = 0;
-  KILN_CUDA_TRY(cudnnGetConvolutionForwardAlgorithm_v7(L.dnn, d.x, d.w, d.c, d.y, kMax, &got, perf));
+  if (cudnnGetConvolutionForwardAlgorithm_v7(L.dnn, d.x, d.w, d.c, d.y, kMax, &got, perf) != CUDNN_STATUS_SUCCESS) got = 0;
   int algo = -1;
   for (int i = 0; i < got && algo < 0; ++i) {
     if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= L.options().workspace_bytes) algo = int(perf[i].algo);
@@ -168,7 +184,14 @@ Expected<StepFn> bind_conv_nd(Params& in, BindCtx& bc) {
   const auto algo = cudnnConvolutionFwdAlgo_t(in.i32());
   const Ref xr = in.ref(), wr = in.ref(), br = in.opt_ref(), yr = in.ref();
   KILN_RETURN_IF_ERROR(in.done());
-  if ((sp != 2 && sp != 3) || g.w.size() != g.x.size() || g.y.size() != g.x.size() || g.group < 1 || g.group > INT32_MAX) {
+  auto in_range = [](const std::vector<int64_t>& v) {
+    return std::all_of(v.begin(), v.end(), [](int64_t e) { return e >= 1 && e <= INT32_MAX; });
+  };
+  if ((sp != 2 && sp != 3) || g.w.size() != g.x.size() || g.y.size() != g.x.size() || g.group < 1 || g.group > INT32_MAX ||
+      !in_range(g.x) || !in_range(g.w) || !in_range(g.y) || g.pads.size() != sp ||
+      std::any_of(g.pads.begin(), g.pads.end(), [](int e) { return e < 0; }) ||
+      std::any_of(g.strides.begin(), g.strides.end(), [](int e) { return e < 1; }) ||
+      std::any_of(g.dil.begin(), g.dil.end(), [](int e) { return e < 1; })) {
     return KILN_ERROR(kInvalidModel, "step '{}': malformed N-d convolution parameters", in.step().label);
   }
   KILN_ASSIGN_OR_RETURN(NdDescs d, nd_descs(bc.keep_alive, dt, bc.opt.precision, g, br.id >= 0));

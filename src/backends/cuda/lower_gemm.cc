@@ -583,7 +583,9 @@ Status lower_matmul(Lowering& L, const Node& n) {
   }
   Epilogue ep;
   std::vector<const Node*> fused;
-  const Value* out = fuse_epilogue(L, n, s.n, dt, ep, fused);
+  // f64 products take no epilogue (cuBLASLt's bias and activation epilogues are not promised for
+  // 64-bit compute): a following Add or activation runs as its own kernel.
+  const Value* out = dt == k::DT::kF64 ? n.outputs[0] : fuse_epilogue(L, n, s.n, dt, ep, fused);
   return define_and_emit(L, n, a, b, s, ep, out, fused, dt);
 }
 

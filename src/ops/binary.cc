@@ -106,17 +106,26 @@ Status infer_pow(InferCtx& c) {
   return Status::ok();
 }
 
+// The exponent is widened first, to int64 (integers: numpy's exact integer power) or to double
+// (floats, which PowFn reads as double anyway): two exponent types to instantiate, not every one.
 Status pow_cpu(KernelCtx& c) {
   const Tensor& a = c.tensor(0);
   const Tensor& b = c.tensor(1);
+  if (!dtype_in_class(kNumeric, a.dtype()) || !dtype_in_class(kNumeric, b.dtype())) {
+    return c.unsupported("Pow of {} by {} is not supported", dtype_name(a.dtype()), dtype_name(b.dtype()));
+  }
+  const bool int_exp = dtype_is_int(b.dtype());
+  KILN_ASSIGN_OR_RETURN(Tensor e, Tensor::create(int_exp ? DType::kInt64 : DType::kFloat64, b.dims()));
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    if (int_exp) e.data<int64_t>()[i] = b.as_int(i);
+    else e.data<double>()[i] = b.as_double(i);
+  }
   return visit_dtype(a.dtype(), [&]<typename T>() -> Status {
-    return visit_dtype(b.dtype(), [&]<typename U>() -> Status {
-      if constexpr (in_class<kNumeric, T>() && in_class<kNumeric, U>()) {
-        return map_output<T, T, U>(c, 0, PowFn{}, a, b);
-      } else {
-        return c.unsupported("Pow of {} by {} is not supported", dtype_name(a.dtype()), dtype_name(b.dtype()));
-      }
-    });
+    if constexpr (in_class<kNumeric, T>()) {
+      return int_exp ? map_output<T, T, int64_t>(c, 0, PowFn{}, a, e) : map_output<T, T, double>(c, 0, PowFn{}, a, e);
+    } else {
+      return c.unsupported("Pow of {} is not supported", dtype_name(a.dtype()));
+    }
   });
 }
 

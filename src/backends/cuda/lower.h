@@ -73,6 +73,13 @@ void emit_unary(Lowering& L, const Node* n, std::string label, k::Unary op, k::D
 // count elements of dtype dt at r set to `value` (the kFill record; lower_data.cc).
 void emit_fill(Lowering& L, const Node& n, std::string label, k::DT dt, Ref r, int64_t count, double value);
 
+// A k::pad_nd step (lower_resample.cc): y (out dims) = x (in dims) placed at `begin` per dim
+// (negative: cropped), the border filled by mode 0 constant (value_bits, the element's bits),
+// 1 reflect, 2 edge or 3 wrap.
+void emit_pad(Lowering& L, const Node& n, std::string label, int elem_bytes, Ref x, Ref y,
+              const std::vector<int64_t>& in, const std::vector<int64_t>& out, const std::vector<int64_t>& begin,
+              int mode, uint64_t value_bits);
+
 // A k::scatter step (lower_data.cc): y = data (the same buffer: no copy) with the updates upd written
 // or combined (reduction 0 none, 1 add, 2 mul, 3 max, 4 min) at idx's indices; out-of-range
 // indices (negative ones too unless wrap_negative) counted in the step's bad-index slot.
@@ -97,6 +104,8 @@ Expected<std::vector<int64_t>> exact_dims(const Value* v);
 // Makes a k::NdStrides from dims and strides (rank <= kMaxRank, checked by the caller).
 k::NdStrides nd(const std::vector<int64_t>& dims, const std::vector<int64_t>& strides);
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& dims);
+// The product of d[from, to) (lower_data.cc).
+int64_t prod_of(const std::vector<int64_t>& d, size_t from, size_t to);
 // Strides of `v` read as broadcast into `out_dims` (numpy rules; 0 for broadcast dims).
 std::vector<int64_t> broadcast_strides(const DevValue& v, const std::vector<int64_t>& out_dims);
 std::optional<k::DT> to_kdt(DType d);

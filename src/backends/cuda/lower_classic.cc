@@ -3,17 +3,12 @@
 // and MaxUnpool (SegNet-style decoders: a zero fill and a scatter of the pooled values at their flat
 // indices).
 #include <algorithm>
-#include <numeric>
 
 #include "backends/cuda/lower.h"
 
 namespace kiln::cuda {
 
 namespace {
-
-int64_t product(const std::vector<int64_t>& d, size_t from, size_t to) {
-  return std::accumulate(d.begin() + long(from), d.begin() + long(to), int64_t{1}, std::multiplies<int64_t>());
-}
 
 Status lower_reverse_sequence(Lowering& L, const Node& n) {
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
@@ -38,7 +33,7 @@ Status lower_reverse_sequence(Lowering& L, const Node& n) {
   put(w, y.ref);
   w.i64(x->dims[0]);
   w.i64(x->dims[1]);
-  w.i64(product(x->dims, 2, x->dims.size()));
+  w.i64(prod_of(x->dims, 2, x->dims.size()));
   w.u8(batch_axis == 0);
   L.emit(&n, "kernel reverse_sequence", {read_id(x), read_id(lens)}, {y.ref.id}, StepOp::kReverseSequence, std::move(w));
   return Status::ok();
@@ -67,7 +62,7 @@ Status lower_det(Lowering& L, const Node& n) {
   if (x->dt != k::DT::kF32 && x->dt != k::DT::kF16 && x->dt != k::DT::kBF16 && x->dt != k::DT::kF64) {
     KILN_UNSUPPORTED("Det of {}", dtype_name(x->ir_dtype));
   }
-  const int64_t m = x->dims[r - 1], batch = product(x->dims, 0, r - 2);
+  const int64_t m = x->dims[r - 1], batch = prod_of(x->dims, 0, r - 2);
   const int work = L.scratch(size_t(std::max<int64_t>(batch * m * m, 1)) * sizeof(double));
   const DevValue& y = L.define(n.outputs[0]);
   ByteWriter w;
@@ -114,22 +109,14 @@ Status lower_max_unpool(Lowering& L, const Node& n) {
   }
   const DevValue& y = L.define(n.outputs[0]);
   const bool padded = out != dims;
-  const int64_t unpooled = product(dims, 0, dims.size());
+  const int64_t unpooled = prod_of(dims, 0, dims.size());
   const Ref dst = padded ? Ref{false, L.scratch(size_t(unpooled) * size_t(k::dt_size(x->dt)))} : y.ref;
   emit_fill(L, n, "kernel fill (MaxUnpool zeros)", x->dt, dst, unpooled, 0.0);
   emit_scatter(L, n, "kernel scatter_elements (MaxUnpool)", x->dt, dst, unpooled, idx, x->ref, x->numel(), dst, true,
                unpooled, k::IndexTuple{}, x->numel(), 1, 0, /*wrap_negative=*/false);
-  if (padded) {
-    ByteWriter w;
-    w.put(int32_t(k::dt_size(x->dt)));
-    put(w, dst);
-    put(w, y.ref);
-    put(w, dims);
-    put(w, out);
-    for (size_t i = 0; i < dims.size(); ++i) w.i64(0);  // begin: the unpooled tensor at the origin
-    w.put(int32_t(0));
-    w.i64(0);
-    L.emit(&n, "kernel pad (MaxUnpool output_shape)", {dst.id}, {y.ref.id}, StepOp::kPad, std::move(w));
+  if (padded) {  // the unpooled tensor at the origin, zeros after it
+    emit_pad(L, n, "kernel pad (MaxUnpool output_shape)", k::dt_size(x->dt), dst, y.ref, dims, out,
+             std::vector<int64_t>(dims.size(), 0), 0, 0);
   }
   return Status::ok();
 }
@@ -148,7 +135,7 @@ Status lower_lrn(Lowering& L, const Node& n) {
   if (size < CUDNN_LRN_MIN_N || size > CUDNN_LRN_MAX_N || bias < CUDNN_LRN_MIN_K || beta < CUDNN_LRN_MIN_BETA) {
     KILN_UNSUPPORTED("LRN size {}, bias {}, beta {} (cuDNN: size 1..16, bias >= 1e-5, beta >= 0.01)", size, bias, beta);
   }
-  const std::vector<int64_t> d4 = {x->dims[0], x->dims[1], product(x->dims, 2, x->dims.size()), 1};
+  const std::vector<int64_t> d4 = {x->dims[0], x->dims[1], prod_of(x->dims, 2, x->dims.size()), 1};
   for (int64_t v : d4) {
     if (v > 0x7fffffff) KILN_UNSUPPORTED("LRN of {}", dims_to_string(x->dims));
   }

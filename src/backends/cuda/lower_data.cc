@@ -306,11 +306,6 @@ Expected<StepFn> bind_trilu(Params& in, BindCtx&) {
   });
 }
 
-int64_t prod_of(const std::vector<int64_t>& d, size_t from, size_t to) {
-  int64_t p = 1;
-  for (size_t i = from; i < to && i < d.size(); ++i) p *= d[i];
-  return p;
-}
 
 // The index tuple over data dims [from, from + k): their sizes and row-major element strides.
 k::IndexTuple index_tuple(const std::vector<int64_t>& d, size_t from, size_t k) {
@@ -576,6 +571,12 @@ Status lower_gather_elements(Lowering& L, const Node& n) {
 }
 
 }  // namespace
+
+int64_t prod_of(const std::vector<int64_t>& d, size_t from, size_t to) {
+  int64_t p = 1;
+  for (size_t i = from; i < to && i < d.size(); ++i) p *= d[i];
+  return p;
+}
 
 void emit_scatter(Lowering& L, const Node& n, std::string label, k::DT dt, Ref data, int64_t data_numel,
                   const DevValue* idx, Ref upd, int64_t upd_numel, Ref y, bool elements, int64_t nr_or_axis,

@@ -10,11 +10,6 @@ namespace kiln::cuda {
 namespace {
 
 
-int64_t prod(const std::vector<int64_t>& d, size_t from, size_t to) {
-  int64_t p = 1;
-  for (size_t i = from; i < to; ++i) p *= d[i];
-  return p;
-}
 
 Status lower_softmax(Lowering& L, const Node& n) {
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
@@ -25,7 +20,7 @@ Status lower_softmax(Lowering& L, const Node& n) {
   const DevValue& y = L.define(n.outputs[0]);
   const bool log = n.op == OpKind::kLogSoftmax;
   const char* what = log ? "kernel log_softmax" : "kernel softmax";
-  const int64_t inner = r ? prod(x->dims, size_t(axis) + 1, size_t(r)) : 1;
+  const int64_t inner = r ? prod_of(x->dims, size_t(axis) + 1, size_t(r)) : 1;
   if (inner == 1) {
     emit_softmax(L, &n, what, x->dt, x->ref, y.ref, rows, cols, log);
     return Status::ok();
@@ -106,7 +101,7 @@ Status lower_layer_norm(Lowering& L, const Node& n) {
   if (!is_float_dt(x->dt)) KILN_UNSUPPORTED("{} on {}", op_name(n.op), dtype_name(x->ir_dtype));
   int64_t r = int64_t(x->dims.size()), axis = n.attr_int("axis", -1);
   if (axis < 0) axis += r;
-  int64_t cols = prod(x->dims, size_t(axis), size_t(r)), rows = x->numel() / std::max<int64_t>(cols, 1);
+  int64_t cols = prod_of(x->dims, size_t(axis), size_t(r)), rows = x->numel() / std::max<int64_t>(cols, 1);
   KILN_ASSIGN_OR_RETURN(const DevValue* scale, L.rowmajor(n.inputs[1]));
   if (scale->numel() != cols || scale->dt != x->dt) KILN_UNSUPPORTED("{} scale broadcast over rows", op_name(n.op));
   const DevValue* bias = nullptr;
@@ -187,7 +182,7 @@ Status lower_batch_norm(Lowering& L, const Node& n) {
   }
   KILN_ASSIGN_OR_RETURN(Ref sr, L.upload_raw(s.data(), s.size() * sizeof(float)));
   KILN_ASSIGN_OR_RETURN(Ref tr, L.upload_raw(t.data(), t.size() * sizeof(float)));
-  int64_t spatial = prod(x->dims, 2, x->dims.size());
+  int64_t spatial = prod_of(x->dims, 2, x->dims.size());
   bool nhwc = x->layout == Layout::kNHWC;
   int64_t outer = nhwc ? x->dims[0] * spatial : x->dims[0], inner = nhwc ? 1 : spatial;
   const DevValue& y = L.define(n.outputs[0], x->layout);
@@ -248,7 +243,7 @@ Status lower_group_norm(Lowering& L, const Node& n) {
     KILN_ASSIGN_OR_RETURN(x, L.rowmajor(n.inputs[0]));
   }
   if (!is_float_dt(x->dt) || x->dims.size() < 2) KILN_UNSUPPORTED("{} on {}", op_name(n.op), dtype_name(x->ir_dtype));
-  const int64_t nb = x->dims[0], c = x->dims[1], spatial = prod(x->dims, 2, x->dims.size());
+  const int64_t nb = x->dims[0], c = x->dims[1], spatial = prod_of(x->dims, 2, x->dims.size());
   const int64_t groups = instance ? c : n.attr_int("num_groups", 0);
   if (groups < 1 || c % groups != 0) KILN_UNSUPPORTED("{} channels in {} groups", c, groups);
   if (k::group_norm_scratch_bytes(nb, c, groups, spatial) == 0 || (c / groups) * spatial > int64_t(65535) * 8192) {
@@ -361,8 +356,8 @@ void emit_reduce_3d(Lowering& L, const Node& n, std::string label, k::Reduce op,
 
 // Emits a reduction of x's axes [a0, a1) (contiguous, row-major x) into y.
 void emit_reduce(Lowering& L, const Node& n, k::Reduce op, const DevValue* x, size_t a0, size_t a1, Ref yr) {
-  emit_reduce_3d(L, n, "kernel reduce", op, x, prod(x->dims, 0, a0), prod(x->dims, a0, a1),
-                 prod(x->dims, a1, x->dims.size()), yr);
+  emit_reduce_3d(L, n, "kernel reduce", op, x, prod_of(x->dims, 0, a0), prod_of(x->dims, a0, a1),
+                 prod_of(x->dims, a1, x->dims.size()), yr);
 }
 
 Expected<StepFn> bind_reduce(Params& in, BindCtx&) {
@@ -423,17 +418,14 @@ Status lower_reduce(Lowering& L, const Node& n) {
         if ((red[i] && x->dims[i] != 1) == (pass == 1)) order.push_back(i);
       }
     }
-    std::vector<int64_t> st(r, 1);
-    for (size_t i = r; i-- > 1;) st[i - 1] = st[i] * x->dims[i];
-    k::NdStrides src, dst;
-    src.rank = dst.rank = int(r);
-    int64_t stride = 1, kept = 1;
-    for (size_t j = r; j-- > 0;) {
-      src.dims[j] = dst.dims[j] = x->dims[order[j]];
-      src.strides[j] = st[order[j]];
-      dst.strides[j] = stride;
-      stride *= x->dims[order[j]];
+    const std::vector<int64_t> st = contiguous_strides(x->dims);
+    std::vector<int64_t> dims, src_strides;
+    for (size_t i : order) {
+      dims.push_back(x->dims[i]);
+      src_strides.push_back(st[i]);
     }
+    const k::NdStrides src = nd(dims, src_strides), dst = nd(dims, contiguous_strides(dims));
+    int64_t kept = 1;
     for (size_t i = 0; i < r; ++i) kept *= red[i] && x->dims[i] != 1 ? 1 : x->dims[i];
     DevValue moved = *x;
     moved.ref = Ref{false, L.scratch(size_t(x->numel()) * size_t(k::dt_size(x->dt)))};
@@ -450,7 +442,7 @@ Status lower_arg(Lowering& L, const Node& n) {
   if (!is_float_dt(x->dt)) KILN_UNSUPPORTED("{} on {}", op_name(n.op), dtype_name(x->ir_dtype));
   int64_t r = int64_t(x->dims.size()), axis = n.attr_int("axis", 0);
   if (axis < 0) axis += r;
-  int64_t outer = prod(x->dims, 0, size_t(axis)), cnt = x->dims[size_t(axis)], inner = prod(x->dims, size_t(axis) + 1, size_t(r));
+  int64_t outer = prod_of(x->dims, 0, size_t(axis)), cnt = x->dims[size_t(axis)], inner = prod_of(x->dims, size_t(axis) + 1, size_t(r));
   const DevValue& y = L.define(n.outputs[0]);
   ByteWriter w;
   w.u8(n.op == OpKind::kArgMax);
@@ -473,8 +465,8 @@ Status lower_hardmax(Lowering& L, const Node& n) {
   int64_t axis = n.attr_int("axis", -1);
   if (axis < 0) axis += r;
   if (axis < 0 || axis >= r) KILN_UNSUPPORTED("Hardmax axis {} of rank {}", n.attr_int("axis", -1), r);
-  const int64_t outer = prod(x->dims, 0, size_t(axis)), cnt = x->dims[size_t(axis)],
-                inner = prod(x->dims, size_t(axis) + 1, size_t(r));
+  const int64_t outer = prod_of(x->dims, 0, size_t(axis)), cnt = x->dims[size_t(axis)],
+                inner = prod_of(x->dims, size_t(axis) + 1, size_t(r));
   const Ref arg{false, L.scratch(size_t(outer * inner) * sizeof(int64_t))};
   ByteWriter w;
   w.u8(1);  // ArgMax
@@ -530,7 +522,7 @@ Status lower_topk(Lowering& L, const Node& n) {
   put(w, x->ref);
   put(w, v.ref);
   put(w, ir);
-  for (int64_t q : {prod(x->dims, 0, size_t(axis)), len, prod(x->dims, size_t(axis) + 1, size_t(r)), kk}) w.i64(q);
+  for (int64_t q : {prod_of(x->dims, 0, size_t(axis)), len, prod_of(x->dims, size_t(axis) + 1, size_t(r)), kk}) w.i64(q);
   w.u8(n.attr_int("largest", 1) != 0);
   std::vector<int> writes = {v.ref.id};
   if (ir.id >= 0) writes.push_back(ir.id);
@@ -557,7 +549,7 @@ Status lower_global_pool(Lowering& L, const Node& n) {
   if (!is_float_dt(x->dt) || x->dims.size() < 3) KILN_UNSUPPORTED("{} on {}", op_name(n.op), dtype_name(x->ir_dtype));
   k::Reduce op = n.op == OpKind::kGlobalAveragePool ? k::Reduce::kMean : k::Reduce::kMax;
   const DevValue& y = L.define(n.outputs[0]);
-  int64_t nb = x->dims[0], c = x->dims[1], hw = prod(x->dims, 2, x->dims.size());
+  int64_t nb = x->dims[0], c = x->dims[1], hw = prod_of(x->dims, 2, x->dims.size());
   bool nhwc = x->layout == Layout::kNHWC;
   int64_t outer = nhwc ? nb : nb * c, inner = nhwc ? c : 1;
   emit_reduce_3d(L, n, fmt::format("kernel reduce ({})", nhwc ? "NHWC" : "NCHW"), op, x, outer, hw, inner, y.ref);

@@ -85,16 +85,7 @@ Status lower_pad(Lowering& L, const Node& n) {
   if (value && value->numel() != 1) KILN_UNSUPPORTED("Pad constant_value of {} elements", value->numel());
   KILN_ASSIGN_OR_RETURN(uint64_t bits, value_bits(value ? value->as_double(0) : 0.0, x->dt));
   const DevValue& y = L.define(n.outputs[0]);
-  ByteWriter w;
-  w.put(int32_t(k::dt_size(x->dt)));
-  put(w, x->ref);
-  put(w, y.ref);
-  put(w, x->dims);
-  put(w, out);
-  for (int64_t b : begin) w.i64(b);  // may be negative (a crop): not dims
-  w.put(int32_t(m));
-  w.i64(int64_t(bits));
-  L.emit(&n, "kernel pad (" + mode + ")", {read_id(x)}, {y.ref.id}, StepOp::kPad, std::move(w));
+  emit_pad(L, n, "kernel pad (" + mode + ")", k::dt_size(x->dt), x->ref, y.ref, x->dims, out, begin, m, bits);
   return Status::ok();
 }
 
@@ -327,6 +318,21 @@ Expected<StepFn> bind_grid_sample(Params& in, BindCtx&) {
 }
 
 }  // namespace
+
+void emit_pad(Lowering& L, const Node& n, std::string label, int elem_bytes, Ref x, Ref y,
+              const std::vector<int64_t>& in, const std::vector<int64_t>& out, const std::vector<int64_t>& begin,
+              int mode, uint64_t value_bits) {
+  ByteWriter w;
+  w.put(int32_t(elem_bytes));
+  put(w, x);
+  put(w, y);
+  put(w, in);
+  put(w, out);
+  for (int64_t b : begin) w.i64(b);  // may be negative (a crop): not dims
+  w.put(int32_t(mode));
+  w.i64(int64_t(value_bits));
+  L.emit(&n, std::move(label), {x.weight ? -1 : x.id}, {y.id}, StepOp::kPad, std::move(w));
+}
 
 void register_resample_lowerings(std::map<OpKind, LowerFn>& t) {
   t[OpKind::kPad] = lower_pad;

@@ -24,7 +24,8 @@ struct Library {
 };
 
 // One generated kernel computing n's output from `body`, whose inputs are n's inputs in order.
-Status lower_generated(Lowering& L, const Node& n, const Graph* body) {
+// `strides`, where given for an input, replaces its broadcast strides (a per-axis operand).
+Status lower_generated(Lowering& L, const Node& n, const Graph* body, const std::vector<std::vector<int64_t>>& strides = {}) {
   const Value* out = n.outputs[0];
   auto dims = out->type.shape ? out->type.shape->static_dims() : std::nullopt;
   if (!body || !dims) KILN_UNSUPPORTED("{} with a dynamic output shape", n.describe());
@@ -37,7 +38,8 @@ Status lower_generated(Lowering& L, const Node& n, const Graph* body) {
     KILN_ASSIGN_OR_RETURN(const DevValue* d, L.value(v));
     if (!d) KILN_UNSUPPORTED("input '{}' has no device value", v->name);
     if (d->dims.size() > spec.dims.size()) KILN_UNSUPPORTED("input '{}' of higher rank than the output", v->name);
-    spec.inputs.push_back({d->dt, broadcast_strides(*d, spec.dims)});
+    const bool given = i < strides.size() && strides[i].size() == spec.dims.size();
+    spec.inputs.push_back({d->dt, given ? strides[i] : broadcast_strides(*d, spec.dims)});
     ins.push_back(d->ref);
     if (!d->ref.weight) reads.push_back(d->ref.id);
   }
@@ -96,12 +98,61 @@ Status lower_generated(Lowering& L, const Node& n, const Graph* body) {
 
 Status lower_fused_elementwise(Lowering& L, const Node& n) { return lower_generated(L, n, n.attr_graph("body")); }
 
+// A QuantizeLinear or DequantizeLinear whose scale is not one constant (is_scalar_int8_qdq): a
+// per-axis scale and zero point (1-D along `axis`) or computed scalar ones. The same one-node
+// body, its scale and zero point read as kernel inputs, a per-axis one with stride 1 on the axis.
+// A computed scale is not checked to be positive and finite here as the CPU checks it: a zero
+// scale quantizes to the saturated values and dequantizes to zeros.
+Status lower_qdq_fed(Lowering& L, const Node& n) {
+  const bool q = n.op == OpKind::kQuantizeLinear;
+  if (n.inputs.size() < 2 || !n.inputs[0] || !n.inputs[1]) KILN_UNSUPPORTED("missing inputs");
+  if (n.attr_int("block_size", 0) != 0) KILN_UNSUPPORTED("blocked scales");
+  if (q && n.attr_int("precision", 0) != 0) KILN_UNSUPPORTED("a precision attribute");
+  const Value* x = n.inputs[0];
+  const DType f = (q ? x : n.outputs[0])->type.dtype, i = (q ? n.outputs[0] : x)->type.dtype;
+  if (i != DType::kInt8 && i != DType::kUInt8) KILN_UNSUPPORTED("quantized type {}", dtype_name(i));
+  if (f != DType::kFloat32 && f != DType::kFloat16 && f != DType::kBFloat16) KILN_UNSUPPORTED("float type {}", dtype_name(f));
+  // A 16-bit scale would round x / scale to 16 bits first, as the CPU does and this kernel does not.
+  if (n.inputs[1]->type.dtype != DType::kFloat32) KILN_UNSUPPORTED("a {} scale", dtype_name(n.inputs[1]->type.dtype));
+  auto xd = x->type.shape ? x->type.shape->static_dims() : std::nullopt;
+  if (!xd) KILN_UNSUPPORTED("{} with a dynamic input shape", n.describe());
+  const int64_t rank = int64_t(xd->size());
+  int64_t axis = n.attr_int("axis", 1);
+  if (axis < 0) axis += rank;
+  std::vector<std::vector<int64_t>> strides(n.inputs.size());
+  for (size_t k = 1; k < n.inputs.size(); ++k) {
+    const Value* v = n.inputs[k];
+    if (!v) continue;
+    auto vd = v->type.shape ? v->type.shape->static_dims() : std::nullopt;
+    if (!vd) KILN_UNSUPPORTED("'{}' of a dynamic shape", v->name);
+    if (prod_of(*vd, 0, vd->size()) == 1) {
+      strides[k].assign(size_t(rank), 0);  // one value for every element
+    } else if (vd->size() == 1 && axis >= 0 && axis < rank && (*vd)[0] == (*xd)[size_t(axis)]) {
+      strides[k].assign(size_t(rank), 0);
+      strides[k][size_t(axis)] = 1;
+    } else {
+      KILN_UNSUPPORTED("'{}' of shape {} does not fit per-axis on axis {} of {}", v->name, dims_to_string(*vd), axis,
+                       dims_to_string(*xd));
+    }
+  }
+  Graph body;
+  body.name = "qdq_body";
+  std::vector<Value*> ins;
+  for (size_t k = 0; k < n.inputs.size(); ++k) {
+    ins.push_back(n.inputs[k] ? body.add_input(fmt::format("in{}", k), n.inputs[k]->type) : nullptr);
+  }
+  Node* c = body.add_node(n.op, std::move(ins), 1);
+  c->attrs = n.attrs;
+  c->outputs[0]->type = n.outputs[0]->type;
+  body.outputs.push_back(c->outputs[0]);
+  return lower_generated(L, n, &body, strides);
+}
+
 // A QuantizeLinear or DequantizeLinear with one scale (is_scalar_int8_qdq) that fuse-elementwise
 // left alone (its neighbours are convolutions or GEMMs, say): a one-node body, generated the same
 // way, its input the tensor and the scale and zero point baked in as literals.
 Status lower_qdq_alone(Lowering& L, const Node& n) {
-  std::string why;
-  if (!is_scalar_int8_qdq(n, [&L](const Value* v) { return L.constant(v); }, &why)) KILN_UNSUPPORTED("{}", why);
+  if (!is_scalar_int8_qdq(n, [&L](const Value* v) { return L.constant(v); }, nullptr)) return lower_qdq_fed(L, n);
   Graph body;
   body.name = "qdq_body";
   std::vector<Value*> ins{body.add_input("x", n.inputs[0]->type)};

@@ -3,6 +3,7 @@
 #include <random>
 
 #include "ops/nn_norm.h"
+#include "ops/numpy_random.h"
 #include "ops/shape_util.h"
 
 namespace kiln {
@@ -77,16 +78,10 @@ Status infer_dropout(InferCtx& c) {
   return Status::ok();
 }
 
-// numpy's legacy RandomState.random_sample: 53 random bits from two MT19937 draws. std::mt19937
-// seeds exactly as numpy.random.seed(int) does, so a seeded Dropout draws the reference's mask.
-double numpy_random_sample(std::mt19937& g) {
-  const uint32_t a = g() >> 5, b = g() >> 6;
-  return (double(a) * 67108864.0 + double(b)) / 9007199254740992.0;
-}
-
 // Outside training (the default) Dropout is the identity with an all-true mask. In training it
 // keeps an element when a uniform draw is >= ratio and scales kept elements by 1 / (1 - ratio);
-// with the seed attribute the draws are those of numpy.random.seed(seed), else nondeterministic.
+// with the seed attribute the draws are those of numpy.random.seed(seed) (numpy_random.h), else
+// nondeterministic.
 Status dropout_cpu(KernelCtx& c) {
   const Tensor& x = c.tensor(0);
   const bool training = c.has_input(2) && c.tensor(2).numel() > 0 && c.tensor(2).as_int(0) != 0;

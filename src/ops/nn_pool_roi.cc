@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "ops/nn_util.h"
+#include "ops/roi_align_math.h"
 #include "ops/shape_util.h"
 
 namespace kiln {
@@ -173,35 +174,9 @@ Status max_roi_pool_cpu(KernelCtx& c) {
   return run_roi(c, 5, pooled[0], pooled[1], batch_of, pool);
 }
 
-// One bilinear sample of RoiAlign: the four neighbours' offsets and weights (all zero when the
-// point is more than one pixel outside the plane). Follows the reference (and ORT) exactly.
-struct Bilinear {
-  int64_t off[4] = {0, 0, 0, 0};
-  double w[4] = {0, 0, 0, 0};
-};
-
-Bilinear bilinear_at(double y, double x, int64_t height, int64_t width) {
-  Bilinear b;
-  if (y < -1.0 || y > double(height) || x < -1.0 || x > double(width)) return b;
-  y = std::max(y, 0.0);
-  x = std::max(x, 0.0);
-  int64_t y0 = int64_t(y), x0 = int64_t(x), y1 = y0 + 1, x1 = x0 + 1;
-  if (y0 >= height - 1) y = double(y1 = y0 = height - 1);
-  if (x0 >= width - 1) x = double(x1 = x0 = width - 1);
-  const double ly = y - double(y0), lx = x - double(x0), hy = 1 - ly, hx = 1 - lx;
-  b.off[0] = y0 * width + x0;
-  b.off[1] = y0 * width + x1;
-  b.off[2] = y1 * width + x0;
-  b.off[3] = y1 * width + x1;
-  b.w[0] = hy * hx;
-  b.w[1] = hy * lx;
-  b.w[2] = ly * hx;
-  b.w[3] = ly * lx;
-  return b;
-}
-
 // rois are [x1, y1, x2, y2] in input coordinates (times spatial_scale); each bin averages (or maxes)
-// a sampling_ratio^2 grid (adaptive when 0) of bilinear samples.
+// a sampling_ratio^2 grid (adaptive when 0) of bilinear samples (roi_align_math.h, shared with the
+// CUDA kernel).
 Status roi_align_cpu(KernelCtx& c) {
   const Node& n = c.node();
   const std::string mode = n.attr_string("mode", "avg");
@@ -219,37 +194,18 @@ Status roi_align_cpu(KernelCtx& c) {
   }
   const std::vector<int64_t> batch_of = bi.to_int_vector();
   auto align = [&](const RoiGeom& g, const double* roi, const double* x, double* out) {
-    const double offset = half_pixel ? 0.5 : 0.0;
-    const double x0 = roi[0] * scale - offset, y0 = roi[1] * scale - offset;
-    double rw = roi[2] * scale - offset - x0, rh = roi[3] * scale - offset - y0;
-    if (!half_pixel) {  // malformed rois are forced to 1x1
-      rw = std::max(rw, 1.0);
-      rh = std::max(rh, 1.0);
-    }
-    const double bin_h = rh / double(g.ph), bin_w = rw / double(g.pw);
-    const int64_t gh = ratio > 0 ? ratio : int64_t(std::ceil(rh / double(g.ph)));
-    const int64_t gw = ratio > 0 ? ratio : int64_t(std::ceil(rw / double(g.pw)));
-    const double count = double(std::max<int64_t>(gh * gw, 1));
+    roi::Align a;
+    a.spatial_scale = scale;
+    a.sampling_ratio = ratio;
+    a.half_pixel = half_pixel;
+    a.is_max = is_max;
+    a.out_h = g.ph;
+    a.out_w = g.pw;
+    a.height = g.height;
+    a.width = g.width;
     for (int64_t ph = 0; ph < g.ph; ++ph) {
       for (int64_t pw = 0; pw < g.pw; ++pw) {
-        double acc = 0;
-        bool first = true;
-        for (int64_t iy = 0; iy < gh; ++iy) {
-          const double yy = y0 + double(ph) * bin_h + (double(iy) + 0.5) * bin_h / double(gh);
-          for (int64_t ix = 0; ix < gw; ++ix) {
-            const double xx = x0 + double(pw) * bin_w + (double(ix) + 0.5) * bin_w / double(gw);
-            const Bilinear b = bilinear_at(yy, xx, g.height, g.width);
-            if (!is_max) {
-              for (int k = 0; k < 4; ++k) acc += b.w[k] * x[b.off[k]];
-              continue;
-            }
-            double v = b.w[0] * x[b.off[0]];
-            for (int k = 1; k < 4; ++k) v = std::max(v, b.w[k] * x[b.off[k]]);
-            acc = first ? v : std::max(acc, v);
-            first = false;
-          }
-        }
-        out[ph * g.pw + pw] = is_max ? acc : acc / count;
+        out[ph * g.pw + pw] = roi::align_bin(a, roi, ph, pw, [x](int64_t o) { return x[o]; });
       }
     }
   };

@@ -83,6 +83,9 @@ const std::map<StepOp, BindFn>& binders() {
     register_classic_binders(t);
     register_random_binders(t);
     register_conv_nd_binders(t);
+    register_train_mode_binders(t);
+    register_fft_binders(t);
+    register_integer_binders(t);
     register_host_binders(t);
     register_quant_binders(t);
     register_loss_binders(t);

@@ -84,7 +84,15 @@ enum class StepOp : uint16_t {
   kDynamicQuantize,  // k::dynamic_quantize_u8
   kCudnnLrn,       // cudnnLRNCrossChannelForward
   kCudnnConvNd,    // cudnnConvolutionForward over N-d descriptors (3-D, and 1-D with a fed weight)
-  kLast = kCudnnConvNd,
+  kPoolTable,      // k::pool_table (pooling from a host-planned window table)
+  kBatchNormTrain, // k::batch_norm_train (BatchNormalization with batch statistics)
+  kDropoutTrain,   // k::dropout_train (Dropout in training mode)
+  kCudnnConvTransposeNd,  // cudnnConvolutionBackwardData over N-d descriptors (1-D and 3-D ConvTranspose)
+  kCufft,          // cufftExecC2C/Z2Z between k::fft_pack and k::fft_unpack (DFT, STFT)
+  kIntCenter,      // k::int_center (an integer operand minus its zero point, as f32/f64)
+  kRequantize,     // k::requantize (an exact integer sum to int32, int8 or uint8)
+  kRoiAlign,       // k::roi_align
+  kLast = kRoiAlign,
 };
 
 // What a step sees when it runs: the session's stream, handles and memory.
@@ -171,6 +179,9 @@ void register_rnn_binders(std::map<StepOp, BindFn>& t);   // lower_rnn.cc
 void register_classic_binders(std::map<StepOp, BindFn>& t);  // lower_classic.cc
 void register_random_binders(std::map<StepOp, BindFn>& t);   // lower_random.cc
 void register_conv_nd_binders(std::map<StepOp, BindFn>& t);  // lower_conv_nd.cc
+void register_train_mode_binders(std::map<StepOp, BindFn>& t);  // lower_train_mode.cc
+void register_fft_binders(std::map<StepOp, BindFn>& t);         // lower_fft.cc
+void register_integer_binders(std::map<StepOp, BindFn>& t);     // lower_integer.cc
 void register_host_binders(std::map<StepOp, BindFn>& t);
 void register_quant_binders(std::map<StepOp, BindFn>& t);  // lower_gemm_quant.cc
 void register_loss_binders(std::map<StepOp, BindFn>& t);   // lower_loss.cc

@@ -331,6 +331,8 @@ const std::map<OpKind, LowerFn>& lowering_table() {
     register_rnn_lowerings(t);
     register_classic_lowerings(t);
     register_random_lowerings(t);
+    register_fft_lowerings(t);
+    register_integer_lowerings(t);
     register_quant_lowerings(t);
     register_loss_lowerings(t);
     register_collective_lowerings(t);

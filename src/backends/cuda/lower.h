@@ -287,6 +287,9 @@ struct ProductScratch {
 
 Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s,
                  const Epilogue& ep, Ref y, k::DT dt);
+// MatMul's product of row-major a and b as one GEMM (or one batched GEMM): a [..., M, K] by [K, N]
+// folds the batch into M; equal batch dims, or a batch of one on either side, stride through it.
+Expected<GemmShape> matmul_gemm_shape(const std::vector<int64_t>& a, const std::vector<int64_t>& b);
 
 // The 16-bit weight w, held on the host as a row-major [rows, cols] matrix, transposed to [cols, rows]
 // and uploaded once; `cache` maps w's id to the copy (the Hopper GEMM wants B[K,N]).
@@ -322,12 +325,29 @@ void register_pool_lowerings(std::map<OpKind, LowerFn>& t);            // lower_
 void register_rnn_lowerings(std::map<OpKind, LowerFn>& t);             // lower_rnn.cc: RNN, GRU, LSTM
 void register_classic_lowerings(std::map<OpKind, LowerFn>& t);  // lower_classic.cc: ReverseSequence, Det, MaxUnpool, LRN
 void register_random_lowerings(std::map<OpKind, LowerFn>& t);   // lower_random.cc: RandomUniform/Normal, Bernoulli
+// lower_train_mode.cc: BatchNormalization with batch statistics, Dropout in training mode; and
+// BatchNormalization's inference form with statistics computed at run time.
+// lower_norm.cc and lower_data.cc hand these over.
+Status lower_batch_norm_train(Lowering& L, const Node& n);
+Status lower_dropout_train(Lowering& L, const Node& n);
+void register_fft_lowerings(std::map<OpKind, LowerFn>& t);  // lower_fft.cc: DFT, STFT (cuFFT)
+// lower_integer.cc: MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv (exact float products)
+void register_integer_lowerings(std::map<OpKind, LowerFn>& t);
 // A 2-D Conv whose weight or bias is computed at run time (lower_conv_fed.cc; lower_conv hands it
 // over): cuDNN reads the filter from the arena.
 Status lower_conv_fed(Lowering& L, const Node& n);
 // A Conv of 3 spatial dims, or of 1 with a weight computed at run time (lower_conv_nd.cc): cuDNN's
 // N-d descriptors, row-major.
 Status lower_conv_nd(Lowering& L, const Node& n);
+Status lower_conv_transpose_nd(Lowering& L, const Node& n);  // ConvTranspose of 1 or 3 spatial dims
+// An f64 convolution (lower_conv_nd.cc) with n's Conv attributes (strides, dilations, pads symmetric
+// per dim, group) of x [N, C, spatial...] by w [K, C/group, kernel...] into y, all f64 buffers of
+// node n: the exact product of ConvInteger and QLinearConv (lower_integer.cc).
+Status emit_conv_f64(Lowering& L, const Node& n, const DevValue* x, const DevValue* w, const DevValue& y);
+// One generated kernel (codegen_elementwise.h) computing n's output from `body`, whose inputs are
+// n's inputs in order; `strides`, where given for an input, replace its broadcast strides (a
+// per-channel operand, say). lower_fused.cc.
+Status lower_generated(Lowering& L, const Node& n, const Graph* body, const std::vector<std::vector<int64_t>>& strides = {});
 // A device value's [K, C, R, S] filter copied as [K, R, S, C] into a buffer of node n (cuDNN's
 // NHWC filter layout, for filters computed at run time).
 const DevValue* filter_krsc_copy(Lowering& L, const Node& n, const DevValue* w);

@@ -1,9 +1,11 @@
 // Ops of older model families: LRN (AlexNet, GoogLeNet: cuDNN's cross-channel LRN), and those with
 // no library kernel: ReverseSequence (bidirectional sequence models), Det (k::det, small matrices)
-// and MaxUnpool (SegNet-style decoders: a zero fill and a scatter of the pooled values at their flat
-// indices).
+// MaxUnpool (SegNet-style decoders: a zero fill and a scatter of the pooled values at their flat
+// indices) and RoiAlign (two-stage detectors' box heads: k::roi_align, whose per-bin math is the CPU
+// kernel's, ops/roi_align_math.h; a batch index out of range is the run's error).
 #include <algorithm>
 
+#include "backends/cuda/kernels/roi.h"
 #include "backends/cuda/lower.h"
 
 namespace kiln::cuda {
@@ -151,6 +153,68 @@ Status lower_lrn(Lowering& L, const Node& n) {
   return Status::ok();
 }
 
+Status lower_roi_align(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
+  KILN_ASSIGN_OR_RETURN(const DevValue* rois, L.rowmajor(n.inputs[1]));
+  KILN_ASSIGN_OR_RETURN(const DevValue* idx, L.rowmajor(n.inputs[2]));
+  const std::string mode = n.attr_string("mode", "avg"), ctm = n.attr_string("coordinate_transformation_mode", "half_pixel");
+  if ((mode != "avg" && mode != "max") || (ctm != "half_pixel" && ctm != "output_half_pixel")) {
+    KILN_UNSUPPORTED("RoiAlign mode {} with coordinate_transformation_mode {}", mode, ctm);
+  }
+  if (x->dims.size() != 4 || rois->dims.size() != 2 || rois->dims[1] != 4 || idx->dims.size() != 1 ||
+      idx->dims[0] != rois->dims[0] || idx->dt != k::DT::kI64) {
+    KILN_UNSUPPORTED("RoiAlign of {} with rois {} and batch indices {}", dims_to_string(x->dims), dims_to_string(rois->dims),
+                     n.inputs[2]->type.to_string());
+  }
+  if ((x->dt != k::DT::kF32 && x->dt != k::DT::kF16 && x->dt != k::DT::kBF16 && x->dt != k::DT::kF64) || rois->dt != x->dt) {
+    KILN_UNSUPPORTED("RoiAlign on {} with rois of {}", dtype_name(x->ir_dtype), dtype_name(rois->ir_dtype));
+  }
+  const int64_t oh = n.attr_int("output_height", 1), ow = n.attr_int("output_width", 1), ratio = n.attr_int("sampling_ratio", 0);
+  if (oh < 1 || ow < 1 || ratio < 0) KILN_UNSUPPORTED("RoiAlign output {}x{} with sampling_ratio {}", oh, ow, ratio);
+  const DevValue& y = L.define(n.outputs[0]);
+  ByteWriter w;
+  w.put(int32_t(x->dt));
+  for (int64_t v : {x->dims[0], x->dims[1], x->dims[2], x->dims[3], rois->dims[0], oh, ow, ratio}) w.i64(v);
+  w.put(double(n.attr_float("spatial_scale", 1.0f)));
+  w.u8(ctm == "half_pixel");
+  w.u8(mode == "max");
+  put(w, x->ref);
+  put(w, rois->ref);
+  put(w, idx->ref);
+  put(w, y.ref);
+  const int slot = L.new_bad_index_slot();
+  L.emit(&n, "kernel roi_align", {read_id(x), read_id(rois), read_id(idx)}, {y.ref.id}, StepOp::kRoiAlign, std::move(w));
+  L.steps.back().bad_index_slot = slot;
+  return Status::ok();
+}
+
+Expected<StepFn> bind_roi_align(Params& in, BindCtx&) {
+  const k::DT dt = in.dt();
+  const int64_t batch = in.i64(), channels = in.i64();
+  roi::Align a;
+  a.height = in.i64();
+  a.width = in.i64();
+  const int64_t num_rois = in.i64();
+  a.out_h = in.i64();
+  a.out_w = in.i64();
+  a.sampling_ratio = in.i64();
+  a.spatial_scale = in.f64();
+  a.half_pixel = in.flag();
+  a.is_max = in.flag();
+  const Ref xr = in.ref(), rr = in.ref(), ir = in.ref(), yr = in.ref();
+  const int slot = in.step().bad_index_slot;
+  KILN_RETURN_IF_ERROR(in.done());
+  if (batch < 1 || channels < 1 || a.height < 1 || a.width < 1 || num_rois < 0 || a.out_h < 1 || a.out_w < 1 ||
+      a.sampling_ratio < 0 || slot < 0) {
+    return KILN_ERROR(kInvalidModel, "step '{}': malformed roi_align parameters", in.step().label);
+  }
+  return StepFn([=](const RunCtx& c) {
+    return cuda_status(k::roi_align(dt, c.ptr(xr), c.ptr(rr), static_cast<const int64_t*>(c.ptr(ir)), batch, channels, num_rois,
+                                    a, c.ptr(yr), c.bad_index + slot, c.stream),
+                       "roi_align");
+  });
+}
+
 Status destroy_lrn(cudnnLRNDescriptor_t d) { return cuda_status(cudnnDestroyLRNDescriptor(d), "destroy"); }
 
 Expected<StepFn> bind_lrn(Params& in, BindCtx& bc) {
@@ -180,6 +244,7 @@ Expected<StepFn> bind_lrn(Params& in, BindCtx& bc) {
 }  // namespace
 
 void register_classic_lowerings(std::map<OpKind, LowerFn>& t) {
+  t[OpKind::kRoiAlign] = lower_roi_align;
   t[OpKind::kLRN] = lower_lrn;
   t[OpKind::kReverseSequence] = lower_reverse_sequence;
   t[OpKind::kDet] = lower_det;
@@ -187,6 +252,7 @@ void register_classic_lowerings(std::map<OpKind, LowerFn>& t) {
 }
 
 void register_classic_binders(std::map<StepOp, BindFn>& t) {
+  t[StepOp::kRoiAlign] = bind_roi_align;
   t[StepOp::kReverseSequence] = bind_reverse_sequence;
   t[StepOp::kDet] = bind_det;
   t[StepOp::kCudnnLrn] = bind_lrn;

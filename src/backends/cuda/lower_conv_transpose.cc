@@ -1,4 +1,5 @@
-// ConvTranspose (2-D, and 1-D through the conv-as-planar pass) as cuDNN's backward-data
+// ConvTranspose (2-D, and 1-D through the conv-as-planar pass; 1-D and 3-D ones left over go to
+// lower_conv_nd.cc) as cuDNN's backward-data
 // convolution: the transposed convolution of x with w is the gradient, with respect to its input,
 // of the forward convolution y = conv(dx, w) whose output dy is x. ONNX's weight [C_in, C_out/group,
 // kH, kW] is that forward convolution's filter [K, C, R, S] as it is. The bias is added by
@@ -16,14 +17,18 @@ namespace kiln::cuda {
 namespace {
 
 
-// The algorithm cuDNN's heuristics rank first among those whose workspace fits.
+// The algorithm cuDNN's heuristics rank first among the deterministic ones whose workspace fits.
 Expected<cudnnConvolutionBwdDataAlgo_t> pick_bwd_algo(cudnnHandle_t h, const ConvDescs& d, size_t limit) {
   constexpr int kMax = 8;
   cudnnConvolutionBwdDataAlgoPerf_t perf[kMax];
   int got = 0;
   KILN_CUDA_TRY(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.c, d.x, kMax, &got, perf));
   for (int i = 0; i < got; ++i) {
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit) return perf[i].algo;
+    // Deterministic only (backward-data algorithm 0 sums with atomics): an engine rebuilt from its
+    // file must give the same bits.
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC && perf[i].memory <= limit) {
+      return perf[i].algo;
+    }
   }
   KILN_UNSUPPORTED("cuDNN has no backward-data algorithm for this ConvTranspose within {} bytes of workspace", limit);
 }
@@ -40,7 +45,8 @@ Status lower_conv_transpose(Lowering& L, const Node& n) {
     KILN_ASSIGN_OR_RETURN(bv, L.rowmajor(n.inputs[2]));
   }
   const std::vector<int64_t> wshape = w ? w->dims() : wv->dims;
-  if (wshape.size() != 4) KILN_UNSUPPORTED("ConvTranspose needs a 4-D weight (2-D)");
+  if (wshape.size() == 3 || wshape.size() == 5) return lower_conv_transpose_nd(L, n);  // 1-D, 3-D: lower_conv_nd.cc
+  if (wshape.size() != 4) KILN_UNSUPPORTED("ConvTranspose with a weight of rank {}", wshape.size());
   const std::string ap = n.attr_string("auto_pad", "NOTSET");
   if (ap != "NOTSET" && ap != "VALID" && ap != "SAME_UPPER" && ap != "SAME_LOWER") {
     KILN_UNSUPPORTED("ConvTranspose with auto_pad {}", ap);

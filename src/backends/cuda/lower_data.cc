@@ -77,10 +77,9 @@ Status check_rank(const std::vector<int64_t>& dims) {
 }
 
 Status lower_view(Lowering& L, const Node& n) {
-  if (n.op == OpKind::kDropout && n.has_input(2)) {
+  if (n.op == OpKind::kDropout && n.has_input(2)) {  // training, or maybe (computed): lower_train_mode.cc
     const Tensor* mode = L.constant(n.inputs[2]);
-    if (!mode || mode->numel() != 1) KILN_UNSUPPORTED("Dropout with training_mode computed at run time");
-    if (mode->as_double(0) != 0) KILN_UNSUPPORTED("Dropout in training mode");
+    if (!mode || mode->numel() != 1 || mode->as_double(0) != 0) return lower_dropout_train(L, n);
   }
   if (n.outputs.size() > 1 && n.has_output(1) && n.op != OpKind::kDropout) {
     KILN_UNSUPPORTED("{} with a second output", op_name(n.op));

@@ -23,9 +23,9 @@ struct Library {
   ~Library() { if (lib) cudaLibraryUnload(lib); }
 };
 
-// One generated kernel computing n's output from `body`, whose inputs are n's inputs in order.
-// `strides`, where given for an input, replaces its broadcast strides (a per-axis operand).
-Status lower_generated(Lowering& L, const Node& n, const Graph* body, const std::vector<std::vector<int64_t>>& strides = {}) {
+}  // namespace
+
+Status lower_generated(Lowering& L, const Node& n, const Graph* body, const std::vector<std::vector<int64_t>>& strides) {
   const Value* out = n.outputs[0];
   auto dims = out->type.shape ? out->type.shape->static_dims() : std::nullopt;
   if (!body || !dims) KILN_UNSUPPORTED("{} with a dynamic output shape", n.describe());
@@ -95,6 +95,8 @@ Status lower_generated(Lowering& L, const Node& n, const Graph* body, const std:
   L.emit(&n, impl, reads, {y.ref.id}, StepOp::kGenerated, std::move(w));
   return Status::ok();
 }
+
+namespace {
 
 Status lower_fused_elementwise(Lowering& L, const Node& n) { return lower_generated(L, n, n.attr_graph("body")); }
 

@@ -546,6 +546,36 @@ Status emit_padded_matmul(Lowering& L, const Node& n, const DevValue* a, const D
   return Status::ok();
 }
 
+}  // namespace
+
+Expected<GemmShape> matmul_gemm_shape(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  const size_t ra = a.size(), rb = b.size();
+  if (ra < 2 || rb < 2) KILN_UNSUPPORTED("MatMul with a rank-1 operand");
+  GemmShape s;
+  s.m = a[ra - 2];
+  s.k = a[ra - 1];
+  s.n = b[rb - 1];
+  if (b[rb - 2] != s.k || s.m < 1 || s.k < 1 || s.n < 1) KILN_UNSUPPORTED("MatMul of {} by {}", dims_to_string(a), dims_to_string(b));
+  const int64_t batch_a = prod_of(a, 0, ra - 2), batch_b = prod_of(b, 0, rb - 2);
+  if (batch_b == 1) {
+    s.m *= batch_a;  // [..., M, K] x [K, N]: one GEMM over all rows
+  } else if (batch_a == 1) {
+    s.batch = batch_b;
+    s.stride_b = s.k * s.n;
+    s.stride_d = s.m * s.n;
+  } else {
+    const std::vector<int64_t> ba(a.begin(), a.end() - 2), bb(b.begin(), b.end() - 2);
+    if (ba != bb) KILN_UNSUPPORTED("MatMul with broadcast batch dims {} x {}", dims_to_string(a), dims_to_string(b));
+    s.batch = batch_a;
+    s.stride_a = s.m * s.k;
+    s.stride_b = s.k * s.n;
+    s.stride_d = s.m * s.n;
+  }
+  return s;
+}
+
+namespace {
+
 Status lower_matmul(Lowering& L, const Node& n) {
   KILN_ASSIGN_OR_RETURN(const DevValue* a, L.rowmajor(n.inputs[0]));
   k::DT dt = a->dt;
@@ -560,27 +590,7 @@ Status lower_matmul(Lowering& L, const Node& n) {
   }
   KILN_ASSIGN_OR_RETURN(const DevValue* b, L.rowmajor(n.inputs[1]));
   if (b->dt != dt) KILN_UNSUPPORTED("MatMul on {} x {}", dtype_name(a->ir_dtype), dtype_name(b->ir_dtype));
-  size_t ra = a->dims.size(), rb = b->dims.size();
-  if (ra < 2 || rb < 2) KILN_UNSUPPORTED("MatMul with a rank-1 operand");
-  GemmShape s;
-  s.m = a->dims[ra - 2];
-  s.k = a->dims[ra - 1];
-  s.n = b->dims[rb - 1];
-  int64_t batch_a = a->numel() / (s.m * s.k), batch_b = b->numel() / (s.k * s.n);
-  if (batch_b == 1) {
-    s.m *= batch_a;  // [..., M, K] x [K, N]: one GEMM over all rows
-  } else if (batch_a == 1) {
-    s.batch = batch_b;
-    s.stride_b = s.k * s.n;
-    s.stride_d = s.m * s.n;
-  } else {
-    std::vector<int64_t> ba(a->dims.begin(), a->dims.end() - 2), bb(b->dims.begin(), b->dims.end() - 2);
-    if (ba != bb) KILN_UNSUPPORTED("MatMul with broadcast batch dims {} x {}", dims_to_string(a->dims), dims_to_string(b->dims));
-    s.batch = batch_a;
-    s.stride_a = s.m * s.k;
-    s.stride_b = s.k * s.n;
-    s.stride_d = s.m * s.n;
-  }
+  KILN_ASSIGN_OR_RETURN(const GemmShape s, matmul_gemm_shape(a->dims, b->dims));
   Epilogue ep;
   std::vector<const Node*> fused;
   // f64 products take no epilogue (cuBLASLt's bias and activation epilogues are not promised for

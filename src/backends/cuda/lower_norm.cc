@@ -161,12 +161,15 @@ Expected<StepFn> bind_layer_norm(Params& in, BindCtx&) {
 
 // Inference BatchNormalization folds to y = x * s[c] + t[c], s = scale / sqrt(var + eps),
 // t = bias - mean * s (computed on the host in double).
+// Training mode and statistics computed at run time: lower_train_mode.cc.
 Status lower_batch_norm(Lowering& L, const Node& n) {
+  if (n.attr_int("training_mode", 0) != 0) return lower_batch_norm_train(L, n);
   for (size_t i = 1; i < n.outputs.size(); ++i) {
-    if (n.has_output(i)) KILN_UNSUPPORTED("BatchNormalization in training mode");
+    if (n.has_output(i)) KILN_UNSUPPORTED("BatchNormalization's statistics outputs outside training mode");
   }
   for (size_t i = 1; i < 5; ++i) {
-    if (!L.constant(n.inputs[i])) KILN_UNSUPPORTED("BatchNormalization statistics computed at run time");
+    if (i >= n.inputs.size() || !n.inputs[i]) KILN_UNSUPPORTED("BatchNormalization without input {}", i);
+    if (!L.constant(n.inputs[i])) return lower_batch_norm_train(L, n);
   }
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
   if (!is_float_dt(x->dt) || x->dims.size() < 2) KILN_UNSUPPORTED("BatchNormalization on {}", dtype_name(x->ir_dtype));
@@ -565,6 +568,7 @@ void register_norm_lowerings(std::map<OpKind, LowerFn>& t) {
   t[OpKind::kLayerNormalization] = lower_layer_norm;
   t[OpKind::kRMSNormalization] = lower_layer_norm;
   t[OpKind::kBatchNormalization] = lower_batch_norm;
+  t[OpKind::kMeanVarianceNormalization] = lower_batch_norm_train;  // lower_train_mode.cc
   t[OpKind::kInstanceNormalization] = lower_group_norm;
   t[OpKind::kGroupNormalization] = lower_group_norm;
   for (OpKind op : {OpKind::kReduceSum, OpKind::kReduceMean, OpKind::kReduceMax, OpKind::kReduceMin,

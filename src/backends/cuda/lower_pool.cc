@@ -6,10 +6,14 @@
 //   - average pooling that excludes the padding then divides by the window size (cuDNN's
 //     count-including mode over the copy) and multiplies by a constant map of window / valid
 //     elements per output position, so every output is the mean of the elements it covers.
-// Dilated pooling, 3-D pooling and the Indices output stay on the CPU.
+// What cuDNN's pooling cannot say (dilation, 3 or more spatial dims, MaxPool's Indices, integer
+// and f64 inputs, LpPool, AveragePool counting the pads with ceil_mode) goes to k::pool_table,
+// which reads the CPU reference's own window table (ops/nn_util.h), uploaded once.
 #include <cmath>
 
+#include "backends/cuda/kernels/window.h"
 #include "backends/cuda/lower.h"
+#include "ops/nn_util.h"
 
 namespace kiln::cuda {
 
@@ -60,22 +64,125 @@ void emit_cudnn_pool(Lowering& L, const Node& n, k::DT dt, Layout lay, const std
          std::move(w));
 }
 
-Status lower_pool(Lowering& L, const Node& n) {
-  if (n.outputs.size() > 1 && n.has_output(1)) KILN_UNSUPPORTED("MaxPool with Indices output");
-  const std::vector<int64_t> ks = n.attr_ints("kernel_shape");
-  const size_t sp = ks.size();
-  if (sp != 1 && sp != 2) KILN_UNSUPPORTED("{} over {} spatial dims", op_name(n.op), sp);
-  const std::vector<int64_t> st = n.attr_ints("strides", std::vector<int64_t>(sp, 1)),
-                             dil = n.attr_ints("dilations", std::vector<int64_t>(sp, 1));
-  if (st.size() != sp || dil.size() != sp) KILN_UNSUPPORTED("{} attributes", op_name(n.op));
-  for (int64_t d : dil) {
-    if (d != 1) KILN_UNSUPPORTED("dilated pooling");
-  }
+// A pooling attribute list of sp values, `dflt` each when absent.
+std::vector<int64_t> pool_attr(const Node& n, const char* name, size_t sp, int64_t dflt) {
+  std::vector<int64_t> v = n.attr_ints(name, std::vector<int64_t>(sp, dflt));
+  return v.empty() ? std::vector<int64_t>(sp, dflt) : v;
+}
+
+// k::pool_table over the CPU's window table for this node's geometry (the output dims, ceil_mode's
+// included, are the IR's; SAME pads are resolved as the CPU resolves them).
+Status lower_pool_table(Lowering& L, const Node& n) {
   const Value* xv = n.inputs[0];
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> xd, exact_dims(xv));
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> yd, exact_dims(n.outputs[0]));
+  if (xd.size() < 3 || yd.size() != xd.size() || xd.size() - 2 > size_t(k::kMaxRank)) {
+    KILN_UNSUPPORTED("{} of rank {}", op_name(n.op), xd.size());
+  }
+  const size_t sp = xd.size() - 2;
+  const bool is_max = n.op == OpKind::kMaxPool;
   auto dt = L.device_dt(xv->type.dtype);
-  if (!dt || (*dt != k::DT::kF32 && *dt != k::DT::kF16 && *dt != k::DT::kBF16)) {
+  const bool float_dt = dt && (*dt == k::DT::kF32 || *dt == k::DT::kF16 || *dt == k::DT::kBF16 || *dt == k::DT::kF64);
+  if (!dt || !(float_dt || (is_max && (*dt == k::DT::kI8 || *dt == k::DT::kU8)))) {
     KILN_UNSUPPORTED("{} on {}", op_name(n.op), xv->type.to_string());
   }
+  Window w;
+  w.kernel = n.attr_ints("kernel_shape");
+  w.strides = pool_attr(n, "strides", sp, 1);
+  w.dilations = pool_attr(n, "dilations", sp, 1);
+  if (w.kernel.size() != sp || w.strides.size() != sp || w.dilations.size() != sp) {
+    KILN_UNSUPPORTED("{} attributes for {} spatial dims", op_name(n.op), sp);
+  }
+  const std::vector<int64_t> in(xd.begin() + 2, xd.end()), out(yd.begin() + 2, yd.end());
+  const std::string ap = n.attr_string("auto_pad", "NOTSET");
+  if (ap == "SAME_UPPER" || ap == "SAME_LOWER") {
+    w.pads.assign(2 * sp, 0);
+    for (size_t i = 0; i < sp; ++i) {
+      const int64_t total = std::max<int64_t>(0, (out[i] - 1) * w.strides[i] + w.extent(i) - in[i]);
+      w.pads[i] = ap == "SAME_UPPER" ? total / 2 : total - total / 2;
+      w.pads[i + sp] = total - w.pads[i];
+    }
+  } else if (ap == "VALID") {
+    w.pads.assign(2 * sp, 0);
+  } else if (ap == "NOTSET" || ap.empty()) {
+    w.pads = pool_attr(n, "pads", 2 * sp, 0);
+  } else {
+    KILN_UNSUPPORTED("{} with auto_pad {}", op_name(n.op), ap);
+  }
+  if (w.pads.size() != 2 * sp) KILN_UNSUPPORTED("{} pads {}", op_name(n.op), dims_to_string(w.pads));
+  const int64_t in_size = prod_of(in, 0, sp), planes = xd[0] * xd[1];
+  const WindowTable t = make_window_table(w, in, out);
+  if (t.offsets.empty() || planes == 0) KILN_UNSUPPORTED("{} with an empty output", op_name(n.op));
+  if (in_size > INT32_MAX || t.kernel_size > INT32_MAX || t.offsets.size() > (size_t(1) << 26)) {
+    KILN_UNSUPPORTED("{} window table of {} x {} taps", op_name(n.op), t.positions, t.kernel_size);
+  }
+  const std::vector<int32_t> taps(t.offsets.begin(), t.offsets.end());  // offsets < in_size, or -1 / -2
+  KILN_ASSIGN_OR_RETURN(Ref table, L.upload_raw(taps.data(), taps.size() * sizeof(int32_t)));
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(xv));
+  const int mode = is_max ? 0 : n.op == OpKind::kAveragePool ? 1 : 2;
+  const int64_t p = n.attr_int("p", 2);
+  if (mode == 2 && (p < 1 || p > 64)) KILN_UNSUPPORTED("LpPool with p = {}", p);
+  const DevValue& y = L.define(n.outputs[0]);
+  const DevValue* idx = n.outputs.size() > 1 && n.has_output(1) ? &L.define(n.outputs[1]) : nullptr;
+  ByteWriter wr;
+  wr.put(int32_t(*dt));
+  for (int64_t v : {planes, t.positions, in_size, t.kernel_size, int64_t(mode), p}) wr.i64(v);
+  wr.u8(n.attr_int("count_include_pad", 0) != 0);
+  wr.u8(n.attr_int("storage_order", 0) != 0);
+  put(wr, in);
+  put(wr, x->ref);
+  put(wr, table);
+  put(wr, y.ref);
+  put(wr, idx ? idx->ref : Ref{});
+  std::vector<int> writes{y.ref.id};
+  if (idx) writes.push_back(idx->ref.id);
+  L.emit(&n, fmt::format("kernel pool_table ({} spatial dims, {} taps{})", sp, t.kernel_size, idx ? ", indices" : ""),
+         {read_id(x)}, writes, StepOp::kPoolTable, std::move(wr));
+  return Status::ok();
+}
+
+Expected<StepFn> bind_pool_table(Params& in, BindCtx&) {
+  const k::DT dt = in.dt();
+  k::PoolTableShape s;
+  s.planes = in.i64();
+  s.positions = in.i64();
+  s.in_size = in.i64();
+  const int64_t ks = in.i64(), mode = in.i64(), p = in.i64();
+  s.count_pad = in.flag();
+  s.column_major = in.flag();
+  const std::vector<int64_t> dims = in.dims();
+  const Ref xr = in.ref(), tr = in.ref(), yr = in.ref(), ir = in.opt_ref();
+  KILN_RETURN_IF_ERROR(in.done());
+  if (s.planes < 1 || s.positions < 1 || s.in_size < 1 || s.in_size > INT32_MAX || ks < 1 || ks > INT32_MAX ||
+      mode < 0 || mode > 2 || p < 1 || p > 64 || dims.empty() || dims.size() > size_t(k::kMaxRank) ||
+      prod_of(dims, 0, dims.size()) != s.in_size) {
+    return KILN_ERROR(kInvalidModel, "step '{}': malformed pooling parameters", in.step().label);
+  }
+  s.kernel_size = int(ks);
+  s.mode = int(mode);
+  s.p = int(p);
+  s.rank = int(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) s.in_dims[i] = dims[i];
+  return StepFn([=](const RunCtx& c) {
+    return cuda_status(k::pool_table(dt, c.ptr(xr), static_cast<const int32_t*>(c.ptr(tr)), s, c.ptr(yr),
+                                     ir.id >= 0 ? static_cast<int64_t*>(c.ptr(ir)) : nullptr, c.stream),
+                       "pool_table");
+  });
+}
+
+Status lower_pool(Lowering& L, const Node& n) {
+  const std::vector<int64_t> ks = n.attr_ints("kernel_shape");
+  const size_t sp = ks.size();
+  const std::vector<int64_t> st = pool_attr(n, "strides", sp, 1), dil = pool_attr(n, "dilations", sp, 1);
+  const Value* xv = n.inputs[0];
+  auto dt = L.device_dt(xv->type.dtype);
+  // What cuDNN's path below cannot say goes to the window table.
+  const bool table = n.op == OpKind::kLpPool || (n.outputs.size() > 1 && n.has_output(1)) || (sp != 1 && sp != 2) ||
+                     std::any_of(dil.begin(), dil.end(), [](int64_t d) { return d != 1; }) ||
+                     !dt || (*dt != k::DT::kF32 && *dt != k::DT::kF16 && *dt != k::DT::kBF16) ||
+                     (n.op == OpKind::kAveragePool && n.attr_int("count_include_pad", 0) != 0 && n.attr_int("ceil_mode", 0) != 0);
+  if (table) return lower_pool_table(L, n);
+  if (st.size() != sp) KILN_UNSUPPORTED("{} attributes", op_name(n.op));
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> yd, exact_dims(n.outputs[0]));
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> xd0, exact_dims(xv));
   if (xd0.size() != sp + 2 || yd.size() != sp + 2) KILN_UNSUPPORTED("{} of rank {}", op_name(n.op), xd0.size());
@@ -123,8 +230,6 @@ Status lower_pool(Lowering& L, const Node& n) {
     return Status::ok();
   }
   // The padded copy [N, C, H + pads, W + pads], pooled without padding.
-  // ONNX counts the pads but not ceil_mode's extra windows: one divisor per window cannot say both.
-  if (!is_max && include_pad && n.attr_int("ceil_mode", 0)) KILN_UNSUPPORTED("AveragePool counting the pads with ceil_mode");
   const int64_t N = xd0[0], C = xd0[1], H = ax[0].in, W = ax[1].in;
   const int64_t Hp = H + ax[0].pb + ax[0].pe, Wp = W + ax[1].pb + ax[1].pe;
   const int eb = k::dt_size(*dt);
@@ -211,11 +316,13 @@ Expected<StepFn> bind_max_pool_nhwc(Params& in, BindCtx&) {
 void register_pool_lowerings(std::map<OpKind, LowerFn>& t) {
   t[OpKind::kMaxPool] = lower_pool;
   t[OpKind::kAveragePool] = lower_pool;
+  t[OpKind::kLpPool] = lower_pool;
 }
 
 void register_pool_binders(std::map<StepOp, BindFn>& t) {
   t[StepOp::kCudnnPool] = bind_cudnn_pool;
   t[StepOp::kMaxPoolNhwc] = bind_max_pool_nhwc;
+  t[StepOp::kPoolTable] = bind_pool_table;
 }
 
 }  // namespace kiln::cuda

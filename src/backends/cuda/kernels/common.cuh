@@ -57,6 +57,29 @@ cudaError_t dispatch_f32ish(DT dt, F&& f) {
   }
 }
 
+// The float dtypes, f64 included (kernels that compute in f64 whatever they store).
+template <class F>
+cudaError_t dispatch_float(DT dt, F&& f) {
+  switch (dt) {
+    case DT::kF32: return f(Tag<float>{});
+    case DT::kF16: return f(Tag<__half>{});
+    case DT::kBF16: return f(Tag<__nv_bfloat16>{});
+    case DT::kF64: return f(Tag<double>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// Element i of a float array of dtype dt (f16/bf16/f64, else f32) as a double: operands whose
+// dtype a kernel reads at run time (probabilities, ratios, statistics).
+__device__ __forceinline__ double load_f64(const void* p, DT dt, int64_t i) {
+  switch (dt) {
+    case DT::kF16: return static_cast<double>(__half2float(static_cast<const __half*>(p)[i]));
+    case DT::kBF16: return static_cast<double>(__bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]));
+    case DT::kF64: return static_cast<const double*>(p)[i];
+    default: return static_cast<double>(static_cast<const float*>(p)[i]);
+  }
+}
+
 // An unsigned type of `bytes` bytes, for kernels that only move data (copy_nd, gather, where).
 template <class F>
 cudaError_t dispatch_bytes(int bytes, F&& f) {

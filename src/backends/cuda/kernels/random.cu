@@ -9,16 +9,6 @@ namespace kiln::cuda::k {
 
 namespace {
 
-// Bernoulli's probability of element i, whatever float type holds them.
-__device__ __forceinline__ double prob_at(const void* p, DT dt, int64_t i) {
-  switch (dt) {
-    case DT::kF16: return static_cast<double>(__half2float(static_cast<const __half*>(p)[i]));
-    case DT::kBF16: return static_cast<double>(__bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]));
-    case DT::kF64: return static_cast<const double*>(p)[i];
-    default: return static_cast<double>(static_cast<const float*>(p)[i]);
-  }
-}
-
 template <class T>
 __global__ void random_kernel(T* __restrict__ y, int64_t n, int dist, float a, float b, uint64_t seed,
                               const unsigned long long* __restrict__ counter, const void* __restrict__ probs,
@@ -33,7 +23,7 @@ __global__ void random_kernel(T* __restrict__ y, int64_t n, int dist, float a, f
     } else {
       const double u = 1.0 - static_cast<double>(curand_uniform(&st));  // [0, 1)
       v = dist == 0 ? static_cast<double>(a) + (static_cast<double>(b) - a) * u
-                    : (u < prob_at(probs, probs_dt, i) ? 1.0 : 0.0);
+                    : (u < load_f64(probs, probs_dt, i) ? 1.0 : 0.0);
     }
     y[i] = narrow<T>(v);
   }

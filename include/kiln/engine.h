@@ -145,9 +145,18 @@ Expected<Engine> build(const std::string& onnx_path, const BuildConfig& config =
 Expected<Engine> build_from_bytes(const void* data, size_t size, const BuildConfig& config = {},
                                   const std::string& base_dir = "");
 
+// One step of a profiled forward (Session::profile): its time, the node it computes, and an
+// estimate of that node's work (multiply-adds count 2; bytes are the node's inputs, weights and
+// outputs at the build's storage size), nodes fused into it included. A node's work is on its
+// first step (its later steps name it with no work); a step of no node (a graph input's
+// conversion) names none. The CUDA backend fills every field; the CPU backend profiles nothing.
 struct StepTime {
   std::string step;  // the node and its implementation
   double ms = 0;
+  std::string node;  // the node it computes (name, op type and index), empty for none
+  std::string op;    // that node's op type
+  double flops = 0;
+  double bytes = 0;
 };
 
 // A step that wrote NaN or Inf into its float outputs (Session::check_finite).

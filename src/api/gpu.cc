@@ -7,6 +7,7 @@
 
 #ifdef KILN_HAVE_CUDA
 #include "api/gpu_common.h"
+#include "api/step_times.h"
 #include "backends/cuda/device.h"
 #include "backends/cuda/nccl.h"
 #include "backends/cuda/nvrtc.h"
@@ -46,7 +47,8 @@ namespace {
 
 class GpuSession : public Session::Impl {
  public:
-  GpuSession(std::shared_ptr<const void> keep, std::unique_ptr<cuda::Session> s) : keep_(std::move(keep)), s_(std::move(s)) {}
+  GpuSession(std::shared_ptr<const Plan> plan, const cuda::BuildReport& report, std::unique_ptr<cuda::Session> s)
+      : plan_(std::move(plan)), report_(report), s_(std::move(s)) {}
   Expected<std::vector<Data>> run(std::vector<Data> inputs) override { return s_->run(inputs); }
   Status run_device(const std::vector<TensorView>& inputs, const std::vector<TensorView>& outputs, void* stream) override {
     // Counts, dtypes and shapes are checked by the CUDA session, against its staged buffers.
@@ -60,9 +62,7 @@ class GpuSession : public Session::Impl {
   }
   Expected<std::vector<StepTime>> profile(const std::vector<Data>& inputs) override {
     KILN_ASSIGN_OR_RETURN(auto steps, s_->profile(inputs));
-    std::vector<StepTime> r;
-    for (auto& [label, ms] : steps) r.push_back({std::move(label), ms});
-    return r;
+    return step_times(std::move(steps), *plan_->graph, report_);
   }
   Expected<std::vector<NonFiniteStep>> check_finite(const std::vector<Data>& inputs) override {
     return nonfinite_steps(s_.get(), inputs);
@@ -70,7 +70,8 @@ class GpuSession : public Session::Impl {
   size_t device_bytes() const override { return s_->device_bytes(); }
 
  private:
-  std::shared_ptr<const void> keep_;  // the plan whose graph the CUDA engine reads
+  std::shared_ptr<const Plan> plan_;  // the plan whose graph the CUDA engine reads
+  const cuda::BuildReport& report_;   // the engine's, which outlives its sessions
   std::unique_ptr<cuda::Session> s_;
 };
 
@@ -93,7 +94,7 @@ class GpuEngine : public DeviceEngine {
   nlohmann::json target() const override { return target_json(cuda::current_target()); }
   Expected<std::unique_ptr<Session::Impl>> create_session(void* comm) const override {
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<cuda::Session> s, e_->new_session(comm));
-    return std::unique_ptr<Session::Impl>(new GpuSession(plan_, std::move(s)));
+    return std::unique_ptr<Session::Impl>(new GpuSession(plan_, e_->report(), std::move(s)));
   }
 
  private:

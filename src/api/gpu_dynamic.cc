@@ -24,6 +24,7 @@
 #include <mutex>
 
 #include "api/gpu_common.h"
+#include "api/step_times.h"
 #include "backends/cuda/device.h"
 #include "backends/cuda/timing_cache.h"
 #include "backends/cuda/weight_pool.h"
@@ -310,9 +311,10 @@ class DynamicGpuSession : public Session::Impl {
   Expected<std::vector<StepTime>> profile(const std::vector<Data>& inputs) override {
     KILN_ASSIGN_OR_RETURN(cuda::Session * s, session_for(inputs));
     KILN_ASSIGN_OR_RETURN(auto steps, s->profile(inputs));
-    std::vector<StepTime> r;
-    for (auto& [label, ms] : steps) r.push_back({std::move(label), ms});
-    return r;
+    for (const auto& [key, e] : sessions_) {  // the shape's plan: its graph names the steps' nodes
+      if (e.session.get() == s) return step_times(std::move(steps), *e.plan->graph, e.plan->engine->report());
+    }
+    return KILN_ERROR(kInternal, "profile: the session of this shape is gone");
   }
   Expected<std::vector<NonFiniteStep>> check_finite(const std::vector<Data>& inputs) override {
     KILN_ASSIGN_OR_RETURN(cuda::Session * s, session_for(inputs));

@@ -209,6 +209,20 @@ Status roi_align_cpu(KernelCtx& c) {
       }
     }
   };
+  {
+    roi::Align a;
+    a.spatial_scale = scale;
+    a.sampling_ratio = ratio;
+    a.out_h = std::max<int64_t>(1, n.attr_int("output_height", 1));
+    a.out_w = std::max<int64_t>(1, n.attr_int("output_width", 1));
+    const std::vector<double> vr = tensor_as_doubles(c.tensor(1));
+    for (size_t r = 0; r + 4 <= vr.size(); r += 4) {
+      if (!roi::roi_ok(a, vr.data() + r)) {
+        return c.error("roi {} [{}, {}, {}, {}] is not finite or asks for more than {} samples per bin side", r / 4, vr[r],
+                       vr[r + 1], vr[r + 2], vr[r + 3], roi::kMaxSamplesPerSide);
+      }
+    }
+  }
   return run_roi(c, 4, n.attr_int("output_height", 1), n.attr_int("output_width", 1), batch_of, align);
 }
 

@@ -19,7 +19,7 @@ struct Bilinear {
 
 KILN_HD Bilinear bilinear_at(double y, double x, int64_t height, int64_t width) {
   Bilinear b;
-  if (y < -1.0 || y > double(height) || x < -1.0 || x > double(width)) return b;
+  if (!(y >= -1.0 && y <= double(height) && x >= -1.0 && x <= double(width))) return b;  // NaN too
   y = y < 0 ? 0.0 : y;
   x = x < 0 ? 0.0 : x;
   int64_t y0 = int64_t(y), x0 = int64_t(x), y1 = y0 + 1, x1 = x0 + 1;
@@ -45,7 +45,23 @@ struct Align {
   int64_t out_h = 1, out_w = 1, height = 1, width = 1;
 };
 
-// Output bin (bh, bw) of the roi [x1, y1, x2, y2] (input coordinates before spatial_scale) over one
+// The most samples per bin side a roi may ask for (sampling_ratio, or the adaptive grid of a roi
+// far larger than the map): more is a malformed roi, which would take hours, not an answer.
+constexpr int64_t kMaxSamplesPerSide = 4096;
+
+// Whether the roi [x1, y1, x2, y2] can be aligned: finite coordinates, and a sample grid per bin of
+// at most kMaxSamplesPerSide a side. Both backends refuse (as an error) a roi that is not.
+KILN_HD bool roi_ok(const Align& a, const double* roi) {
+  for (int k = 0; k < 4; ++k) {
+    if (!(roi[k] * a.spatial_scale >= -1e15 && roi[k] * a.spatial_scale <= 1e15)) return false;  // NaN, Inf, absurd
+  }
+  if (a.sampling_ratio > kMaxSamplesPerSide) return false;
+  if (a.sampling_ratio > 0) return true;
+  const double rh = (roi[3] - roi[1]) * a.spatial_scale, rw = (roi[2] - roi[0]) * a.spatial_scale;
+  return rh / double(a.out_h) <= double(kMaxSamplesPerSide) && rw / double(a.out_w) <= double(kMaxSamplesPerSide);
+}
+
+// Output bin (bh, bw) of the roi [x1, y1, x2, y2] (roi_ok) (input coordinates before spatial_scale) over one
 // plane, whose element at offset o is load(o): the mean (or max) of a grid of bilinear samples.
 template <class Load>
 KILN_HD double align_bin(const Align& a, const double* roi, int64_t bh, int64_t bw, Load load) {

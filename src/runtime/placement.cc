@@ -27,13 +27,19 @@ std::string placement_name(Placement p, std::string_view device) {
   return "?";
 }
 
+namespace {
+// A row of a node fused at lowering: impl kFusedImpl, why kInto + target; add_provenance then
+// gives it the target's impl and why kFusedInto + target (fused_into reads both).
+const std::string kFusedImpl = "fused", kInto = "into ", kFusedInto = "fused into ";
+}  // namespace
+
 Expected<std::vector<NodePlacement>> place_nodes(const Graph& g, StepBackend& device, const Backend& host) {
   std::vector<NodePlacement> rows;
   auto known = [&device](const Value* v) { return device.constant(v); };
   for (const auto& up : g.nodes) {
     const Node& n = *up;
     if (const Node* into = device.fused_into(n)) {
-      rows.push_back({n.describe(), Placement::kDevice, "fused", "into " + into->describe()});
+      rows.push_back({n.describe(), Placement::kDevice, kFusedImpl, kInto + into->describe()});
       continue;
     }
     // Known inputs: evaluated now, on the CPU backend's kernels (passes/fold_constants.h).
@@ -63,18 +69,25 @@ Expected<std::vector<NodePlacement>> place_nodes(const Graph& g, StepBackend& de
   return rows;
 }
 
+std::optional<std::string> fused_into(const NodePlacement& p) {
+  if (p.placement != Placement::kDevice) return std::nullopt;
+  if (p.impl == kFusedImpl && p.why.rfind(kInto, 0) == 0) return p.why.substr(kInto.size());
+  if (p.why.rfind(kFusedInto, 0) == 0) return p.why.substr(kFusedInto.size());  // after add_provenance
+  return std::nullopt;
+}
+
 void add_provenance(const Graph& g, std::vector<NodePlacement>& nodes) {
   std::map<std::string, std::string> impl_of;  // describe() -> implementation
   for (const NodePlacement& p : nodes) {
-    if (p.impl != "fused") impl_of[p.node] = p.impl;
+    if (p.impl != kFusedImpl) impl_of[p.node] = p.impl;
   }
-  const std::string into = "into ";
   for (NodePlacement& p : nodes) {  // nodes fused at lowering: their target's kernel
-    if (p.impl != "fused" || p.why.rfind(into, 0) != 0) continue;
-    auto it = impl_of.find(p.why.substr(into.size()));
+    if (p.impl != kFusedImpl) continue;
+    const std::optional<std::string> target = fused_into(p);
+    auto it = target ? impl_of.find(*target) : impl_of.end();
     if (it == impl_of.end()) continue;
     p.impl = it->second;
-    p.why = "fused " + p.why;
+    p.why = kFusedInto + *target;
     impl_of[p.node] = p.impl;  // a graph pass's node may have been fused into this one
   }
   for (const Absorbed& a : g.absorbed) {

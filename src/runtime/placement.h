@@ -11,6 +11,7 @@
 // backend reports covered by an earlier or later node's steps.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,5 +51,9 @@ Expected<std::vector<NodePlacement>> place_nodes(const Graph& g, StepBackend& de
 // Rows for the nodes graph passes removed (Graph::absorbed) and the kernel each fused node ended in,
 // so every ONNX node of the model has a line in the report.
 void add_provenance(const Graph& g, std::vector<NodePlacement>& rows);
+
+// The node (its describe()) whose steps do the work of a node the device backend fused into it, as
+// place_nodes records it (before or after add_provenance); nullopt for any other row.
+std::optional<std::string> fused_into(const NodePlacement& p);
 
 }  // namespace kiln

@@ -362,6 +362,14 @@ def runtime_cases():
                                     ("gather_index_minus_4", -4, "err", "node 'pick';-4")]:
         run_case(name, h.make_node("Gather", ["data", "idx"], ["out"], name="pick", axis=0),
                  {"data": np.array([1, 2, 3], np.float32), "idx": np.array([idx], np.int64)}, expect, kind=kind)
+    # RoiAlign boxes that are not finite, or that would take an absurd sample grid (a hang, once).
+    for name, box, kind, expect in [("ok_roialign_box", [0, 0, 4, 4], "ok", "output 'out'"),
+                                    ("roialign_nan_box", [float("nan"), 0, 4, 4], "err", "node 'align';roi 0;not finite"),
+                                    ("roialign_inf_box", [0, 0, float("inf"), 4], "err", "node 'align';roi 0"),
+                                    ("roialign_huge_box", [0, 0, 1e9, 4], "err", "node 'align';samples per bin side")]:
+        run_case(name, h.make_node("RoiAlign", ["x", "rois", "bi"], ["out"], name="align", output_height=2, output_width=2),
+                 {"x": np.ones((1, 1, 5, 5), np.float32), "rois": np.array([box], np.float32),
+                  "bi": np.array([0], np.int64)}, expect, kind=kind)
 
 
 # ---- where results go -------------------------------------------------------------------------

@@ -87,6 +87,8 @@ TEST(Placement, FoldsLowersFallsBackAndNamesWhy) {
   EXPECT_EQ((*rows)[3].placement, Placement::kAlias);
   EXPECT_EQ((*rows)[4].impl, "fused");
   EXPECT_EQ((*rows)[4].why, "into " + g->nodes[1]->describe());
+  EXPECT_EQ(fused_into((*rows)[4]), g->nodes[1]->describe());
+  EXPECT_EQ(fused_into((*rows)[1]), std::nullopt);
   EXPECT_EQ(dev.lowered, (std::vector<std::string>{"add", "id"}));
   EXPECT_EQ(dev.host, (std::vector<std::string>{"relu"}));
   EXPECT_EQ(placement_name(Placement::kDevice, "fake"), "fake");
@@ -95,6 +97,7 @@ TEST(Placement, FoldsLowersFallsBackAndNamesWhy) {
   add_provenance(*g, *rows);
   EXPECT_EQ((*rows)[4].impl, "fake kernel");
   EXPECT_EQ((*rows)[4].why, "fused into " + g->nodes[1]->describe());
+  EXPECT_EQ(fused_into((*rows)[4]), g->nodes[1]->describe());  // read the same after provenance
 }
 
 // A host backend that runs nothing.

@@ -110,47 +110,19 @@ int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt) {
     std::printf("gpu memory: %.1f MiB (weights + arena + workspace + staging)\nbuild: %.1f ms\n",
                 double(engine->weight_bytes() + session->device_bytes()) / (1 << 20), engine->build_ms());
   }
-  std::vector<std::pair<std::string, double>> profile_steps;
+  json j;
   if (opt.profile) {
     auto timed = session->profile(views(*inputs));
     if (!timed) return fail(timed.status());
-    std::vector<std::pair<std::string, double>> steps;
-    for (const StepTime& st : *timed) steps.emplace_back(st.step, st.ms);
-    double total = 0;
-    for (const auto& st : steps) total += st.second;
-    std::printf("profile: %zu steps, %.4f ms step by step (no graph); slowest:\n", steps.size(), total);
-    std::vector<std::pair<std::string, double>> sorted = steps;
-    std::stable_sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
-    for (size_t i = 0; i < sorted.size() && i < 25; ++i) {
-      std::printf("  %8.4f ms  %s\n", sorted[i].second, sorted[i].first.c_str());
-    }
-    // By kind: the op type and the implementation's name, shapes dropped.
-    std::map<std::string, std::pair<double, int>> kinds;
-    for (const auto& st : steps) {
-      std::string op = "-", impl = st.first;
-      if (size_t c = st.first.find("): "); c != std::string::npos) {
-        size_t o = st.first.rfind(" (", c);
-        if (o != std::string::npos) op = st.first.substr(o + 2, st.first.find(',', o) - o - 2);
-        impl = st.first.substr(c + 3);
-      } else if (size_t c2 = st.first.find(": "); c2 != std::string::npos) {
-        impl = st.first.substr(c2 + 2);
-      }
-      impl = impl.substr(0, std::min(impl.find(" m="), impl.find(" [")));
-      auto& k = kinds[op + "  " + impl];
-      k.first += st.second;
-      k.second += 1;
-    }
-    std::vector<std::pair<std::string, std::pair<double, int>>> by(kinds.begin(), kinds.end());
-    std::stable_sort(by.begin(), by.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
-    std::printf("profile by kind (ms, steps, share):\n");
-    for (const auto& [name, v] : by) {
-      std::printf("  %8.4f ms %4d  %5.1f%%  %s\n", v.first, v.second, total > 0 ? 100.0 * v.first / total : 0.0,
-                  name.c_str());
-    }
-    profile_steps = steps;
+    ProfilePeaks peaks = default_peaks(engine->config().precision);
+    if (opt.peak_tflops > 0) peaks.tflops = opt.peak_tflops;
+    if (opt.peak_gbs > 0) peaks.gbs = opt.peak_gbs;
+    peaks.from_flags = opt.peak_tflops > 0 || opt.peak_gbs > 0;
+    if (Status st = print_profile(*timed, peaks, {opt.trace, opt.plot, opt.top}, &j); !st) return fail(st);
+  } else if (!opt.trace.empty() || !opt.plot.empty()) {
+    return fail(KILN_ERROR(kInvalidArgument, "--trace and --plot come with --profile"));
   }
   if (!opt.json.empty()) {
-    json j;
     j["model"] = load.model;
     j["backend"] = backend;
     j["precision"] = precision;
@@ -159,10 +131,6 @@ int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt) {
     j["p90_ms"] = p90;
     j["p99_ms"] = p99;
     j["mean_ms"] = mean;
-    if (!profile_steps.empty()) {
-      j["profile"] = json::array();
-      for (const auto& [label, ms] : profile_steps) j["profile"].push_back({{"step", label}, {"ms", ms}});
-    }
     j["iterations"] = opt.iterations;
     j["warmup"] = opt.warmup;
     j["throughput"] = thr;

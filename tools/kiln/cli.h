@@ -3,6 +3,8 @@
 // prints. Every subcommand returns the process exit code: 0 success, 1 error or mismatch.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <map>
 #include <optional>
 #include <string>
@@ -89,7 +91,10 @@ struct BenchOptions {
   int iterations = 100;
   std::string json;
   uint64_t seed = 0;
-  bool profile = false;              // also time each step once (no graph) and print the top ones
+  bool profile = false;              // also time each step once (no graph): the roofline table (profile.cc)
+  std::string trace, plot;           // with --profile: a Chrome trace of that forward, the roofline as SVG
+  double peak_tflops = 0, peak_gbs = 0;  // with --profile: the device's peaks (0: the H100 SXM's)
+  size_t top = 20;                   // with --profile: nodes in the table
   bool report = false;               // print the engine's build report (each node's kernel) first
   bool shapes_sweep = false;         // a dynamic engine against static ones across its ranges (sweep.cc)
   int sweep_points = 12;
@@ -180,6 +185,23 @@ std::vector<TensorView> views(const std::vector<Tensor>& tensors);
 Tensor from_host(HostTensor t);
 double percentile(std::vector<double> v, double p);
 // Prints "kiln: error: <message>" to stderr and returns 1.
+// The peaks `kiln bench --profile` measures against (profile.cc): the H100 SXM's dense datasheet
+// numbers for the build's precision unless given.
+struct ProfilePeaks {
+  double tflops = 0, gbs = 0;
+  bool from_flags = false;
+};
+ProfilePeaks default_peaks(Precision p);
+struct ProfileOutputs {
+  std::string trace, plot;
+  size_t top = 20;
+};
+// Prints the profile (slowest steps; nodes by time with FLOPs, bytes, achieved rates, bound and
+// roofline share; op types; the whole forward's floor), adds it to *j when given, and writes the
+// trace and the plot when asked.
+Status print_profile(const std::vector<StepTime>& steps, const ProfilePeaks& peaks, const ProfileOutputs& out,
+                     nlohmann::json* j);
+
 int fail(const Status& s);
 
 }  // namespace kiln::cli

@@ -119,8 +119,13 @@ class Session {
   // Stages `inputs` once, then times `iterations` forwards (after `warmup`) with CUDA events
   // around each replay; milliseconds per forward.
   virtual Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) = 0;
-  // One forward run step by step (no graph) with CUDA events around each step: (label, ms).
-  virtual Expected<std::vector<std::pair<std::string, double>>> profile(const std::vector<Data>& inputs) = 0;
+  // One forward run step by step (no graph) with CUDA events around each step.
+  struct ProfiledStep {
+    std::string label, node;  // the step's label and its node's describe() (empty for none)
+    double ms = 0;
+    size_t float_bytes = 4;   // the engine's storage size of a float (2 in fp16/bf16 builds)
+  };
+  virtual Expected<std::vector<ProfiledStep>> profile(const std::vector<Data>& inputs) = 0;
   // One forward run step by step (no graph), counting the NaN and Inf of each float value right
   // after the last step that writes it: the steps whose values have any, in order (--check-finite).
   struct NonFinite {

@@ -171,6 +171,7 @@ Status lower_roi_align(Lowering& L, const Node& n) {
   }
   const int64_t oh = n.attr_int("output_height", 1), ow = n.attr_int("output_width", 1), ratio = n.attr_int("sampling_ratio", 0);
   if (oh < 1 || ow < 1 || ratio < 0) KILN_UNSUPPORTED("RoiAlign output {}x{} with sampling_ratio {}", oh, ow, ratio);
+  if (x->numel() == 0) KILN_UNSUPPORTED("RoiAlign over an empty feature map");
   const DevValue& y = L.define(n.outputs[0]);
   ByteWriter w;
   w.put(int32_t(x->dt));

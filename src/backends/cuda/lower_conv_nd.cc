@@ -81,7 +81,7 @@ Expected<NdDescs> nd_descs(std::vector<std::shared_ptr<void>>& keep, k::DT dt, P
 // cuDNN's heuristic first choice that is deterministic and whose workspace fits, forward or
 // backward-data.
 template <class Perf>
-Expected<int> pick_algo(Lowering& L, const NdDescs& d, bool transpose) {
+Expected<int> pick_algo(Lowering& L, const NdDescs& d, bool transpose, bool exact) {
   constexpr int kMax = 8;
   Perf perf[kMax];
   int got = 0;
@@ -92,9 +92,15 @@ Expected<int> pick_algo(Lowering& L, const NdDescs& d, bool transpose) {
     st = cudnnGetConvolutionForwardAlgorithm_v7(L.dnn, d.x, d.w, d.c, d.y, kMax, &got, perf);
   }
   for (int i = 0; st == CUDNN_STATUS_SUCCESS && i < got; ++i) {
-    // Deterministic only: an engine rebuilt from its file must give the same bits.
+    // Deterministic only: an engine rebuilt from its file must give the same bits. An f64
+    // convolution is the integer ops' exact product: direct sums only (no FFT or Winograd).
+    bool direct = true;
+    if constexpr (std::is_same_v<Perf, cudnnConvolutionFwdAlgoPerf_t>) {
+      direct = perf[i].algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM ||
+               perf[i].algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM || perf[i].algo == CUDNN_CONVOLUTION_FWD_ALGO_GEMM;
+    }
     if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC &&
-        perf[i].memory <= L.options().workspace_bytes) {
+        perf[i].memory <= L.options().workspace_bytes && (!exact || direct)) {
       return int(perf[i].algo);
     }
   }
@@ -133,8 +139,8 @@ Status emit_conv_nd(Lowering& L, const Node& n, bool transpose, NdConv g, const 
       !std::equal(want.begin(), want.end(), g.y.begin(), [](int a, int64_t e) { return int64_t(a) == e; })) {
     KILN_UNSUPPORTED("{}: {} -> {} is not cuDNN's geometry", op_name(n.op), dims_to_string(g.x), dims_to_string(g.y));
   }
-  KILN_ASSIGN_OR_RETURN(const int algo, transpose ? pick_algo<cudnnConvolutionBwdDataAlgoPerf_t>(L, d, true)
-                                                  : pick_algo<cudnnConvolutionFwdAlgoPerf_t>(L, d, false));
+  KILN_ASSIGN_OR_RETURN(const int algo, transpose ? pick_algo<cudnnConvolutionBwdDataAlgoPerf_t>(L, d, true, false)
+                                                  : pick_algo<cudnnConvolutionFwdAlgoPerf_t>(L, d, false, x->dt == k::DT::kF64));
   const DevValue& y = out ? *out : L.define(n.outputs[0]);
   ByteWriter rec;
   rec.put(int32_t(x->dt));

@@ -118,12 +118,14 @@ Status emit_fft(Lowering& L, const Node& n, FftStep s, const DevValue* x, const 
   const int64_t rows = fft_rows(s.pack);
   if (rows < 1 || s.pack.n < 1) KILN_UNSUPPORTED("{} of an empty signal", op_name(n.op));
   size_t work = 0;
-  KILN_ASSIGN_OR_RETURN(cufftHandle h, make_plan(s.pack.n, rows, s.pack.f64, &work));
-  cufft().destroy(h);  // planned here for its work size; the binder makes the engine's own
+  Expected<cufftHandle> h = make_plan(s.pack.n, rows, s.pack.f64, &work);
+  if (!h) KILN_UNSUPPORTED("cuFFT cannot plan it: {}", h.status().message());
+  cufft().destroy(*h);  // planned here for its work size; the binder makes the engine's own
   const size_t zbytes = size_t(rows * s.pack.n) * (s.pack.f64 ? 16 : 8);
   const int z = L.scratch(zbytes), wk = L.scratch(std::max<size_t>(work, 256));
   ByteWriter w;
   put_fft(w, s);
+  w.u64(work);
   put(w, x->ref);
   put(w, window ? window->ref : Ref{});
   put(w, Ref{false, z});
@@ -169,7 +171,8 @@ Status lower_dft(Lowering& L, const Node& n) {
   u.out_len = onesided && !inverse ? p.n / 2 + 1 : p.n;
   u.out_comp = irfft ? 1 : 2;
   u.scale = inverse ? 1.0 / double(p.n) : 1.0;
-  if (p.n < 1 || (comp != 1 && comp != 2) || yd[ax] != u.out_len || yd.back() != u.out_comp) {
+  if (p.n < 1 || (comp != 1 && comp != 2) || (onesided && !inverse && comp != 1) || yd[ax] != u.out_len ||
+      yd.back() != u.out_comp) {
     KILN_UNSUPPORTED("DFT of {} to {}", dims_to_string(xd), dims_to_string(yd));
   }
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
@@ -182,17 +185,20 @@ Status lower_stft(Lowering& L, const Node& n) {
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> yd, exact_dims(n.outputs[0]));
   KILN_ASSIGN_OR_RETURN(std::optional<int64_t> step, scalar_const(L, n, 1));
   KILN_ASSIGN_OR_RETURN(std::optional<int64_t> flen, scalar_const(L, n, 3));
-  if (xd.size() != 3 || (xd[2] != 1 && xd[2] != 2) || !step || *step < 1) KILN_UNSUPPORTED("STFT of {}", dims_to_string(xd));
+  const bool onesided = n.attr_int("onesided", 1) != 0;
+  if (xd.size() != 3 || (xd[2] != 1 && xd[2] != 2) || (onesided && xd[2] != 1) || !step || *step < 1) {
+    KILN_UNSUPPORTED("STFT of {}", dims_to_string(xd));
+  }
   const DevValue* window = nullptr;
   if (n.inputs.size() > 2 && n.inputs[2]) {
     KILN_ASSIGN_OR_RETURN(std::vector<int64_t> wd, exact_dims(n.inputs[2]));
     if (prod_of(wd, 0, wd.size()) > 0) {
+      if (wd.size() != 1) KILN_UNSUPPORTED("an STFT window of shape {}", dims_to_string(wd));
       KILN_ASSIGN_OR_RETURN(window, L.rowmajor(n.inputs[2]));
       if (!flen) flen = window->numel();
     }
   }
   if (!flen) flen = xd[1];
-  const bool onesided = n.attr_int("onesided", 1) != 0;
   const int64_t bins = onesided ? *flen / 2 + 1 : *flen, frames = *flen >= 1 && *flen <= xd[1] ? (xd[1] - *flen) / *step + 1 : 0;
   if (frames < 1 || (window && window->numel() != *flen) || yd != std::vector<int64_t>{xd[0], frames, bins, 2}) {
     KILN_UNSUPPORTED("STFT of {} to {}", dims_to_string(xd), dims_to_string(yd));
@@ -234,13 +240,18 @@ Expected<StepFn> bind_cufft(Params& in, BindCtx& bc) {
   for (int64_t* v : {&u.outer, &u.out_len, &u.inner, &u.out_comp}) *v = in.i64();
   u.scale = in.f64();
   s.inverse = in.flag();
+  const uint64_t work_recorded = uint64_t(in.i64());
   const Ref xr = in.ref(), wr = in.opt_ref(), zr = in.ref(), kr = in.ref(), yr = in.ref();
   KILN_RETURN_IF_ERROR(in.done());
   u.dt = p.dt;
   u.f64 = p.f64;
   u.n = p.n;
   const int64_t rows = fft_rows(p);
-  if (p.n < 1 || rows < 1 || u.out_len > p.n || u.outer * u.inner != rows || p.used > p.n || zr.weight || kr.weight) {
+  if (p.n < 1 || rows < 1 || p.outer < 1 || p.inner < 1 || p.in_len < 1 || (p.in_comp != 1 && p.in_comp != 2) ||
+      p.frames < 0 || (p.frames > 0 && p.step < 1) || p.used < 0 || u.out_len < 1 || u.out_len > p.n ||
+      u.outer * u.inner != rows || p.used > p.n || zr.weight || kr.weight || yr.weight ||
+      bc.plan.buffer_bytes[size_t(zr.id)] < uint64_t(rows * p.n) * (p.f64 ? 16 : 8) ||
+      bc.plan.buffer_bytes[size_t(kr.id)] < work_recorded) {
     return KILN_ERROR(kInvalidModel, "step '{}': malformed cuFFT parameters", in.step().label);
   }
   if (!cufft().lib) return KILN_ERROR(kUnsupported, "step '{}': {}", in.step().label, cufft().why);
@@ -248,6 +259,10 @@ Expected<StepFn> bind_cufft(Params& in, BindCtx& bc) {
   size_t work = 0;
   KILN_ASSIGN_OR_RETURN(plan->h, make_plan(p.n, rows, p.f64, &work));
   bc.keep_alive.push_back(plan);
+  if (work > work_recorded) {  // another cuFFT than the build's wants more room than the arena holds
+    return KILN_ERROR(kInvalidModel, "step '{}': this cuFFT needs {} bytes of work area, the engine has {}", in.step().label,
+                      work, work_recorded);
+  }
   return StepFn([=](const RunCtx& c) -> Status {
     KILN_RETURN_IF_ERROR(cuda_status(k::fft_pack(p, c.ptr(xr), wr.id >= 0 ? c.ptr(wr) : nullptr, c.ptr(zr), c.stream), "fft_pack"));
     {

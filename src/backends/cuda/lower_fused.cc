@@ -121,6 +121,13 @@ Status lower_qdq_fed(Lowering& L, const Node& n) {
   const int64_t rank = int64_t(xd->size());
   int64_t axis = n.attr_int("axis", 1);
   if (axis < 0) axis += rank;
+  if (n.inputs.size() > 2 && n.inputs[2]) {  // the CPU reference wants the zero point shaped as the scale
+    auto sd = n.inputs[1]->type.shape ? n.inputs[1]->type.shape->static_dims() : std::nullopt;
+    auto zd = n.inputs[2]->type.shape ? n.inputs[2]->type.shape->static_dims() : std::nullopt;
+    if (!sd || !zd || prod_of(*sd, 0, sd->size()) != prod_of(*zd, 0, zd->size())) {
+      KILN_UNSUPPORTED("a zero point shaped unlike its scale");
+    }
+  }
   std::vector<std::vector<int64_t>> strides(n.inputs.size());
   for (size_t k = 1; k < n.inputs.size(); ++k) {
     const Value* v = n.inputs[k];

@@ -111,17 +111,18 @@ Status lower_pool_table(Lowering& L, const Node& n) {
   }
   if (w.pads.size() != 2 * sp) KILN_UNSUPPORTED("{} pads {}", op_name(n.op), dims_to_string(w.pads));
   const int64_t in_size = prod_of(in, 0, sp), planes = xd[0] * xd[1];
-  const WindowTable t = make_window_table(w, in, out);
-  if (t.offsets.empty() || planes == 0) KILN_UNSUPPORTED("{} with an empty output", op_name(n.op));
-  if (in_size > INT32_MAX || t.kernel_size > INT32_MAX || t.offsets.size() > (size_t(1) << 26)) {
-    KILN_UNSUPPORTED("{} window table of {} x {} taps", op_name(n.op), t.positions, t.kernel_size);
+  const int64_t positions = prod_of(out, 0, sp), taps_per = prod_of(w.kernel, 0, sp);
+  if (positions < 1 || planes < 1 || in_size < 1) KILN_UNSUPPORTED("{} with an empty input or output", op_name(n.op));
+  if (in_size > INT32_MAX || taps_per > INT32_MAX || double(positions) * double(taps_per) > double(int64_t(1) << 26)) {
+    KILN_UNSUPPORTED("{} window table of {} x {} taps", op_name(n.op), positions, taps_per);
   }
-  const std::vector<int32_t> taps(t.offsets.begin(), t.offsets.end());  // offsets < in_size, or -1 / -2
-  KILN_ASSIGN_OR_RETURN(Ref table, L.upload_raw(taps.data(), taps.size() * sizeof(int32_t)));
-  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(xv));
   const int mode = is_max ? 0 : n.op == OpKind::kAveragePool ? 1 : 2;
   const int64_t p = n.attr_int("p", 2);
   if (mode == 2 && (p < 1 || p > 64)) KILN_UNSUPPORTED("LpPool with p = {}", p);
+  const WindowTable t = make_window_table(w, in, out);
+  const std::vector<int32_t> taps(t.offsets.begin(), t.offsets.end());  // offsets < in_size, or -1 / -2
+  KILN_ASSIGN_OR_RETURN(Ref table, L.upload_raw(taps.data(), taps.size() * sizeof(int32_t)));
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(xv));
   const DevValue& y = L.define(n.outputs[0]);
   const DevValue* idx = n.outputs.size() > 1 && n.has_output(1) ? &L.define(n.outputs[1]) : nullptr;
   ByteWriter wr;

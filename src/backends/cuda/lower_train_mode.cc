@@ -101,6 +101,7 @@ Status lower_mvn(Lowering& L, const Node& n) {
   std::vector<int64_t> want{0};
   for (int64_t a = 2; a < r; ++a) want.push_back(a);
   if (r < 2 || axes != want) KILN_UNSUPPORTED("MeanVarianceNormalization over axes {} of rank {}", dims_to_string(axes), r);
+  if (x->numel() == 0) KILN_UNSUPPORTED("MeanVarianceNormalization of an empty tensor");
   if (!float_dt(x->dt)) KILN_UNSUPPORTED("MeanVarianceNormalization on {}", dtype_name(x->ir_dtype));
   const DevValue& y = L.define(n.outputs[0]);
   const int scratch = L.scratch(size_t(2 * x->dims[1]) * sizeof(double));
@@ -127,7 +128,7 @@ Status lower_batch_norm_train(Lowering& L, const Node& n) {
     if (i >= n.inputs.size() || !n.inputs[i]) KILN_UNSUPPORTED("BatchNormalization without input {}", i);
   }
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> xd, exact_dims(n.inputs[0]));
-  if (xd.size() < 2) KILN_UNSUPPORTED("BatchNormalization of rank {}", xd.size());
+  if (xd.size() < 2 || prod_of(xd, 0, xd.size()) == 0) KILN_UNSUPPORTED("BatchNormalization of {}", dims_to_string(xd));
   for (size_t i = 1; i < 5; ++i) {
     KILN_ASSIGN_OR_RETURN(std::vector<int64_t> d, exact_dims(n.inputs[i]));
     if (d.size() != 1 || d[0] != xd[1]) KILN_UNSUPPORTED("BatchNormalization input {} of shape {}", i, dims_to_string(d));
@@ -184,7 +185,7 @@ Expected<StepFn> bind_dropout_train(Params& in, BindCtx&) {
   const Ref xr = in.ref(), dr = in.ref(), rr = in.opt_ref(), tr = in.opt_ref(), yr = in.ref(), mr = in.opt_ref();
   const int slot = in.step().bad_index_slot;
   KILN_RETURN_IF_ERROR(in.done());
-  if (a.n < 0 || (!seeded && (slot < 0 || dr.weight)) || (seeded && !dr.weight)) {
+  if (a.n < 0 || slot < 0 || (!seeded && dr.weight) || (seeded && !dr.weight) || yr.weight) {
     return KILN_ERROR(kInvalidModel, "step '{}': malformed dropout_train parameters", in.step().label);
   }
   return StepFn([=](const RunCtx& c) -> Status {
@@ -200,6 +201,7 @@ Expected<StepFn> bind_dropout_train(Params& in, BindCtx&) {
     b.training = tr.id >= 0 ? c.ptr(tr) : nullptr;
     b.y = c.ptr(yr);
     b.mask = mr.id >= 0 ? c.ptr(mr) : nullptr;
+    b.bad = c.bad_index + slot;
     return cuda_status(k::dropout_train(b, c.stream), "dropout_train");
   });
 }
@@ -268,10 +270,12 @@ Status lower_dropout_train(Lowering& L, const Node& n) {
   std::vector<int> writes{y.ref.id};
   if (mask) writes.push_back(mask->ref.id);
   if (!seeded) writes.push_back(draws.id);
-  const int slot = seeded ? -1 : L.new_bad_index_slot();  // the run counter's word
+  // The slot's bad-index word counts a fed ratio outside [0, 1); its counter word is an unseeded
+  // Dropout's run counter.
+  const int slot = L.new_bad_index_slot();
   L.emit(&n, fmt::format("kernel dropout_train ({})", seeded ? "the reference's seeded draws" : "drawn per run"),
          {read_id(x), read_id(ratio), read_id(training)}, writes, StepOp::kDropoutTrain, std::move(w));
-  if (slot >= 0) L.steps.back().bad_index_slot = slot;
+  L.steps.back().bad_index_slot = slot;
   return Status::ok();
 }
 

@@ -189,7 +189,7 @@ class CudaSession : public Session {
     return times;
   }
 
-  Expected<std::vector<std::pair<std::string, double>>> profile(const std::vector<Data>& inputs) override {
+  Expected<std::vector<ProfiledStep>> profile(const std::vector<Data>& inputs) override {
     KILN_RETURN_IF_ERROR(stage_inputs(inputs));
     KILN_RETURN_IF_ERROR(enqueue(true));
     KILN_CUDA_TRY(cudaStreamSynchronize(stream_));
@@ -209,11 +209,13 @@ class CudaSession : public Session {
     if (st) st = cuda_status(cudaEventRecord(ev.back(), stream_), "cudaEventRecord");
     if (st) st = cuda_status(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     cudaProfilerStop();
-    std::vector<std::pair<std::string, double>> out;
+    const Precision p = e_->opt.precision;
+    const size_t float_bytes = p == Precision::kFp16 || p == Precision::kBf16 ? 2 : 4;
+    std::vector<ProfiledStep> out;
     for (size_t i = 0; st && i < steps.size(); ++i) {
       float ms = 0;
       st = cuda_status(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]), "cudaEventElapsedTime");
-      out.emplace_back(steps[i].label, ms);
+      out.push_back({steps[i].label, steps[i].node, ms, float_bytes});
     }
     for (auto& e : ev) {
       if (e) cudaEventDestroy(e);
@@ -420,8 +422,12 @@ class CudaSession : public Session {
     if (!P.bad_index_slots) return Status::ok();
     for (const DeviceStep& s : P.steps) {
       if (s.bad_index_slot >= 0 && bad_host_[s.bad_index_slot] > 0) {
-        return KILN_ERROR(kInvalidArgument, "{}: {} index value(s) out of range", s.node.empty() ? s.label : s.node,
-                          bad_host_[s.bad_index_slot]);
+        // What the step's kernel counted: out-of-range indices, or the values its kind refuses.
+        const StepOp kind = StepOp(s.kind);
+        const char* what = kind == StepOp::kRoiAlign       ? "roi(s) with a batch index out of range or not finite"
+                           : kind == StepOp::kDropoutTrain ? "run(s) with a training ratio outside [0, 1)"
+                                                           : "index value(s) out of range";
+        return KILN_ERROR(kInvalidArgument, "{}: {} {}", s.node.empty() ? s.label : s.node, bad_host_[s.bad_index_slot], what);
       }
     }
     return Status::ok();

@@ -138,11 +138,12 @@ __device__ __forceinline__ To narrow(float f) {
   else if constexpr (std::is_same_v<To, Bool8>) return Bool8{static_cast<uint8_t>(f != 0.f)};
   else return static_cast<To>(__float2ll_rz(f));
 }
+// A 16-bit float goes through f32 (rounding twice), as the CPU reference stores doubles into them.
 template <class To>
 __device__ __forceinline__ To narrow(double d) {
   if constexpr (std::is_same_v<To, float>) return __double2float_rn(d);
-  else if constexpr (std::is_same_v<To, __half>) return __double2half(d);
-  else if constexpr (std::is_same_v<To, __nv_bfloat16>) return __double2bfloat16(d);
+  else if constexpr (std::is_same_v<To, __half>) return __float2half_rn(__double2float_rn(d));
+  else if constexpr (std::is_same_v<To, __nv_bfloat16>) return __float2bfloat16_rn(__double2float_rn(d));
   else if constexpr (std::is_same_v<To, double>) return d;
   else if constexpr (std::is_same_v<To, Bool8>) return Bool8{static_cast<uint8_t>(d != 0.0)};
   else return static_cast<To>(__double2ll_rz(d));

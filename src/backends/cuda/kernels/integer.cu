@@ -44,7 +44,11 @@ __global__ void requantize_kernel(Requantize r, const A* __restrict__ acc, Y* __
       v *= round_as(round_as(sa * sb, r.round_dt) / sy, r.round_dt);
     }
     v = rint(v + zp);
-    y[i] = static_cast<Y>(fmin(fmax(v, lo), hi));
+    if constexpr (std::is_same_v<Y, int32_t>) {  // an int32 sum wraps, as the CPU reference stores it
+      y[i] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(static_cast<int64_t>(v))));
+    } else {
+      y[i] = static_cast<Y>(fmin(fmax(v, lo), hi));
+    }
   }
 }
 

@@ -11,7 +11,8 @@ namespace kiln::cuda::k {
 cudaError_t int_center(DT xdt, const void* x, int64_t n, const void* zp, int64_t zp_inner, int64_t zp_len, DT ydt,
                        void* y, cudaStream_t s);
 
-// y (i32, i8 or u8) = saturate(round_half_even((acc[i] + bias) * factor + zp)), in f64, with acc
+// y (i32, i8 or u8) = saturate(round_half_even((acc[i] + bias) * factor + zp)), in f64 (an i32
+// output wraps instead, as the CPU reference stores an integer sum), with acc
 // (f32 or f64) an exact integer sum and bias = bias[(i / b_inner) % b_len] (int32; null: 0). The
 // factor is a host table, factor[(i / f_inner) % f_len], or computed at run time from scales read
 // on the device as the CPU reference computes it: round(round(sa * sb) / sy) rounded to round_dt

@@ -21,6 +21,11 @@ __global__ void roi_align_kernel(const T* __restrict__ x, const T* __restrict__ 
     }
     double roi[4];
     for (int k = 0; k < 4; ++k) roi[k] = static_cast<double>(widen(rois[r * 4 + k]));
+    if (!roi::roi_ok(a, roi)) {  // the CPU reference's error too
+      if (bin == 0 && ch == 0) atomicAdd(bad, 1);
+      y[i] = narrow<T>(0.0);
+      continue;
+    }
     const T* p = x + (b * channels + ch) * plane;
     const double v = roi::align_bin(a, roi, bin / a.out_w, bin % a.out_w,
                                     [p](int64_t o) { return static_cast<double>(widen(p[o])); });

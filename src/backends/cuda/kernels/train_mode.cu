@@ -8,10 +8,10 @@ namespace {
 
 __device__ void store_f64(void* p, DT dt, int64_t i, double v) {
   switch (dt) {
-    case DT::kF16: static_cast<__half*>(p)[i] = __double2half(v); break;
-    case DT::kBF16: static_cast<__nv_bfloat16*>(p)[i] = __double2bfloat16(v); break;
+    case DT::kF16: static_cast<__half*>(p)[i] = narrow<__half>(v); break;
+    case DT::kBF16: static_cast<__nv_bfloat16*>(p)[i] = narrow<__nv_bfloat16>(v); break;
     case DT::kF64: static_cast<double*>(p)[i] = v; break;
-    default: static_cast<float*>(p)[i] = __double2float_rn(v); break;
+    default: static_cast<float*>(p)[i] = narrow<float>(v); break;
   }
 }
 
@@ -70,12 +70,14 @@ __global__ void dropout_kernel(DropoutTrain a) {
   const double ratio = a.ratio ? load_f64(a.ratio, a.ratio_dt, 0) : a.ratio_value;
   const bool training = a.training ? static_cast<const uint8_t*>(a.training)[0] != 0 : a.training_value;
   const bool all = !training || ratio == 0;
+  const bool bad = training && !(ratio >= 0 && ratio < 1);
+  if (bad && global_tid() == 0 && a.bad) atomicAdd(a.bad, 1);
   const double scale = 1.0 / (1.0 - ratio);
   const T* x = static_cast<const T*>(a.x);
   T* y = static_cast<T*>(a.y);
   for (int64_t i = global_tid(); i < a.n; i += global_threads()) {
-    const bool keep = all || a.draws[i] >= ratio;
-    y[i] = all ? x[i] : narrow<T>(keep ? static_cast<double>(widen(x[i])) * scale : 0.0);
+    const bool keep = !bad && (all || a.draws[i] >= ratio);
+    y[i] = all && !bad ? x[i] : narrow<T>(keep ? static_cast<double>(widen(x[i])) * scale : 0.0);
     if (a.mask) static_cast<uint8_t*>(a.mask)[i] = keep ? 1 : 0;
   }
 }

@@ -39,6 +39,7 @@ struct DropoutTrain {
   bool training_value = true;
   void* y = nullptr;
   void* mask = nullptr;
+  int* bad = nullptr;  // counts a training run whose ratio is outside [0, 1) (its outputs are then 0)
 };
 cudaError_t dropout_train(const DropoutTrain& a, cudaStream_t s);
 

@@ -1,0 +1,103 @@
+#include "runtime/node_cost.h"
+
+#include <set>
+
+namespace kiln {
+
+namespace {
+
+std::optional<std::vector<int64_t>> dims_of(const Value* v) {
+  if (!v || !v->type.shape) return std::nullopt;
+  return v->type.shape->static_dims();
+}
+
+double numel_of(const Value* v) {
+  auto d = dims_of(v);
+  if (!d) return 0;
+  double n = 1;
+  for (int64_t x : *d) n *= double(x);
+  return n;
+}
+
+double bytes_of(const Value* v, size_t float_bytes) {
+  const DType t = v->type.dtype;
+  const bool is_float = t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16;
+  return numel_of(v) * double(is_float ? float_bytes : dtype_size(t));
+}
+
+const Value* input(const Node& n, size_t i) { return i < n.inputs.size() ? n.inputs[i] : nullptr; }
+
+// The product of v's dims from `from` on (a weight's per-output-channel size), 0 when unknown.
+double prod_from(const Value* v, size_t from) {
+  auto d = dims_of(v);
+  if (!d) return 0;
+  double p = 1;
+  for (size_t i = from; i < d->size(); ++i) p *= double((*d)[i]);
+  return p;
+}
+
+// A dim of v counted from the end (1: the last), 0 when unknown.
+double dim_from_end(const Value* v, size_t k) {
+  auto d = dims_of(v);
+  return d && d->size() >= k ? double((*d)[d->size() - k]) : 0;
+}
+
+bool is_one_of(OpKind op, std::initializer_list<OpKind> ops) {
+  for (OpKind o : ops) {
+    if (o == op) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+NodeCost node_cost(const Node& n, size_t float_bytes) {
+  NodeCost c;
+  std::set<const Value*> seen;
+  for (const Value* v : n.inputs) {
+    if (v && seen.insert(v).second) c.bytes += bytes_of(v, float_bytes);
+  }
+  for (const Value* v : n.outputs) {
+    if (v) c.bytes += bytes_of(v, float_bytes);
+  }
+  const double out = n.outputs.empty() ? 0 : numel_of(n.outputs[0]);
+  const double in = numel_of(input(n, 0));
+  const OpKind op = n.op;
+  if (is_one_of(op, {OpKind::kMatMul, OpKind::kMatMulInteger})) {
+    c.flops = 2 * out * dim_from_end(input(n, 0), 1);
+  } else if (op == OpKind::kQLinearMatMul) {
+    c.flops = 2 * out * dim_from_end(input(n, 0), 1);
+  } else if (op == OpKind::kGemm) {
+    c.flops = 2 * out * dim_from_end(input(n, 0), n.attr_int("transA", 0) != 0 ? 2 : 1) + (input(n, 2) ? out : 0);
+  } else if (is_one_of(op, {OpKind::kConv, OpKind::kConvInteger})) {
+    c.flops = 2 * out * prod_from(input(n, 1), 1);  // W [M, C/group, kernel...]
+  } else if (op == OpKind::kQLinearConv) {
+    c.flops = 2 * out * prod_from(input(n, 3), 1);
+  } else if (op == OpKind::kConvTranspose) {
+    c.flops = 2 * in * prod_from(input(n, 1), 1);  // each input element meets C_out/group * kernel weights
+  } else if (op == OpKind::kAttention) {
+    // Q K^T and P V: 2 * Sq * Skv * D each per head, Skv the key's second-to-last dim.
+    c.flops = 2 * (in + out) * dim_from_end(input(n, 1), 2);
+  } else if (op == OpKind::kFusedElementwise) {
+    const Graph* body = n.attr_graph("body");
+    c.flops = out * double(body && !body->nodes.empty() ? body->nodes.size() : 1);
+  } else if (is_one_of(op, {OpKind::kSoftmax, OpKind::kLogSoftmax, OpKind::kLayerNormalization,
+                            OpKind::kRMSNormalization, OpKind::kGroupNormalization, OpKind::kInstanceNormalization,
+                            OpKind::kBatchNormalization, OpKind::kMeanVarianceNormalization})) {
+    c.flops = 5 * in;  // statistics, then scale and shift
+  } else if (is_one_of(op, {OpKind::kReduceSum, OpKind::kReduceMean, OpKind::kReduceMax, OpKind::kReduceMin,
+                            OpKind::kReduceProd, OpKind::kReduceL1, OpKind::kReduceL2, OpKind::kReduceSumSquare,
+                            OpKind::kReduceLogSum, OpKind::kReduceLogSumExp, OpKind::kGlobalAveragePool,
+                            OpKind::kGlobalMaxPool, OpKind::kArgMax, OpKind::kArgMin})) {
+    c.flops = in;
+  } else if (is_one_of(op, {OpKind::kMaxPool, OpKind::kAveragePool, OpKind::kLpPool})) {
+    double k = 1;
+    for (int64_t x : n.attr_ints("kernel_shape")) k *= double(x);
+    c.flops = out * k;
+  } else {
+    c.flops = out;
+  }
+  return c;
+}
+
+}  // namespace kiln

@@ -1,0 +1,31 @@
+// The work of one IR node at its static shapes, for the profiler's roofline (`kiln bench
+// --profile`): the arithmetic it does and the bytes it reads and writes. An estimate of the
+// node's own algorithm, not of a kernel's: matrix products and convolutions count their
+// multiply-adds as 2 operations each, attention its two products, a fused elementwise body one
+// operation per node per element, normalizations and reductions a few per input element, and every
+// other node one per output element. Bytes are the node's distinct inputs (weights included) and
+// outputs, floats counted at the build's storage size. Dims not known statically count 0.
+//
+//   NodeCost c = node_cost(matmul, 2);   // [64,768] x [768,3072] in fp16: c.flops = 2*64*768*3072
+#pragma once
+
+#include <cstddef>
+
+#include "ir/graph.h"
+
+namespace kiln {
+
+struct NodeCost {
+  double flops = 0;
+  double bytes = 0;
+  NodeCost& operator+=(const NodeCost& o) {
+    flops += o.flops;
+    bytes += o.bytes;
+    return *this;
+  }
+};
+
+// float_bytes: the bytes a float (f32/f16/bf16) value takes in the build (4, or 2 for fp16/bf16).
+NodeCost node_cost(const Node& n, size_t float_bytes);
+
+}  // namespace kiln

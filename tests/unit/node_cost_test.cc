@@ -1,0 +1,54 @@
+// The profiler's work estimate (src/runtime/node_cost.h) on nodes of known arithmetic.
+#include <gtest/gtest.h>
+
+#include "ir/text.h"
+#include "runtime/node_cost.h"
+
+namespace kiln {
+namespace {
+
+std::unique_ptr<Graph> parse(const char* text) {
+  auto g = parse_graph(text);
+  EXPECT_TRUE(g) << g.status().message();
+  return g ? std::move(*g) : nullptr;
+}
+
+TEST(NodeCost, MatMulCountsMultiplyAddsAsTwoAndBytesAtTheBuildsFloatSize) {
+  auto g = parse(R"(graph g(%a: f32[2,64,768], %b: f32[768,3072]) {
+  %y = MatMul(%a, %b) : f32[2,64,3072]
+  return %y
+})");
+  ASSERT_TRUE(g);
+  const NodeCost c = node_cost(*g->nodes[0], 2);
+  EXPECT_DOUBLE_EQ(c.flops, 2.0 * 2 * 64 * 768 * 3072);
+  EXPECT_DOUBLE_EQ(c.bytes, 2.0 * (2 * 64 * 768 + 768 * 3072 + 2 * 64 * 3072));
+  EXPECT_DOUBLE_EQ(node_cost(*g->nodes[0], 4).bytes, 2 * c.bytes);
+}
+
+TEST(NodeCost, ConvolutionsCountTheirWindowsAndGroups) {
+  auto g = parse(R"(graph g(%x: f32[1,8,10,10], %w: f32[16,4,3,3], %t: f32[8,2,4,4]) {
+  %y = Conv(%x, %w) {group = 2, pads = [1, 1, 1, 1]} : f32[1,16,10,10]
+  %z = ConvTranspose(%x, %t) {strides = [2, 2]} : f32[1,2,22,22]
+  return %y, %z
+})");
+  ASSERT_TRUE(g);
+  EXPECT_DOUBLE_EQ(node_cost(*g->nodes[0], 4).flops, 2.0 * 16 * 10 * 10 * 4 * 3 * 3);
+  EXPECT_DOUBLE_EQ(node_cost(*g->nodes[1], 4).flops, 2.0 * 8 * 10 * 10 * 2 * 4 * 4);
+}
+
+TEST(NodeCost, GemmWithTransposedAAndElementwiseOps) {
+  auto g = parse(R"(graph g(%a: f32[32,8], %b: f32[32,16], %c: f32[16], %i: i64[5]) {
+  %y = Gemm(%a, %b, %c) {transA = 1} : f32[8,16]
+  %r = Relu(%y) : f32[8,16]
+  %j = Add(%i, %i) : i64[5]
+  return %r, %j
+})");
+  ASSERT_TRUE(g);
+  EXPECT_DOUBLE_EQ(node_cost(*g->nodes[0], 4).flops, 2.0 * 8 * 16 * 32 + 8 * 16);
+  EXPECT_DOUBLE_EQ(node_cost(*g->nodes[1], 4).flops, 8 * 16);
+  // One input read once however often it is named; integers at their own size.
+  EXPECT_DOUBLE_EQ(node_cost(*g->nodes[2], 2).bytes, 8.0 * 5 + 8.0 * 5);
+}
+
+}  // namespace
+}  // namespace kiln

@@ -15,13 +15,13 @@ std::vector<StepTime> step_times(std::vector<cuda::Session::ProfiledStep> steps,
   const size_t float_bytes = steps.empty() ? 4 : steps.front().float_bytes;
   std::map<std::string, const Node*> by_name;
   for (const auto& n : g.nodes) by_name.emplace(n->describe(), n.get());
-  // The work of each node with steps, plus that of the nodes fused into it.
-  std::map<std::string, NodeCost> cost;
-  for (const auto& [name, n] : by_name) cost[name] = node_cost(*n, float_bytes);
+  // Each node with steps runs with the nodes the lowering fused into it: their work is one group's.
+  std::map<std::string, std::vector<const Node*>> group;
+  for (const auto& [name, n] : by_name) group[name].push_back(n);
   for (const NodePlacement& p : report.nodes) {
     const std::optional<std::string> into = fused_into(p);
     auto it = by_name.find(p.node);
-    if (into && it != by_name.end()) cost[*into] += node_cost(*it->second, float_bytes);
+    if (into && it != by_name.end() && by_name.count(*into)) group[*into].push_back(it->second);
   }
   std::vector<StepTime> out;
   std::set<std::string> counted;
@@ -33,8 +33,9 @@ std::vector<StepTime> step_times(std::vector<cuda::Session::ProfiledStep> steps,
     if (auto it = by_name.find(t.node); it != by_name.end()) {
       t.op = std::string(op_name(it->second->op));
       if (counted.insert(t.node).second) {
-        t.flops = cost[t.node].flops;
-        t.bytes = cost[t.node].bytes;
+        const NodeCost c = group_cost(group[t.node], g, float_bytes);
+        t.flops = c.flops;
+        t.bytes = c.bytes;
       }
     }
     out.push_back(std::move(t));

@@ -1,6 +1,6 @@
 // StepTime rows of a CUDA profile (Session::profile): each step's node and op, and the estimated
-// work (runtime/node_cost.h) of its node plus the nodes the lowering fused into it, on the node's
-// first step (its later steps carry the node with no work, so that a sum over steps counts each
+// work (runtime/node_cost.h's group_cost) of its node with the nodes the lowering fused into it, on
+// the node's first step (its later steps carry the node with no work, so that a sum over steps counts each
 // node once).
 #pragma once
 

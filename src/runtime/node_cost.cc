@@ -19,11 +19,15 @@ double numel_of(const Value* v) {
   return n;
 }
 
-double bytes_of(const Value* v, size_t float_bytes) {
+}  // namespace
+
+double value_bytes(const Value* v, size_t float_bytes) {
   const DType t = v->type.dtype;
   const bool is_float = t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16;
   return numel_of(v) * double(is_float ? float_bytes : dtype_size(t));
 }
+
+namespace {
 
 const Value* input(const Node& n, size_t i) { return i < n.inputs.size() ? n.inputs[i] : nullptr; }
 
@@ -55,10 +59,10 @@ NodeCost node_cost(const Node& n, size_t float_bytes) {
   NodeCost c;
   std::set<const Value*> seen;
   for (const Value* v : n.inputs) {
-    if (v && seen.insert(v).second) c.bytes += bytes_of(v, float_bytes);
+    if (v && seen.insert(v).second) c.bytes += value_bytes(v, float_bytes);
   }
   for (const Value* v : n.outputs) {
-    if (v) c.bytes += bytes_of(v, float_bytes);
+    if (v) c.bytes += value_bytes(v, float_bytes);
   }
   const double out = n.outputs.empty() ? 0 : numel_of(n.outputs[0]);
   const double in = numel_of(input(n, 0));
@@ -96,6 +100,35 @@ NodeCost node_cost(const Node& n, size_t float_bytes) {
     c.flops = out * k;
   } else {
     c.flops = out;
+  }
+  return c;
+}
+
+NodeCost group_cost(const std::vector<const Node*>& group, const Graph& g, size_t float_bytes) {
+  NodeCost c;
+  std::set<const Node*> members(group.begin(), group.end());
+  std::set<const Value*> produced, read;
+  for (const Node* n : group) {
+    c.flops += node_cost(*n, float_bytes).flops;
+    for (const Value* v : n->outputs) {
+      if (v) produced.insert(v);
+    }
+  }
+  for (const Node* n : group) {
+    for (const Value* v : n->inputs) {
+      if (v && !produced.count(v) && read.insert(v).second) c.bytes += value_bytes(v, float_bytes);
+    }
+  }
+  // A produced value is written when the graph returns it or a node outside the group reads it.
+  std::set<const Value*> written(g.outputs.begin(), g.outputs.end());
+  for (const auto& n : g.nodes) {
+    if (members.count(n.get())) continue;
+    for (const Value* v : n->inputs) {
+      if (v && produced.count(v)) written.insert(v);
+    }
+  }
+  for (const Value* v : produced) {
+    if (written.count(v)) c.bytes += value_bytes(v, float_bytes);
   }
   return c;
 }

@@ -28,4 +28,12 @@ struct NodeCost {
 // float_bytes: the bytes a float (f32/f16/bf16) value takes in the build (4, or 2 for fp16/bf16).
 NodeCost node_cost(const Node& n, size_t float_bytes);
 
+// The bytes of v (0 when its dims are not static), floats at float_bytes.
+double value_bytes(const Value* v, size_t float_bytes);
+
+// The work of nodes that run as one kernel (a root and the nodes fused into it): their FLOPs, and
+// the bytes that cross the group's edge: values read from outside it (weights included) and
+// values it produces that a node outside it, or the graph's output, reads.
+NodeCost group_cost(const std::vector<const Node*>& group, const Graph& g, size_t float_bytes);
+
 }  // namespace kiln

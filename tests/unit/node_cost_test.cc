@@ -50,5 +50,21 @@ TEST(NodeCost, GemmWithTransposedAAndElementwiseOps) {
   EXPECT_DOUBLE_EQ(node_cost(*g->nodes[2], 2).bytes, 8.0 * 5 + 8.0 * 5);
 }
 
+TEST(NodeCost, AGroupCountsOnlyTheBytesCrossingItsEdge) {
+  auto g = parse(R"(graph g(%x: f32[4,8], %w: f32[8,16], %r: f32[4,16]) {
+  %m = MatMul(%x, %w) : f32[4,16]
+  %a = Add(%m, %r) : f32[4,16]
+  %y = Relu(%a) : f32[4,16]
+  %z = Neg(%a) : f32[4,16]
+  return %y, %z
+})");
+  ASSERT_TRUE(g);
+  // MatMul + Add + Relu as one kernel: x, w and r read; a (Neg reads it) and y (returned) written; m stays inside.
+  const std::vector<const Node*> group{g->nodes[0].get(), g->nodes[1].get(), g->nodes[2].get()};
+  const NodeCost c = group_cost(group, *g, 4);
+  EXPECT_DOUBLE_EQ(c.flops, 2.0 * 4 * 16 * 8 + 4 * 16 + 4 * 16);
+  EXPECT_DOUBLE_EQ(c.bytes, 4.0 * (4 * 8 + 8 * 16 + 4 * 16) + 4.0 * (4 * 16 + 4 * 16));
+}
+
 }  // namespace
 }  // namespace kiln

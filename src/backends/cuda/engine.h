@@ -119,7 +119,7 @@ class Session {
   // Stages `inputs` once, then times `iterations` forwards (after `warmup`) with CUDA events
   // around each replay; milliseconds per forward.
   virtual Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) = 0;
-  // One forward run step by step (no graph) with CUDA events around each step.
+  // Forwards run step by step (no graph) with CUDA events around each step: each step's median.
   struct ProfiledStep {
     std::string label, node;  // the step's label and its node's describe() (empty for none)
     double ms = 0;

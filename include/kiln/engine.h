@@ -145,11 +145,13 @@ Expected<Engine> build(const std::string& onnx_path, const BuildConfig& config =
 Expected<Engine> build_from_bytes(const void* data, size_t size, const BuildConfig& config = {},
                                   const std::string& base_dir = "");
 
-// One step of a profiled forward (Session::profile): its time, the node it computes, and an
-// estimate of that node's work (multiply-adds count 2; bytes are the node's inputs, weights and
-// outputs at the build's storage size), nodes fused into it included. A node's work is on its
-// first step (its later steps name it with no work); a step of no node (a graph input's
-// conversion) names none. The CUDA backend fills every field; the CPU backend profiles nothing.
+// One step of a profiled forward (Session::profile: each step's median over five step-by-step
+// forwards): its time, the node it computes, and an estimate of that node's work together with the
+// nodes fused into it (multiply-adds count 2; bytes are those crossing the group's edge: what it
+// reads from outside, weights included, and what it writes for others, at the build's storage
+// size). A node's work is on its first step (its later steps name it with no work); a step of no
+// node (a graph input's conversion) names none and has no op. The CUDA backend profiles (a
+// tensor-parallel engine: rank 0); the CPU backend returns no steps.
 struct StepTime {
   std::string step;  // the node and its implementation
   double ms = 0;
@@ -180,7 +182,8 @@ class Session {
   // Times `iterations` forwards after `warmup` with the inputs staged once: milliseconds each
   // (CUDA events around each graph replay on the GPU, the wall clock on the CPU).
   Expected<std::vector<double>> benchmark(const std::vector<TensorView>& inputs, int warmup, int iterations);
-  // One forward step by step with a timer around each step (GPU; empty on the CPU).
+  // Five forwards step by step with a timer around each step: each step's median (GPU; empty on
+  // the CPU). See StepTime.
   Expected<std::vector<StepTime>> profile(const std::vector<TensorView>& inputs);
   // One forward step by step, counting the NaN and Inf each step writes (GPU; empty on the CPU,
   // whose fp32 result is the reference): the steps that wrote any, in order. The first is where a

@@ -1,5 +1,6 @@
 #include "runtime/node_cost.h"
 
+#include <algorithm>
 #include <set>
 
 namespace kiln {
@@ -24,7 +25,19 @@ double numel_of(const Value* v) {
 double value_bytes(const Value* v, size_t float_bytes) {
   const DType t = v->type.dtype;
   const bool is_float = t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16;
-  return numel_of(v) * double(is_float ? float_bytes : dtype_size(t));
+  return numel_of(v) * (is_float ? double(float_bytes) : double(dtype_bits(t)) / 8.0);
+}
+
+double read_bytes(const Node& n, size_t i, size_t float_bytes) {
+  const Value* v = n.inputs[i];
+  // A gather or slice reads as many elements of its data as it writes, not the whole tensor (an
+  // embedding table).
+  const bool gathers = n.op == OpKind::kGather || n.op == OpKind::kGatherElements || n.op == OpKind::kGatherND ||
+                       n.op == OpKind::kSlice;
+  if (gathers && i == 0 && !n.outputs.empty() && n.outputs[0]) {
+    return std::min(value_bytes(v, float_bytes), value_bytes(n.outputs[0], float_bytes));
+  }
+  return value_bytes(v, float_bytes);
 }
 
 namespace {
@@ -58,8 +71,8 @@ bool is_one_of(OpKind op, std::initializer_list<OpKind> ops) {
 NodeCost node_cost(const Node& n, size_t float_bytes) {
   NodeCost c;
   std::set<const Value*> seen;
-  for (const Value* v : n.inputs) {
-    if (v && seen.insert(v).second) c.bytes += value_bytes(v, float_bytes);
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    if (n.inputs[i] && seen.insert(n.inputs[i]).second) c.bytes += read_bytes(n, i, float_bytes);
   }
   for (const Value* v : n.outputs) {
     if (v) c.bytes += value_bytes(v, float_bytes);
@@ -67,7 +80,7 @@ NodeCost node_cost(const Node& n, size_t float_bytes) {
   const double out = n.outputs.empty() ? 0 : numel_of(n.outputs[0]);
   const double in = numel_of(input(n, 0));
   const OpKind op = n.op;
-  if (is_one_of(op, {OpKind::kMatMul, OpKind::kMatMulInteger})) {
+  if (is_one_of(op, {OpKind::kMatMul, OpKind::kMatMulInteger, OpKind::kQuantizedMatMul})) {
     c.flops = 2 * out * dim_from_end(input(n, 0), 1);
   } else if (op == OpKind::kQLinearMatMul) {
     c.flops = 2 * out * dim_from_end(input(n, 0), 1);
@@ -80,8 +93,12 @@ NodeCost node_cost(const Node& n, size_t float_bytes) {
   } else if (op == OpKind::kConvTranspose) {
     c.flops = 2 * in * prod_from(input(n, 1), 1);  // each input element meets C_out/group * kernel weights
   } else if (op == OpKind::kAttention) {
-    // Q K^T and P V: 2 * Sq * Skv * D each per head, Skv the key's second-to-last dim.
-    c.flops = 2 * (in + out) * dim_from_end(input(n, 1), 2);
+    // Q K^T and P V: 2 * Sq * Skv * D each per head; Skv the new keys plus the past ones (input 4).
+    c.flops = 2 * (in + out) * (dim_from_end(input(n, 1), 2) + dim_from_end(input(n, 4), 2));
+  } else if (is_one_of(op, {OpKind::kLSTM, OpKind::kGRU, OpKind::kRNN})) {
+    // Every step multiplies its input and its hidden state by W and R (all gates and directions).
+    const double features = dim_from_end(input(n, 0), 1);
+    c.flops = features > 0 ? 2 * (in / features) * (numel_of(input(n, 1)) + numel_of(input(n, 2))) : 0;
   } else if (op == OpKind::kFusedElementwise) {
     const Graph* body = n.attr_graph("body");
     c.flops = out * double(body && !body->nodes.empty() ? body->nodes.size() : 1);
@@ -115,8 +132,9 @@ NodeCost group_cost(const std::vector<const Node*>& group, const Graph& g, size_
     }
   }
   for (const Node* n : group) {
-    for (const Value* v : n->inputs) {
-      if (v && !produced.count(v) && read.insert(v).second) c.bytes += value_bytes(v, float_bytes);
+    for (size_t i = 0; i < n->inputs.size(); ++i) {
+      const Value* v = n->inputs[i];
+      if (v && !produced.count(v) && read.insert(v).second) c.bytes += read_bytes(*n, i, float_bytes);
     }
   }
   // A produced value is written when the graph returns it or a node outside the group reads it.

@@ -66,5 +66,18 @@ TEST(NodeCost, AGroupCountsOnlyTheBytesCrossingItsEdge) {
   EXPECT_DOUBLE_EQ(c.bytes, 4.0 * (4 * 8 + 8 * 16 + 4 * 16) + 4.0 * (4 * 16 + 4 * 16));
 }
 
+TEST(NodeCost, GathersReadTheirOutputsWorthAndRecurrencesCountTheirProducts) {
+  auto g = parse(R"(graph g(%table: f32[30000,768], %ids: i64[4,16], %x: f32[10,2,8], %w: f32[1,64,8], %r: f32[1,64,16]) {
+  %e = Gather(%table, %ids) : f32[4,16,768]
+  %y, %h, %c = LSTM(%x, %w, %r) {hidden_size = 16} : f32[10,1,2,16], f32[1,2,16], f32[1,2,16]
+  return %e, %y
+})");
+  ASSERT_TRUE(g);
+  // The embedding rows gathered, not the table: 4*16*768 floats read, as many written, and the ids.
+  EXPECT_DOUBLE_EQ(node_cost(*g->nodes[0], 2).bytes, 2.0 * 4 * 16 * 768 * 2 + 8.0 * 4 * 16);
+  // 10 steps x batch 2, each through W (64x8) and R (64x16).
+  EXPECT_DOUBLE_EQ(node_cost(*g->nodes[1], 4).flops, 2.0 * 10 * 2 * (64 * 8 + 64 * 16));
+}
+
 }  // namespace
 }  // namespace kiln

@@ -119,8 +119,6 @@ int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt) {
     if (opt.peak_gbs > 0) peaks.gbs = opt.peak_gbs;
     peaks.from_flags = opt.peak_tflops > 0 || opt.peak_gbs > 0;
     if (Status st = print_profile(*timed, peaks, {opt.trace, opt.plot, opt.top}, &j); !st) return fail(st);
-  } else if (!opt.trace.empty() || !opt.plot.empty()) {
-    return fail(KILN_ERROR(kInvalidArgument, "--trace and --plot come with --profile"));
   }
   if (!opt.json.empty()) {
     j["model"] = load.model;

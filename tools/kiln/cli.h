@@ -91,8 +91,8 @@ struct BenchOptions {
   int iterations = 100;
   std::string json;
   uint64_t seed = 0;
-  bool profile = false;              // also time each step once (no graph): the roofline table (profile.cc)
-  std::string trace, plot;           // with --profile: a Chrome trace of that forward, the roofline as SVG
+  bool profile = false;              // also time each step (median of 5 step-by-step forwards): profile.cc
+  std::string trace, plot;           // with --profile: the step times as a Chrome trace, the roofline as SVG
   double peak_tflops = 0, peak_gbs = 0;  // with --profile: the device's peaks (0: the H100 SXM's)
   size_t top = 20;                   // with --profile: nodes in the table
   bool report = false;               // print the engine's build report (each node's kernel) first
@@ -184,7 +184,6 @@ Expected<std::vector<Tensor>> gather_inputs(const Engine& e, const RunOptions& o
 std::vector<TensorView> views(const std::vector<Tensor>& tensors);
 Tensor from_host(HostTensor t);
 double percentile(std::vector<double> v, double p);
-// Prints "kiln: error: <message>" to stderr and returns 1.
 // The peaks `kiln bench --profile` measures against (profile.cc): the H100 SXM's dense datasheet
 // numbers for the build's precision unless given.
 struct ProfilePeaks {
@@ -202,6 +201,7 @@ struct ProfileOutputs {
 Status print_profile(const std::vector<StepTime>& steps, const ProfilePeaks& peaks, const ProfileOutputs& out,
                      nlohmann::json* j);
 
+// Prints "kiln: error: <message>" to stderr and returns 1.
 int fail(const Status& s);
 
 }  // namespace kiln::cli

@@ -181,12 +181,15 @@ int main(int argc, char** argv) {
   be->add_option("--json", bench.json, "write the results as JSON");
   be->add_option("--seed", bench.seed, "seed of the random inputs")->default_val(0);
   be->add_flag("--profile", bench.profile,
-               "GPU: also run one forward step by step: each ONNX node's time, FLOPs, bytes and place on the roofline");
+               "GPU: also run forwards step by step: each ONNX node's time (median of five), FLOPs, bytes and place on the roofline");
   be->add_option("--trace", bench.trace, "with --profile: write that forward as a Chrome/Perfetto trace (JSON)");
   be->add_option("--plot", bench.plot, "with --profile: draw the roofline with every node as SVG");
-  be->add_option("--peak-tflops", bench.peak_tflops, "with --profile: the device's peak TFLOP/s (default: H100 SXM, by precision)");
-  be->add_option("--peak-gbs", bench.peak_gbs, "with --profile: the device's memory bandwidth in GB/s (default 3350)");
+  be->add_option("--peak-tflops", bench.peak_tflops, "with --profile: the device's peak TFLOP/s (default: H100 SXM, by precision)")
+      ->check(CLI::Range(1e-3, 1e6));
+  be->add_option("--peak-gbs", bench.peak_gbs, "with --profile: the device's memory bandwidth in GB/s (default 3350)")
+      ->check(CLI::Range(1e-3, 1e7));
   be->add_option("--top", bench.top, "with --profile: nodes in the table")->default_val(20);
+  for (const char* f : {"--trace", "--plot", "--peak-tflops", "--peak-gbs", "--top"}) be->get_option(f)->needs("--profile");
   be->add_flag("--report", bench.report, "GPU: print the timed engine's placement report (autotuned choices) first");
   be->add_flag("--shapes-sweep", bench.shapes_sweep,
                "with shape ranges: time the dynamic engine at shapes across them, each beside a static engine built for it");

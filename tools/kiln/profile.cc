@@ -1,8 +1,9 @@
-// `kiln bench --profile [--trace FILE] [--plot FILE.svg] [--peak-tflops T] [--peak-gbs B]`: one
-// forward step by step (Session::profile), each step's time with its node's estimated work
-// (runtime/node_cost.h), then the nodes by time with their achieved TFLOP/s and GB/s against the
-// device's peaks, whether each is compute- or memory-bound and how close to its roofline it runs;
-// a Chrome/Perfetto trace of that forward, and the roofline drawn as SVG.
+// `kiln bench --profile [--trace FILE] [--plot FILE.svg] [--peak-tflops T] [--peak-gbs B]`: the
+// forward step by step (Session::profile: each step's median of five), each step's time with its
+// node's estimated work (runtime/node_cost.h), then the nodes by time with their achieved TFLOP/s
+// and GB/s against the device's peaks, whether each is compute- or memory-bound and how close to
+// its roofline it runs; a Chrome/Perfetto trace laying those step times end to end, and the
+// roofline drawn as SVG.
 //
 // The peaks default to the H100 SXM's datasheet (dense: 989 TFLOP/s fp16/bf16, 495 tf32, 67 fp32;
 // 3350 GB/s HBM3); --peak-tflops and --peak-gbs give a measured or another device's.
@@ -115,6 +116,11 @@ ProfilePeaks default_peaks(Precision p) {
 }
 
 Status print_profile(const std::vector<StepTime>& steps, const ProfilePeaks& peaks, const ProfileOutputs& out, json* j) {
+  if (steps.empty()) {
+    std::printf("profile: this engine has no step-by-step profile (the CPU backend's)\n");
+    if (!out.trace.empty() || !out.plot.empty()) return KILN_ERROR(kInvalidArgument, "--trace and --plot need a GPU engine");
+    return Status::ok();
+  }
   double total = 0;
   for (const StepTime& st : steps) total += st.ms;
   std::printf("profile: %zu steps, %.4f ms step by step (no graph); peaks %.1f TFLOP/s, %.0f GB/s%s\n", steps.size(), total,
@@ -153,8 +159,9 @@ Status print_profile(const std::vector<StepTime>& steps, const ProfilePeaks& pea
   for (size_t i = 0; i < top.size() && i < out.top; ++i) {
     const NodeRow& r = top[i];
     const Roof f = roof(r, peaks);
+    const bool work = r.flops > 0 || r.bytes > 0;
     std::printf("  %8.4f %5.1f%% %9.3f %8.2f %8.2f %7.0f %7.1f %-7s %5.1f%%  %s\n", r.ms, total > 0 ? 100 * r.ms / total : 0.0,
-                r.flops / 1e9, r.bytes / 1e6, f.tflops, f.gbs, f.intensity, f.compute_bound ? "compute" : "memory",
+                r.flops / 1e9, r.bytes / 1e6, f.tflops, f.gbs, f.intensity, !work ? "-" : f.compute_bound ? "compute" : "memory",
                 r.ms > 0 ? 100 * f.floor_ms / r.ms : 0.0, r.node.c_str());
   }
   std::map<std::string, NodeRow> by_op;
@@ -180,7 +187,7 @@ Status print_profile(const std::vector<StepTime>& steps, const ProfilePeaks& pea
   all.flops = flops;
   all.bytes = bytes;
   const Roof f = roof(all, peaks);
-  std::printf("whole forward: %.3f GFLOP, %.2f MB moved by the nodes (an upper bound on the traffic), floor %.4f ms "
+  std::printf("whole forward: %.3f GFLOP, %.2f MB crossing kernel edges (an estimate of the traffic), floor %.4f ms "
               "(max of FLOPs / peak and bytes / bandwidth), %.1f%% of it step by step\n",
               flops / 1e9, bytes / 1e6, f.floor_ms, total > 0 ? 100 * f.floor_ms / total : 0.0);
   if (j) {

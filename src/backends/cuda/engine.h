@@ -121,7 +121,8 @@ class Session {
   virtual Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) = 0;
   // Forwards run step by step (no graph) with CUDA events around each step: each step's median.
   struct ProfiledStep {
-    std::string label, node;  // the step's label and its node's describe() (empty for none)
+    std::string label, node;  // the step's label and its node's describe() at build (empty for none)
+    int node_index = -1;      // that node's position in the plan graph's top-level nodes, -1 for none
     double ms = 0;
     size_t float_bytes = 4;   // the engine's storage size of a float (2 in fp16/bf16 builds)
   };

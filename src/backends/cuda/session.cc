@@ -226,7 +226,7 @@ class CudaSession : public Session {
     for (size_t i = 0; st && i < steps.size(); ++i) {
       std::vector<float>& t = times[i];
       std::nth_element(t.begin(), t.begin() + ptrdiff_t(t.size() / 2), t.end());
-      out.push_back({steps[i].label, steps[i].node, t[t.size() / 2], float_bytes});
+      out.push_back({steps[i].label, steps[i].node, steps[i].node_index, t[t.size() / 2], float_bytes});
     }
     for (auto& e : ev) {
       if (e) cudaEventDestroy(e);

@@ -29,6 +29,7 @@ std::vector<StepTime> step_times(std::vector<cuda::Session::ProfiledStep> steps,
     auto it = into ? row_of.find(*into) : row_of.end();
     if (it != row_of.end() && it->second != i) group[it->second].push_back(g.nodes[i].get());
   }
+  const ValueReaders readers = value_readers(g);
   std::vector<StepTime> out;
   std::set<size_t> counted;
   for (cuda::Session::ProfiledStep& s : steps) {
@@ -40,7 +41,7 @@ std::vector<StepTime> step_times(std::vector<cuda::Session::ProfiledStep> steps,
       const size_t i = size_t(s.node_index);
       t.op = std::string(op_name(g.nodes[i]->op));
       if (counted.insert(i).second) {
-        const NodeCost c = group_cost(group[i], g, float_bytes);
+        const NodeCost c = group_cost(group[i], readers, float_bytes);
         t.flops = c.flops;
         t.bytes = c.bytes;
       }

@@ -121,7 +121,18 @@ NodeCost node_cost(const Node& n, size_t float_bytes) {
   return c;
 }
 
-NodeCost group_cost(const std::vector<const Node*>& group, const Graph& g, size_t float_bytes) {
+ValueReaders value_readers(const Graph& g) {
+  ValueReaders r;
+  for (const auto& n : g.nodes) {
+    for (const Value* v : n->inputs) {
+      if (v) r[v].push_back(n.get());
+    }
+  }
+  for (const Value* v : g.outputs) r[v].push_back(nullptr);
+  return r;
+}
+
+NodeCost group_cost(const std::vector<const Node*>& group, const ValueReaders& readers, size_t float_bytes) {
   NodeCost c;
   std::set<const Node*> members(group.begin(), group.end());
   std::set<const Value*> produced, read;
@@ -137,16 +148,13 @@ NodeCost group_cost(const std::vector<const Node*>& group, const Graph& g, size_
       if (v && !produced.count(v) && read.insert(v).second) c.bytes += read_bytes(*n, i, float_bytes);
     }
   }
-  // A produced value is written when the graph returns it or a node outside the group reads it.
-  std::set<const Value*> written(g.outputs.begin(), g.outputs.end());
-  for (const auto& n : g.nodes) {
-    if (members.count(n.get())) continue;
-    for (const Value* v : n->inputs) {
-      if (v && produced.count(v)) written.insert(v);
-    }
-  }
+  // A produced value is written when the graph returns it (a null reader) or a node outside the
+  // group reads it.
   for (const Value* v : produced) {
-    if (written.count(v)) c.bytes += value_bytes(v, float_bytes);
+    auto it = readers.find(v);
+    if (it == readers.end()) continue;
+    const bool written = std::any_of(it->second.begin(), it->second.end(), [&](const Node* r) { return !r || !members.count(r); });
+    if (written) c.bytes += value_bytes(v, float_bytes);
   }
   return c;
 }

@@ -12,6 +12,8 @@
 #pragma once
 
 #include <cstddef>
+#include <unordered_map>
+#include <vector>
 
 #include "ir/graph.h"
 
@@ -35,9 +37,14 @@ double value_bytes(const Value* v, size_t float_bytes);
 // The bytes node n reads of its input i (value_bytes, or less for a gather's data).
 double read_bytes(const Node& n, size_t i, size_t float_bytes);
 
+// Who reads each value of a graph's top level: its nodes, and null for the graph's own outputs.
+// Built once per graph for group_cost.
+using ValueReaders = std::unordered_map<const Value*, std::vector<const Node*>>;
+ValueReaders value_readers(const Graph& g);
+
 // The work of nodes that run as one kernel (a root and the nodes fused into it): their FLOPs, and
 // the bytes that cross the group's edge: values read from outside it (weights included) and
 // values it produces that a node outside it, or the graph's output, reads.
-NodeCost group_cost(const std::vector<const Node*>& group, const Graph& g, size_t float_bytes);
+NodeCost group_cost(const std::vector<const Node*>& group, const ValueReaders& readers, size_t float_bytes);
 
 }  // namespace kiln

@@ -61,7 +61,7 @@ TEST(NodeCost, AGroupCountsOnlyTheBytesCrossingItsEdge) {
   ASSERT_TRUE(g);
   // MatMul + Add + Relu as one kernel: x, w and r read; a (Neg reads it) and y (returned) written; m stays inside.
   const std::vector<const Node*> group{g->nodes[0].get(), g->nodes[1].get(), g->nodes[2].get()};
-  const NodeCost c = group_cost(group, *g, 4);
+  const NodeCost c = group_cost(group, value_readers(*g), 4);
   EXPECT_DOUBLE_EQ(c.flops, 2.0 * 4 * 16 * 8 + 4 * 16 + 4 * 16);
   EXPECT_DOUBLE_EQ(c.bytes, 4.0 * (4 * 8 + 8 * 16 + 4 * 16) + 4.0 * (4 * 16 + 4 * 16));
 }

@@ -202,15 +202,26 @@ Expected<NdConv> conv_geometry(const Node& n, const std::vector<int64_t>& xd, co
   return g;
 }
 
-}  // namespace
-
-Status lower_conv_nd(Lowering& L, const Node& n) {
+// x and w of a Conv or ConvTranspose over 1 or 3 spatial dims: row-major, of one float type.
+Expected<std::pair<const DevValue*, const DevValue*>> nd_operands(Lowering& L, const Node& n) {
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
   KILN_ASSIGN_OR_RETURN(const DevValue* w, L.rowmajor(n.inputs[1]));
   const size_t r = x->dims.size();
-  if ((r != 3 && r != 5) || w->dims.size() != r) KILN_UNSUPPORTED("Conv of rank {} with a weight of rank {}", r, w->dims.size());
-  if (x->dt != k::DT::kF32 && x->dt != k::DT::kF16 && x->dt != k::DT::kBF16) KILN_UNSUPPORTED("Conv on {}", dtype_name(x->ir_dtype));
-  if (w->dt != x->dt) KILN_UNSUPPORTED("Conv with a weight of another dtype");
+  if ((r != 3 && r != 5) || w->dims.size() != r) {
+    KILN_UNSUPPORTED("{} of rank {} with a weight of rank {}", op_name(n.op), r, w->dims.size());
+  }
+  if (x->dt != k::DT::kF32 && x->dt != k::DT::kF16 && x->dt != k::DT::kBF16) {
+    KILN_UNSUPPORTED("{} on {}", op_name(n.op), dtype_name(x->ir_dtype));
+  }
+  if (w->dt != x->dt) KILN_UNSUPPORTED("{} with a weight of another dtype", op_name(n.op));
+  return std::make_pair(x, w);
+}
+
+}  // namespace
+
+Status lower_conv_nd(Lowering& L, const Node& n) {
+  KILN_ASSIGN_OR_RETURN(auto xw, nd_operands(L, n));
+  const auto [x, w] = xw;
   const DevValue* b = nullptr;
   if (n.has_input(2)) {
     KILN_ASSIGN_OR_RETURN(b, L.rowmajor(n.inputs[2]));
@@ -233,12 +244,9 @@ Status emit_conv_f64(Lowering& L, const Node& n, const DevValue* x, const DevVal
 // SAME decide them from the wanted size; cuDNN pads symmetrically by the leading pad, which places
 // ONNX's outputs whenever 0 <= output_padding + pad_begin - pad_end < stride.
 Status lower_conv_transpose_nd(Lowering& L, const Node& n) {
-  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(n.inputs[0]));
-  KILN_ASSIGN_OR_RETURN(const DevValue* w, L.rowmajor(n.inputs[1]));
+  KILN_ASSIGN_OR_RETURN(auto xw, nd_operands(L, n));
+  const auto [x, w] = xw;
   const size_t r = x->dims.size();
-  if ((r != 3 && r != 5) || w->dims.size() != r) KILN_UNSUPPORTED("ConvTranspose of rank {} with a weight of rank {}", r, w->dims.size());
-  if (x->dt != k::DT::kF32 && x->dt != k::DT::kF16 && x->dt != k::DT::kBF16) KILN_UNSUPPORTED("ConvTranspose on {}", dtype_name(x->ir_dtype));
-  if (w->dt != x->dt) KILN_UNSUPPORTED("ConvTranspose with a weight of another dtype");
   const size_t sp = r - 2;
   const std::string ap = n.attr_string("auto_pad", "NOTSET");
   if (ap != "NOTSET" && ap != "VALID" && ap != "SAME_UPPER" && ap != "SAME_LOWER") KILN_UNSUPPORTED("ConvTranspose with auto_pad {}", ap);

@@ -27,8 +27,7 @@ __device__ double round_as(double v, DT dt) {
 
 template <class A, class Y>
 __global__ void requantize_kernel(Requantize r, const A* __restrict__ acc, Y* __restrict__ y) {
-  const double lo = std::is_same_v<Y, int32_t> ? -2147483648.0 : std::is_same_v<Y, int8_t> ? -128.0 : 0.0;
-  const double hi = std::is_same_v<Y, int32_t> ? 2147483647.0 : std::is_same_v<Y, int8_t> ? 127.0 : 255.0;
+  const double lo = std::is_same_v<Y, int8_t> ? -128.0 : 0.0, hi = std::is_same_v<Y, int8_t> ? 127.0 : 255.0;  // 8-bit
   const double zp = !r.zp_ptr                ? r.zp
                     : r.zp_dt == DT::kI8 ? static_cast<double>(static_cast<const int8_t*>(r.zp_ptr)[0])
                                            : static_cast<double>(static_cast<const uint8_t*>(r.zp_ptr)[0]);

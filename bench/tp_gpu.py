@@ -70,6 +70,9 @@ def main():
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--iters", type=int, default=100)
     p.add_argument("--peers", default="eager,reduce-overhead")
+    p.add_argument("--profile", action="store_true", help="also save `kiln bench --profile` of each engine")
+    p.add_argument("--build-flags", default="", help="more `kiln build` flags, e.g. --no-nccl-symmetric-memory")
+    p.add_argument("--tag", default="tp", help="names OUT/TAG.json and OUT/TAG.md (several runs in one OUT)")
     args = p.parse_args()
     import numpy as np, torch
     os.makedirs(args.out, exist_ok=True)
@@ -87,7 +90,8 @@ def main():
             inputs = peers.make_inputs(["input_ids"], vocab, 2)
             path = os.path.join(work, f"{name}.onnx")
             t0 = time.time()
-            rec["exporter"] = peers.export_onnx(model, inputs, path)
+            if not os.path.exists(path):  # an earlier run in this machine's /tmp exported it
+                rec["exporter"] = peers.export_onnx(model, inputs, path)
             rec["export_s"] = time.time() - t0
             ids1 = inputs["input_ids"][:1]
             np.save(os.path.join(work, f"{name}_ids.npy"), ids1.numpy())
@@ -103,14 +107,16 @@ def main():
                         rec[f"torch_{mode}_b{b}"] = {"error": peers.describe(e)}
             del model16
             torch.cuda.empty_cache()
-            est_file = os.path.join(work, f"{name}_est.json")
-            kiln(args, "plan-parallel", path, "--fp16", "--batch", "1", "--gpus", ",".join(map(str, ranks)),
-                 "--json", est_file)
-            rec["estimate_b1"] = json.load(open(est_file))
+            for b in batches:
+                est_file = os.path.join(work, f"{name}_est{b}.json")
+                kiln(args, "plan-parallel", path, "--fp16", "--batch", str(b), "--gpus", ",".join(map(str, ranks)),
+                     "--json", est_file)
+                rec[f"estimate_b{b}"] = json.load(open(est_file))
             for n in ranks:
                 for b in batches:
                     eng = os.path.join(work, f"{name}_tp{n}_b{b}.kiln")
-                    r, secs = kiln(args, "build", path, "--fp16", "--batch", str(b), "--tensor-parallel", str(n), "-o", eng)
+                    r, secs = kiln(args, "build", path, "--fp16", "--batch", str(b), "--tensor-parallel", str(n), "-o", eng,
+                                   *args.build_flags.split())
                     key = f"tp{n}_b{b}"
                     rec[key] = {"build_s": secs, "report": r.stdout[-1500:]}
                     if b == 1:
@@ -122,11 +128,15 @@ def main():
                     jf = os.path.join(work, f"{name}_{key}.json")
                     kiln(args, "bench", eng, "--warmup", str(args.warmup), "--iterations", str(args.iters), "--json", jf)
                     rec[key].update(json.load(open(jf)))
+                    if args.profile:
+                        r, _ = kiln(args, "bench", eng, "--profile", "--top", "12")
+                        with open(os.path.join(args.out, f"{args.tag}_{name}_{key}_profile.txt"), "w") as f:
+                            f.write(r.stdout)
                     os.remove(eng)
         except Exception as e:
             rec["error"] = peers.describe(e)
             print(f"{name}: {rec['error']}", flush=True)
-        with open(os.path.join(args.out, "tp.json"), "w") as f:
+        with open(os.path.join(args.out, f"{args.tag}.json"), "w") as f:
             json.dump(records, f, indent=1, default=str)
     lines = ["| model | ranks | batch | kiln median ms | p99 ms | tokens/s | rel-L2 vs fp32 | build s |",
              "|---|---|---|---|---|---|---|---|"]
@@ -143,7 +153,7 @@ def main():
                 lines.append(f"| {rec['model']} | torch {k[6:]} | | {v['median_ms']:.3f} | {v['p99_ms']:.3f} | | | |")
         if "error" in rec:
             lines.append(f"| {rec['model']} | error: {rec['error'][:200]} |")
-    with open(os.path.join(args.out, "tp.md"), "w") as f:
+    with open(os.path.join(args.out, f"{args.tag}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

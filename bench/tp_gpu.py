@@ -6,7 +6,7 @@ cache, logits out): export ONNX -> for each rank count: `kiln build --fp16 --ten
 into an engine file -> its logits against torch fp32 eager (rel-L2) -> `kiln bench` at batch 1 and
 the large batch (CUDA events, median and p99) -> `kiln plan-parallel` (the estimator, with the NCCL
 all-reduce measured at the model's message size) -> torch eager fp16 and torch.compile on one GPU
-as the peers. Writes OUT/tp.json and OUT/tp.md.
+as the peers. Writes OUT/TAG.json and OUT/TAG.md (--tag, default tp).
 
   python3 bench/tp_gpu.py --kiln /tmp/k/bin/kiln --out $OUT --models gpt2-medium,llama-gqa --ranks 1,2
 """
@@ -71,7 +71,7 @@ def main():
     p.add_argument("--iters", type=int, default=100)
     p.add_argument("--peers", default="eager,reduce-overhead")
     p.add_argument("--profile", action="store_true", help="also save `kiln bench --profile` of each engine")
-    p.add_argument("--build-flags", default="", help="more `kiln build` flags, e.g. --no-nccl-symmetric-memory")
+    p.add_argument("--build-flags", default="", help="more `kiln build` flags (write --build-flags=\"--no-autotune\")")
     p.add_argument("--tag", default="tp", help="names OUT/TAG.json and OUT/TAG.md (several runs in one OUT)")
     args = p.parse_args()
     import numpy as np, torch
@@ -89,10 +89,10 @@ def main():
             rec["params"] = params
             inputs = peers.make_inputs(["input_ids"], vocab, 2)
             path = os.path.join(work, f"{name}.onnx")
-            t0 = time.time()
-            if not os.path.exists(path):  # an earlier run in this machine's /tmp exported it
+            if not os.path.exists(path):  # else an earlier run in this machine's /tmp exported it
+                t0 = time.time()
                 rec["exporter"] = peers.export_onnx(model, inputs, path)
-            rec["export_s"] = time.time() - t0
+                rec["export_s"] = time.time() - t0
             ids1 = inputs["input_ids"][:1]
             np.save(os.path.join(work, f"{name}_ids.npy"), ids1.numpy())
             with torch.inference_mode():

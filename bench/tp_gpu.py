@@ -126,10 +126,12 @@ def main():
                         got = np.load(os.path.join(out, "output.npy")).astype(np.float32)
                         rec[key]["rel_l2_vs_torch_fp32"] = peers.rel_l2(got, ref)
                     jf = os.path.join(work, f"{name}_{key}.json")
-                    kiln(args, "bench", eng, "--warmup", str(args.warmup), "--iterations", str(args.iters), "--json", jf)
+                    # --profile runs its step-by-step forwards after the timed ones, in the same call.
+                    prof = ["--profile", "--top", "12"] if args.profile else []
+                    r, _ = kiln(args, "bench", eng, "--warmup", str(args.warmup), "--iterations", str(args.iters),
+                                "--json", jf, *prof)
                     rec[key].update(json.load(open(jf)))
                     if args.profile:
-                        r, _ = kiln(args, "bench", eng, "--profile", "--top", "12")
                         with open(os.path.join(args.out, f"{args.tag}_{name}_{key}_profile.txt"), "w") as f:
                             f.write(r.stdout)
                     os.remove(eng)

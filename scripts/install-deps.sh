@@ -63,3 +63,43 @@ PYEOF
     echo "install-deps: WARNING: could not fetch nvidia-cutlass $CUTLASS_VER; building without the Hopper GEMM kernels (re-run scripts/install-deps.sh, then cmake)"
   fi
 fi
+# oneDNN 3.2 (the fast CPU backend's convolutions, GEMMs and pooling, src/backends/cpu/dnnl_*),
+# from Intel's PyPI wheels built on GNU OpenMP: headers and libdnnl.so.3, unpacked into third_party/
+# (not in git). kiln loads the library when a CPU engine runs (dlopen), so a kiln without it still
+# builds and runs, on the reference kernels.
+ONEDNN_VER=2023.2.0
+ONEDNN_DIR="$(cd "$(dirname "$0")/.." && pwd)/third_party/onednn-$ONEDNN_VER"
+if [ ! -f "$ONEDNN_DIR/lib/libdnnl.so.3" ] || [ ! -f "$ONEDNN_DIR/include/oneapi/dnnl/dnnl.h" ]; then
+  echo "install-deps: fetching oneDNN ($ONEDNN_VER wheels onednn-cpu-gomp, onednn-devel-cpu-gomp) into $ONEDNN_DIR"
+  tmp=$(mktemp -d)
+  rm -rf "$ONEDNN_DIR" "$ONEDNN_DIR.part"
+  if ! $PY -m pip download -q --no-deps --only-binary=:all: "onednn-cpu-gomp==$ONEDNN_VER" \
+         "onednn-devel-cpu-gomp==$ONEDNN_VER" -d "$tmp" ||
+     ! $PY - "$ONEDNN_DIR" "$tmp"/onednn_*.whl <<'PYEOF'
+import sys, zipfile, os
+dest, wheels = sys.argv[1], sys.argv[2:]
+for whl in wheels:
+    with zipfile.ZipFile(whl) as z:
+        for n in z.namelist():
+            parts = n.split("/")
+            # <name>.data/data/{lib,include}/...: the library (its real file, under its soname) and headers
+            if len(parts) < 4 or parts[1] != "data" or parts[2] not in ("lib", "include") or n.endswith("/"):
+                continue
+            if parts[2] == "lib" and not parts[-1].startswith("libdnnl.so.3."):
+                continue
+            rel = "lib/libdnnl.so.3" if parts[2] == "lib" else "/".join(parts[2:])
+            out = os.path.join(dest + ".part", rel)
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            with open(out, "wb") as f:
+                f.write(z.read(n))
+for need in ("lib/libdnnl.so.3", "include/oneapi/dnnl/dnnl.h"):
+    if not os.path.isfile(os.path.join(dest + ".part", need)):
+        sys.exit(f"oneDNN wheels: no {need}")
+os.replace(dest + ".part", dest)
+PYEOF
+  then
+    rm -rf "$ONEDNN_DIR.part"
+    echo "install-deps: WARNING: could not fetch oneDNN $ONEDNN_VER; the CPU runs on the reference kernels only (re-run scripts/install-deps.sh, then cmake)"
+  fi
+  rm -rf "$tmp"
+fi

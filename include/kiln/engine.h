@@ -33,11 +33,12 @@
 namespace kiln {
 
 enum class Device {
-  kAuto,  // the GPU when one is usable, else the CPU (with a one-line warning)
-  kCpu,   // the CPU reference backend
-  kCuda,  // the GPU; an error if there is none
+  kAuto,    // the GPU when one is usable, else the CPU (with a one-line warning)
+  kCpu,     // the CPU: oneDNN primitives where they apply, the reference kernels elsewhere
+  kCuda,    // the GPU; an error if there is none
+  kCpuRef,  // the CPU reference kernels alone: the oracle other backends are checked against
 };
-std::string_view device_name(Device d);  // "auto", "cpu", "cuda"
+std::string_view device_name(Device d);  // "auto", "cpu", "cuda", "cpu-ref"
 
 enum class Precision {
   kFp32,

@@ -174,7 +174,8 @@ kiln::BuildConfig make_config(const std::string& device, const std::string& prec
   if (device == "auto") c.device = kiln::Device::kAuto;
   else if (device == "cpu") c.device = kiln::Device::kCpu;
   else if (device == "cuda") c.device = kiln::Device::kCuda;
-  else throw KilnError("device is 'auto', 'cpu' or 'cuda', not '" + device + "'");
+  else if (device == "cpu-ref") c.device = kiln::Device::kCpuRef;
+  else throw KilnError("device is 'auto', 'cpu', 'cpu-ref' or 'cuda', not '" + device + "'");
   if (precision == "fp32") c.precision = kiln::Precision::kFp32;
   else if (precision == "tf32") c.precision = kiln::Precision::kTf32;
   else if (precision == "fp16") c.precision = kiln::Precision::kFp16;

@@ -64,7 +64,7 @@ Expected<Engine> engine_from_graph(std::unique_ptr<Graph> g, const BuildConfig& 
   impl->outputs = tensor_infos(g->outputs, ranges);
   Device want = config.device;
   std::string why;
-  bool gpu = want != Device::kCpu && gpu_usable(&why);
+  bool gpu = !is_cpu(want) && gpu_usable(&why);
   if (want == Device::kCuda && !gpu) return KILN_ERROR(kUnsupported, "device cuda: no usable GPU: {}", why);
   // A GPU engine keeps the plan too: it is what its engine file holds.
   KILN_ASSIGN_OR_RETURN(Plan plan, plan_host(std::move(g), /*require_cpu_kernels=*/!gpu));
@@ -87,9 +87,14 @@ Expected<Engine> engine_from_graph(std::unique_ptr<Graph> g, const BuildConfig& 
     why = e.status().message();
     KILN_RETURN_IF_ERROR(verify_cpu_kernels(*impl->plan));
   }
-  if (want == Device::kAuto) std::fprintf(stderr, "kiln: warning: running on the CPU reference backend: %s\n", why.c_str());
-  impl->device = Device::kCpu;
-  impl->report = plan_report(*impl->plan);
+  if (want == Device::kAuto) std::fprintf(stderr, "kiln: warning: running on the CPU: %s\n", why.c_str());
+  if (want == Device::kCpuRef) {
+    impl->device = Device::kCpuRef;
+    impl->report = plan_report(*impl->plan);
+  } else {
+    impl->device = Device::kCpu;
+    KILN_ASSIGN_OR_RETURN(impl->fast_cpu, build_fast_cpu_engine(impl->plan));
+  }
   impl->build_ms = before + ms_since(t0);
   impl->build_note = fmt::format("build phases: import {:.1f} ms, shapes and passes {:.1f}, plan {:.1f}\n", phases.import_ms,
                                  phases.passes_ms, ms_since(t0));
@@ -109,7 +114,7 @@ Expected<Engine> build_model(Model m, const BuildConfig& config, double import_m
   // is before the passes, as a static build of that shape would (fusions that need static shapes
   // happen there).
   std::unique_ptr<Graph> unoptimized;
-  if ((!ranges.empty() || !value_inputs(g).empty()) && config.device != Device::kCpu) {
+  if ((!ranges.empty() || !value_inputs(g).empty()) && !is_cpu(config.device)) {
     KILN_ASSIGN_OR_RETURN(unoptimized, clone_graph(g));
   }
   // The default pipeline, for every device: the CPU gains as much as the GPU from fewer nodes, and

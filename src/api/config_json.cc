@@ -45,6 +45,7 @@ Expected<BuildConfig> config_from_json(const nlohmann::json& j) {
     if (dev == "auto") c.device = Device::kAuto;
     else if (dev == "cpu") c.device = Device::kCpu;
     else if (dev == "cuda") c.device = Device::kCuda;
+    else if (dev == "cpu-ref") c.device = Device::kCpuRef;
     else return KILN_ERROR(kInvalidModel, "build configuration: unknown device '{}'", dev);
     std::string prec = j.at("precision").get<std::string>();
     bool found = false;

@@ -101,6 +101,12 @@ class CpuSession : public Session::Impl {
 
 }  // namespace
 
+std::string backend_report(const Engine::Impl& e) {
+  if (e.gpu) return e.gpu->report();
+  if (e.fast_cpu) return e.fast_cpu->report();
+  return e.report;
+}
+
 // ---- Engine ------------------------------------------------------------------------------------
 
 const std::vector<TensorInfo>& Engine::inputs() const { return impl_->inputs; }
@@ -121,7 +127,7 @@ std::string Engine::report() const {
   std::string ranges;
   for (const auto& [sym, r] : impl_->ranges) ranges += fmt::format("{}{} {}", ranges.empty() ? "" : ", ", sym, describe_range(r));
   if (!ranges.empty()) ranges = "shape ranges: " + ranges + "\n";
-  return impl_->load_note + impl_->build_note + ranges + (impl_->gpu ? impl_->gpu->report() : impl_->report);
+  return impl_->load_note + impl_->build_note + ranges + backend_report(*impl_);
 }
 double Engine::build_ms() const { return impl_->build_ms; }
 size_t Engine::weight_bytes() const {
@@ -142,6 +148,8 @@ Expected<Session> Engine::create_session() const {
     KILN_ASSIGN_OR_RETURN(s, tensor_parallel_session(*impl_));
   } else if (impl_->gpu) {
     KILN_ASSIGN_OR_RETURN(s, impl_->gpu->create_session());
+  } else if (impl_->fast_cpu) {
+    KILN_ASSIGN_OR_RETURN(s, impl_->fast_cpu->create_session());
   } else {
     KILN_RETURN_IF_ERROR(verify_cpu_kernels(*impl_->plan));
     s = std::make_unique<CpuSession>(impl_->plan);
@@ -164,7 +172,7 @@ Expected<std::string> Engine::serialize() const {
     // one lowers shape plans from the graph, whose weights it carries.
     meta["graph_weights"] = impl_->gpu->graph_weights();
   }
-  meta["report"] = impl_->gpu ? impl_->gpu->report() : impl_->report;
+  meta["report"] = backend_report(*impl_);
   auto io = [](const std::vector<TensorInfo>& v) {
     nlohmann::json a = nlohmann::json::array();
     for (const TensorInfo& t : v) {
@@ -186,6 +194,8 @@ Expected<std::string> Engine::serialize() const {
   std::map<std::string, std::string> extra;
   if (impl_->gpu) {
     KILN_ASSIGN_OR_RETURN(extra, impl_->gpu->sections());
+  } else if (impl_->fast_cpu) {
+    KILN_ASSIGN_OR_RETURN(extra, impl_->fast_cpu->sections());
   }
   return write_engine_file(meta, *impl_->plan, extra);
 }
@@ -228,9 +238,13 @@ Expected<Engine> load_engine_view(std::string_view bytes, std::shared_ptr<const 
   impl->outputs = tensor_infos(f.plan.graph->outputs, impl->ranges);
   std::string device = f.meta.value("device", "");
   impl->plan = std::make_shared<const Plan>(std::move(f.plan));
-  if (device == "cpu") {
-    if (Status s = verify_cpu_kernels(*impl->plan); !s) return err(s.message());
+  if (device == "cpu" && f.extra.count("CPUF")) {
+    KILN_ASSIGN_OR_RETURN(impl->fast_cpu, load_fast_cpu_engine(impl->plan, f.extra.at("CPUF"), name));
     impl->device = Device::kCpu;
+  } else if (device == "cpu" || device == "cpu-ref") {
+    // "cpu" without a CPU plan: an engine of the reference kernels (as every CPU engine once was).
+    if (Status s = verify_cpu_kernels(*impl->plan); !s) return err(s.message());
+    impl->device = Device::kCpuRef;
     impl->report = plan_report(*impl->plan);
   } else if (device == "cuda") {
     if (!f.meta.contains("target")) return err("a GPU engine without its target (device and library versions)");

@@ -47,6 +47,7 @@ struct Engine::Impl {
   std::map<std::string, DimRange> ranges;  // symbolic dims' ranges (BuildConfig::shape_ranges)
   std::shared_ptr<const Plan> plan;
   std::shared_ptr<DeviceEngine> gpu;  // set when device == kCuda
+  std::shared_ptr<DeviceEngine> fast_cpu;  // set when device == kCpu (kCpuRef runs `plan` alone)
   std::string report;                 // the CPU engine's (a GPU engine's comes from `gpu`)
   std::string load_note;              // a loaded engine: where its load time went
   std::string build_note;             // a built engine: where its build time went
@@ -96,6 +97,14 @@ Expected<Engine> load_engine_view(std::string_view bytes, std::shared_ptr<const 
                                   double read_ms);
 // A session over a CPU plan (engine.cc).
 std::unique_ptr<Session::Impl> cpu_session(std::shared_ptr<const Plan> plan);
+
+// The fast CPU engine (cpu_fast.cc): the plan's steps as oneDNN primitives where they apply
+// (backends/cpu/fast_plan.h). `sections` of a loaded engine: its CPUF section. Sessions fall back to
+// the reference kernels, with a one-line warning, where oneDNN cannot be loaded.
+Expected<std::shared_ptr<DeviceEngine>> build_fast_cpu_engine(std::shared_ptr<const Plan> plan);
+Expected<std::shared_ptr<DeviceEngine>> load_fast_cpu_engine(std::shared_ptr<const Plan> plan, std::string_view cpuf,
+                                                             const std::string& name);
+inline bool is_cpu(Device d) { return d == Device::kCpu || d == Device::kCpuRef; }
 
 // The values a BuildConfig's fields may take (build.cc): an error naming the field otherwise.
 Status validate_config(const BuildConfig& c);

@@ -33,7 +33,7 @@ constexpr size_t kAlign = 4096;
 Expected<Device> rank_device(const BuildConfig& c) {
   const int n = c.tensor_parallel;
   std::string why;
-  if (c.device != Device::kCpu && gpu_usable(&why)) {
+  if (!is_cpu(c.device) && gpu_usable(&why)) {
     if (gpu_count() >= n) return Device::kCuda;
     why = fmt::format("{} ranks need {} GPUs; this machine has {}", n, n, gpu_count());
   }
@@ -41,7 +41,8 @@ Expected<Device> rank_device(const BuildConfig& c) {
   if (c.device == Device::kAuto) {
     std::fprintf(stderr, "kiln: warning: tensor-parallel ranks run on the CPU reference backend: %s\n", why.c_str());
   }
-  return Device::kCpu;
+  // On the CPU the ranks are a correctness reference (threads and a reference all-reduce).
+  return Device::kCpuRef;
 }
 
 Engine::Impl whole_of(const std::vector<Engine>& ranks, const BuildConfig& config) {
@@ -361,9 +362,9 @@ Expected<Engine> load_tensor_parallel(std::string_view bytes, std::shared_ptr<co
     auto e = load_engine_view(rb, owner, rank_name, 0);
     if (cuda) (void)gpu_select(0);
     if (!e) return e.status();
-    if (e->device() != (cuda ? Device::kCuda : Device::kCpu)) {
+    if (e->device() != (cuda ? Device::kCuda : Device::kCpuRef)) {
       return KILN_ERROR(kInvalidModel, "{}: rank {} runs on {}, the engine on {}", name, r, device_name(e->device()),
-                        cuda ? "cuda" : "cpu");
+                        cuda ? "cuda" : "cpu-ref");
     }
     ranks.push_back(std::move(*e));
   }

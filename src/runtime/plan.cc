@@ -17,10 +17,6 @@ std::string_view step_kind_name(StepKind k) {
   return "?";
 }
 
-namespace {
-
-// Every value of g that node n reads, directly or from inside its subgraph bodies (which read
-// enclosing values by name, as ONNX outer-scope references).
 void values_read(const Graph& g, const Node& n, std::vector<const Value*>& out) {
   for (const Value* in : n.inputs) {
     if (in && in->owner == &g) out.push_back(in);
@@ -36,8 +32,6 @@ void values_read(const Graph& g, const Node& n, std::vector<const Value*>& out) 
     for (const auto& sg : attr.graphs) body(*sg);
   }
 }
-
-}  // namespace
 
 Status verify_cpu_kernels(const Plan& p) {
   for (const PlanStep& s : p.steps) {

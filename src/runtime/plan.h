@@ -57,6 +57,10 @@ struct Plan {
 Expected<Plan> plan_host(std::unique_ptr<Graph> g, bool require_cpu_kernels = true);
 Status verify_cpu_kernels(const Plan& p);
 
+// Every value of g that node n reads, directly or from inside its subgraph bodies (which read
+// enclosing values by name, as ONNX outer-scope references).
+void values_read(const Graph& g, const Node& n, std::vector<const Value*>& out);
+
 // The CPU engine's build report: steps, slots, weights, and the ops it runs.
 std::string plan_report(const Plan& p);
 

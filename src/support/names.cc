@@ -9,6 +9,7 @@ std::string_view device_name(Device d) {
     case Device::kAuto: return "auto";
     case Device::kCpu: return "cpu";
     case Device::kCuda: return "cuda";
+    case Device::kCpuRef: return "cpu-ref";
   }
   return "?";
 }

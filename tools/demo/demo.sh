@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make demo`: the main job on the bundled EfficientNet-Lite0 (models/efficientnet-lite0/README.md):
 # import and summarize the model, classify two real photos on the best backend present, print the
-# top-5 classes and the latency, and check the logits against onnxruntime's.
+# top-5 classes and the latency, and check the logits against onnxruntime's; without a GPU, the
+# reference kernels' latency beside the fast CPU backend's.
 set -euo pipefail
 KILN=${1:-build/kiln}
 M=models/efficientnet-lite0
@@ -22,3 +23,11 @@ for img in chelsea coffee; do
   echo "== kiln compare against onnxruntime 1.31.1's logits"
   "$KILN" compare "$M/model.onnx" --inputs "$tmp/$img-in" --reference "$tmp/$img-ref" --atol 1e-4 --rtol 1e-4
 done
+# Without a GPU the run above is the fast CPU backend (oneDNN); the reference kernels it is checked
+# against (the oracle) run the same photo for comparison.
+if ! "$KILN" run "$M/model.onnx" --input "input=$M/chelsea.npy" --iterations 1 2>/dev/null | grep -q "^backend: cuda"; then
+  echo
+  echo "== kiln run --device cpu-ref: the reference kernels on the same photo, for comparison"
+  "$KILN" run "$M/model.onnx" --device cpu-ref --input "input=$M/chelsea.npy" --top-k 1 --labels "$M/labels.txt" \
+    --warmup 1 --iterations 3 | grep -E "^(backend|latency|  1\.)"
+fi

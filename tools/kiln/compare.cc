@@ -78,7 +78,7 @@ int compare_main(const LoadOptions& load, const RunOptions& run, const CompareOp
   if (!host) return fail(host.status());
   std::vector<Data> outs;
   for (HostTensor& h : *host) outs.emplace_back(from_host(std::move(h)));
-  std::printf("backend: %s\n", engine->device() == Device::kCuda ? "cuda" : "cpu");
+  std::printf("backend: %s\n", std::string(device_name(engine->device())).c_str());
   bool all_ok = true;
   std::printf("%-28s %-16s %12s %12s %10s  %s\n", "output", "shape", "max_abs", "max_rel", "cosine", "result");
   for (size_t i = 0; i < outs.size(); ++i) {

@@ -17,10 +17,10 @@ Expected<Precision> parse_precision(const std::string& p) {
 }
 
 Expected<Device> parse_device(const std::string& d) {
-  for (Device x : {Device::kAuto, Device::kCpu, Device::kCuda}) {
+  for (Device x : {Device::kAuto, Device::kCpu, Device::kCuda, Device::kCpuRef}) {
     if (d == device_name(x)) return x;
   }
-  return KILN_ERROR(kInvalidArgument, "--device '{}': expected auto, cpu or cuda", d);
+  return KILN_ERROR(kInvalidArgument, "--device '{}': expected auto, cpu, cpu-ref or cuda", d);
 }
 
 namespace {
@@ -86,7 +86,7 @@ Expected<BuildConfig> build_config(const LoadOptions& load, const EngineOptions&
   c.disabled_passes = eng.optimize.disabled;
   c.dump_ir_after = eng.optimize.dump_ir_after;
   c.print_pass_report = eng.optimize.report;
-  if (c.device == Device::kCpu && c.precision != Precision::kFp32) {
+  if ((c.device == Device::kCpu || c.device == Device::kCpuRef) && c.precision != Precision::kFp32) {
     std::fprintf(stderr, "kiln: warning: --%s ignored: the CPU backend computes in fp32\n", eng.precision.c_str());
   }
   return c;

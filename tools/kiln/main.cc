@@ -70,7 +70,7 @@ void add_input_options(CLI::App* app, kiln::cli::RunOptions& run) {
 }
 
 void add_engine_options(CLI::App* app, kiln::cli::EngineOptions& eng) {
-  app->add_option("--device", eng.device, "auto (GPU when usable, else CPU), cpu or cuda")->default_val("auto");
+  app->add_option("--device", eng.device, "auto (GPU when usable, else CPU), cpu (oneDNN where it applies), cpu-ref (the reference kernels alone) or cuda")->default_val("auto");
   auto* f16 = app->add_flag_callback("--fp16", [&eng] { eng.precision = "fp16"; }, "GPU: fp16 storage, fp32 accumulation");
   auto* b16 = app->add_flag_callback("--bf16", [&eng] { eng.precision = "bf16"; }, "GPU: bf16 storage, fp32 accumulation");
   auto* t32 = app->add_flag_callback("--tf32", [&eng] { eng.precision = "tf32"; }, "GPU: fp32 storage, TF32 matrix math");

@@ -163,7 +163,7 @@ Status check_finite(const LoadOptions& load, const EngineOptions& eng, const Run
                       "fp32 reference of)", load.model, bad);
   }
   EngineOptions cpu = eng;
-  cpu.device = "cpu";
+  cpu.device = "cpu-ref";
   cpu.precision = "fp32";
   KILN_ASSIGN_OR_RETURN(Engine ref, open_engine(load, cpu, opt.batch));
   KILN_ASSIGN_OR_RETURN(Session rs, ref.create_session());
@@ -223,7 +223,7 @@ int run_main(const LoadOptions& load, const RunOptions& opt, const EngineOptions
   std::vector<Tensor> outs;
   for (HostTensor& h : host) outs.push_back(from_host(std::move(h)));
   bool cuda = engine->device() == Device::kCuda;
-  std::printf("backend: %s%s\n", cuda ? "cuda" : "cpu",
+  std::printf("backend: %s%s\n", std::string(device_name(engine->device())).c_str(),
               cuda ? (" " + std::string(precision_name(engine->config().precision))).c_str() : "");
   std::printf("latency: median %.3f ms, p99 %.3f ms, min %.3f ms over %zu run(s) after %d warm-up\n",
               percentile(times, 50), percentile(times, 99), *std::min_element(times.begin(), times.end()), times.size(),

@@ -1,0 +1,161 @@
+// The fast CPU engine: the host plan (which remains complete: the reference kernels can run every
+// step) and the CPU plan that runs its convolutions, GEMMs and pooling as oneDNN primitives with
+// their epilogues fused (backends/cpu/fast_plan.h). Its engine file adds the CPU plan as section
+// CPUF; the primitives themselves are made when a session starts, for this machine's instruction
+// set.
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <mutex>
+
+#include "api/engine_impl.h"
+#include "backends/cpu/fast_session.h"
+#include "ops/op_kind.h"
+
+namespace kiln {
+
+namespace {
+
+class FastCpuSession : public Session::Impl {
+ public:
+  FastCpuSession(std::unique_ptr<CpuRunner> r, std::shared_ptr<const Plan> plan, std::shared_ptr<const CpuPlan> cp)
+      : r_(std::move(r)), plan_(std::move(plan)), cp_(std::move(cp)) {}
+  Expected<std::vector<Data>> run(std::vector<Data> inputs) override { return r_->run(std::move(inputs)); }
+  Status run_device(const std::vector<TensorView>&, const std::vector<TensorView>&, void*) override {
+    return KILN_ERROR(kInvalidArgument, "this engine runs on the CPU: pass host tensors to Session::run(inputs)");
+  }
+  Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) override {
+    std::vector<double> t;
+    for (int i = 0; i < warmup + iterations; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      KILN_ASSIGN_OR_RETURN(auto out, r_->run(inputs));
+      if (i >= warmup) t.push_back(ms_since(t0));
+    }
+    return t;
+  }
+  Expected<std::vector<StepTime>> profile(const std::vector<Data>& inputs) override {
+    std::vector<double> ms;
+    KILN_ASSIGN_OR_RETURN(auto warm, r_->run(inputs));
+    KILN_ASSIGN_OR_RETURN(auto out, r_->run(inputs, &ms));
+    std::vector<StepTime> st;
+    const Graph& g = *plan_->graph;
+    for (size_t i = 0; i < cp_->steps.size(); ++i) {
+      const CpuStep& s = cp_->steps[i];
+      const Node& n = *g.nodes[s.kind == CpuStepKind::kHost ? plan_->steps[s.index].node : s.index];
+      StepTime t;
+      t.step = fmt::format("{}: {}", describe_cpu_step(s, *plan_), r_->impls()[i]);
+      t.ms = ms[i];
+      t.node = n.describe();
+      t.op = std::string(op_name(n.op));
+      st.push_back(std::move(t));
+    }
+    return st;
+  }
+  Expected<std::vector<NonFiniteStep>> check_finite(const std::vector<Data>&) override {
+    return std::vector<NonFiniteStep>{};
+  }
+  size_t device_bytes() const override { return r_->weight_bytes(); }
+
+ private:
+  std::unique_ptr<CpuRunner> r_;
+  std::shared_ptr<const Plan> plan_;
+  std::shared_ptr<const CpuPlan> cp_;
+};
+
+class FastCpuEngine : public DeviceEngine {
+ public:
+  FastCpuEngine(std::shared_ptr<const Plan> plan, std::shared_ptr<const CpuPlan> cp, double build_ms)
+      : plan_(std::move(plan)), cp_(std::move(cp)), build_ms_(build_ms) {}
+
+  // Makes a runner once to name each step's implementation in the report; without oneDNN the
+  // report says why every step runs on the reference kernels.
+  void describe() {
+    auto r = CpuRunner::create(plan_, cp_);
+    std::string lib;
+    fast_cpu_available(&lib);
+    std::map<std::string, int> prims, host;
+    size_t fused = 0, nprim = 0;
+    for (size_t i = 0; i < cp_->steps.size(); ++i) {
+      const CpuStep& s = cp_->steps[i];
+      const std::string what = describe_cpu_step(s, *plan_);
+      if (s.kind == CpuStepKind::kHost) {
+        host[what]++;
+        continue;
+      }
+      ++nprim;
+      fused += s.post.size();
+      prims[fmt::format("{} [{}]", what, r ? (*r)->impls()[i] : std::string("reference kernels"))]++;
+    }
+    report_ = fmt::format("device: cpu ({})\n", r ? lib : "reference kernels: " + r.status().message());
+    size_t weight_bytes = 0;
+    for (const Value* c : plan_->constants) weight_bytes += c->constant->nbytes();
+    report_ += fmt::format("steps: {} ({} oneDNN primitives with {} fused post-ops, {} on the reference kernels), {} value slots\n",
+                           cp_->steps.size(), nprim, fused, cp_->steps.size() - nprim, plan_->slots);
+    report_ += fmt::format("weights: {:.1f} MiB\n", double(weight_bytes) / (1 << 20));
+    if (!prims.empty()) {
+      report_ += "oneDNN:";
+      for (const auto& [k, c] : prims) report_ += fmt::format(" {} x{};", k, c);
+      report_.back() = '\n';
+    }
+    if (!host.empty()) {
+      report_ += "reference kernels:";
+      for (const auto& [k, c] : host) report_ += fmt::format(" {} x{}", k, c);
+      report_ += "\n";
+    }
+  }
+
+  std::string report() const override { return report_; }
+  size_t weight_bytes() const override {
+    size_t b = 0;
+    for (const Value* c : plan_->constants) b += c->constant->nbytes();
+    return b;
+  }
+  double build_ms() const override { return build_ms_; }
+  nlohmann::json target() const override {
+    std::string lib;
+    fast_cpu_available(&lib);
+    return {{"cpu", "x86_64"}, {"library", lib}};
+  }
+  Expected<std::map<std::string, std::string>> sections() const override {
+    return std::map<std::string, std::string>{{"CPUF", write_cpu_plan(*cp_)}};
+  }
+  Expected<std::unique_ptr<Session::Impl>> create_session(void*) const override {
+    auto r = CpuRunner::create(plan_, cp_);
+    if (r) return std::unique_ptr<Session::Impl>(new FastCpuSession(std::move(*r), plan_, cp_));
+    if (r.status().code() != ErrorCode::kUnsupported) return r.status();
+    // Without oneDNN the plan still runs, every step on the reference kernels.
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      std::fprintf(stderr, "kiln: warning: the CPU runs on the reference kernels: %s\n", r.status().message().c_str());
+    });
+    KILN_RETURN_IF_ERROR(verify_cpu_kernels(*plan_));
+    return cpu_session(plan_);
+  }
+
+ private:
+  std::shared_ptr<const Plan> plan_;
+  std::shared_ptr<const CpuPlan> cp_;
+  double build_ms_ = 0;
+  std::string report_;
+};
+
+}  // namespace
+
+Expected<std::shared_ptr<DeviceEngine>> build_fast_cpu_engine(std::shared_ptr<const Plan> plan) {
+  auto t0 = std::chrono::steady_clock::now();
+  KILN_ASSIGN_OR_RETURN(CpuPlan cp, plan_fast_cpu(*plan));
+  auto e = std::make_shared<FastCpuEngine>(plan, std::make_shared<const CpuPlan>(std::move(cp)), 0);
+  e->describe();
+  (void)t0;
+  return std::shared_ptr<DeviceEngine>(e);
+}
+
+Expected<std::shared_ptr<DeviceEngine>> load_fast_cpu_engine(std::shared_ptr<const Plan> plan, std::string_view cpuf,
+                                                             const std::string& name) {
+  KILN_ASSIGN_OR_RETURN(CpuPlan cp, read_cpu_plan(cpuf, *plan, name));
+  auto e = std::make_shared<FastCpuEngine>(plan, std::make_shared<const CpuPlan>(std::move(cp)), 0);
+  e->describe();
+  return std::shared_ptr<DeviceEngine>(e);
+}
+
+}  // namespace kiln

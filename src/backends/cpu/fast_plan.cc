@@ -1,0 +1,404 @@
+#include "backends/cpu/fast_plan.h"
+
+#include <cfloat>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ops/op_kind.h"
+#include "runtime/bytes.h"
+
+namespace kiln {
+
+std::string_view cpu_step_kind_name(CpuStepKind k) {
+  switch (k) {
+    case CpuStepKind::kHost: return "host";
+    case CpuStepKind::kConv: return "conv";
+    case CpuStepKind::kMatMul: return "matmul";
+    case CpuStepKind::kPool: return "pool";
+  }
+  return "?";
+}
+
+namespace {
+
+bool f32_static(const Value* v) {
+  return v && v->type.kind == Type::Kind::kTensor && v->type.dtype == DType::kFloat32 && v->type.shape &&
+         v->type.shape->is_static();
+}
+bool f32_constant(const Value* v) { return v && v->constant && v->constant->dtype() == DType::kFloat32; }
+std::vector<int64_t> dims_of(const Value* v) { return *v->type.shape->static_dims(); }
+
+// The kind of primitive n becomes, if oneDNN runs it.
+std::optional<CpuStepKind> primitive_kind(const Node& n) {
+  const Value* x = n.inputs.empty() ? nullptr : n.inputs[0];
+  if (!f32_static(x) || n.outputs.empty() || !f32_static(n.outputs[0])) return std::nullopt;
+  const size_t r = dims_of(x).size();
+  if (n.op == OpKind::kConv) {
+    if (r < 3 || r > 5 || n.inputs.size() < 2 || !f32_constant(n.inputs[1]) || n.inputs[1]->constant->rank() != r) return std::nullopt;
+    if (n.inputs.size() > 2 && n.inputs[2] && !f32_constant(n.inputs[2])) return std::nullopt;
+    return CpuStepKind::kConv;
+  }
+  if (n.op == OpKind::kMatMul) {
+    if (r < 2 || n.inputs.size() != 2 || !f32_constant(n.inputs[1]) || n.inputs[1]->constant->rank() != 2) return std::nullopt;
+    return CpuStepKind::kMatMul;
+  }
+  if (n.op == OpKind::kGemm) {
+    if (r != 2 || n.inputs.size() < 2 || !f32_constant(n.inputs[1]) || n.inputs[1]->constant->rank() != 2) return std::nullopt;
+    if (n.attr_int("transA", 0) != 0 || n.attr_float("alpha", 1.f) != 1.f) return std::nullopt;
+    if (n.inputs.size() > 2 && n.inputs[2]) {
+      const int64_t cols = dims_of(n.outputs[0])[1];
+      if (n.attr_float("beta", 1.f) != 1.f || !f32_constant(n.inputs[2]) || n.inputs[2]->constant->numel() != cols) return std::nullopt;
+    }
+    return CpuStepKind::kMatMul;
+  }
+  const bool max_pool = n.op == OpKind::kMaxPool, avg_pool = n.op == OpKind::kAveragePool;
+  if (max_pool || avg_pool || n.op == OpKind::kGlobalAveragePool || n.op == OpKind::kGlobalMaxPool) {
+    if (r < 3 || r > 5) return std::nullopt;
+    if (max_pool && ((n.outputs.size() > 1 && n.outputs[1]) || n.attr_int("storage_order", 0) != 0)) return std::nullopt;
+    // oneDNN's averages divide by the window inside the (explicit) padding only; the window that
+    // ceil_mode adds past the end would count differently.
+    if (avg_pool && n.attr_int("ceil_mode", 0) != 0) return std::nullopt;
+    if (avg_pool && !n.attr_ints("dilations").empty()) {
+      for (int64_t d : n.attr_ints("dilations")) {
+        if (d != 1) return std::nullopt;
+      }
+    }
+    return CpuStepKind::kPool;
+  }
+  return std::nullopt;
+}
+
+// A constant scalar input (or `dflt` when omitted); nullopt when it is not a constant.
+std::optional<float> scalar_input(const Node& n, size_t i, float dflt) {
+  if (i >= n.inputs.size() || !n.inputs[i]) return dflt;
+  const Value* v = n.inputs[i];
+  if (!v->constant || v->constant->numel() != 1) return std::nullopt;
+  return float(v->constant->as_double(0));
+}
+
+// Whether `operand` can be added to a primitive's result `dst` as a oneDNN binary post-op: the same
+// dims, or (right-aligned) 1 everywhere but the channel dim `channel` of dst.
+bool addable(const Value* operand, const std::vector<int64_t>& dst, size_t channel) {
+  if (!f32_static(operand)) return false;
+  std::vector<int64_t> od = dims_of(operand);
+  if (od.size() > dst.size()) return false;
+  od.insert(od.begin(), dst.size() - od.size(), 1);
+  if (od == dst) return true;
+  for (size_t k = 0; k < dst.size(); ++k) {
+    if (od[k] != 1 && !(k == channel && od[k] == dst[k])) return false;
+  }
+  return true;
+}
+
+// c as a post-op on `chained` (its input, the primitive's result so far), if oneDNN has one.
+std::optional<CpuPostOp> post_op(const Node& c, const Value* chained, size_t channel) {
+  if (c.outputs.size() != 1 || !f32_static(c.outputs[0]) || !f32_static(chained)) return std::nullopt;
+  if (dims_of(c.outputs[0]) != dims_of(chained) || c.inputs.empty()) return std::nullopt;
+  if (c.inputs[0] != chained && !(c.op == OpKind::kAdd && c.inputs.size() == 2 && c.inputs[1] == chained)) return std::nullopt;
+  CpuPostOp p;
+  auto kind = [&](CpuPostKind k, float a = 0, float b = 0) {
+    p.kind = k;
+    p.alpha = a;
+    p.beta = b;
+    return p;
+  };
+  switch (c.op) {
+    case OpKind::kRelu: return kind(CpuPostKind::kRelu);
+    case OpKind::kLeakyRelu: return kind(CpuPostKind::kLeakyRelu, c.attr_float("alpha", 0.01f));
+    case OpKind::kClip: {
+      auto lo = scalar_input(c, 1, -FLT_MAX), hi = scalar_input(c, 2, FLT_MAX);
+      if (!lo || !hi) return std::nullopt;
+      return kind(CpuPostKind::kClip, *lo, *hi);
+    }
+    case OpKind::kSigmoid: return kind(CpuPostKind::kSigmoid);
+    case OpKind::kTanh: return kind(CpuPostKind::kTanh);
+    case OpKind::kElu: return kind(CpuPostKind::kElu, c.attr_float("alpha", 1.f));
+    case OpKind::kHardSigmoid: return kind(CpuPostKind::kHardSigmoid, c.attr_float("alpha", 0.2f), c.attr_float("beta", 0.5f));
+    case OpKind::kHardSwish: return kind(CpuPostKind::kHardSwish);
+    case OpKind::kGelu: {
+      const std::string a = c.attr_string("approximate", "none");
+      if (a != "none" && a != "tanh") return std::nullopt;
+      return kind(a == "tanh" ? CpuPostKind::kGeluTanh : CpuPostKind::kGeluErf);
+    }
+    case OpKind::kSwish: return kind(CpuPostKind::kSwish, c.attr_float("alpha", 1.f));
+    case OpKind::kSoftplus: return kind(CpuPostKind::kSoftplus);
+    case OpKind::kMish: return kind(CpuPostKind::kMish);
+    case OpKind::kAdd: {
+      if (c.inputs.size() != 2 || c.inputs[0] == c.inputs[1]) return std::nullopt;
+      const Value* other = c.inputs[0] == chained ? c.inputs[1] : c.inputs[0];
+      if (!addable(other, dims_of(chained), channel)) return std::nullopt;
+      return kind(CpuPostKind::kAdd);
+    }
+    default: return std::nullopt;
+  }
+}
+
+}  // namespace
+
+Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
+  const Graph& g = *p.graph;
+  // Who reads each top-level value, counting subgraph bodies' reads and graph outputs.
+  std::unordered_map<const Value*, int> readers;
+  std::unordered_map<const Value*, const Node*> direct_reader;
+  for (const auto& n : g.nodes) {
+    std::vector<const Value*> read;
+    values_read(g, *n, read);
+    for (const Value* v : read) readers[v]++;
+    for (const Value* v : n->inputs) {
+      if (v) direct_reader[v] = n.get();
+    }
+  }
+  for (const Value* o : g.outputs) readers[o] += 2;
+  std::unordered_map<const Node*, uint32_t> node_index;
+  for (size_t i = 0; i < g.nodes.size(); ++i) node_index[g.nodes[i].get()] = uint32_t(i);
+  std::unordered_map<const Value*, ValueRef> refs;
+  for (size_t i = 0; i < g.inputs.size(); ++i) refs[g.inputs[i]] = p.inputs[i];
+  for (const PlanStep& s : p.steps) {
+    const Node& n = *g.nodes[s.node];
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      if (n.outputs[k]) refs[n.outputs[k]] = s.outputs[k];
+    }
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      if (n.inputs[k]) refs[n.inputs[k]] = s.inputs[k];
+    }
+  }
+
+  // Groups: a primitive's node and the post-ops it absorbs, emitted at the last one's step.
+  std::vector<int64_t> group_of(g.nodes.size(), -1);  // node -> group
+  std::vector<CpuStep> groups;
+  std::vector<uint32_t> group_last;
+  for (size_t i = 0; i < p.steps.size(); ++i) {
+    const Node& n = *g.nodes[p.steps[i].node];
+    if (group_of[p.steps[i].node] >= 0) continue;
+    auto kind = primitive_kind(n);
+    if (!kind) continue;
+    CpuStep st;
+    st.kind = *kind;
+    st.index = p.steps[i].node;
+    st.reads = p.steps[i].inputs;
+    const size_t channel = *kind == CpuStepKind::kMatMul ? dims_of(n.outputs[0]).size() - 1 : 1;
+    const Value* cur = n.outputs[0];
+    uint32_t last = st.index;
+    group_of[st.index] = int64_t(groups.size());
+    for (;;) {
+      if (readers[cur] != 1 || !direct_reader.count(cur)) break;
+      const Node* c = direct_reader[cur];
+      auto po = post_op(*c, cur, channel);
+      if (!po) break;
+      po->node = node_index.at(c);
+      if (po->kind == CpuPostKind::kAdd) {
+        const Value* other = c->inputs[0] == cur ? c->inputs[1] : c->inputs[0];
+        po->operand = int32_t(st.reads.size());
+        st.reads.push_back(refs.at(other));
+      }
+      st.post.push_back(*po);
+      group_of[po->node] = int64_t(groups.size());
+      last = po->node;
+      cur = c->outputs[0];
+    }
+    st.out = refs.at(cur);
+    groups.push_back(std::move(st));
+    group_last.push_back(last);
+  }
+
+  CpuPlan cp;
+  std::vector<ValueRef> out_of_step;
+  for (size_t i = 0; i < p.steps.size(); ++i) {
+    const uint32_t node = p.steps[i].node;
+    const int64_t gi = group_of[node];
+    if (gi < 0) {
+      CpuStep st;
+      st.kind = CpuStepKind::kHost;
+      st.index = uint32_t(i);
+      cp.steps.push_back(std::move(st));
+    } else if (group_last[size_t(gi)] == node) {
+      cp.steps.push_back(groups[size_t(gi)]);
+    }
+  }
+
+  // What each step reads: a host step its plan step's inputs and the slots that step released
+  // (its subgraph bodies' reads are among those).
+  auto step_reads = [&](const CpuStep& s) {
+    std::vector<uint32_t> r;
+    if (s.kind == CpuStepKind::kHost) {
+      const PlanStep& ps = p.steps[s.index];
+      for (const ValueRef& v : ps.inputs) {
+        if (v.kind == ValueRef::Kind::kSlot) r.push_back(v.index);
+      }
+      r.insert(r.end(), ps.frees.begin(), ps.frees.end());
+    } else {
+      for (const ValueRef& v : s.reads) {
+        if (v.kind == ValueRef::Kind::kSlot) r.push_back(v.index);
+      }
+      if (s.out.kind == ValueRef::Kind::kSlot) r.push_back(s.out.index);  // released at once when unread
+    }
+    return r;
+  };
+  // Layouts: oneDNN's own only where every reader is a convolution or pooling taking it as its
+  // source or as a post-op operand.
+  std::vector<char> plain_needed(p.slots, 0);
+  for (const ValueRef& o : p.outputs) {
+    if (o.kind == ValueRef::Kind::kSlot) plain_needed[o.index] = 1;
+  }
+  std::vector<int64_t> last(p.slots, -1);
+  for (size_t i = 0; i < cp.steps.size(); ++i) {
+    const CpuStep& s = cp.steps[i];
+    for (uint32_t slot : step_reads(s)) last[slot] = int64_t(i);
+    if (s.kind == CpuStepKind::kHost) {
+      for (uint32_t slot : step_reads(s)) plain_needed[slot] = 1;
+      continue;
+    }
+    const bool takes_library = s.kind == CpuStepKind::kConv || s.kind == CpuStepKind::kPool;
+    for (size_t k = 0; k < s.reads.size(); ++k) {
+      const ValueRef& v = s.reads[k];
+      const bool operand = k >= g.nodes[s.index]->inputs.size();
+      if (v.kind == ValueRef::Kind::kSlot && !(takes_library && (k == 0 || operand))) plain_needed[v.index] = 1;
+    }
+  }
+  for (CpuStep& s : cp.steps) {
+    if ((s.kind == CpuStepKind::kConv || s.kind == CpuStepKind::kPool) && s.out.kind == ValueRef::Kind::kSlot &&
+        !plain_needed[s.out.index]) {
+      s.out_layout = CpuLayout::kLibrary;
+    }
+  }
+  for (const ValueRef& o : p.outputs) {
+    if (o.kind == ValueRef::Kind::kSlot) last[o.index] = int64_t(cp.steps.size());
+  }
+  for (uint32_t slot = 0; slot < p.slots; ++slot) {
+    if (last[slot] >= 0 && size_t(last[slot]) < cp.steps.size()) cp.steps[size_t(last[slot])].frees.push_back(slot);
+  }
+  return cp;
+}
+
+namespace {
+
+void put_ref(ByteWriter& w, const ValueRef& r) {
+  w.u8(uint8_t(r.kind));
+  w.u32(r.index);
+}
+
+ValueRef get_ref(ByteReader& r) {
+  ValueRef v;
+  uint8_t k = r.get_in<uint8_t>("a value reference's kind", 0, uint8_t(ValueRef::Kind::kConstant));
+  v.kind = ValueRef::Kind(k);
+  v.index = r.get<uint32_t>("a value reference");
+  return v;
+}
+
+}  // namespace
+
+std::string write_cpu_plan(const CpuPlan& cp) {
+  ByteWriter w;
+  w.u32(uint32_t(cp.steps.size()));
+  for (const CpuStep& s : cp.steps) {
+    w.u8(uint8_t(s.kind));
+    w.u32(s.index);
+    w.u32(uint32_t(s.post.size()));
+    for (const CpuPostOp& po : s.post) {
+      w.u8(uint8_t(po.kind));
+      w.put(po.alpha);
+      w.put(po.beta);
+      w.u32(po.node);
+      w.put(po.operand);
+    }
+    w.u32(uint32_t(s.reads.size()));
+    for (const ValueRef& r : s.reads) put_ref(w, r);
+    put_ref(w, s.out);
+    w.u8(uint8_t(s.out_layout));
+    w.vec(s.frees);
+  }
+  return std::move(w.bytes());
+}
+
+Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std::string& name) {
+  const Graph& g = *p.graph;
+  auto err = [&](const std::string& what) { return KILN_ERROR(kInvalidModel, "{}: CPUF section: {}", name, what); };
+  ByteReader r(bytes, "CPUF section");
+  CpuPlan cp;
+  const uint32_t n = r.count("the step count", 16);
+  if (r.ok() && n > p.steps.size()) return err("more steps than the plan has nodes");
+  std::vector<char> written(p.slots, 0);
+  for (const ValueRef& in : p.inputs) {
+    if (in.kind == ValueRef::Kind::kSlot && in.index < p.slots) written[in.index] = 1;
+  }
+  auto check_ref = [&](const ValueRef& v, bool read) -> bool {
+    if (v.kind == ValueRef::Kind::kConstant) return read && v.index < p.constants.size();
+    if (v.kind == ValueRef::Kind::kSlot) return v.index < p.slots && (!read || written[v.index]);
+    return read;
+  };
+  for (uint32_t i = 0; i < n && r.ok(); ++i) {
+    CpuStep s;
+    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kPool)));
+    s.index = r.get<uint32_t>("a step's index");
+    const uint32_t npost = r.get_in<uint32_t>("the post-op count", 0, 64);
+    for (uint32_t k = 0; k < npost && r.ok(); ++k) {
+      CpuPostOp po;
+      po.kind = CpuPostKind(r.get_in<uint8_t>("a post-op kind", 0, kCpuPostKindLast));
+      po.alpha = r.get<float>("a post-op parameter");
+      po.beta = r.get<float>("a post-op parameter");
+      po.node = r.get<uint32_t>("a post-op's node");
+      po.operand = r.get<int32_t>("a post-op's operand");
+      s.post.push_back(po);
+    }
+    const uint32_t nreads = r.get_in<uint32_t>("the read count", 0, 1024);
+    for (uint32_t k = 0; k < nreads && r.ok(); ++k) s.reads.push_back(get_ref(r));
+    s.out = get_ref(r);
+    s.out_layout = CpuLayout(r.get_in<uint8_t>("a layout", 0, uint8_t(CpuLayout::kLibrary)));
+    s.frees = r.vec<uint32_t>("the released slots");
+    if (!r.ok()) break;
+    const std::string where = fmt::format("step {}", i);
+    if (s.kind == CpuStepKind::kHost) {
+      if (s.index >= p.steps.size()) return err(where + ": host step out of range");
+      for (const ValueRef& v : p.steps[s.index].inputs) {
+        if (!check_ref(v, true)) return err(where + ": reads a slot that holds no value");
+      }
+      for (const ValueRef& v : p.steps[s.index].outputs) {
+        if (v.kind == ValueRef::Kind::kSlot && v.index < p.slots) written[v.index] = 1;
+      }
+    } else {
+      if (s.index >= g.nodes.size()) return err(where + ": node out of range");
+      const Node& node = *g.nodes[s.index];
+      auto kind = primitive_kind(node);
+      if (!kind || *kind != s.kind) return err(fmt::format("{}: {} is not a {} step", where, node.describe(), cpu_step_kind_name(s.kind)));
+      if (s.reads.size() < node.inputs.size()) return err(where + ": fewer reads than its node's inputs");
+      for (const CpuPostOp& po : s.post) {
+        if (po.node >= g.nodes.size()) return err(where + ": post-op node out of range");
+        if ((po.kind == CpuPostKind::kAdd) != (po.operand >= 0) || po.operand >= int32_t(s.reads.size()) ||
+            (po.operand >= 0 && size_t(po.operand) < node.inputs.size())) {
+          return err(where + ": post-op operand out of range");
+        }
+      }
+      for (size_t k = 0; k < s.reads.size(); ++k) {
+        const bool present = k >= node.inputs.size() || node.inputs[k];
+        if (present == (s.reads[k].kind == ValueRef::Kind::kNone) || !check_ref(s.reads[k], true)) {
+          return err(where + ": reads a value that is not there");
+        }
+      }
+      if (s.out.kind != ValueRef::Kind::kSlot || !check_ref(s.out, false) || written[s.out.index]) {
+        return err(where + ": writes no slot, or one already written");
+      }
+      written[s.out.index] = 1;
+    }
+    for (uint32_t f : s.frees) {
+      if (f >= p.slots || !written[f]) return err(where + ": releases a slot that holds no value");
+    }
+    cp.steps.push_back(std::move(s));
+  }
+  if (!r.ok()) return err(r.failed());
+  if (r.left() != 0) return err("bytes after the last step");
+  for (const ValueRef& o : p.outputs) {
+    if (!check_ref(o, true)) return err("a graph output no step writes");
+  }
+  return cp;
+}
+
+std::string describe_cpu_step(const CpuStep& s, const Plan& p) {
+  const Graph& g = *p.graph;
+  if (s.kind == CpuStepKind::kHost) return std::string(op_name(g.nodes[p.steps[s.index].node]->op));
+  std::string d(op_name(g.nodes[s.index]->op));
+  for (const CpuPostOp& po : s.post) d += fmt::format(" + {}", op_name(g.nodes[po.node]->op));
+  return d;
+}
+
+}  // namespace kiln

@@ -1,0 +1,80 @@
+// The fast CPU backend's plan: which steps of a host plan run as oneDNN primitives, with which
+// epilogue, in which activation layout — decided once at build and written to the engine file (its
+// CPUF section), so a loaded engine runs what the build report says.
+//
+//   Conv -> Clip -> Add(., skip)        one kConv step: convolution, clip post-op, add post-op
+//   Conv -> Conv                         the first writes the layout oneDNN prefers (kLibrary)
+//   anything else                        a kHost step: the plan's step on the reference kernels
+//
+// A step's epilogue nodes (post-ops) each had one reader, the node before them, and are not graph
+// outputs; the step runs where its last node stood, so every operand is ready. A value stays in
+// oneDNN's own layout only while every reader is a oneDNN convolution or pooling, so host steps
+// (and graph outputs) always see plain row-major tensors.
+//
+//   KILN_ASSIGN_OR_RETURN(CpuPlan cp, plan_fast_cpu(plan));
+//   std::string bytes = write_cpu_plan(cp);                 // the CPUF section
+//   KILN_ASSIGN_OR_RETURN(CpuPlan back, read_cpu_plan(bytes, plan, "model.kiln"));
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/plan.h"
+
+namespace kiln {
+
+enum class CpuStepKind : uint8_t {
+  kHost,    // a step of the host plan, on the reference kernels
+  kConv,    // Conv (1-3 spatial dims, fp32, constant weight and bias)
+  kMatMul,  // MatMul or Gemm by a constant 2-D weight (fp32), bias and epilogue fused
+  kPool,    // MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool (fp32)
+};
+std::string_view cpu_step_kind_name(CpuStepKind k);
+
+// An elementwise op applied to a primitive's result, in order (a oneDNN post-op).
+enum class CpuPostKind : uint8_t {
+  kRelu, kLeakyRelu, kClip, kSigmoid, kTanh, kElu, kHardSigmoid, kHardSwish, kGeluErf, kGeluTanh, kSwish,
+  kSoftplus, kMish,
+  kAdd,  // + another tensor of the result's shape (a residual)
+};
+inline constexpr uint8_t kCpuPostKindLast = uint8_t(CpuPostKind::kAdd);
+
+struct CpuPostOp {
+  CpuPostKind kind = CpuPostKind::kRelu;
+  float alpha = 0, beta = 0;  // the op's parameters (Clip: min, max; LeakyRelu: slope...)
+  uint32_t node = 0;          // the graph node it came from
+  int32_t operand = -1;       // kAdd: index into CpuStep::reads of the other tensor
+};
+
+// How a value produced by a oneDNN step is laid out: row-major, or the blocked layout the
+// primitive chose for this machine (the executor knows its descriptor; only oneDNN steps read it).
+enum class CpuLayout : uint8_t { kPlain, kLibrary };
+
+struct CpuStep {
+  CpuStepKind kind = CpuStepKind::kHost;
+  uint32_t index = 0;              // kHost: the host plan's step; else the primitive's node
+  std::vector<CpuPostOp> post;
+  std::vector<ValueRef> reads;     // not kHost: the node's inputs, then the post-ops' operands
+  ValueRef out;                    // not kHost: the slot the last node's output goes to
+  CpuLayout out_layout = CpuLayout::kPlain;
+  std::vector<uint32_t> frees;     // slots released after this step
+};
+
+struct CpuPlan {
+  std::vector<CpuStep> steps;
+};
+
+// Decides the steps over a host plan (whose graph must have static shapes where a primitive is
+// chosen; anything else stays a host step).
+Expected<CpuPlan> plan_fast_cpu(const Plan& p);
+
+std::string write_cpu_plan(const CpuPlan& cp);
+// Reads and checks it against the host plan it was made for: indices in range, every read slot
+// written before, nodes of the kinds the steps claim. `name` (the file) starts every error.
+Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std::string& name);
+
+// "Conv + clip + add" for the report.
+std::string describe_cpu_step(const CpuStep& s, const Plan& p);
+
+}  // namespace kiln

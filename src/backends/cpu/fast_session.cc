@@ -1,0 +1,599 @@
+#include "backends/cpu/fast_session.h"
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <unordered_map>
+
+#include "backends/backend.h"
+#include "backends/cpu/dnnl_lib.h"
+
+namespace kiln {
+
+#if KILN_HAVE_DNNL
+
+namespace {
+
+// Every oneDNN call goes through here: a failure names the call and the node it was for.
+#define KILN_DNNL(node, call)                                                                              \
+  do {                                                                                                     \
+    dnnl_status_t st_ = (call);                                                                            \
+    if (st_ != dnnl_success) {                                                                             \
+      return KILN_ERROR(kUnsupported, "{}: oneDNN {} failed (status {})", (node), #call, int(st_));       \
+    }                                                                                                      \
+  } while (0)
+
+using Dims = std::vector<int64_t>;
+
+dnnl_format_tag_t plain_tag(size_t rank) {
+  switch (rank) {
+    case 1: return dnnl_a;
+    case 2: return dnnl_ab;
+    case 3: return dnnl_abc;
+    case 4: return dnnl_abcd;
+    case 5: return dnnl_abcde;
+    default: return dnnl_abcdef;
+  }
+}
+
+// Owns a memory descriptor.
+struct Md {
+  const DnnlLib* d = nullptr;
+  dnnl_memory_desc_t md = nullptr;
+  Md() = default;
+  Md(const DnnlLib* lib, dnnl_memory_desc_t m) : d(lib), md(m) {}
+  Md(Md&& o) noexcept : d(o.d), md(o.md) { o.md = nullptr; }
+  Md& operator=(Md&& o) noexcept {
+    std::swap(d, o.d);
+    std::swap(md, o.md);
+    return *this;
+  }
+  ~Md() {
+    if (md) d->memory_desc_destroy(md);
+  }
+};
+
+// A 64-byte aligned buffer.
+struct Buffer {
+  std::unique_ptr<char, void (*)(void*)> p{nullptr, std::free};
+  size_t size = 0;
+  void resize(size_t n) {
+    if (n <= size) return;
+    p.reset(static_cast<char*>(std::aligned_alloc(64, (n + 63) / 64 * 64)));
+    size = n;
+  }
+};
+
+// A primitive with the memories it executes on (handles bound per run).
+struct Prim {
+  dnnl_primitive_t p = nullptr;
+  std::vector<std::pair<int, dnnl_memory_t>> args;  // (DNNL_ARG_*, memory)
+};
+
+}  // namespace
+
+struct CpuRunner::Impl {
+  const DnnlLib* d = nullptr;
+  std::shared_ptr<const Plan> plan;
+  std::shared_ptr<const CpuPlan> cp;
+  dnnl_engine_t engine = nullptr;
+  dnnl_stream_t stream = nullptr;
+  std::vector<std::string> impls;
+  std::vector<dnnl_memory_t> memories;
+  std::vector<dnnl_primitive_t> primitives;
+  std::vector<Buffer> weights;  // reordered weights, owned
+
+  // Per step: an optional reorder of the source into `src_scratch`, the primitive, an optional
+  // reorder of its result into the plain output.
+  struct StepRun {
+    bool host = true;
+    Prim src_reorder, main, dst_reorder;
+    dnnl_memory_t src_user = nullptr, src_mem = nullptr, dst_mem = nullptr, dst_user = nullptr;
+    dnnl_memory_t src_reorder_out = nullptr, dst_reorder_in = nullptr;
+    size_t src_scratch = 0, dst_scratch = 0;  // bytes (0: none)
+    size_t out_bytes = 0;                     // a kLibrary output's size
+    std::vector<int64_t> out_dims;
+    // (memory, index into reads) bound to each read's buffer; weights/bias are bound once.
+    std::vector<std::pair<dnnl_memory_t, size_t>> bind;
+  };
+  std::vector<StepRun> runs;
+  std::vector<const dnnl_memory_desc_t*> slot_md;  // per slot: the library layout it is written in
+  std::deque<Md> mds;                               // owned descriptors slot_md points into
+  Buffer src_scratch, dst_scratch;
+
+  ~Impl() {
+    if (!d) return;
+    for (dnnl_primitive_t p : primitives) d->primitive_destroy(p);
+    for (dnnl_memory_t m : memories) d->memory_destroy(m);
+    if (stream) d->stream_destroy(stream);
+    if (engine) d->engine_destroy(engine);
+  }
+
+  Expected<Md> make_md(const std::string& at, const Dims& dims, dnnl_format_tag_t tag) {
+    dnnl_memory_desc_t md = nullptr;
+    KILN_DNNL(at, d->memory_desc_create_with_tag(&md, int(dims.size()), dims.data(), dnnl_f32, tag));
+    return Md(d, md);
+  }
+  Expected<dnnl_memory_t> memory(const std::string& at, const_dnnl_memory_desc_t md, void* handle = DNNL_MEMORY_NONE) {
+    dnnl_memory_t m = nullptr;
+    KILN_DNNL(at, d->memory_create(&m, md, engine, handle));
+    memories.push_back(m);
+    return m;
+  }
+  Expected<dnnl_primitive_t> primitive(const std::string& at, const_dnnl_primitive_desc_t pd) {
+    dnnl_primitive_t p = nullptr;
+    KILN_DNNL(at, d->primitive_create(&p, pd));
+    primitives.push_back(p);
+    return p;
+  }
+  // A reorder primitive from `from` to `to` (memories created here, handles bound later).
+  Expected<Prim> reorder(const std::string& at, const_dnnl_memory_desc_t from, const_dnnl_memory_desc_t to,
+                         dnnl_memory_t* in, dnnl_memory_t* out) {
+    dnnl_primitive_desc_t pd = nullptr;
+    KILN_DNNL(at, d->reorder_primitive_desc_create(&pd, from, engine, to, engine, nullptr));
+    auto prim = primitive(at, pd);
+    d->primitive_desc_destroy(pd);
+    if (!prim) return prim.status();
+    KILN_ASSIGN_OR_RETURN(*in, memory(at, from));
+    KILN_ASSIGN_OR_RETURN(*out, memory(at, to));
+    Prim r;
+    r.p = *prim;
+    r.args = {{DNNL_ARG_FROM, *in}, {DNNL_ARG_TO, *out}};
+    return r;
+  }
+  // A constant weight reordered once from its plain layout into `want`.
+  Expected<dnnl_memory_t> weight(const std::string& at, const Tensor& t, const_dnnl_memory_desc_t plain,
+                                 const_dnnl_memory_desc_t want) {
+    Buffer b;
+    b.resize(d->memory_desc_get_size(want));
+    dnnl_memory_t in = nullptr, out = nullptr;
+    KILN_ASSIGN_OR_RETURN(Prim r, reorder(at, plain, want, &in, &out));
+    KILN_DNNL(at, d->memory_set_data_handle(in, const_cast<void*>(t.raw())));
+    KILN_DNNL(at, d->memory_set_data_handle(out, b.p.get()));
+    std::vector<dnnl_exec_arg_t> args;
+    for (auto& [k, m] : r.args) args.push_back({k, m});
+    KILN_DNNL(at, d->primitive_execute(r.p, stream, int(args.size()), args.data()));
+    KILN_DNNL(at, d->stream_wait(stream));
+    weights.push_back(std::move(b));
+    return out;
+  }
+
+  Status prepare();
+  Status prepare_step(size_t i);
+  Expected<std::vector<Data>> run(std::vector<Data> inputs, std::vector<double>* step_ms);
+};
+
+namespace {
+
+const char* impl_name(const DnnlLib* d, const_dnnl_primitive_desc_t pd) {
+  const char* s = nullptr;
+  if (d->primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &s) != dnnl_success || !s) return "?";
+  return s;
+}
+
+Status append_post_op(const DnnlLib* d, dnnl_post_ops_t po, const CpuPostOp& op, const_dnnl_memory_desc_t operand,
+                      const std::string& at) {
+  auto elt = [&](dnnl_alg_kind_t alg, float a, float b) -> Status {
+    KILN_DNNL(at, d->post_ops_append_eltwise(po, alg, a, b));
+    return Status::ok();
+  };
+  switch (op.kind) {
+    case CpuPostKind::kRelu: return elt(dnnl_eltwise_relu, 0, 0);
+    case CpuPostKind::kLeakyRelu: return elt(dnnl_eltwise_relu, op.alpha, 0);
+    case CpuPostKind::kClip: return elt(dnnl_eltwise_clip_v2, op.alpha, op.beta);
+    case CpuPostKind::kSigmoid: return elt(dnnl_eltwise_logistic, 0, 0);
+    case CpuPostKind::kTanh: return elt(dnnl_eltwise_tanh, 0, 0);
+    case CpuPostKind::kElu: return elt(dnnl_eltwise_elu, op.alpha, 0);
+    case CpuPostKind::kHardSigmoid: return elt(dnnl_eltwise_hardsigmoid, op.alpha, op.beta);
+    case CpuPostKind::kHardSwish: return elt(dnnl_eltwise_hardswish, 1.f / 6.f, 0.5f);
+    case CpuPostKind::kGeluErf: return elt(dnnl_eltwise_gelu_erf, 0, 0);
+    case CpuPostKind::kGeluTanh: return elt(dnnl_eltwise_gelu_tanh, 0, 0);
+    case CpuPostKind::kSwish: return elt(dnnl_eltwise_swish, op.alpha, 0);
+    case CpuPostKind::kSoftplus: return elt(dnnl_eltwise_soft_relu, 1.f, 0);
+    case CpuPostKind::kMish: return elt(dnnl_eltwise_mish, 0, 0);
+    case CpuPostKind::kAdd:
+      KILN_DNNL(at, d->post_ops_append_binary(po, dnnl_binary_add, operand));
+      return Status::ok();
+  }
+  return KILN_ERROR(kInternal, "{}: unknown post-op", at);
+}
+
+Dims static_dims(const Value* v) { return *v->type.shape->static_dims(); }
+int64_t numel(const Dims& d) {
+  int64_t n = 1;
+  for (int64_t x : d) n *= x;
+  return n;
+}
+
+// Resolved window of a Conv or pooling node over x (spatial dims from 2): kernel, strides,
+// dilations in oneDNN's convention (0 = dense), pads before and after such that the window yields
+// exactly the node's output dims (ceil_mode and SAME padding resolved).
+struct Geometry {
+  Dims kernel, strides, dil, pad_l, pad_r;
+};
+Geometry window(const Node& n, const Dims& x, const Dims& kernel, const Dims& y, bool global) {
+  const size_t sp = x.size() - 2;
+  Geometry g;
+  g.kernel = global ? Dims(x.begin() + 2, x.end()) : kernel;
+  g.strides = global ? Dims(sp, 1) : n.attr_ints("strides", Dims(sp, 1));
+  Dims dil = global ? Dims(sp, 1) : n.attr_ints("dilations", Dims(sp, 1));
+  Dims pads = global ? Dims(2 * sp, 0) : n.attr_ints("pads", Dims(2 * sp, 0));
+  const std::string ap = global ? "NOTSET" : n.attr_string("auto_pad", "NOTSET");
+  if (ap != "NOTSET") pads.assign(2 * sp, 0);
+  for (size_t i = 0; i < sp; ++i) {
+    const int64_t ext = (g.kernel[i] - 1) * dil[i] + 1;
+    int64_t l = pads[i], r = pads[i + sp];
+    if (ap == "SAME_UPPER" || ap == "SAME_LOWER") {
+      const int64_t total = std::max<int64_t>(0, (y[2 + i] - 1) * g.strides[i] + ext - x[2 + i]);
+      l = ap == "SAME_UPPER" ? total / 2 : total - total / 2;
+      r = total - l;
+    }
+    // ceil_mode: the last window may start inside the end padding; widen it so oneDNN's floor
+    // arithmetic gives the same count.
+    r = std::max(r, (y[2 + i] - 1) * g.strides[i] + ext - x[2 + i] - l);
+    g.dil.push_back(dil[i] - 1);
+    g.pad_l.push_back(l);
+    g.pad_r.push_back(r);
+  }
+  return g;
+}
+
+}  // namespace
+
+Status CpuRunner::Impl::prepare() {
+  KILN_DNNL("oneDNN", d->engine_create(&engine, dnnl_cpu, 0));
+  KILN_DNNL("oneDNN", d->stream_create(&stream, engine, dnnl_stream_default_flags));
+  slot_md.assign(plan->slots, nullptr);
+  runs.resize(cp->steps.size());
+  impls.resize(cp->steps.size());
+  for (size_t i = 0; i < cp->steps.size(); ++i) KILN_RETURN_IF_ERROR(prepare_step(i));
+  return Status::ok();
+}
+
+Status CpuRunner::Impl::prepare_step(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  const Graph& g = *plan->graph;
+  StepRun& run = runs[i];
+  if (s.kind == CpuStepKind::kHost) {
+    impls[i] = "reference kernel";
+    return Status::ok();
+  }
+  run.host = false;
+  const Node& n = *g.nodes[s.index];
+  const std::string at = n.describe();
+  auto constant = [&](size_t k) -> const Tensor& { return *plan->constants[s.reads[k].index]->constant; };
+  auto is_const = [&](size_t k) { return k < s.reads.size() && s.reads[k].kind == ValueRef::Kind::kConstant; };
+  auto library_md = [&](size_t k) -> const_dnnl_memory_desc_t {
+    return s.reads[k].kind == ValueRef::Kind::kSlot ? (slot_md[s.reads[k].index] ? *slot_md[s.reads[k].index] : nullptr)
+                                                    : nullptr;
+  };
+  const Value* out_value = s.post.empty() ? n.outputs[0] : g.nodes[s.post.back().node]->outputs[0];
+  Dims x = static_dims(n.inputs[0]), y = static_dims(out_value);
+  run.out_dims = y;
+
+  // The operands' descriptors: a library-layout slot keeps its producer's; a plain one is
+  // row-major (a MatMul's rows flattened to 2-D).
+  const bool matmul = s.kind == CpuStepKind::kMatMul;
+  Dims src_dims = x, dst_dims = y;
+  if (matmul) {
+    const int64_t k = x.back(), cols = y.back();
+    src_dims = {numel(x) / k, k};
+    dst_dims = {numel(y) / cols, cols};
+  }
+  KILN_ASSIGN_OR_RETURN(Md src_plain, make_md(at, src_dims, plain_tag(src_dims.size())));
+  KILN_ASSIGN_OR_RETURN(Md dst_plain, make_md(at, dst_dims, plain_tag(dst_dims.size())));
+  const_dnnl_memory_desc_t src_have = library_md(0) ? library_md(0) : src_plain.md;
+
+  // Post-ops, their operands' descriptors bound at run time.
+  dnnl_primitive_attr_t attr = nullptr;
+  KILN_DNNL(at, d->primitive_attr_create(&attr));
+  struct AttrFree {
+    const DnnlLib* d;
+    dnnl_primitive_attr_t a;
+    ~AttrFree() { d->primitive_attr_destroy(a); }
+  } attr_free{d, attr};
+  dnnl_post_ops_t po = nullptr;
+  KILN_DNNL(at, d->post_ops_create(&po));
+  struct PoFree {
+    const DnnlLib* d;
+    dnnl_post_ops_t p;
+    ~PoFree() { d->post_ops_destroy(p); }
+  } po_free{d, po};
+  std::deque<Md> operand_mds;
+  struct OperandArg {
+    int arg;                        // DNNL_ARG_*
+    size_t read;                    // index into reads
+    const_dnnl_memory_desc_t md;
+  };
+  std::vector<OperandArg> operand_args;
+  for (size_t k = 0; k < s.post.size(); ++k) {
+    const CpuPostOp& op = s.post[k];
+    const_dnnl_memory_desc_t omd = nullptr;
+    if (op.kind == CpuPostKind::kAdd) {
+      const size_t r = size_t(op.operand);
+      omd = library_md(r);
+      if (!omd) {
+        const Value* ov = g.nodes[op.node]->inputs[0] == (k == 0 ? n.outputs[0] : g.nodes[s.post[k - 1].node]->outputs[0])
+                              ? g.nodes[op.node]->inputs[1]
+                              : g.nodes[op.node]->inputs[0];
+        Dims od = static_dims(ov);
+        od.insert(od.begin(), y.size() - od.size(), 1);
+        if (matmul) od = numel(od) == numel(y) ? dst_dims : Dims{1, dst_dims[1]};
+        KILN_ASSIGN_OR_RETURN(Md m, make_md(at, od, plain_tag(od.size())));
+        omd = m.md;
+        operand_mds.push_back(std::move(m));
+      }
+      operand_args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(int(k)) | DNNL_ARG_SRC_1, r, omd});
+    }
+    KILN_RETURN_IF_ERROR(append_post_op(d, po, op, omd, at));
+  }
+  KILN_DNNL(at, d->primitive_attr_set_post_ops(attr, po));
+
+  // The primitive, asked for oneDNN's preferred weight and result layouts.
+  dnnl_primitive_desc_t pd = nullptr;
+  struct PdFree {
+    const DnnlLib* d;
+    dnnl_primitive_desc_t* p;
+    ~PdFree() {
+      if (*p) d->primitive_desc_destroy(*p);
+    }
+  } pd_free{d, &pd};
+  KILN_ASSIGN_OR_RETURN(Md dst_any, make_md(at, dst_dims, s.out_layout == CpuLayout::kLibrary || !matmul ? dnnl_format_tag_any
+                                                                                                          : plain_tag(dst_dims.size())));
+  Md wplain, wany, bplain;
+  const Tensor* wt = nullptr;
+  const Tensor* bt = nullptr;
+  if (s.kind == CpuStepKind::kConv) {
+    const Tensor& w = constant(1);
+    wt = &w;
+    const int64_t group = n.attr_int("group", 1);
+    Dims wd = w.dims();
+    if (group > 1) {
+      wd[0] /= group;
+      wd.insert(wd.begin(), group);
+    }
+    KILN_ASSIGN_OR_RETURN(wplain, make_md(at, wd, plain_tag(wd.size())));
+    KILN_ASSIGN_OR_RETURN(wany, make_md(at, wd, dnnl_format_tag_any));
+    if (is_const(2)) {
+      bt = &constant(2);
+      KILN_ASSIGN_OR_RETURN(bplain, make_md(at, Dims{y[1]}, dnnl_a));
+    }
+    Geometry geo = window(n, x, Dims(w.dims().begin() + 2, w.dims().end()), y, false);
+    auto create = [&](const_dnnl_memory_desc_t src) {
+      return d->convolution_forward_primitive_desc_create(&pd, engine, dnnl_forward_inference, dnnl_convolution_direct, src,
+                                                          wany.md, bt ? bplain.md : nullptr, dst_any.md, geo.strides.data(),
+                                                          geo.dil.data(), geo.pad_l.data(), geo.pad_r.data(), attr);
+    };
+    if (create(src_have) != dnnl_success) {
+      KILN_ASSIGN_OR_RETURN(Md src_any, make_md(at, src_dims, dnnl_format_tag_any));
+      KILN_DNNL(at, create(src_any.md));
+    }
+  } else if (matmul) {
+    const Tensor& w = constant(1);
+    wt = &w;
+    const bool trans_b = n.op == OpKind::kGemm && n.attr_int("transB", 0) != 0;
+    const int64_t k = src_dims[1], cols = dst_dims[1];
+    dnnl_memory_desc_t wmd = nullptr;
+    const Dims wd = {k, cols}, wstrides = trans_b ? Dims{1, k} : Dims{cols, 1};
+    KILN_DNNL(at, d->memory_desc_create_with_strides(&wmd, 2, wd.data(), dnnl_f32, wstrides.data()));
+    wplain = Md(d, wmd);
+    KILN_ASSIGN_OR_RETURN(wany, make_md(at, wd, dnnl_format_tag_any));
+    if (n.op == OpKind::kGemm && is_const(2)) {
+      bt = &constant(2);
+      KILN_ASSIGN_OR_RETURN(bplain, make_md(at, Dims{1, cols}, dnnl_ab));
+    }
+    KILN_DNNL(at, d->matmul_primitive_desc_create(&pd, engine, src_plain.md, wany.md, bt ? bplain.md : nullptr, dst_any.md, attr));
+  } else {
+    const bool global = n.op == OpKind::kGlobalAveragePool || n.op == OpKind::kGlobalMaxPool;
+    const bool max = n.op == OpKind::kMaxPool || n.op == OpKind::kGlobalMaxPool;
+    dnnl_alg_kind_t alg = max ? dnnl_pooling_max
+                              : (n.attr_int("count_include_pad", 0) ? dnnl_pooling_avg_include_padding
+                                                                    : dnnl_pooling_avg_exclude_padding);
+    Geometry geo = window(n, x, n.attr_ints("kernel_shape"), y, global);
+    auto create = [&](const_dnnl_memory_desc_t src) {
+      return d->pooling_forward_primitive_desc_create(&pd, engine, dnnl_forward_inference, alg, src, dst_any.md,
+                                                      geo.strides.data(), geo.kernel.data(), geo.dil.data(),
+                                                      geo.pad_l.data(), geo.pad_r.data(), attr);
+    };
+    if (create(src_have) != dnnl_success) {
+      KILN_ASSIGN_OR_RETURN(Md src_any, make_md(at, src_dims, dnnl_format_tag_any));
+      KILN_DNNL(at, create(src_any.md));
+    }
+  }
+  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd));
+  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd));
+
+  // Source: bound directly when the primitive reads the layout the value is in, else reordered.
+  const_dnnl_memory_desc_t src_want = d->primitive_desc_query_md(pd, dnnl_query_src_md, 0);
+  if (d->memory_desc_equal(src_want, src_have)) {
+    KILN_ASSIGN_OR_RETURN(run.src_mem, memory(at, src_want));
+    run.bind.push_back({run.src_mem, 0});
+  } else {
+    KILN_ASSIGN_OR_RETURN(run.src_reorder, reorder(at, src_have, src_want, &run.src_user, &run.src_reorder_out));
+    run.bind.push_back({run.src_user, 0});
+    run.src_mem = run.src_reorder_out;
+    run.src_scratch = d->memory_desc_get_size(src_want);
+    src_scratch.resize(run.src_scratch);
+  }
+  run.main.args.push_back({DNNL_ARG_SRC, run.src_mem});
+  if (wt) {
+    const_dnnl_memory_desc_t wwant = d->primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    KILN_ASSIGN_OR_RETURN(dnnl_memory_t wm, weight(at, *wt, wplain.md, wwant));
+    run.main.args.push_back({DNNL_ARG_WEIGHTS, wm});
+  }
+  if (bt) {
+    KILN_ASSIGN_OR_RETURN(dnnl_memory_t bm, memory(at, bplain.md, const_cast<void*>(bt->raw())));
+    run.main.args.push_back({DNNL_ARG_BIAS, bm});
+  }
+  for (const OperandArg& oa : operand_args) {
+    KILN_ASSIGN_OR_RETURN(dnnl_memory_t om, memory(at, oa.md));
+    run.main.args.push_back({oa.arg, om});
+    run.bind.push_back({om, oa.read});
+  }
+  // Result: in the primitive's layout when the plan keeps it (later steps read that descriptor),
+  // else reordered to row-major when the primitive chose another.
+  const_dnnl_memory_desc_t dst_got = d->primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+  KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, dst_got));
+  run.main.args.push_back({DNNL_ARG_DST, run.dst_mem});
+  if (s.out_layout == CpuLayout::kLibrary) {
+    dnnl_memory_desc_t keep = nullptr;
+    KILN_DNNL(at, d->memory_desc_clone(&keep, dst_got));
+    mds.emplace_back(d, keep);
+    slot_md[s.out.index] = &mds.back().md;
+    run.out_bytes = d->memory_desc_get_size(dst_got);
+  } else if (!d->memory_desc_equal(dst_got, dst_plain.md)) {
+    KILN_ASSIGN_OR_RETURN(run.dst_reorder, reorder(at, dst_got, dst_plain.md, &run.dst_reorder_in, &run.dst_user));
+    run.dst_scratch = d->memory_desc_get_size(dst_got);
+    dst_scratch.resize(run.dst_scratch);
+  }
+  return Status::ok();
+}
+
+namespace {
+
+Status execute(const DnnlLib* d, dnnl_stream_t stream, const Prim& p, const std::string& at) {
+  dnnl_exec_arg_t args[16];
+  int n = 0;
+  for (const auto& [k, m] : p.args) {
+    if (n == 16) return KILN_ERROR(kInternal, "{}: too many primitive arguments", at);
+    args[n++] = {k, m};
+  }
+  KILN_DNNL(at, d->primitive_execute(p.p, stream, n, args));
+  return Status::ok();
+}
+
+}  // namespace
+
+Expected<std::vector<Data>> CpuRunner::Impl::run(std::vector<Data> inputs, std::vector<double>* step_ms) {
+  const Plan& p = *plan;
+  const Graph& g = *p.graph;
+  KILN_RETURN_IF_ERROR(check_inputs(g, inputs));
+  std::vector<Data> slots(p.slots);
+  std::vector<Data> constants;
+  constants.reserve(p.constants.size());
+  for (const Value* c : p.constants) constants.emplace_back(*c->constant);
+  auto at = [&](const ValueRef& r) -> const Data* {
+    switch (r.kind) {
+      case ValueRef::Kind::kNone: return nullptr;
+      case ValueRef::Kind::kSlot: return &slots[r.index];
+      case ValueRef::Kind::kConstant: return &constants[r.index];
+    }
+    return nullptr;
+  };
+  for (size_t i = 0; i < p.inputs.size(); ++i) {
+    if (p.inputs[i].kind == ValueRef::Kind::kSlot && i < inputs.size()) slots[p.inputs[i].index] = std::move(inputs[i]);
+  }
+  std::unordered_map<const Value*, ValueRef> by_value;
+  for (size_t i = 0; i < g.inputs.size(); ++i) by_value[g.inputs[i]] = p.inputs[i];
+  for (const PlanStep& s : p.steps) {
+    const Node& n = *g.nodes[s.node];
+    for (size_t k = 0; k < n.outputs.size(); ++k) by_value[n.outputs[k]] = s.outputs[k];
+  }
+  ValueLookup outer = [&](const Value* v) -> const Data* {
+    auto it = by_value.find(v);
+    return it != by_value.end() ? at(it->second) : nullptr;
+  };
+  if (step_ms) step_ms->assign(cp->steps.size(), 0.0);
+  for (size_t i = 0; i < cp->steps.size(); ++i) {
+    const CpuStep& s = cp->steps[i];
+    auto t0 = std::chrono::steady_clock::now();
+    if (s.kind == CpuStepKind::kHost) {
+      const PlanStep& ps = p.steps[s.index];
+      std::vector<const Data*> ins;
+      for (const ValueRef& r : ps.inputs) ins.push_back(at(r));
+      KILN_ASSIGN_OR_RETURN(std::vector<Data> outs, run_node_on_cpu(*g.nodes[ps.node], std::move(ins), outer));
+      for (size_t k = 0; k < ps.outputs.size(); ++k) {
+        if (ps.outputs[k].kind == ValueRef::Kind::kSlot) slots[ps.outputs[k].index] = std::move(outs[k]);
+      }
+    } else {
+      const StepRun& run = runs[i];
+      const std::string& where = impls[i];
+      for (const auto& [mem, r] : run.bind) {
+        const Data* v = at(s.reads[r]);
+        if (!v || !v->is_tensor()) return KILN_ERROR(kInternal, "step {}: an operand is missing", i);
+        KILN_DNNL(where, d->memory_set_data_handle(mem, const_cast<void*>(v->tensor.raw())));
+      }
+      Tensor out;
+      if (s.out_layout == CpuLayout::kLibrary) {
+        KILN_ASSIGN_OR_RETURN(out, Tensor::create(DType::kUInt8, {int64_t(run.out_bytes)}));
+      } else {
+        KILN_ASSIGN_OR_RETURN(out, Tensor::create(DType::kFloat32, run.out_dims));
+      }
+      if (run.src_reorder.p) {
+        KILN_DNNL(where, d->memory_set_data_handle(run.src_reorder_out, src_scratch.p.get()));
+        KILN_RETURN_IF_ERROR(execute(d, stream, run.src_reorder, where));
+      }
+      if (run.dst_reorder.p) {
+        KILN_DNNL(where, d->memory_set_data_handle(run.dst_mem, dst_scratch.p.get()));
+        KILN_DNNL(where, d->memory_set_data_handle(run.dst_reorder_in, dst_scratch.p.get()));
+        KILN_DNNL(where, d->memory_set_data_handle(run.dst_user, out.raw()));
+      } else {
+        KILN_DNNL(where, d->memory_set_data_handle(run.dst_mem, out.raw()));
+      }
+      KILN_RETURN_IF_ERROR(execute(d, stream, run.main, where));
+      if (run.dst_reorder.p) KILN_RETURN_IF_ERROR(execute(d, stream, run.dst_reorder, where));
+      KILN_DNNL(where, d->stream_wait(stream));
+      slots[s.out.index] = Data(std::move(out));
+    }
+    for (uint32_t f : s.frees) slots[f] = Data();
+    if (step_ms) (*step_ms)[i] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+  std::vector<Data> outs;
+  for (const ValueRef& r : p.outputs) outs.push_back(*at(r));
+  return outs;
+}
+
+bool fast_cpu_available(std::string* what) {
+  std::string why;
+  const DnnlLib* d = dnnl_lib(&why);
+  if (what) *what = d ? fmt::format("oneDNN {} ({})", d->version_text, d->path) : why;
+  return d != nullptr;
+}
+
+Expected<std::unique_ptr<CpuRunner>> CpuRunner::create(std::shared_ptr<const Plan> plan, std::shared_ptr<const CpuPlan> cp) {
+  std::string why;
+  const DnnlLib* d = dnnl_lib(&why);
+  if (!d) return KILN_ERROR(kUnsupported, "{}", why);
+  auto impl = std::make_unique<Impl>();
+  impl->d = d;
+  impl->plan = std::move(plan);
+  impl->cp = std::move(cp);
+  KILN_RETURN_IF_ERROR(impl->prepare());
+  return std::unique_ptr<CpuRunner>(new CpuRunner(std::move(impl)));
+}
+
+#else  // no oneDNN headers: the runner cannot exist
+
+struct CpuRunner::Impl {
+  std::vector<std::string> impls;
+  std::vector<int> weights;
+  Expected<std::vector<Data>> run(std::vector<Data>, std::vector<double>*) {
+    return KILN_ERROR(kUnsupported, "this kiln was built without oneDNN");
+  }
+};
+
+bool fast_cpu_available(std::string* what) { return dnnl_lib(what) != nullptr; }
+
+Expected<std::unique_ptr<CpuRunner>> CpuRunner::create(std::shared_ptr<const Plan>, std::shared_ptr<const CpuPlan>) {
+  std::string why;
+  dnnl_lib(&why);
+  return KILN_ERROR(kUnsupported, "{}", why);
+}
+
+#endif
+
+CpuRunner::CpuRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CpuRunner::~CpuRunner() = default;
+Expected<std::vector<Data>> CpuRunner::run(std::vector<Data> inputs, std::vector<double>* step_ms) {
+  return impl_->run(std::move(inputs), step_ms);
+}
+const std::vector<std::string>& CpuRunner::impls() const { return impl_->impls; }
+size_t CpuRunner::weight_bytes() const {
+  size_t b = 0;
+#if KILN_HAVE_DNNL
+  for (const auto& w : impl_->weights) b += w.size;
+#endif
+  return b;
+}
+
+}  // namespace kiln

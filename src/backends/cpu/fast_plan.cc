@@ -16,6 +16,8 @@ std::string_view cpu_step_kind_name(CpuStepKind k) {
     case CpuStepKind::kConv: return "conv";
     case CpuStepKind::kMatMul: return "matmul";
     case CpuStepKind::kPool: return "pool";
+    case CpuStepKind::kAttention: return "attention";
+    case CpuStepKind::kNorm: return "norm";
   }
   return "?";
 }
@@ -51,6 +53,48 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
       if (n.attr_float("beta", 1.f) != 1.f || !f32_constant(n.inputs[2]) || n.inputs[2]->constant->numel() != cols) return std::nullopt;
     }
     return CpuStepKind::kMatMul;
+  }
+  if (n.op == OpKind::kAttention) {
+    // Plain scaled-dot-product attention: no past KV, causal mask, softcap or extra outputs, as many
+    // KV heads as query heads, an additive float mask (or none).
+    if (r != 4 || n.inputs.size() < 3 || n.inputs.size() > 4 || !f32_static(n.inputs[1]) || !f32_static(n.inputs[2])) {
+      return std::nullopt;
+    }
+    for (size_t k = 1; k < n.outputs.size(); ++k) {
+      if (n.outputs[k]) return std::nullopt;
+    }
+    if (n.attr_int("is_causal", 0) != 0 || n.attr_float("softcap", 0.f) != 0.f || n.attr_int("qk_matmul_output_mode", 0) != 0) {
+      return std::nullopt;
+    }
+    const std::vector<int64_t> q = dims_of(x), k = dims_of(n.inputs[1]), v = dims_of(n.inputs[2]);
+    if (k.size() != 4 || v.size() != 4 || q[0] != k[0] || q[1] != k[1] || v[1] != k[1] || k[2] != v[2] || q[3] != k[3]) {
+      return std::nullopt;
+    }
+    if (n.inputs.size() == 4 && n.inputs[3]) {
+      const Value* m = n.inputs[3];
+      if (!f32_static(m)) return std::nullopt;
+      std::vector<int64_t> md = dims_of(m);
+      if (md.size() > 4) return std::nullopt;
+      md.insert(md.begin(), 4 - md.size(), 1);
+      const std::vector<int64_t> s = {q[0], q[1], q[2], k[2]};
+      for (size_t i = 0; i < 4; ++i) {
+        if (md[i] != 1 && md[i] != s[i]) return std::nullopt;
+      }
+    }
+    return CpuStepKind::kAttention;
+  }
+  if (n.op == OpKind::kLayerNormalization) {
+    const int64_t axis = n.attr_int("axis", -1);
+    if (axis != -1 && axis != int64_t(r) - 1) return std::nullopt;
+    for (size_t k = 1; k < n.outputs.size(); ++k) {
+      if (n.outputs[k]) return std::nullopt;
+    }
+    const int64_t c = dims_of(x).back();
+    if (n.inputs.size() < 2 || !f32_constant(n.inputs[1]) || n.inputs[1]->constant->numel() != c) return std::nullopt;
+    if (n.inputs.size() > 2 && n.inputs[2] && (!f32_constant(n.inputs[2]) || n.inputs[2]->constant->numel() != c)) {
+      return std::nullopt;
+    }
+    return CpuStepKind::kNorm;
   }
   const bool max_pool = n.op == OpKind::kMaxPool, avg_pool = n.op == OpKind::kAveragePool;
   if (max_pool || avg_pool || n.op == OpKind::kGlobalAveragePool || n.op == OpKind::kGlobalMaxPool) {
@@ -181,9 +225,11 @@ Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
     const Value* cur = n.outputs[0];
     uint32_t last = st.index;
     group_of[st.index] = int64_t(groups.size());
-    for (;;) {
+    const bool epilogue = *kind == CpuStepKind::kConv || *kind == CpuStepKind::kMatMul || *kind == CpuStepKind::kPool;
+    while (epilogue) {
       if (readers[cur] != 1 || !direct_reader.count(cur)) break;
       const Node* c = direct_reader[cur];
+      if (group_of[node_index.at(c)] >= 0) break;  // taken by an earlier primitive as its operand's reader
       auto po = post_op(*c, cur, channel);
       if (!po) break;
       po->node = node_index.at(c);
@@ -329,7 +375,7 @@ Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std
   };
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     CpuStep s;
-    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kPool)));
+    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kNorm)));
     s.index = r.get<uint32_t>("a step's index");
     const uint32_t npost = r.get_in<uint32_t>("the post-op count", 0, 64);
     for (uint32_t k = 0; k < npost && r.ok(); ++k) {

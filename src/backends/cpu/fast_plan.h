@@ -4,6 +4,7 @@
 //
 //   Conv -> Clip -> Add(., skip)        one kConv step: convolution, clip post-op, add post-op
 //   Conv -> Conv                         the first writes the layout oneDNN prefers (kLibrary)
+//   MatMul -> Add(bias) -> Add(skip)     one kMatMul step (the bias as the GEMM's, the skip a post-op)
 //   anything else                        a kHost step: the plan's step on the reference kernels
 //
 // A step's epilogue nodes (post-ops) each had one reader, the node before them, and are not graph
@@ -29,6 +30,8 @@ enum class CpuStepKind : uint8_t {
   kConv,    // Conv (1-3 spatial dims, fp32, constant weight and bias)
   kMatMul,  // MatMul or Gemm by a constant 2-D weight (fp32), bias and epilogue fused
   kPool,    // MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool (fp32)
+  kAttention,  // Attention of 4-D Q/K/V (fp32, additive or no mask): two matmuls and a softmax
+  kNorm,       // LayerNormalization over the last axis (fp32, constant scale and bias)
 };
 std::string_view cpu_step_kind_name(CpuStepKind k);
 

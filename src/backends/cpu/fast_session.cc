@@ -1,6 +1,7 @@
 #include "backends/cpu/fast_session.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <unordered_map>
@@ -88,6 +89,8 @@ struct CpuRunner::Impl {
   struct StepRun {
     bool host = true;
     Prim src_reorder, main, dst_reorder;
+    std::vector<Prim> after;  // run after `main` (attention's softmax and second matmul)
+    Buffer scratch;           // the step's own intermediate (attention's scores)
     dnnl_memory_t src_user = nullptr, src_mem = nullptr, dst_mem = nullptr, dst_user = nullptr;
     dnnl_memory_t src_reorder_out = nullptr, dst_reorder_in = nullptr;
     size_t src_scratch = 0, dst_scratch = 0;  // bytes (0: none)
@@ -160,6 +163,8 @@ struct CpuRunner::Impl {
 
   Status prepare();
   Status prepare_step(size_t i);
+  Status prepare_attention(size_t i);
+  Status prepare_norm(size_t i);
   Expected<std::vector<Data>> run(std::vector<Data> inputs, std::vector<double>* step_ms);
 };
 
@@ -259,6 +264,8 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
     return Status::ok();
   }
   run.host = false;
+  if (s.kind == CpuStepKind::kAttention) return prepare_attention(i);
+  if (s.kind == CpuStepKind::kNorm) return prepare_norm(i);
   const Node& n = *g.nodes[s.index];
   const std::string at = n.describe();
   auto constant = [&](size_t k) -> const Tensor& { return *plan->constants[s.reads[k].index]->constant; };
@@ -306,7 +313,15 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
     const_dnnl_memory_desc_t md;
   };
   std::vector<OperandArg> operand_args;
-  for (size_t k = 0; k < s.post.size(); ++k) {
+  // A MatMul's first Add of a constant row is its bias: added inside the GEMM, not after it.
+  size_t first_post = 0;
+  const Tensor* row_bias = nullptr;
+  if (matmul && n.op == OpKind::kMatMul && !s.post.empty() && s.post[0].kind == CpuPostKind::kAdd &&
+      is_const(size_t(s.post[0].operand)) && constant(size_t(s.post[0].operand)).numel() == y.back()) {
+    row_bias = &constant(size_t(s.post[0].operand));
+    first_post = 1;
+  }
+  for (size_t k = first_post; k < s.post.size(); ++k) {
     const CpuPostOp& op = s.post[k];
     const_dnnl_memory_desc_t omd = nullptr;
     if (op.kind == CpuPostKind::kAdd) {
@@ -323,7 +338,7 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
         omd = m.md;
         operand_mds.push_back(std::move(m));
       }
-      operand_args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(int(k)) | DNNL_ARG_SRC_1, r, omd});
+      operand_args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(int(k - first_post)) | DNNL_ARG_SRC_1, r, omd});
     }
     KILN_RETURN_IF_ERROR(append_post_op(d, po, op, omd, at));
   }
@@ -378,8 +393,9 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
     KILN_DNNL(at, d->memory_desc_create_with_strides(&wmd, 2, wd.data(), dnnl_f32, wstrides.data()));
     wplain = Md(d, wmd);
     KILN_ASSIGN_OR_RETURN(wany, make_md(at, wd, dnnl_format_tag_any));
-    if (n.op == OpKind::kGemm && is_const(2)) {
-      bt = &constant(2);
+    if (n.op == OpKind::kGemm && is_const(2)) bt = &constant(2);
+    if (row_bias) bt = row_bias;
+    if (bt) {
       KILN_ASSIGN_OR_RETURN(bplain, make_md(at, Dims{1, cols}, dnnl_ab));
     }
     KILN_DNNL(at, d->matmul_primitive_desc_create(&pd, engine, src_plain.md, wany.md, bt ? bplain.md : nullptr, dst_any.md, attr));
@@ -446,6 +462,131 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
     run.dst_scratch = d->memory_desc_get_size(dst_got);
     dst_scratch.resize(run.dst_scratch);
   }
+  return Status::ok();
+}
+
+// Attention as oneDNN runs it: scores = Q K^T * scale (+ mask) in the step's own buffer, softmax
+// over the keys in place, then scores V. K is read transposed through its strides, not copied.
+Status CpuRunner::Impl::prepare_attention(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  StepRun& run = runs[i];
+  const Node& n = *plan->graph->nodes[s.index];
+  const std::string at = n.describe();
+  const Dims q = static_dims(n.inputs[0]), k = static_dims(n.inputs[1]), v = static_dims(n.inputs[2]);
+  const Dims scores = {q[0], q[1], q[2], k[2]};
+  run.out_dims = static_dims(n.outputs[0]);
+  const float scale = n.attr_float("scale", 1.f / std::sqrt(float(q[3])));
+  KILN_ASSIGN_OR_RETURN(Md q_md, make_md(at, q, dnnl_abcd));
+  KILN_ASSIGN_OR_RETURN(Md s_md, make_md(at, scores, dnnl_abcd));
+  KILN_ASSIGN_OR_RETURN(Md v_md, make_md(at, v, dnnl_abcd));
+  KILN_ASSIGN_OR_RETURN(Md o_md, make_md(at, run.out_dims, dnnl_abcd));
+  dnnl_memory_desc_t kt = nullptr;
+  const Dims kt_dims = {k[0], k[1], k[3], k[2]}, kt_strides = {k[1] * k[2] * k[3], k[2] * k[3], 1, k[3]};
+  KILN_DNNL(at, d->memory_desc_create_with_strides(&kt, 4, kt_dims.data(), dnnl_f32, kt_strides.data()));
+  Md kt_md(d, kt);
+
+  dnnl_primitive_attr_t attr = nullptr;
+  KILN_DNNL(at, d->primitive_attr_create(&attr));
+  struct AttrFree {
+    const DnnlLib* d;
+    dnnl_primitive_attr_t a;
+    ~AttrFree() { d->primitive_attr_destroy(a); }
+  } attr_free{d, attr};
+  dnnl_post_ops_t po = nullptr;
+  KILN_DNNL(at, d->post_ops_create(&po));
+  struct PoFree {
+    const DnnlLib* d;
+    dnnl_post_ops_t p;
+    ~PoFree() { d->post_ops_destroy(p); }
+  } po_free{d, po};
+  KILN_DNNL(at, d->post_ops_append_eltwise(po, dnnl_eltwise_linear, scale, 0.f));
+  Md mask_md;
+  const bool mask = s.reads.size() > 3 && s.reads[3].kind != ValueRef::Kind::kNone;
+  if (mask) {
+    Dims md = static_dims(n.inputs[3]);
+    md.insert(md.begin(), 4 - md.size(), 1);
+    KILN_ASSIGN_OR_RETURN(mask_md, make_md(at, md, dnnl_abcd));
+    KILN_DNNL(at, d->post_ops_append_binary(po, dnnl_binary_add, mask_md.md));
+  }
+  KILN_DNNL(at, d->primitive_attr_set_post_ops(attr, po));
+
+  auto make = [&](auto&& create) -> Expected<dnnl_primitive_t> {
+    dnnl_primitive_desc_t pd = nullptr;
+    KILN_DNNL(at, create(&pd));
+    if (impls[i].empty()) impls[i] = fmt::format("oneDNN {}", impl_name(d, pd));
+    auto p = primitive(at, pd);
+    d->primitive_desc_destroy(pd);
+    return p;
+  };
+  run.scratch.resize(d->memory_desc_get_size(s_md.md));
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t s_mem, memory(at, s_md.md, run.scratch.p.get()));
+  // scores = Q K^T (scaled, masked)
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t q_mem, memory(at, q_md.md));
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t k_mem, memory(at, kt_md.md));
+  auto qk = [&](dnnl_primitive_desc_t* pd) {
+    return d->matmul_primitive_desc_create(pd, engine, q_md.md, kt_md.md, nullptr, s_md.md, attr);
+  };
+  KILN_ASSIGN_OR_RETURN(run.main.p, make(qk));
+  run.main.args = {{DNNL_ARG_SRC, q_mem}, {DNNL_ARG_WEIGHTS, k_mem}, {DNNL_ARG_DST, s_mem}};
+  run.bind = {{q_mem, 0}, {k_mem, 1}};
+  if (mask) {
+    KILN_ASSIGN_OR_RETURN(dnnl_memory_t m_mem, memory(at, mask_md.md));
+    run.main.args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(1) | DNNL_ARG_SRC_1, m_mem});
+    run.bind.push_back({m_mem, 3});
+  }
+  // softmax over the keys, in place
+  Prim sm;
+  auto softmax = [&](dnnl_primitive_desc_t* pd) {
+    return d->softmax_forward_primitive_desc_create(pd, engine, dnnl_forward_inference, dnnl_softmax_accurate, s_md.md,
+                                                    s_md.md, 3, nullptr);
+  };
+  KILN_ASSIGN_OR_RETURN(sm.p, make(softmax));
+  sm.args = {{DNNL_ARG_SRC, s_mem}, {DNNL_ARG_DST, s_mem}};
+  run.after.push_back(sm);
+  // out = scores V
+  Prim pv;
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t v_mem, memory(at, v_md.md));
+  KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, o_md.md));
+  auto sv = [&](dnnl_primitive_desc_t* pd) {
+    return d->matmul_primitive_desc_create(pd, engine, s_md.md, v_md.md, nullptr, o_md.md, nullptr);
+  };
+  KILN_ASSIGN_OR_RETURN(pv.p, make(sv));
+  pv.args = {{DNNL_ARG_SRC, s_mem}, {DNNL_ARG_WEIGHTS, v_mem}, {DNNL_ARG_DST, run.dst_mem}};
+  run.bind.push_back({v_mem, 2});
+  run.after.push_back(pv);
+  return Status::ok();
+}
+
+// LayerNormalization over the last axis, scale and bias bound once.
+Status CpuRunner::Impl::prepare_norm(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  StepRun& run = runs[i];
+  const Node& n = *plan->graph->nodes[s.index];
+  const std::string at = n.describe();
+  const Dims x = static_dims(n.inputs[0]);
+  run.out_dims = x;
+  KILN_ASSIGN_OR_RETURN(Md x_md, make_md(at, x, plain_tag(x.size())));
+  KILN_ASSIGN_OR_RETURN(Md c_md, make_md(at, Dims{x.back()}, dnnl_a));
+  const bool shift = s.reads.size() > 2 && s.reads[2].kind == ValueRef::Kind::kConstant;
+  dnnl_primitive_desc_t pd = nullptr;
+  KILN_DNNL(at, d->layer_normalization_forward_primitive_desc_create(
+                    &pd, engine, dnnl_forward_inference, x_md.md, x_md.md, nullptr, n.attr_float("epsilon", 1e-5f),
+                    unsigned(dnnl_use_scale) | (shift ? unsigned(dnnl_use_shift) : 0u), nullptr));
+  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd));
+  auto p = primitive(at, pd);
+  d->primitive_desc_destroy(pd);
+  if (!p) return p.status();
+  run.main.p = *p;
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t x_mem, memory(at, x_md.md));
+  KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, x_md.md));
+  auto constant = [&](size_t k) { return const_cast<void*>(plan->constants[s.reads[k].index]->constant->raw()); };
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t scale_mem, memory(at, c_md.md, constant(1)));
+  run.main.args = {{DNNL_ARG_SRC, x_mem}, {DNNL_ARG_DST, run.dst_mem}, {DNNL_ARG_SCALE, scale_mem}};
+  if (shift) {
+    KILN_ASSIGN_OR_RETURN(dnnl_memory_t shift_mem, memory(at, c_md.md, constant(2)));
+    run.main.args.push_back({DNNL_ARG_SHIFT, shift_mem});
+  }
+  run.bind = {{x_mem, 0}};
   return Status::ok();
 }
 
@@ -531,6 +672,7 @@ Expected<std::vector<Data>> CpuRunner::Impl::run(std::vector<Data> inputs, std::
         KILN_DNNL(where, d->memory_set_data_handle(run.dst_mem, out.raw()));
       }
       KILN_RETURN_IF_ERROR(execute(d, stream, run.main, where));
+      for (const Prim& a : run.after) KILN_RETURN_IF_ERROR(execute(d, stream, a, where));
       if (run.dst_reorder.p) KILN_RETURN_IF_ERROR(execute(d, stream, run.dst_reorder, where));
       KILN_DNNL(where, d->stream_wait(stream));
       slots[s.out.index] = Data(std::move(out));

@@ -93,7 +93,7 @@ Expected<Engine> engine_from_graph(std::unique_ptr<Graph> g, const BuildConfig& 
     impl->report = plan_report(*impl->plan);
   } else {
     impl->device = Device::kCpu;
-    KILN_ASSIGN_OR_RETURN(impl->fast_cpu, build_fast_cpu_engine(impl->plan));
+    KILN_ASSIGN_OR_RETURN(impl->fast_cpu, build_fast_cpu_engine(impl->plan, config));
   }
   impl->build_ms = before + ms_since(t0);
   impl->build_note = fmt::format("build phases: import {:.1f} ms, shapes and passes {:.1f}, plan {:.1f}\n", phases.import_ms,

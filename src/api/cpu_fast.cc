@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "api/engine_impl.h"
+#include "backends/backend.h"
 #include "backends/cpu/fast_session.h"
 #include "ops/op_kind.h"
 
@@ -62,10 +63,70 @@ class FastCpuSession : public Session::Impl {
   std::shared_ptr<const CpuPlan> cp_;
 };
 
+bool has_symbolic_inputs(const Graph& g) {
+  for (const Value* v : g.inputs) {
+    if (v->type.shape && !v->type.shape->is_static()) return true;
+  }
+  return false;
+}
+
+// A session of a plan with symbolic input dims: each distinct set of input shapes gets the plan a
+// static build of that shape would make (the graph specialized, the passes run again, a CPU plan
+// and its primitives), at its first run; later runs of that shape reuse it.
+class DynamicFastCpuSession : public Session::Impl {
+ public:
+  DynamicFastCpuSession(std::shared_ptr<const Plan> plan, BuildConfig config)
+      : plan_(std::move(plan)), config_(std::move(config)) {}
+  Expected<std::vector<Data>> run(std::vector<Data> inputs) override {
+    KILN_RETURN_IF_ERROR(check_inputs(*plan_->graph, inputs));
+    KILN_ASSIGN_OR_RETURN(CpuRunner* r, runner_for(inputs));
+    return r->run(std::move(inputs));
+  }
+  Status run_device(const std::vector<TensorView>&, const std::vector<TensorView>&, void*) override {
+    return KILN_ERROR(kInvalidArgument, "this engine runs on the CPU: pass host tensors to Session::run(inputs)");
+  }
+  Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) override {
+    std::vector<double> t;
+    for (int i = 0; i < warmup + iterations; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      KILN_ASSIGN_OR_RETURN(auto out, run(inputs));
+      if (i >= warmup) t.push_back(ms_since(t0));
+    }
+    return t;
+  }
+  Expected<std::vector<StepTime>> profile(const std::vector<Data>&) override { return std::vector<StepTime>{}; }
+  Expected<std::vector<NonFiniteStep>> check_finite(const std::vector<Data>&) override {
+    return std::vector<NonFiniteStep>{};
+  }
+  size_t device_bytes() const override { return 0; }
+
+ private:
+  // Bounds what a stream of ever-new shapes can hold: past this many, the plans start over.
+  static constexpr size_t kMaxShapePlans = 32;
+
+  Expected<CpuRunner*> runner_for(const std::vector<Data>& inputs) {
+    std::vector<std::vector<int64_t>> shapes;
+    for (const Data& d : inputs) shapes.push_back(d.is_tensor() ? d.tensor.dims() : std::vector<int64_t>{});
+    auto it = runners_.find(shapes);
+    if (it != runners_.end()) return it->second.get();
+    if (runners_.size() >= kMaxShapePlans) runners_.clear();
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, specialize_graph(*plan_->graph, shapes, config_));
+    KILN_ASSIGN_OR_RETURN(Plan p, plan_host(std::move(g)));
+    auto plan = std::make_shared<const Plan>(std::move(p));
+    KILN_ASSIGN_OR_RETURN(CpuPlan cp, plan_fast_cpu(*plan));
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<CpuRunner> r, CpuRunner::create(plan, std::make_shared<const CpuPlan>(std::move(cp))));
+    return (runners_[shapes] = std::move(r)).get();
+  }
+
+  std::shared_ptr<const Plan> plan_;
+  BuildConfig config_;
+  std::map<std::vector<std::vector<int64_t>>, std::unique_ptr<CpuRunner>> runners_;
+};
+
 class FastCpuEngine : public DeviceEngine {
  public:
-  FastCpuEngine(std::shared_ptr<const Plan> plan, std::shared_ptr<const CpuPlan> cp, double build_ms)
-      : plan_(std::move(plan)), cp_(std::move(cp)), build_ms_(build_ms) {}
+  FastCpuEngine(std::shared_ptr<const Plan> plan, std::shared_ptr<const CpuPlan> cp, BuildConfig config)
+      : plan_(std::move(plan)), cp_(std::move(cp)), config_(std::move(config)) {}
 
   // Makes a runner once to name each step's implementation in the report; without oneDNN the
   // report says why every step runs on the reference kernels.
@@ -87,6 +148,10 @@ class FastCpuEngine : public DeviceEngine {
       prims[fmt::format("{} [{}]", what, r ? (*r)->impls()[i] : std::string("reference kernels"))]++;
     }
     report_ = fmt::format("device: cpu ({})\n", r ? lib : "reference kernels: " + r.status().message());
+    if (has_symbolic_inputs(*plan_->graph)) {
+      report_ += "symbolic input dims: each input shape runs on a plan of its own, made at its first run; the steps "
+                 "below are the symbolic plan's\n";
+    }
     size_t weight_bytes = 0;
     for (const Value* c : plan_->constants) weight_bytes += c->constant->nbytes();
     report_ += fmt::format("steps: {} ({} oneDNN primitives with {} fused post-ops, {} on the reference kernels), {} value slots\n",
@@ -110,7 +175,7 @@ class FastCpuEngine : public DeviceEngine {
     for (const Value* c : plan_->constants) b += c->constant->nbytes();
     return b;
   }
-  double build_ms() const override { return build_ms_; }
+  double build_ms() const override { return 0; }
   nlohmann::json target() const override {
     std::string lib;
     fast_cpu_available(&lib);
@@ -120,6 +185,9 @@ class FastCpuEngine : public DeviceEngine {
     return std::map<std::string, std::string>{{"CPUF", write_cpu_plan(*cp_)}};
   }
   Expected<std::unique_ptr<Session::Impl>> create_session(void*) const override {
+    if (has_symbolic_inputs(*plan_->graph) && fast_cpu_available(nullptr)) {
+      return std::unique_ptr<Session::Impl>(new DynamicFastCpuSession(plan_, config_));
+    }
     auto r = CpuRunner::create(plan_, cp_);
     if (r) return std::unique_ptr<Session::Impl>(new FastCpuSession(std::move(*r), plan_, cp_));
     if (r.status().code() != ErrorCode::kUnsupported) return r.status();
@@ -135,25 +203,23 @@ class FastCpuEngine : public DeviceEngine {
  private:
   std::shared_ptr<const Plan> plan_;
   std::shared_ptr<const CpuPlan> cp_;
-  double build_ms_ = 0;
+  BuildConfig config_;
   std::string report_;
 };
 
 }  // namespace
 
-Expected<std::shared_ptr<DeviceEngine>> build_fast_cpu_engine(std::shared_ptr<const Plan> plan) {
-  auto t0 = std::chrono::steady_clock::now();
+Expected<std::shared_ptr<DeviceEngine>> build_fast_cpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config) {
   KILN_ASSIGN_OR_RETURN(CpuPlan cp, plan_fast_cpu(*plan));
-  auto e = std::make_shared<FastCpuEngine>(plan, std::make_shared<const CpuPlan>(std::move(cp)), 0);
+  auto e = std::make_shared<FastCpuEngine>(plan, std::make_shared<const CpuPlan>(std::move(cp)), config);
   e->describe();
-  (void)t0;
   return std::shared_ptr<DeviceEngine>(e);
 }
 
-Expected<std::shared_ptr<DeviceEngine>> load_fast_cpu_engine(std::shared_ptr<const Plan> plan, std::string_view cpuf,
-                                                             const std::string& name) {
+Expected<std::shared_ptr<DeviceEngine>> load_fast_cpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config,
+                                                             std::string_view cpuf, const std::string& name) {
   KILN_ASSIGN_OR_RETURN(CpuPlan cp, read_cpu_plan(cpuf, *plan, name));
-  auto e = std::make_shared<FastCpuEngine>(plan, std::make_shared<const CpuPlan>(std::move(cp)), 0);
+  auto e = std::make_shared<FastCpuEngine>(plan, std::make_shared<const CpuPlan>(std::move(cp)), config);
   e->describe();
   return std::shared_ptr<DeviceEngine>(e);
 }

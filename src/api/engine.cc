@@ -239,7 +239,7 @@ Expected<Engine> load_engine_view(std::string_view bytes, std::shared_ptr<const 
   std::string device = f.meta.value("device", "");
   impl->plan = std::make_shared<const Plan>(std::move(f.plan));
   if (device == "cpu" && f.extra.count("CPUF")) {
-    KILN_ASSIGN_OR_RETURN(impl->fast_cpu, load_fast_cpu_engine(impl->plan, f.extra.at("CPUF"), name));
+    KILN_ASSIGN_OR_RETURN(impl->fast_cpu, load_fast_cpu_engine(impl->plan, impl->config, f.extra.at("CPUF"), name));
     impl->device = Device::kCpu;
   } else if (device == "cpu" || device == "cpu-ref") {
     // "cpu" without a CPU plan: an engine of the reference kernels (as every CPU engine once was).

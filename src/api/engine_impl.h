@@ -101,9 +101,11 @@ std::unique_ptr<Session::Impl> cpu_session(std::shared_ptr<const Plan> plan);
 // The fast CPU engine (cpu_fast.cc): the plan's steps as oneDNN primitives where they apply
 // (backends/cpu/fast_plan.h). `sections` of a loaded engine: its CPUF section. Sessions fall back to
 // the reference kernels, with a one-line warning, where oneDNN cannot be loaded.
-Expected<std::shared_ptr<DeviceEngine>> build_fast_cpu_engine(std::shared_ptr<const Plan> plan);
-Expected<std::shared_ptr<DeviceEngine>> load_fast_cpu_engine(std::shared_ptr<const Plan> plan, std::string_view cpuf,
-                                                             const std::string& name);
+// A plan whose inputs have symbolic dims runs each distinct input shape on a plan of its own
+// (specialize_graph), made at its first run and kept.
+Expected<std::shared_ptr<DeviceEngine>> build_fast_cpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config);
+Expected<std::shared_ptr<DeviceEngine>> load_fast_cpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config,
+                                                             std::string_view cpuf, const std::string& name);
 inline bool is_cpu(Device d) { return d == Device::kCpu || d == Device::kCpuRef; }
 
 // The values a BuildConfig's fields may take (build.cc): an error naming the field otherwise.

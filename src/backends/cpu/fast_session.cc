@@ -100,6 +100,11 @@ struct CpuRunner::Impl {
     std::vector<std::pair<dnnl_memory_t, size_t>> bind;
   };
   std::vector<StepRun> runs;
+  // Per step, the buffer its result went to last run: written again when nothing else holds it
+  // (a returned output, or a view a host step made of it, keeps it; the step then takes a new one).
+  std::vector<std::shared_ptr<Buffer>> out_cache;
+  // Where each top-level value lives, for subgraph bodies of host steps (by pointer).
+  std::unordered_map<const Value*, ValueRef> by_value;
   std::vector<const dnnl_memory_desc_t*> slot_md;  // per slot: the library layout it is written in
   std::deque<Md> mds;                               // owned descriptors slot_md points into
   Buffer src_scratch, dst_scratch;
@@ -249,6 +254,13 @@ Status CpuRunner::Impl::prepare() {
   KILN_DNNL("oneDNN", d->engine_create(&engine, dnnl_cpu, 0));
   KILN_DNNL("oneDNN", d->stream_create(&stream, engine, dnnl_stream_default_flags));
   slot_md.assign(plan->slots, nullptr);
+  out_cache.resize(cp->steps.size());
+  const Graph& g = *plan->graph;
+  for (size_t i = 0; i < g.inputs.size(); ++i) by_value[g.inputs[i]] = plan->inputs[i];
+  for (const PlanStep& s : plan->steps) {
+    const Node& n = *g.nodes[s.node];
+    for (size_t k = 0; k < n.outputs.size(); ++k) by_value[n.outputs[k]] = s.outputs[k];
+  }
   runs.resize(cp->steps.size());
   impls.resize(cp->steps.size());
   for (size_t i = 0; i < cp->steps.size(); ++i) KILN_RETURN_IF_ERROR(prepare_step(i));
@@ -624,12 +636,6 @@ Expected<std::vector<Data>> CpuRunner::Impl::run(std::vector<Data> inputs, std::
   for (size_t i = 0; i < p.inputs.size(); ++i) {
     if (p.inputs[i].kind == ValueRef::Kind::kSlot && i < inputs.size()) slots[p.inputs[i].index] = std::move(inputs[i]);
   }
-  std::unordered_map<const Value*, ValueRef> by_value;
-  for (size_t i = 0; i < g.inputs.size(); ++i) by_value[g.inputs[i]] = p.inputs[i];
-  for (const PlanStep& s : p.steps) {
-    const Node& n = *g.nodes[s.node];
-    for (size_t k = 0; k < n.outputs.size(); ++k) by_value[n.outputs[k]] = s.outputs[k];
-  }
   ValueLookup outer = [&](const Value* v) -> const Data* {
     auto it = by_value.find(v);
     return it != by_value.end() ? at(it->second) : nullptr;
@@ -654,12 +660,15 @@ Expected<std::vector<Data>> CpuRunner::Impl::run(std::vector<Data> inputs, std::
         if (!v || !v->is_tensor()) return KILN_ERROR(kInternal, "step {}: an operand is missing", i);
         KILN_DNNL(where, d->memory_set_data_handle(mem, const_cast<void*>(v->tensor.raw())));
       }
-      Tensor out;
-      if (s.out_layout == CpuLayout::kLibrary) {
-        KILN_ASSIGN_OR_RETURN(out, Tensor::create(DType::kUInt8, {int64_t(run.out_bytes)}));
-      } else {
-        KILN_ASSIGN_OR_RETURN(out, Tensor::create(DType::kFloat32, run.out_dims));
+      const bool library = s.out_layout == CpuLayout::kLibrary;
+      const Dims out_dims = library ? Dims{int64_t(run.out_bytes)} : run.out_dims;
+      const size_t out_bytes = library ? run.out_bytes : size_t(numel(run.out_dims)) * sizeof(float);
+      std::shared_ptr<Buffer>& buf = out_cache[i];
+      if (!buf || buf.use_count() != 1 || buf->size < out_bytes) {
+        buf = std::make_shared<Buffer>();
+        buf->resize(out_bytes);
       }
+      Tensor out = Tensor::view(library ? DType::kUInt8 : DType::kFloat32, out_dims, buf, buf->p.get());
       if (run.src_reorder.p) {
         KILN_DNNL(where, d->memory_set_data_handle(run.src_reorder_out, src_scratch.p.get()));
         KILN_RETURN_IF_ERROR(execute(d, stream, run.src_reorder, where));

@@ -40,7 +40,10 @@ Status check_loaded(const Engine& e, const std::string& path, const LoadOptions&
       }
     }
   }
-  if (eng.device != "auto" && eng.device != device_name(e.device())) {
+  // --device cpu takes any CPU engine: one of the reference kernels (an older file, or the ranks of
+  // a tensor-parallel CPU engine) runs on the CPU as built.
+  const bool cpu_asked_cpu_ref = eng.device == "cpu" && e.device() == Device::kCpuRef;
+  if (eng.device != "auto" && eng.device != device_name(e.device()) && !cpu_asked_cpu_ref) {
     return rebuild(fmt::format("--device {}: the engine was built for {}", eng.device, device_name(e.device())));
   }
   if (eng.precision != "fp32" && eng.precision != precision_name(e.config().precision)) {

@@ -79,8 +79,9 @@ class DynamicFastCpuSession : public Session::Impl {
       : plan_(std::move(plan)), config_(std::move(config)) {}
   Expected<std::vector<Data>> run(std::vector<Data> inputs) override {
     KILN_RETURN_IF_ERROR(check_inputs(*plan_->graph, inputs));
-    KILN_ASSIGN_OR_RETURN(CpuRunner* r, runner_for(inputs));
-    return r->run(std::move(inputs));
+    KILN_ASSIGN_OR_RETURN(ShapePlan * sp, plan_for(inputs));
+    if (!sp->runner) return run_plan(*sp->plan, std::move(inputs));
+    return sp->runner->run(std::move(inputs));
   }
   Status run_device(const std::vector<TensorView>&, const std::vector<TensorView>&, void*) override {
     return KILN_ERROR(kInvalidArgument, "this engine runs on the CPU: pass host tensors to Session::run(inputs)");
@@ -104,23 +105,39 @@ class DynamicFastCpuSession : public Session::Impl {
   // Bounds what a stream of ever-new shapes can hold: past this many, the plans start over.
   static constexpr size_t kMaxShapePlans = 32;
 
-  Expected<CpuRunner*> runner_for(const std::vector<Data>& inputs) {
+  // One input shape's plan; no runner where oneDNN declined a step (the reference kernels run it
+  // all, as a static session of that shape would after its one-line warning).
+  struct ShapePlan {
+    std::shared_ptr<const Plan> plan;
+    std::unique_ptr<CpuRunner> runner;
+  };
+
+  Expected<ShapePlan*> plan_for(const std::vector<Data>& inputs) {
     std::vector<std::vector<int64_t>> shapes;
     for (const Data& d : inputs) shapes.push_back(d.is_tensor() ? d.tensor.dims() : std::vector<int64_t>{});
-    auto it = runners_.find(shapes);
-    if (it != runners_.end()) return it->second.get();
-    if (runners_.size() >= kMaxShapePlans) runners_.clear();
+    auto it = plans_.find(shapes);
+    if (it != plans_.end()) return &it->second;
+    if (plans_.size() >= kMaxShapePlans) plans_.clear();
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, specialize_graph(*plan_->graph, shapes, config_));
     KILN_ASSIGN_OR_RETURN(Plan p, plan_host(std::move(g)));
-    auto plan = std::make_shared<const Plan>(std::move(p));
-    KILN_ASSIGN_OR_RETURN(CpuPlan cp, plan_fast_cpu(*plan));
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<CpuRunner> r, CpuRunner::create(plan, std::make_shared<const CpuPlan>(std::move(cp))));
-    return (runners_[shapes] = std::move(r)).get();
+    ShapePlan sp;
+    sp.plan = std::make_shared<const Plan>(std::move(p));
+    KILN_ASSIGN_OR_RETURN(CpuPlan cp, plan_fast_cpu(*sp.plan));
+    auto r = CpuRunner::create(sp.plan, std::make_shared<const CpuPlan>(std::move(cp)));
+    if (r) {
+      sp.runner = std::move(*r);
+    } else if (r.status().code() != ErrorCode::kUnsupported) {
+      return r.status();
+    } else {
+      std::fprintf(stderr, "kiln: warning: the CPU runs this input shape on the reference kernels: %s\n",
+                   r.status().message().c_str());
+    }
+    return &(plans_[shapes] = std::move(sp));
   }
 
   std::shared_ptr<const Plan> plan_;
   BuildConfig config_;
-  std::map<std::vector<std::vector<int64_t>>, std::unique_ptr<CpuRunner>> runners_;
+  std::map<std::vector<std::vector<int64_t>>, ShapePlan> plans_;
 };
 
 class FastCpuEngine : public DeviceEngine {

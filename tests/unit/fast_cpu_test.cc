@@ -36,6 +36,10 @@ std::vector<Data> random_inputs(const Graph& g, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-2.f, 2.f);
   std::vector<Data> in;
   for (const Value* v : g.inputs) {
+    if (v->type.dtype == DType::kBool) {  // a condition: take the branch that reads the outer value
+      in.emplace_back(Tensor::scalar<bool>(false));
+      continue;
+    }
     Tensor t = Tensor::create(DType::kFloat32, *v->type.shape->static_dims()).value();
     for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(rng);
     in.emplace_back(std::move(t));
@@ -303,6 +307,54 @@ TEST(FastCpu, FusionStopsWhereAValueIsShared) {
   expect_close(r, text);
 }
 
+// What must not fuse or change layout: a constant added to a bias-less Conv is a post-op, not its
+// bias; a Gemm's C that is a column stays on the host; a value a subgraph body reads stays
+// row-major even when its other readers are convolutions.
+TEST(FastCpu, OperandsThatLookLikeBiasesAndSubgraphReads) {
+  if (!have_onednn()) return;
+  const char* conv_add = R"(graph main(%x: f32[1,4,6,6]) {
+  %w = const dense<f32[4,4,3,3]> [0.5]
+  %c = const dense<f32[4,1,1]> [0.5]
+  %a = Conv(%x, %w) {kernel_shape = [3, 3], pads = [1, 1, 1, 1]} : f32[1,4,6,6]
+  %y = Add(%a, %c) : f32[1,4,6,6]
+  return %y
+})";
+  Result r = run_both(conv_add, 600);
+  ASSERT_EQ(r.cp.steps.size(), 1u);
+  EXPECT_EQ(r.cp.steps[0].post.size(), 1u);
+  expect_close(r, conv_add);
+
+  const char* gemm_column = R"(graph main(%x: f32[4,8]) {
+  %w = const dense<f32[8,4]> [0.5]
+  %c = const dense<f32[4,1]> [0.5]
+  %y = Gemm(%x, %w, %c) : f32[4,4]
+  return %y
+})";
+  r = run_both(gemm_column, 601);
+  EXPECT_EQ(primitives(r.cp, CpuStepKind::kMatMul), 0u) << "C [M,1] adds per row, not per column";
+  expect_close(r, gemm_column);
+
+  const char* subgraph = R"(graph main(%x: f32[1,4,6,6], %c: bool[]) {
+  %w = const dense<f32[4,4,3,3]> [0.5]
+  %a = Conv(%x, %w) {kernel_shape = [3, 3], pads = [1, 1, 1, 1]} : f32[1,4,6,6]
+  %y = If(%c) {else_branch = graph else_g() {
+    %n = Neg(%a) : f32[1,4,6,6]
+    return %n
+  }, then_branch = graph then_g() {
+    return %a
+  }} : f32[1,4,6,6]
+  %b = Conv(%a, %w) {kernel_shape = [3, 3], pads = [1, 1, 1, 1]} : f32[1,4,6,6]
+  return %y, %b
+})";
+  r = run_both(subgraph, 602);
+  for (const CpuStep& s : r.cp.steps) {
+    if (s.kind == CpuStepKind::kConv && s.post.empty() && s.index == 0) {
+      EXPECT_EQ(s.out_layout, CpuLayout::kPlain) << "the If's branch reads %a";
+    }
+  }
+  expect_close(r, subgraph);
+}
+
 TEST(FastCpu, PlanSectionRoundTripsAndDamageIsNamed) {
   const char* text = R"(graph main(%x: f32[1,4,6,6]) {
   %w = const dense<f32[4,4,3,3]> [0.5]
@@ -331,7 +383,15 @@ TEST(FastCpu, PlanSectionRoundTripsAndDamageIsNamed) {
   EXPECT_NE(err(kind).find("a step kind is out of range"), std::string::npos);
   std::string node = bytes;
   node[5] = char(1);  // the conv step now claims the Relu node
-  EXPECT_NE(err(node).find("is not a conv step"), std::string::npos);
+  EXPECT_NE(err(node).find("step 0 (conv) is not the plan of this graph"), std::string::npos);
+  // Any other change that still parses (here the last byte: the host step's released slot) is
+  // caught the same way, before a runner could bind a wrong operand.
+  std::string freed = bytes;
+  freed.back() = char(freed.back() + 1);
+  EXPECT_NE(err(freed).find("step 1 (host) is not the plan of this graph"), std::string::npos);
+  CpuPlan fewer = *cp;
+  fewer.steps.pop_back();
+  EXPECT_NE(err(write_cpu_plan(fewer)).find("1 steps where this graph's plan has 2"), std::string::npos);
 }
 
 }  // namespace

@@ -49,8 +49,11 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
     if (r != 2 || n.inputs.size() < 2 || !f32_constant(n.inputs[1]) || n.inputs[1]->constant->rank() != 2) return std::nullopt;
     if (n.attr_int("transA", 0) != 0 || n.attr_float("alpha", 1.f) != 1.f) return std::nullopt;
     if (n.inputs.size() > 2 && n.inputs[2]) {
+      // C as one row broadcast over the rows ([N] or [1, N]); a column or a full matrix stays on the host.
       const int64_t cols = dims_of(n.outputs[0])[1];
-      if (n.attr_float("beta", 1.f) != 1.f || !f32_constant(n.inputs[2]) || n.inputs[2]->constant->numel() != cols) return std::nullopt;
+      if (n.attr_float("beta", 1.f) != 1.f || !f32_constant(n.inputs[2])) return std::nullopt;
+      const std::vector<int64_t>& cd = n.inputs[2]->constant->dims();
+      if (!(cd == std::vector<int64_t>{cols} || cd == std::vector<int64_t>{1, cols})) return std::nullopt;
     }
     return CpuStepKind::kMatMul;
   }
@@ -263,16 +266,19 @@ Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
     }
   }
 
-  // What each step reads: a host step its plan step's inputs and the slots that step released
-  // (its subgraph bodies' reads are among those).
+  // What each step reads: a host step every value its node and its subgraph bodies read, and the
+  // slots its plan step released.
   auto step_reads = [&](const CpuStep& s) {
     std::vector<uint32_t> r;
     if (s.kind == CpuStepKind::kHost) {
       const PlanStep& ps = p.steps[s.index];
-      for (const ValueRef& v : ps.inputs) {
-        if (v.kind == ValueRef::Kind::kSlot) r.push_back(v.index);
+      std::vector<const Value*> read;
+      values_read(g, *g.nodes[ps.node], read);
+      for (const Value* v : read) {
+        auto it = refs.find(v);
+        if (it != refs.end() && it->second.kind == ValueRef::Kind::kSlot) r.push_back(it->second.index);
       }
-      r.insert(r.end(), ps.frees.begin(), ps.frees.end());
+      r.insert(r.end(), ps.frees.begin(), ps.frees.end());  // its own outputs no step reads
     } else {
       for (const ValueRef& v : s.reads) {
         if (v.kind == ValueRef::Kind::kSlot) r.push_back(v.index);
@@ -358,21 +364,10 @@ std::string write_cpu_plan(const CpuPlan& cp) {
 }
 
 Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std::string& name) {
-  const Graph& g = *p.graph;
   auto err = [&](const std::string& what) { return KILN_ERROR(kInvalidModel, "{}: CPUF section: {}", name, what); };
   ByteReader r(bytes, "CPUF section");
   CpuPlan cp;
   const uint32_t n = r.count("the step count", 16);
-  if (r.ok() && n > p.steps.size()) return err("more steps than the plan has nodes");
-  std::vector<char> written(p.slots, 0);
-  for (const ValueRef& in : p.inputs) {
-    if (in.kind == ValueRef::Kind::kSlot && in.index < p.slots) written[in.index] = 1;
-  }
-  auto check_ref = [&](const ValueRef& v, bool read) -> bool {
-    if (v.kind == ValueRef::Kind::kConstant) return read && v.index < p.constants.size();
-    if (v.kind == ValueRef::Kind::kSlot) return v.index < p.slots && (!read || written[v.index]);
-    return read;
-  };
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     CpuStep s;
     s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kNorm)));
@@ -392,49 +387,23 @@ Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std
     s.out = get_ref(r);
     s.out_layout = CpuLayout(r.get_in<uint8_t>("a layout", 0, uint8_t(CpuLayout::kLibrary)));
     s.frees = r.vec<uint32_t>("the released slots");
-    if (!r.ok()) break;
-    const std::string where = fmt::format("step {}", i);
-    if (s.kind == CpuStepKind::kHost) {
-      if (s.index >= p.steps.size()) return err(where + ": host step out of range");
-      for (const ValueRef& v : p.steps[s.index].inputs) {
-        if (!check_ref(v, true)) return err(where + ": reads a slot that holds no value");
-      }
-      for (const ValueRef& v : p.steps[s.index].outputs) {
-        if (v.kind == ValueRef::Kind::kSlot && v.index < p.slots) written[v.index] = 1;
-      }
-    } else {
-      if (s.index >= g.nodes.size()) return err(where + ": node out of range");
-      const Node& node = *g.nodes[s.index];
-      auto kind = primitive_kind(node);
-      if (!kind || *kind != s.kind) return err(fmt::format("{}: {} is not a {} step", where, node.describe(), cpu_step_kind_name(s.kind)));
-      if (s.reads.size() < node.inputs.size()) return err(where + ": fewer reads than its node's inputs");
-      for (const CpuPostOp& po : s.post) {
-        if (po.node >= g.nodes.size()) return err(where + ": post-op node out of range");
-        if ((po.kind == CpuPostKind::kAdd) != (po.operand >= 0) || po.operand >= int32_t(s.reads.size()) ||
-            (po.operand >= 0 && size_t(po.operand) < node.inputs.size())) {
-          return err(where + ": post-op operand out of range");
-        }
-      }
-      for (size_t k = 0; k < s.reads.size(); ++k) {
-        const bool present = k >= node.inputs.size() || node.inputs[k];
-        if (present == (s.reads[k].kind == ValueRef::Kind::kNone) || !check_ref(s.reads[k], true)) {
-          return err(where + ": reads a value that is not there");
-        }
-      }
-      if (s.out.kind != ValueRef::Kind::kSlot || !check_ref(s.out, false) || written[s.out.index]) {
-        return err(where + ": writes no slot, or one already written");
-      }
-      written[s.out.index] = 1;
-    }
-    for (uint32_t f : s.frees) {
-      if (f >= p.slots || !written[f]) return err(where + ": releases a slot that holds no value");
-    }
     cp.steps.push_back(std::move(s));
   }
   if (!r.ok()) return err(r.failed());
   if (r.left() != 0) return err("bytes after the last step");
-  for (const ValueRef& o : p.outputs) {
-    if (!check_ref(o, true)) return err("a graph output no step writes");
+  // The plan is a function of the host plan: every choice in it (which nodes fuse, which layouts)
+  // follows from the graph. So the section must be exactly the plan this kiln makes for this graph;
+  // anything else is damage (or a file from another kiln) and would run wrong operands.
+  KILN_ASSIGN_OR_RETURN(CpuPlan want, plan_fast_cpu(p));
+  if (want.steps.size() != cp.steps.size()) {
+    return err(fmt::format("{} steps where this graph's plan has {}: a damaged file, or one from another kiln (rebuild it)",
+                           cp.steps.size(), want.steps.size()));
+  }
+  for (size_t i = 0; i < cp.steps.size(); ++i) {
+    if (!(cp.steps[i] == want.steps[i])) {
+      return err(fmt::format("step {} ({}) is not the plan of this graph: a damaged file, or one from another kiln (rebuild it)", i,
+                             cpu_step_kind_name(cp.steps[i].kind)));
+    }
   }
   return cp;
 }

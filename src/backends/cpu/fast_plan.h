@@ -48,6 +48,7 @@ struct CpuPostOp {
   float alpha = 0, beta = 0;  // the op's parameters (Clip: min, max; LeakyRelu: slope...)
   uint32_t node = 0;          // the graph node it came from
   int32_t operand = -1;       // kAdd: index into CpuStep::reads of the other tensor
+  bool operator==(const CpuPostOp&) const = default;
 };
 
 // How a value produced by a oneDNN step is laid out: row-major, or the blocked layout the
@@ -62,6 +63,7 @@ struct CpuStep {
   ValueRef out;                    // not kHost: the slot the last node's output goes to
   CpuLayout out_layout = CpuLayout::kPlain;
   std::vector<uint32_t> frees;     // slots released after this step
+  bool operator==(const CpuStep&) const = default;
 };
 
 struct CpuPlan {
@@ -73,8 +75,8 @@ struct CpuPlan {
 Expected<CpuPlan> plan_fast_cpu(const Plan& p);
 
 std::string write_cpu_plan(const CpuPlan& cp);
-// Reads and checks it against the host plan it was made for: indices in range, every read slot
-// written before, nodes of the kinds the steps claim. `name` (the file) starts every error.
+// Reads it and checks it is the plan plan_fast_cpu makes for `p` (a damaged section, or one from
+// another kiln, is an error before anything runs). `name` (the file) starts every error.
 Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std::string& name);
 
 // "Conv + clip + add" for the report.

@@ -282,6 +282,8 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
   const std::string at = n.describe();
   auto constant = [&](size_t k) -> const Tensor& { return *plan->constants[s.reads[k].index]->constant; };
   auto is_const = [&](size_t k) { return k < s.reads.size() && s.reads[k].kind == ValueRef::Kind::kConstant; };
+  // A node input (a Conv's bias, a Gemm's C), not a post-op operand that follows the inputs in reads.
+  auto has_input = [&](size_t k) { return k < n.inputs.size() && n.inputs[k] != nullptr; };
   auto library_md = [&](size_t k) -> const_dnnl_memory_desc_t {
     return s.reads[k].kind == ValueRef::Kind::kSlot ? (slot_md[s.reads[k].index] ? *slot_md[s.reads[k].index] : nullptr)
                                                     : nullptr;
@@ -381,7 +383,7 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
     }
     KILN_ASSIGN_OR_RETURN(wplain, make_md(at, wd, plain_tag(wd.size())));
     KILN_ASSIGN_OR_RETURN(wany, make_md(at, wd, dnnl_format_tag_any));
-    if (is_const(2)) {
+    if (has_input(2) && is_const(2)) {
       bt = &constant(2);
       KILN_ASSIGN_OR_RETURN(bplain, make_md(at, Dims{y[1]}, dnnl_a));
     }
@@ -405,7 +407,7 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
     KILN_DNNL(at, d->memory_desc_create_with_strides(&wmd, 2, wd.data(), dnnl_f32, wstrides.data()));
     wplain = Md(d, wmd);
     KILN_ASSIGN_OR_RETURN(wany, make_md(at, wd, dnnl_format_tag_any));
-    if (n.op == OpKind::kGemm && is_const(2)) bt = &constant(2);
+    if (n.op == OpKind::kGemm && has_input(2) && is_const(2)) bt = &constant(2);
     if (row_bias) bt = row_bias;
     if (bt) {
       KILN_ASSIGN_OR_RETURN(bplain, make_md(at, Dims{1, cols}, dnnl_ab));

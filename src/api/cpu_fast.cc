@@ -17,23 +17,11 @@ namespace kiln {
 
 namespace {
 
-class FastCpuSession : public Session::Impl {
+class FastCpuSession : public HostSession {
  public:
   FastCpuSession(std::unique_ptr<CpuRunner> r, std::shared_ptr<const Plan> plan, std::shared_ptr<const CpuPlan> cp)
       : r_(std::move(r)), plan_(std::move(plan)), cp_(std::move(cp)) {}
   Expected<std::vector<Data>> run(std::vector<Data> inputs) override { return r_->run(std::move(inputs)); }
-  Status run_device(const std::vector<TensorView>&, const std::vector<TensorView>&, void*) override {
-    return KILN_ERROR(kInvalidArgument, "this engine runs on the CPU: pass host tensors to Session::run(inputs)");
-  }
-  Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) override {
-    std::vector<double> t;
-    for (int i = 0; i < warmup + iterations; ++i) {
-      auto t0 = std::chrono::steady_clock::now();
-      KILN_ASSIGN_OR_RETURN(auto out, r_->run(inputs));
-      if (i >= warmup) t.push_back(ms_since(t0));
-    }
-    return t;
-  }
   Expected<std::vector<StepTime>> profile(const std::vector<Data>& inputs) override {
     std::vector<double> ms;
     KILN_ASSIGN_OR_RETURN(auto warm, r_->run(inputs));
@@ -51,9 +39,6 @@ class FastCpuSession : public Session::Impl {
       st.push_back(std::move(t));
     }
     return st;
-  }
-  Expected<std::vector<NonFiniteStep>> check_finite(const std::vector<Data>&) override {
-    return std::vector<NonFiniteStep>{};
   }
   size_t device_bytes() const override { return r_->weight_bytes(); }
 
@@ -73,7 +58,7 @@ bool has_symbolic_inputs(const Graph& g) {
 // A session of a plan with symbolic input dims: each distinct set of input shapes gets the plan a
 // static build of that shape would make (the graph specialized, the passes run again, a CPU plan
 // and its primitives), at its first run; later runs of that shape reuse it.
-class DynamicFastCpuSession : public Session::Impl {
+class DynamicFastCpuSession : public HostSession {
  public:
   DynamicFastCpuSession(std::shared_ptr<const Plan> plan, BuildConfig config)
       : plan_(std::move(plan)), config_(std::move(config)) {}
@@ -83,23 +68,6 @@ class DynamicFastCpuSession : public Session::Impl {
     if (!sp->runner) return run_plan(*sp->plan, std::move(inputs));
     return sp->runner->run(std::move(inputs));
   }
-  Status run_device(const std::vector<TensorView>&, const std::vector<TensorView>&, void*) override {
-    return KILN_ERROR(kInvalidArgument, "this engine runs on the CPU: pass host tensors to Session::run(inputs)");
-  }
-  Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) override {
-    std::vector<double> t;
-    for (int i = 0; i < warmup + iterations; ++i) {
-      auto t0 = std::chrono::steady_clock::now();
-      KILN_ASSIGN_OR_RETURN(auto out, run(inputs));
-      if (i >= warmup) t.push_back(ms_since(t0));
-    }
-    return t;
-  }
-  Expected<std::vector<StepTime>> profile(const std::vector<Data>&) override { return std::vector<StepTime>{}; }
-  Expected<std::vector<NonFiniteStep>> check_finite(const std::vector<Data>&) override {
-    return std::vector<NonFiniteStep>{};
-  }
-  size_t device_bytes() const override { return 0; }
 
  private:
   // Bounds what a stream of ever-new shapes can hold: past this many, the plans start over.

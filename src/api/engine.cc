@@ -71,28 +71,10 @@ Expected<HostTensor> to_host(Data d, const std::string& name) {
   return HostTensor(t.dtype(), t.dims(), std::shared_ptr<void>(keep, t.raw()), t.raw());
 }
 
-class CpuSession : public Session::Impl {
+class CpuSession : public HostSession {
  public:
   explicit CpuSession(std::shared_ptr<const Plan> plan) : plan_(std::move(plan)) {}
   Expected<std::vector<Data>> run(std::vector<Data> inputs) override { return run_plan(*plan_, std::move(inputs)); }
-  Status run_device(const std::vector<TensorView>&, const std::vector<TensorView>&, void*) override {
-    return KILN_ERROR(kInvalidArgument, "this engine runs on the CPU: pass host tensors to Session::run(inputs)");
-  }
-  Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) override {
-    std::vector<double> t;
-    for (int i = 0; i < warmup + iterations; ++i) {
-      auto t0 = std::chrono::steady_clock::now();
-      KILN_ASSIGN_OR_RETURN(auto out, run_plan(*plan_, inputs));
-      auto t1 = std::chrono::steady_clock::now();
-      if (i >= warmup) t.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    }
-    return t;
-  }
-  Expected<std::vector<StepTime>> profile(const std::vector<Data>&) override { return std::vector<StepTime>{}; }
-  Expected<std::vector<NonFiniteStep>> check_finite(const std::vector<Data>&) override {
-    return std::vector<NonFiniteStep>{};
-  }
-  size_t device_bytes() const override { return 0; }
 
  private:
   std::shared_ptr<const Plan> plan_;

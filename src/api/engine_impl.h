@@ -70,6 +70,28 @@ struct Session::Impl {
   virtual size_t device_bytes() const = 0;
 };
 
+// What every CPU session shares: host tensors only, a host-clock benchmark over run(), no device
+// memory; profile and check_finite report nothing unless a session knows its steps.
+struct HostSession : Session::Impl {
+  Status run_device(const std::vector<TensorView>&, const std::vector<TensorView>&, void*) override {
+    return KILN_ERROR(kInvalidArgument, "this engine runs on the CPU: pass host tensors to Session::run(inputs)");
+  }
+  Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) override {
+    std::vector<double> t;
+    for (int i = 0; i < warmup + iterations; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      KILN_ASSIGN_OR_RETURN(auto out, run(inputs));
+      if (i >= warmup) t.push_back(ms_since(t0));
+    }
+    return t;
+  }
+  Expected<std::vector<StepTime>> profile(const std::vector<Data>&) override { return std::vector<StepTime>{}; }
+  Expected<std::vector<NonFiniteStep>> check_finite(const std::vector<Data>&) override {
+    return std::vector<NonFiniteStep>{};
+  }
+  size_t device_bytes() const override { return 0; }
+};
+
 // Binds the config's shapes, batch and ranges to an imported graph and infers its types (build.cc);
 // returns the ranged symbols.
 Expected<std::map<std::string, DimRange>> bind_config_shapes(Graph& g, const BuildConfig& config);

@@ -65,6 +65,25 @@ struct Buffer {
   }
 };
 
+// A primitive attribute and the post-op list it will take, both freed with it.
+struct Attr {
+  const DnnlLib* d;
+  dnnl_primitive_attr_t attr = nullptr;
+  dnnl_post_ops_t po = nullptr;
+  explicit Attr(const DnnlLib* lib) : d(lib) {}
+  Attr(const Attr&) = delete;
+  Attr& operator=(const Attr&) = delete;
+  ~Attr() {
+    if (po) d->post_ops_destroy(po);
+    if (attr) d->primitive_attr_destroy(attr);
+  }
+  Status create(const std::string& at) {
+    KILN_DNNL(at, d->primitive_attr_create(&attr));
+    KILN_DNNL(at, d->post_ops_create(&po));
+    return Status::ok();
+  }
+};
+
 // A primitive with the memories it executes on (handles bound per run).
 struct Prim {
   dnnl_primitive_t p = nullptr;
@@ -306,20 +325,10 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
   const_dnnl_memory_desc_t src_have = library_md(0) ? library_md(0) : src_plain.md;
 
   // Post-ops, their operands' descriptors bound at run time.
-  dnnl_primitive_attr_t attr = nullptr;
-  KILN_DNNL(at, d->primitive_attr_create(&attr));
-  struct AttrFree {
-    const DnnlLib* d;
-    dnnl_primitive_attr_t a;
-    ~AttrFree() { d->primitive_attr_destroy(a); }
-  } attr_free{d, attr};
-  dnnl_post_ops_t po = nullptr;
-  KILN_DNNL(at, d->post_ops_create(&po));
-  struct PoFree {
-    const DnnlLib* d;
-    dnnl_post_ops_t p;
-    ~PoFree() { d->post_ops_destroy(p); }
-  } po_free{d, po};
+  Attr attrs(d);
+  KILN_RETURN_IF_ERROR(attrs.create(at));
+  dnnl_primitive_attr_t attr = attrs.attr;
+  dnnl_post_ops_t po = attrs.po;
   std::deque<Md> operand_mds;
   struct OperandArg {
     int arg;                        // DNNL_ARG_*
@@ -499,20 +508,10 @@ Status CpuRunner::Impl::prepare_attention(size_t i) {
   KILN_DNNL(at, d->memory_desc_create_with_strides(&kt, 4, kt_dims.data(), dnnl_f32, kt_strides.data()));
   Md kt_md(d, kt);
 
-  dnnl_primitive_attr_t attr = nullptr;
-  KILN_DNNL(at, d->primitive_attr_create(&attr));
-  struct AttrFree {
-    const DnnlLib* d;
-    dnnl_primitive_attr_t a;
-    ~AttrFree() { d->primitive_attr_destroy(a); }
-  } attr_free{d, attr};
-  dnnl_post_ops_t po = nullptr;
-  KILN_DNNL(at, d->post_ops_create(&po));
-  struct PoFree {
-    const DnnlLib* d;
-    dnnl_post_ops_t p;
-    ~PoFree() { d->post_ops_destroy(p); }
-  } po_free{d, po};
+  Attr attrs(d);
+  KILN_RETURN_IF_ERROR(attrs.create(at));
+  dnnl_primitive_attr_t attr = attrs.attr;
+  dnnl_post_ops_t po = attrs.po;
   KILN_DNNL(at, d->post_ops_append_eltwise(po, dnnl_eltwise_linear, scale, 0.f));
   Md mask_md;
   const bool mask = s.reads.size() > 3 && s.reads[3].kind != ValueRef::Kind::kNone;

@@ -14,7 +14,9 @@ Per model, on one fixed random input set (numpy, seed 0: N(0,1) images; BERT: to
   2. the same with --device cpu-ref (the reference backend), 1 warm-up and 3 iterations, into D2;
      latency is read from kiln's line "latency: median X ms, p99 Y ms, min Z ms over ...";
   3. onnxruntime (CPUExecutionProvider, default session options and thread count) on the same
-     inputs, W warm-ups and N timed runs, each timed with time.perf_counter;
+     inputs, W warm-ups and N timed runs, each timed with time.perf_counter; then --rounds more
+     rounds of (kiln cpu, onnxruntime), each W + N runs: on a shared machine whose speed drifts
+     between runs, the median of the per-round ratios is the one to quote;
   4. kiln cpu's outputs (one .npy per output in D1) against kiln cpu-ref's and onnxruntime's:
      max |difference| and relative L2 error ||a - b|| / ||b||.
 
@@ -113,6 +115,25 @@ def time_onnxruntime(model, feeds, warmup, iterations):
     return result
 
 
+def time_rounds(args, model, files, feeds, work):
+    """Rounds of kiln (the CLI, its own process) then onnxruntime (this process), each its warm-up
+    and timed runs: on a shared machine whose speed drifts, the median over rounds of each round's
+    ratio compares the two at the same moment. Two thread pools never run in one process (each
+    would spin on the two cores while the other works)."""
+    ratios, pooled = [], {"kiln": [], "onnxruntime": []}
+    for r in range(args.rounds):
+        k = run_kiln(args.kiln, model, "cpu", files, args.warmup, args.iterations, os.path.join(work, f"round{r}"),
+                     args.kiln_timeout)
+        o = time_onnxruntime(model, feeds, args.warmup, args.iterations)
+        if "median_ms" not in k:
+            return {"error": k.get("error", "no latency")}
+        pooled["kiln"].append(k["median_ms"])
+        pooled["onnxruntime"].append(o["median_ms"])
+        ratios.append(k["median_ms"] / o["median_ms"])
+    return {"rounds": args.rounds, "kiln_round_medians_ms": pooled["kiln"], "onnxruntime_round_medians_ms": pooled["onnxruntime"],
+            "ratio_median": nearest_rank(ratios, 50), "ratio_min": min(ratios), "ratio_max": max(ratios)}
+
+
 def compare(outputs, reference, label, failures):
     """Max |a - b| and rel-L2 over the reference's outputs; a missing output or shape mismatch is a failure."""
     report = {}
@@ -149,6 +170,8 @@ def bench_model(name, model, args, work):
             failures.append(f"kiln --device {device}: {run['error']}")
         runs[device] = run
     runs["onnxruntime"] = time_onnxruntime(model, feeds, args.warmup, args.iterations)
+    if args.rounds > 0:
+        entry["rounds"] = time_rounds(args, model, files, feeds, os.path.join(work, name, "rounds"))
 
     for label, run in runs.items():
         for out_name, value in run.get("outputs", {}).items():
@@ -193,14 +216,18 @@ def fmt(x, spec=".2f"):
 
 
 def table(results):
-    rows = ["| model | kiln cpu median / p99 ms | onnxruntime median / p99 ms | kiln/ORT | kiln cpu-ref median ms "
-            "| rel-L2 vs cpu-ref | rel-L2 vs ORT | check |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| model | kiln cpu median / p99 ms | onnxruntime median / p99 ms | kiln/ORT | kiln/ORT per round: median (min..max) "
+            "| kiln cpu-ref median ms | rel-L2 vs cpu-ref | rel-L2 vs ORT | check |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         cpu, ref, ort = r["kiln_cpu"], r["kiln_cpu_ref"], r["onnxruntime"]
         ratio = cpu["median_ms"] / ort["median_ms"] if "median_ms" in cpu else None
+        rd = r.get("rounds", {})
+        rd_text = (f"{fmt(rd['ratio_median'])}x ({fmt(rd['ratio_min'])}..{fmt(rd['ratio_max'])}, {rd['rounds']} rounds)"
+                   if "ratio_median" in rd else "-")
         rows.append(f"| {r['model']} | {fmt(cpu.get('median_ms'))} / {fmt(cpu.get('p99_ms'))} "
-                    f"| {fmt(ort['median_ms'])} / {fmt(ort['p99_ms'])} | {fmt(ratio)}x | {fmt(ref.get('median_ms'), '.1f')} "
+                    f"| {fmt(ort['median_ms'])} / {fmt(ort['p99_ms'])} | {fmt(ratio)}x | {rd_text} "
+                    f"| {fmt(ref.get('median_ms'), '.1f')} "
                     f"| {fmt(r.get('vs_cpu_ref', {}).get('rel_l2'), '.2e')} | {fmt(r.get('vs_onnxruntime', {}).get('rel_l2'), '.2e')} "
                     f"| {'FAIL' if r['failures'] else 'PASS'} |")
     return "\n".join(rows)
@@ -215,6 +242,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=5, help="untimed runs before timing (default 5)")
     ap.add_argument("--kiln-timeout", type=int, default=1800, help="seconds one kiln run may take (default 1800)")
     ap.add_argument("--out", help="write the results here as JSON")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="rounds of kiln then onnxruntime after the main runs, for the ratio at the same moment (default 5; 0: none)")
     args = ap.parse_args()
     names = [n for n in args.only.split(",") if n]
     unknown = [n for n in names if n not in MODELS]

@@ -27,7 +27,7 @@ done
 # against (the oracle) run the same photo for comparison.
 if ! "$KILN" run "$M/model.onnx" --input "input=$M/chelsea.npy" --iterations 1 2>/dev/null | grep -q "^backend: cuda"; then
   echo
-  echo "== kiln run --device cpu-ref: the reference kernels on the same photo, for comparison"
+  echo "== kiln run --device cpu-ref: the reference kernels (the oracle) on chelsea.png, beside the first run's latency"
   "$KILN" run "$M/model.onnx" --device cpu-ref --input "input=$M/chelsea.npy" --top-k 1 --labels "$M/labels.txt" \
     --warmup 1 --iterations 3 | grep -E "^(backend|latency|  1\.)"
 fi

@@ -212,6 +212,34 @@ TEST(FastCpu, MatMulAndGemmWithBiasAndTransposedWeights) {
   }
 }
 
+TEST(FastCpu, TransposesAsReorders) {
+  if (!have_onednn()) return;
+  const char* cases[] = {
+      R"(graph main(%x: f32[2,5,3,4]) {
+  %y = Transpose(%x) {perm = [0, 2, 1, 3]} : f32[2,3,5,4]
+  return %y
+})",
+      R"(graph main(%x: f32[2,5,3,4]) {
+  %y = Transpose(%x) {perm = [3, 1, 0, 2]} : f32[4,5,2,3]
+  return %y
+})",
+      R"(graph main(%x: f32[6,7]) {
+  %y = Transpose(%x) : f32[7,6]
+  return %y
+})",
+      R"(graph main(%x: f32[2,3,4,5,6]) {
+  %y = Transpose(%x) {perm = [4, 0, 3, 1, 2]} : f32[6,2,5,3,4]
+  return %y
+})",
+  };
+  int i = 0;
+  for (const char* t : cases) {
+    Result r = run_both(t, 250 + i++);
+    EXPECT_EQ(primitives(r.cp, CpuStepKind::kTranspose), 1u) << t;
+    expect_close(r, t, 0.f, 0.f);  // a copy: exact
+  }
+}
+
 TEST(FastCpu, Pooling) {
   if (!have_onednn()) return;
   const char* cases[] = {

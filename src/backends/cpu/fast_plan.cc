@@ -18,6 +18,7 @@ std::string_view cpu_step_kind_name(CpuStepKind k) {
     case CpuStepKind::kPool: return "pool";
     case CpuStepKind::kAttention: return "attention";
     case CpuStepKind::kNorm: return "norm";
+    case CpuStepKind::kTranspose: return "transpose";
   }
   return "?";
 }
@@ -86,6 +87,7 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
     }
     return CpuStepKind::kAttention;
   }
+  if (n.op == OpKind::kTranspose) return r >= 2 && r <= 6 ? std::optional(CpuStepKind::kTranspose) : std::nullopt;
   if (n.op == OpKind::kLayerNormalization) {
     const int64_t axis = n.attr_int("axis", -1);
     if (axis != -1 && axis != int64_t(r) - 1) return std::nullopt;
@@ -370,7 +372,7 @@ Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std
   const uint32_t n = r.count("the step count", 16);
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     CpuStep s;
-    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kNorm)));
+    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kTranspose)));
     s.index = r.get<uint32_t>("a step's index");
     const uint32_t npost = r.get_in<uint32_t>("the post-op count", 0, 64);
     for (uint32_t k = 0; k < npost && r.ok(); ++k) {

@@ -32,6 +32,7 @@ enum class CpuStepKind : uint8_t {
   kPool,    // MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool (fp32)
   kAttention,  // Attention of 4-D Q/K/V (fp32, additive or no mask): two matmuls and a softmax
   kNorm,       // LayerNormalization over the last axis (fp32, constant scale and bias)
+  kTranspose,  // Transpose (fp32, rank 2-6): a oneDNN reorder into the permuted layout
 };
 std::string_view cpu_step_kind_name(CpuStepKind k);
 

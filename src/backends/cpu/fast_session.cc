@@ -189,6 +189,7 @@ struct CpuRunner::Impl {
   Status prepare_step(size_t i);
   Status prepare_attention(size_t i);
   Status prepare_norm(size_t i);
+  Status prepare_transpose(size_t i);
   Expected<std::vector<Data>> run(std::vector<Data> inputs, std::vector<double>* step_ms);
 };
 
@@ -297,6 +298,7 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
   run.host = false;
   if (s.kind == CpuStepKind::kAttention) return prepare_attention(i);
   if (s.kind == CpuStepKind::kNorm) return prepare_norm(i);
+  if (s.kind == CpuStepKind::kTranspose) return prepare_transpose(i);
   const Node& n = *g.nodes[s.index];
   const std::string at = n.describe();
   auto constant = [&](size_t k) -> const Tensor& { return *plan->constants[s.reads[k].index]->constant; };
@@ -603,6 +605,33 @@ Status CpuRunner::Impl::prepare_norm(size_t i) {
     run.main.args.push_back({DNNL_ARG_SHIFT, shift_mem});
   }
   run.bind = {{x_mem, 0}};
+  return Status::ok();
+}
+
+// Transpose as a reorder: the source row-major, the destination the same dims laid out so that
+// memory holds the permuted tensor row-major (input dim perm[j] takes output dim j's stride).
+Status CpuRunner::Impl::prepare_transpose(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  StepRun& run = runs[i];
+  const Node& n = *plan->graph->nodes[s.index];
+  const std::string at = n.describe();
+  const Dims x = static_dims(n.inputs[0]);
+  run.out_dims = static_dims(n.outputs[0]);
+  Dims perm = n.attr_ints("perm");
+  if (perm.empty()) {
+    for (size_t k = x.size(); k-- > 0;) perm.push_back(int64_t(k));
+  }
+  Dims out_strides(x.size(), 1), strides(x.size(), 0);
+  for (size_t k = x.size() - 1; k-- > 0;) out_strides[k] = out_strides[k + 1] * run.out_dims[k + 1];
+  for (size_t j = 0; j < perm.size(); ++j) strides[size_t(perm[j])] = out_strides[j];
+  KILN_ASSIGN_OR_RETURN(Md src, make_md(at, x, plain_tag(x.size())));
+  dnnl_memory_desc_t dst = nullptr;
+  KILN_DNNL(at, d->memory_desc_create_with_strides(&dst, int(x.size()), x.data(), dnnl_f32, strides.data()));
+  Md dst_md(d, dst);
+  dnnl_memory_t in = nullptr;
+  KILN_ASSIGN_OR_RETURN(run.main, reorder(at, src.md, dst_md.md, &in, &run.dst_mem));
+  run.bind = {{in, 0}};
+  impls[i] = "oneDNN reorder";
   return Status::ok();
 }
 

@@ -113,8 +113,9 @@ class FastCpuEngine : public DeviceEngine {
   FastCpuEngine(std::shared_ptr<const Plan> plan, std::shared_ptr<const CpuPlan> cp, BuildConfig config)
       : plan_(std::move(plan)), cp_(std::move(cp)), config_(std::move(config)) {}
 
-  // Makes a runner once to name each step's implementation in the report; without oneDNN the
-  // report says why every step runs on the reference kernels.
+  // Makes a runner to name each step's implementation in the report (kept for the first session,
+  // so its primitives and reordered weights are not made twice); without oneDNN the report says
+  // why every step runs on the reference kernels.
   void describe() {
     auto r = CpuRunner::create(plan_, cp_);
     std::string lib;
@@ -133,6 +134,7 @@ class FastCpuEngine : public DeviceEngine {
       prims[fmt::format("{} [{}]", what, r ? (*r)->impls()[i] : std::string("reference kernels"))]++;
     }
     report_ = fmt::format("device: cpu ({})\n", r ? lib : "reference kernels: " + r.status().message());
+    if (r) spare_ = std::move(*r);
     if (has_symbolic_inputs(*plan_->graph)) {
       report_ += "symbolic input dims: each input shape runs on a plan of its own, made at its first run; the steps "
                  "below are the symbolic plan's\n";
@@ -173,6 +175,12 @@ class FastCpuEngine : public DeviceEngine {
     if (has_symbolic_inputs(*plan_->graph) && fast_cpu_available(nullptr)) {
       return std::unique_ptr<Session::Impl>(new DynamicFastCpuSession(plan_, config_));
     }
+    std::unique_ptr<CpuRunner> spare;
+    {
+      std::lock_guard<std::mutex> lock(spare_mu_);
+      spare = std::move(spare_);
+    }
+    if (spare) return std::unique_ptr<Session::Impl>(new FastCpuSession(std::move(spare), plan_, cp_));
     auto r = CpuRunner::create(plan_, cp_);
     if (r) return std::unique_ptr<Session::Impl>(new FastCpuSession(std::move(*r), plan_, cp_));
     if (r.status().code() != ErrorCode::kUnsupported) return r.status();
@@ -190,6 +198,8 @@ class FastCpuEngine : public DeviceEngine {
   std::shared_ptr<const CpuPlan> cp_;
   BuildConfig config_;
   std::string report_;
+  mutable std::mutex spare_mu_;
+  mutable std::unique_ptr<CpuRunner> spare_;  // describe()'s runner, until the first session takes it
 };
 
 }  // namespace

@@ -106,13 +106,11 @@ struct CpuRunner::Impl {
   // Per step: an optional reorder of the source into `src_scratch`, the primitive, an optional
   // reorder of its result into the plain output.
   struct StepRun {
-    bool host = true;
     Prim src_reorder, main, dst_reorder;
     std::vector<Prim> after;  // run after `main` (attention's softmax and second matmul)
     Buffer scratch;           // the step's own intermediate (attention's scores)
     dnnl_memory_t src_user = nullptr, src_mem = nullptr, dst_mem = nullptr, dst_user = nullptr;
     dnnl_memory_t src_reorder_out = nullptr, dst_reorder_in = nullptr;
-    size_t src_scratch = 0, dst_scratch = 0;  // bytes (0: none)
     size_t out_bytes = 0;                     // a kLibrary output's size
     std::vector<int64_t> out_dims;
     // (memory, index into reads) bound to each read's buffer; weights/bias are bound once.
@@ -295,7 +293,6 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
     impls[i] = "reference kernel";
     return Status::ok();
   }
-  run.host = false;
   if (s.kind == CpuStepKind::kAttention) return prepare_attention(i);
   if (s.kind == CpuStepKind::kNorm) return prepare_norm(i);
   if (s.kind == CpuStepKind::kTranspose) return prepare_transpose(i);
@@ -456,8 +453,7 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
     KILN_ASSIGN_OR_RETURN(run.src_reorder, reorder(at, src_have, src_want, &run.src_user, &run.src_reorder_out));
     run.bind.push_back({run.src_user, 0});
     run.src_mem = run.src_reorder_out;
-    run.src_scratch = d->memory_desc_get_size(src_want);
-    src_scratch.resize(run.src_scratch);
+    src_scratch.resize(d->memory_desc_get_size(src_want));
   }
   run.main.args.push_back({DNNL_ARG_SRC, run.src_mem});
   if (wt) {
@@ -487,8 +483,7 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
     run.out_bytes = d->memory_desc_get_size(dst_got);
   } else if (!d->memory_desc_equal(dst_got, dst_plain.md)) {
     KILN_ASSIGN_OR_RETURN(run.dst_reorder, reorder(at, dst_got, dst_plain.md, &run.dst_reorder_in, &run.dst_user));
-    run.dst_scratch = d->memory_desc_get_size(dst_got);
-    dst_scratch.resize(run.dst_scratch);
+    dst_scratch.resize(d->memory_desc_get_size(dst_got));
   }
   return Status::ok();
 }

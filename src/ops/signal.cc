@@ -175,7 +175,10 @@ Status infer_stft(InferCtx& c) {
   KILN_RETURN_IF_ERROR(check_float_input(c, 0));
   const bool onesided = c.node().attr_int("onesided", 1) != 0;
   const Type& x = c.input_type(0);
-  if (x.has_rank() && x.shape->rank() != 3) return c.error("signal must be [batch, length, 1 or 2], got {}", x.to_string());
+  // [batch, length] is read as a real signal: onnxruntime accepts it and torch.onnx writes it.
+  if (x.has_rank() && x.shape->rank() != 2 && x.shape->rank() != 3) {
+    return c.error("signal must be [batch, length] or [batch, length, 1 or 2], got {}", x.to_string());
+  }
   Dim batch = x.has_rank() ? (*x.shape)[0] : Dim();
   Dim frames, bins;
   // The frame length: the frame_length input, else the window's length, else the signal's.
@@ -195,7 +198,7 @@ Status infer_stft(InferCtx& c) {
 
 template <typename T>
 void stft_kernel(const Tensor& x, const Tensor* window, Tensor& y, int64_t step, int64_t flen, int64_t bins) {
-  const int64_t B = x.dim(0), L = x.dim(1), comp = x.dim(2), frames = y.dim(1);
+  const int64_t B = x.dim(0), L = x.dim(1), comp = x.rank() == 3 ? x.dim(2) : 1, frames = y.dim(1);
   const T* src = x.data<T>();
   T* dst = y.data<T>();
   parallel_for(B * frames, 4, [&](int64_t b, int64_t e) {
@@ -220,7 +223,10 @@ void stft_kernel(const Tensor& x, const Tensor* window, Tensor& y, int64_t step,
 
 Status stft_cpu(KernelCtx& c) {
   const Tensor& x = c.tensor(0);
-  if (x.rank() != 3 || (x.dim(2) != 1 && x.dim(2) != 2)) return c.error("signal must be [batch, length, 1 or 2], got {}", x.summary());
+  if (!(x.rank() == 2 || (x.rank() == 3 && (x.dim(2) == 1 || x.dim(2) == 2)))) {
+    return c.error("signal must be [batch, length] or [batch, length, 1 or 2], got {}", x.summary());
+  }
+  const bool complex_signal = x.rank() == 3 && x.dim(2) == 2;
   const bool onesided = c.node().attr_int("onesided", 1) != 0;
   const int64_t step = scalar_input(c, 1).value_or(0);
   if (step <= 0) return c.error("frame_step must be positive, got {}", step);
@@ -231,7 +237,7 @@ Status stft_cpu(KernelCtx& c) {
   if (window && (window->rank() != 1 || window->numel() != *flen || window->dtype() != x.dtype())) {
     return c.error("window {} must be a 1-D {} of frame_length {}", window->summary(), dtype_name(x.dtype()), *flen);
   }
-  if (onesided && x.dim(2) != 1) return c.error("a one-sided STFT needs a real signal, got {}", x.summary());
+  if (onesided && complex_signal) return c.error("a one-sided STFT needs a real signal, got {}", x.summary());
   const int64_t frames = (x.dim(1) - *flen) / step + 1;
   const int64_t bins = onesided ? *flen / 2 + 1 : *flen;
   KILN_ASSIGN_OR_RETURN(Tensor * y, c.alloc_output(0, x.dtype(), {x.dim(0), frames, bins, 2}));

@@ -186,6 +186,7 @@ Status lower_stft(Lowering& L, const Node& n) {
   KILN_ASSIGN_OR_RETURN(std::optional<int64_t> step, scalar_const(L, n, 1));
   KILN_ASSIGN_OR_RETURN(std::optional<int64_t> flen, scalar_const(L, n, 3));
   const bool onesided = n.attr_int("onesided", 1) != 0;
+  if (xd.size() == 2) xd.push_back(1);  // [batch, length]: a real signal, as on the CPU
   if (xd.size() != 3 || (xd[2] != 1 && xd[2] != 2) || (onesided && xd[2] != 1) || !step || *step < 1) {
     KILN_UNSUPPORTED("STFT of {}", dims_to_string(xd));
   }

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <functional>
+#include <string_view>
 #include <unordered_map>
 
 #include "backends/backend.h"
@@ -107,7 +109,9 @@ struct CpuRunner::Impl {
   // reorder of its result into the plain output.
   struct StepRun {
     Prim src_reorder, main, dst_reorder;
-    std::vector<Prim> after;  // run after `main` (attention's softmax and second matmul)
+    std::vector<Prim> before;  // run before `main` (operands reordered into its layout)
+    std::vector<Prim> after;   // run after `main` (attention's softmax and second matmul)
+    std::deque<Buffer> operand_scratch;  // where `before` writes
     Buffer scratch;           // the step's own intermediate (attention's scores)
     dnnl_memory_t src_user = nullptr, src_mem = nullptr, dst_mem = nullptr, dst_user = nullptr;
     dnnl_memory_t src_reorder_out = nullptr, dst_reorder_in = nullptr;
@@ -323,16 +327,15 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
   KILN_ASSIGN_OR_RETURN(Md dst_plain, make_md(at, dst_dims, plain_tag(dst_dims.size())));
   const_dnnl_memory_desc_t src_have = library_md(0) ? library_md(0) : src_plain.md;
 
-  // Post-ops, their operands' descriptors bound at run time.
-  Attr attrs(d);
-  KILN_RETURN_IF_ERROR(attrs.create(at));
-  dnnl_primitive_attr_t attr = attrs.attr;
-  dnnl_post_ops_t po = attrs.po;
+  // Post-ops, their operands' descriptors bound at run time. An operand of the result's full shape
+  // may instead be described as `full` (the layout the primitive writes): it is then reordered into
+  // that layout before each run (`from` keeps the layout it is in).
   std::deque<Md> operand_mds;
   struct OperandArg {
     int arg;                        // DNNL_ARG_*
     size_t read;                    // index into reads
     const_dnnl_memory_desc_t md;
+    const_dnnl_memory_desc_t from;  // non-null: reordered from this layout into md first
   };
   std::vector<OperandArg> operand_args;
   // A MatMul's first Add of a constant row is its bias: added inside the GEMM, not after it.
@@ -343,43 +346,50 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
     row_bias = &constant(size_t(s.post[0].operand));
     first_post = 1;
   }
-  for (size_t k = first_post; k < s.post.size(); ++k) {
-    const CpuPostOp& op = s.post[k];
-    const_dnnl_memory_desc_t omd = nullptr;
-    if (op.kind == CpuPostKind::kAdd) {
-      const size_t r = size_t(op.operand);
-      omd = library_md(r);
-      if (!omd) {
-        const Value* ov = g.nodes[op.node]->inputs[0] == (k == 0 ? n.outputs[0] : g.nodes[s.post[k - 1].node]->outputs[0])
-                              ? g.nodes[op.node]->inputs[1]
-                              : g.nodes[op.node]->inputs[0];
-        Dims od = static_dims(ov);
-        od.insert(od.begin(), y.size() - od.size(), 1);
-        if (matmul) od = numel(od) == numel(y) ? dst_dims : Dims{1, dst_dims[1]};
-        KILN_ASSIGN_OR_RETURN(Md m, make_md(at, od, plain_tag(od.size())));
-        omd = m.md;
-        operand_mds.push_back(std::move(m));
+  auto make_attr = [&](Attr& attrs, const_dnnl_memory_desc_t full) -> Expected<bool> {
+    KILN_RETURN_IF_ERROR(attrs.create(at));
+    operand_args.clear();
+    bool reordered = false;
+    for (size_t k = first_post; k < s.post.size(); ++k) {
+      const CpuPostOp& op = s.post[k];
+      const_dnnl_memory_desc_t omd = nullptr, from = nullptr;
+      if (op.kind == CpuPostKind::kAdd) {
+        const size_t r = size_t(op.operand);
+        omd = library_md(r);
+        bool full_shape = omd != nullptr;  // a library-layout operand is a result of the same shape
+        if (!omd) {
+          const Value* ov = g.nodes[op.node]->inputs[0] == (k == 0 ? n.outputs[0] : g.nodes[s.post[k - 1].node]->outputs[0])
+                                ? g.nodes[op.node]->inputs[1]
+                                : g.nodes[op.node]->inputs[0];
+          Dims od = static_dims(ov);
+          od.insert(od.begin(), y.size() - od.size(), 1);
+          if (matmul) od = numel(od) == numel(y) ? dst_dims : Dims{1, dst_dims[1]};
+          KILN_ASSIGN_OR_RETURN(Md m, make_md(at, od, plain_tag(od.size())));
+          omd = m.md;
+          operand_mds.push_back(std::move(m));
+          full_shape = numel(od) == numel(y);
+        }
+        if (full && !matmul && full_shape && !d->memory_desc_equal(omd, full)) {
+          from = omd;
+          omd = full;
+          reordered = true;
+        }
+        operand_args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(int(k - first_post)) | DNNL_ARG_SRC_1, r, omd, from});
       }
-      operand_args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(int(k - first_post)) | DNNL_ARG_SRC_1, r, omd});
+      KILN_RETURN_IF_ERROR(append_post_op(d, attrs.po, op, omd, at));
     }
-    KILN_RETURN_IF_ERROR(append_post_op(d, po, op, omd, at));
-  }
-  KILN_DNNL(at, d->primitive_attr_set_post_ops(attr, po));
+    KILN_DNNL(at, d->primitive_attr_set_post_ops(attrs.attr, attrs.po));
+    return reordered;
+  };
 
   // The primitive, asked for oneDNN's preferred weight and result layouts.
-  dnnl_primitive_desc_t pd = nullptr;
-  struct PdFree {
-    const DnnlLib* d;
-    dnnl_primitive_desc_t* p;
-    ~PdFree() {
-      if (*p) d->primitive_desc_destroy(*p);
-    }
-  } pd_free{d, &pd};
   KILN_ASSIGN_OR_RETURN(Md dst_any, make_md(at, dst_dims, s.out_layout == CpuLayout::kLibrary || !matmul ? dnnl_format_tag_any
                                                                                                           : plain_tag(dst_dims.size())));
+  KILN_ASSIGN_OR_RETURN(Md src_any, make_md(at, src_dims, dnnl_format_tag_any));
   Md wplain, wany, bplain;
   const Tensor* wt = nullptr;
   const Tensor* bt = nullptr;
+  std::function<dnnl_status_t(dnnl_primitive_desc_t*, const_dnnl_memory_desc_t, const_dnnl_primitive_attr_t)> create;
   if (s.kind == CpuStepKind::kConv) {
     const Tensor& w = constant(1);
     wt = &w;
@@ -395,16 +405,12 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
       bt = &constant(2);
       KILN_ASSIGN_OR_RETURN(bplain, make_md(at, Dims{y[1]}, dnnl_a));
     }
-    Geometry geo = window(n, x, Dims(w.dims().begin() + 2, w.dims().end()), y, false);
-    auto create = [&](const_dnnl_memory_desc_t src) {
-      return d->convolution_forward_primitive_desc_create(&pd, engine, dnnl_forward_inference, dnnl_convolution_direct, src,
+    create = [&, geo = window(n, x, Dims(w.dims().begin() + 2, w.dims().end()), y, false)](
+                 dnnl_primitive_desc_t* pd, const_dnnl_memory_desc_t src, const_dnnl_primitive_attr_t a) {
+      return d->convolution_forward_primitive_desc_create(pd, engine, dnnl_forward_inference, dnnl_convolution_direct, src,
                                                           wany.md, bt ? bplain.md : nullptr, dst_any.md, geo.strides.data(),
-                                                          geo.dil.data(), geo.pad_l.data(), geo.pad_r.data(), attr);
+                                                          geo.dil.data(), geo.pad_l.data(), geo.pad_r.data(), a);
     };
-    if (create(src_have) != dnnl_success) {
-      KILN_ASSIGN_OR_RETURN(Md src_any, make_md(at, src_dims, dnnl_format_tag_any));
-      KILN_DNNL(at, create(src_any.md));
-    }
   } else if (matmul) {
     const Tensor& w = constant(1);
     wt = &w;
@@ -423,29 +429,69 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
     if (bt) {
       KILN_ASSIGN_OR_RETURN(bplain, make_md(at, Dims{1, cols}, dnnl_ab));
     }
-    KILN_DNNL(at, d->matmul_primitive_desc_create(&pd, engine, src_plain.md, wany.md, bt ? bplain.md : nullptr, dst_any.md, attr));
+    create = [&](dnnl_primitive_desc_t* pd, const_dnnl_memory_desc_t, const_dnnl_primitive_attr_t a) {
+      return d->matmul_primitive_desc_create(pd, engine, src_plain.md, wany.md, bt ? bplain.md : nullptr, dst_any.md, a);
+    };
   } else {
     const bool global = n.op == OpKind::kGlobalAveragePool || n.op == OpKind::kGlobalMaxPool;
     const bool max = n.op == OpKind::kMaxPool || n.op == OpKind::kGlobalMaxPool;
     dnnl_alg_kind_t alg = max ? dnnl_pooling_max
                               : (n.attr_int("count_include_pad", 0) ? dnnl_pooling_avg_include_padding
                                                                     : dnnl_pooling_avg_exclude_padding);
-    Geometry geo = window(n, x, n.attr_ints("kernel_shape"), y, global);
-    auto create = [&](const_dnnl_memory_desc_t src) {
-      return d->pooling_forward_primitive_desc_create(&pd, engine, dnnl_forward_inference, alg, src, dst_any.md,
+    create = [&, alg, geo = window(n, x, n.attr_ints("kernel_shape"), y, global)](
+                 dnnl_primitive_desc_t* pd, const_dnnl_memory_desc_t src, const_dnnl_primitive_attr_t a) {
+      return d->pooling_forward_primitive_desc_create(pd, engine, dnnl_forward_inference, alg, src, dst_any.md,
                                                       geo.strides.data(), geo.kernel.data(), geo.dil.data(),
-                                                      geo.pad_l.data(), geo.pad_r.data(), attr);
+                                                      geo.pad_l.data(), geo.pad_r.data(), a);
     };
-    if (create(src_have) != dnnl_success) {
-      KILN_ASSIGN_OR_RETURN(Md src_any, make_md(at, src_dims, dnnl_format_tag_any));
-      KILN_DNNL(at, create(src_any.md));
+  }
+  struct Pd {
+    const DnnlLib* d;
+    dnnl_primitive_desc_t p = nullptr;
+    ~Pd() {
+      if (p) d->primitive_desc_destroy(p);
+    }
+  };
+  auto is_ref = [&](const Pd& pd) { return std::string_view(impl_name(d, pd.p)).starts_with("ref"); };
+  Pd pd{d};
+  {
+    Attr attrs(d);
+    KILN_ASSIGN_OR_RETURN(bool unused, make_attr(attrs, nullptr));
+    (void)unused;
+    if (create(&pd.p, src_have, attrs.attr) != dnnl_success) {
+      KILN_DNNL(at, create(&pd.p, src_any.md, attrs.attr));
     }
   }
-  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd));
-  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd));
+  // oneDNN falls back to its reference implementation (naive loops, 100x slower or worse) when no
+  // fast kernel takes the combination, typically a residual operand in row-major order beside a
+  // blocked result, or a source layout it was handed. Then: the layout its fast kernels write for
+  // this step (a probe without post-ops), row-major full-shape operands reordered into it, and the
+  // source in whatever layout the primitive asks for.
+  if (is_ref(pd) && !matmul) {
+    Pd probe{d};
+    Attr bare(d);
+    KILN_RETURN_IF_ERROR(bare.create(at));
+    if (create(&probe.p, src_any.md, bare.attr) == dnnl_success && !is_ref(probe)) {
+      dnnl_memory_desc_t full = nullptr;
+      KILN_DNNL(at, d->memory_desc_clone(&full, d->primitive_desc_query_md(probe.p, dnnl_query_dst_md, 0)));
+      operand_mds.emplace_back(d, full);
+      Attr attrs(d);
+      KILN_ASSIGN_OR_RETURN(bool reordered, make_attr(attrs, full));
+      Pd retry{d};
+      if (create(&retry.p, src_any.md, attrs.attr) == dnnl_success && !is_ref(retry)) {
+        std::swap(pd.p, retry.p);
+      } else if (reordered) {
+        Attr again(d);  // the operands as they were
+        KILN_ASSIGN_OR_RETURN(bool unused, make_attr(again, nullptr));
+        (void)unused;
+      }
+    }
+  }
+  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd.p));
+  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd.p));
 
   // Source: bound directly when the primitive reads the layout the value is in, else reordered.
-  const_dnnl_memory_desc_t src_want = d->primitive_desc_query_md(pd, dnnl_query_src_md, 0);
+  const_dnnl_memory_desc_t src_want = d->primitive_desc_query_md(pd.p, dnnl_query_src_md, 0);
   if (d->memory_desc_equal(src_want, src_have)) {
     KILN_ASSIGN_OR_RETURN(run.src_mem, memory(at, src_want));
     run.bind.push_back({run.src_mem, 0});
@@ -457,7 +503,7 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
   }
   run.main.args.push_back({DNNL_ARG_SRC, run.src_mem});
   if (wt) {
-    const_dnnl_memory_desc_t wwant = d->primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    const_dnnl_memory_desc_t wwant = d->primitive_desc_query_md(pd.p, dnnl_query_weights_md, 0);
     KILN_ASSIGN_OR_RETURN(dnnl_memory_t wm, weight(at, *wt, wplain.md, wwant));
     run.main.args.push_back({DNNL_ARG_WEIGHTS, wm});
   }
@@ -466,13 +512,24 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
     run.main.args.push_back({DNNL_ARG_BIAS, bm});
   }
   for (const OperandArg& oa : operand_args) {
+    if (oa.from) {  // reordered into the primitive's layout, in a buffer of the step's own
+      dnnl_memory_t in = nullptr, out = nullptr;
+      KILN_ASSIGN_OR_RETURN(Prim r, reorder(at, oa.from, oa.md, &in, &out));
+      Buffer& b = run.operand_scratch.emplace_back();
+      b.resize(d->memory_desc_get_size(oa.md));
+      KILN_DNNL(at, d->memory_set_data_handle(out, b.p.get()));
+      run.before.push_back(std::move(r));
+      run.bind.push_back({in, oa.read});
+      run.main.args.push_back({oa.arg, out});
+      continue;
+    }
     KILN_ASSIGN_OR_RETURN(dnnl_memory_t om, memory(at, oa.md));
     run.main.args.push_back({oa.arg, om});
     run.bind.push_back({om, oa.read});
   }
   // Result: in the primitive's layout when the plan keeps it (later steps read that descriptor),
   // else reordered to row-major when the primitive chose another.
-  const_dnnl_memory_desc_t dst_got = d->primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+  const_dnnl_memory_desc_t dst_got = d->primitive_desc_query_md(pd.p, dnnl_query_dst_md, 0);
   KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, dst_got));
   run.main.args.push_back({DNNL_ARG_DST, run.dst_mem});
   if (s.out_layout == CpuLayout::kLibrary) {
@@ -701,6 +758,7 @@ Expected<std::vector<Data>> CpuRunner::Impl::run(std::vector<Data> inputs, std::
         KILN_DNNL(where, d->memory_set_data_handle(run.src_reorder_out, src_scratch.p.get()));
         KILN_RETURN_IF_ERROR(execute(d, stream, run.src_reorder, where));
       }
+      for (const Prim& b : run.before) KILN_RETURN_IF_ERROR(execute(d, stream, b, where));
       if (run.dst_reorder.p) {
         KILN_DNNL(where, d->memory_set_data_handle(run.dst_mem, dst_scratch.p.get()));
         KILN_DNNL(where, d->memory_set_data_handle(run.dst_reorder_in, dst_scratch.p.get()));

@@ -308,6 +308,80 @@ TEST(FastCpu, EpiloguesFuseAndAgree) {
   }
 }
 
+// SiLU as exporters write it, Mul(x, Sigmoid(x)) in either operand order, is one swish post-op
+// followed by the residual Add; a Sigmoid with another reader keeps both nodes on the host.
+TEST(FastCpu, SiluOfMulAndSigmoidFuses) {
+  if (!have_onednn()) return;
+  for (const char* mul : {"Mul(%c, %g)", "Mul(%g, %c)"}) {
+    const std::string text = fmt::format(R"(graph main(%x: f32[1,8,7,7]) {{
+  %w = const dense<f32[8,8,3,3]> [0.5]
+  %c = Conv(%x, %w) {{kernel_shape = [3, 3], pads = [1, 1, 1, 1]}} : f32[1,8,7,7]
+  %g = Sigmoid(%c) : f32[1,8,7,7]
+  %m = {} : f32[1,8,7,7]
+  %y = Add(%m, %x) : f32[1,8,7,7]
+  return %y
+}})",
+                                         mul);
+    Result r = run_both(text, 450);
+    ASSERT_EQ(r.cp.steps.size(), 1u) << text;
+    ASSERT_EQ(r.cp.steps[0].post.size(), 2u) << text;
+    EXPECT_EQ(r.cp.steps[0].post[0].kind, CpuPostKind::kSwish);
+    EXPECT_EQ(r.cp.steps[0].post[0].alpha, 1.f);
+    EXPECT_EQ(r.cp.steps[0].post[1].kind, CpuPostKind::kAdd);
+    expect_close(r, text, 2e-4f, 2e-4f);
+  }
+  const char* shared = R"(graph main(%x: f32[1,8,7,7]) {
+  %w = const dense<f32[8,8,3,3]> [0.5]
+  %c = Conv(%x, %w) {kernel_shape = [3, 3], pads = [1, 1, 1, 1]} : f32[1,8,7,7]
+  %g = Sigmoid(%c) : f32[1,8,7,7]
+  %m = Mul(%c, %g) : f32[1,8,7,7]
+  return %m, %g
+})";
+  Result r = run_both(shared, 451);
+  ASSERT_EQ(primitives(r.cp, CpuStepKind::kConv), 1u);
+  for (const CpuStep& s : r.cp.steps) {
+    if (s.kind == CpuStepKind::kConv) {
+      EXPECT_TRUE(s.post.empty()) << "the Sigmoid is a graph output too";
+    }
+  }
+  expect_close(r, shared);
+}
+
+// A squeeze-excite scale, Mul(scale[1,C,1,1], x), is a oneDNN binary step reading x in the
+// convolution's own layout and writing the next convolution's; Sub and Div take the broadcast input
+// only second (Sub(scale, x) stays on the host).
+TEST(FastCpu, BroadcastBinaryKeepsTheLibraryLayout) {
+  if (!have_onednn()) return;
+  for (const char* op : {"Mul(%s, %c)", "Add(%c, %s)", "Sub(%c, %s)", "Div(%c, %s)", "Sub(%s, %c)"}) {
+    const std::string text = fmt::format(R"(graph main(%x: f32[1,16,7,7]) {{
+  %w = const dense<f32[16,16,3,3]> [0.5]
+  %w1 = const dense<f32[16,16,1,1]> [0.5]
+  %c = Conv(%x, %w) {{kernel_shape = [3, 3], pads = [1, 1, 1, 1]}} : f32[1,16,7,7]
+  %p = GlobalAveragePool(%c) : f32[1,16,1,1]
+  %s = Sigmoid(%p) : f32[1,16,1,1]
+  %m = {} : f32[1,16,7,7]
+  %y = Conv(%m, %w1) {{kernel_shape = [1, 1]}} : f32[1,16,7,7]
+  return %y
+}})",
+                                         op);
+    Result r = run_both(text, 470);
+    const bool fast = std::string_view(op) != "Sub(%s, %c)";
+    ASSERT_EQ(primitives(r.cp, CpuStepKind::kBinary), fast ? 1u : 0u) << text;
+    bool first_conv = true;
+    for (const CpuStep& s : r.cp.steps) {
+      if (s.kind == CpuStepKind::kBinary) {
+        EXPECT_EQ(s.out_layout, CpuLayout::kLibrary) << text;
+      }
+      if (s.kind == CpuStepKind::kConv && first_conv) {  // %c: read by the pooling and the binary
+        EXPECT_EQ(s.out_layout, fast ? CpuLayout::kLibrary : CpuLayout::kPlain) << text;
+        first_conv = false;
+      }
+    }
+    EXPECT_FALSE(first_conv) << text;
+    expect_close(r, text, 2e-4f, 2e-4f);
+  }
+}
+
 // An intermediate read twice, or a graph output, is not absorbed; a value a host step reads stays
 // row-major.
 TEST(FastCpu, FusionStopsWhereAValueIsShared) {

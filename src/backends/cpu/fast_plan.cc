@@ -19,8 +19,15 @@ std::string_view cpu_step_kind_name(CpuStepKind k) {
     case CpuStepKind::kAttention: return "attention";
     case CpuStepKind::kNorm: return "norm";
     case CpuStepKind::kTranspose: return "transpose";
+    case CpuStepKind::kBinary: return "binary";
   }
   return "?";
+}
+
+size_t binary_src0(const Node& n) {
+  const auto& y = n.outputs[0]->type.shape;
+  const auto& a = n.inputs[0]->type.shape;
+  return a && y && a->static_dims() == y->static_dims() ? 0 : 1;
 }
 
 namespace {
@@ -86,6 +93,21 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
       }
     }
     return CpuStepKind::kAttention;
+  }
+  if (n.op == OpKind::kAdd || n.op == OpKind::kSub || n.op == OpKind::kMul || n.op == OpKind::kDiv) {
+    // One input of the output's dims, the other broadcast into it (numpy rules), not the same value;
+    // Sub and Div only with the full one first.
+    if (n.inputs.size() != 2 || !f32_static(n.inputs[1]) || n.inputs[0] == n.inputs[1] || r < 1 || r > 6) return std::nullopt;
+    const std::vector<int64_t> y = dims_of(n.outputs[0]);
+    const size_t s0 = binary_src0(n);
+    if (dims_of(n.inputs[s0]) != y || (s0 == 1 && (n.op == OpKind::kSub || n.op == OpKind::kDiv))) return std::nullopt;
+    std::vector<int64_t> od = dims_of(n.inputs[1 - s0]);
+    if (od.size() > y.size()) return std::nullopt;
+    od.insert(od.begin(), y.size() - od.size(), 1);
+    for (size_t k = 0; k < y.size(); ++k) {
+      if (od[k] != 1 && od[k] != y[k]) return std::nullopt;
+    }
+    return CpuStepKind::kBinary;
   }
   if (n.op == OpKind::kTranspose) return r >= 2 && r <= 6 ? std::optional(CpuStepKind::kTranspose) : std::nullopt;
   if (n.op == OpKind::kLayerNormalization) {
@@ -183,6 +205,24 @@ std::optional<CpuPostOp> post_op(const Node& c, const Value* chained, size_t cha
   }
 }
 
+// {Sigmoid, Mul} of Mul(x, Sigmoid(x)) when x's only readers are those two, the Sigmoid's only
+// reader is the Mul, and all are f32 of one static shape; else {null, null}.
+std::pair<const Node*, const Node*> silu(const Value* x, std::unordered_map<const Value*, int>& readers,
+                                         const std::unordered_map<const Value*, std::vector<const Node*>>& node_readers) {
+  auto it = node_readers.find(x);
+  if (readers[x] != 2 || it == node_readers.end() || it->second.size() != 2) return {};
+  const Node *sig = it->second[0], *mul = it->second[1];
+  if (sig->op != OpKind::kSigmoid) std::swap(sig, mul);
+  if (sig->op != OpKind::kSigmoid || mul->op != OpKind::kMul || sig->inputs.size() != 1 || mul->inputs.size() != 2) {
+    return {};
+  }
+  const Value* s = sig->outputs[0];
+  if (!((mul->inputs[0] == x && mul->inputs[1] == s) || (mul->inputs[1] == x && mul->inputs[0] == s))) return {};
+  if (readers[s] != 1 || !f32_static(x) || !f32_static(s) || !f32_static(mul->outputs[0])) return {};
+  if (dims_of(s) != dims_of(x) || dims_of(mul->outputs[0]) != dims_of(x)) return {};
+  return {sig, mul};
+}
+
 }  // namespace
 
 Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
@@ -190,12 +230,14 @@ Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
   // Who reads each top-level value, counting subgraph bodies' reads and graph outputs.
   std::unordered_map<const Value*, int> readers;
   std::unordered_map<const Value*, const Node*> direct_reader;
+  std::unordered_map<const Value*, std::vector<const Node*>> node_readers;
   for (const auto& n : g.nodes) {
     std::vector<const Value*> read;
     values_read(g, *n, read);
     for (const Value* v : read) readers[v]++;
     for (const Value* v : n->inputs) {
       if (v) direct_reader[v] = n.get();
+      if (v) node_readers[v].push_back(n.get());
     }
   }
   for (const Value* o : g.outputs) readers[o] += 2;
@@ -230,8 +272,22 @@ Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
     const Value* cur = n.outputs[0];
     uint32_t last = st.index;
     group_of[st.index] = int64_t(groups.size());
-    const bool epilogue = *kind == CpuStepKind::kConv || *kind == CpuStepKind::kMatMul || *kind == CpuStepKind::kPool;
+    const bool epilogue = *kind == CpuStepKind::kConv || *kind == CpuStepKind::kMatMul || *kind == CpuStepKind::kPool ||
+                          *kind == CpuStepKind::kBinary;
     while (epilogue) {
+      // SiLU as exporters write it, Mul(x, Sigmoid(x)) (EfficientNet, YOLO, UNets): one swish post-op.
+      if (auto [sig, mul] = silu(cur, readers, node_readers);
+          mul && group_of[node_index.at(sig)] < 0 && group_of[node_index.at(mul)] < 0) {
+        CpuPostOp po;
+        po.kind = CpuPostKind::kSwish;
+        po.alpha = 1;
+        po.node = node_index.at(mul);
+        st.post.push_back(po);
+        group_of[node_index.at(sig)] = group_of[po.node] = int64_t(groups.size());
+        last = po.node;
+        cur = mul->outputs[0];
+        continue;
+      }
       if (readers[cur] != 1 || !direct_reader.count(cur)) break;
       const Node* c = direct_reader[cur];
       if (group_of[node_index.at(c)] >= 0) break;  // taken by an earlier primitive as its operand's reader
@@ -303,15 +359,18 @@ Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
       for (uint32_t slot : step_reads(s)) plain_needed[slot] = 1;
       continue;
     }
-    const bool takes_library = s.kind == CpuStepKind::kConv || s.kind == CpuStepKind::kPool;
+    const bool binary = s.kind == CpuStepKind::kBinary;
+    const bool takes_library = s.kind == CpuStepKind::kConv || s.kind == CpuStepKind::kPool || binary;
+    const size_t src = binary ? binary_src0(*g.nodes[s.index]) : 0;
     for (size_t k = 0; k < s.reads.size(); ++k) {
       const ValueRef& v = s.reads[k];
       const bool operand = k >= g.nodes[s.index]->inputs.size();
-      if (v.kind == ValueRef::Kind::kSlot && !(takes_library && (k == 0 || operand))) plain_needed[v.index] = 1;
+      if (v.kind == ValueRef::Kind::kSlot && !(takes_library && (k == src || operand))) plain_needed[v.index] = 1;
     }
   }
   for (CpuStep& s : cp.steps) {
-    if ((s.kind == CpuStepKind::kConv || s.kind == CpuStepKind::kPool) && s.out.kind == ValueRef::Kind::kSlot &&
+    const bool library_out = s.kind == CpuStepKind::kConv || s.kind == CpuStepKind::kPool || s.kind == CpuStepKind::kBinary;
+    if (library_out && s.out.kind == ValueRef::Kind::kSlot &&
         !plain_needed[s.out.index]) {
       s.out_layout = CpuLayout::kLibrary;
     }
@@ -372,7 +431,7 @@ Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std
   const uint32_t n = r.count("the step count", 16);
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     CpuStep s;
-    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kTranspose)));
+    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kBinary)));
     s.index = r.get<uint32_t>("a step's index");
     const uint32_t npost = r.get_in<uint32_t>("the post-op count", 0, 64);
     for (uint32_t k = 0; k < npost && r.ok(); ++k) {

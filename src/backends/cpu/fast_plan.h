@@ -4,12 +4,13 @@
 //
 //   Conv -> Clip -> Add(., skip)        one kConv step: convolution, clip post-op, add post-op
 //   Conv -> Conv                         the first writes the layout oneDNN prefers (kLibrary)
+//   Mul(x, scale[1,C,1,1])               one kBinary step, x read in its producer's layout
 //   MatMul -> Add(bias) -> Add(skip)     one kMatMul step (the bias as the GEMM's, the skip a post-op)
 //   anything else                        a kHost step: the plan's step on the reference kernels
 //
 // A step's epilogue nodes (post-ops) each had one reader, the node before them, and are not graph
 // outputs; the step runs where its last node stood, so every operand is ready. A value stays in
-// oneDNN's own layout only while every reader is a oneDNN convolution or pooling, so host steps
+// oneDNN's own layout only while every reader is a oneDNN convolution, pooling or binary src0, so host steps
 // (and graph outputs) always see plain row-major tensors.
 //
 //   KILN_ASSIGN_OR_RETURN(CpuPlan cp, plan_fast_cpu(plan));
@@ -33,8 +34,12 @@ enum class CpuStepKind : uint8_t {
   kAttention,  // Attention of 4-D Q/K/V (fp32, additive or no mask): two matmuls and a softmax
   kNorm,       // LayerNormalization over the last axis (fp32, constant scale and bias)
   kTranspose,  // Transpose (fp32, rank 2-6): a oneDNN reorder into the permuted layout
+  kBinary,     // Add, Sub, Mul, Div of a full-shape input and a broadcast one (fp32): oneDNN binary
 };
 std::string_view cpu_step_kind_name(CpuStepKind k);
+// A kBinary node's input of the output's own dims, which oneDNN reads as src0 (in whatever layout
+// its producer wrote): input 0 when both are, input 1 when only it is (Mul(scale, x)).
+size_t binary_src0(const Node& n);
 
 // An elementwise op applied to a primitive's result, in order (a oneDNN post-op).
 enum class CpuPostKind : uint8_t {

@@ -311,7 +311,9 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
                                                     : nullptr;
   };
   const Value* out_value = s.post.empty() ? n.outputs[0] : g.nodes[s.post.back().node]->outputs[0];
-  Dims x = static_dims(n.inputs[0]), y = static_dims(out_value);
+  const bool binary = s.kind == CpuStepKind::kBinary;
+  const size_t sr = binary ? binary_src0(n) : 0;  // the read that is the primitive's source
+  Dims x = static_dims(n.inputs[sr]), y = static_dims(out_value);
   run.out_dims = y;
 
   // The operands' descriptors: a library-layout slot keeps its producer's; a plain one is
@@ -325,7 +327,7 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
   }
   KILN_ASSIGN_OR_RETURN(Md src_plain, make_md(at, src_dims, plain_tag(src_dims.size())));
   KILN_ASSIGN_OR_RETURN(Md dst_plain, make_md(at, dst_dims, plain_tag(dst_dims.size())));
-  const_dnnl_memory_desc_t src_have = library_md(0) ? library_md(0) : src_plain.md;
+  const_dnnl_memory_desc_t src_have = library_md(sr) ? library_md(sr) : src_plain.md;
 
   // Post-ops, their operands' descriptors bound at run time. An operand of the result's full shape
   // may instead be described as `full` (the layout the primitive writes): it is then reordered into
@@ -386,7 +388,7 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
   KILN_ASSIGN_OR_RETURN(Md dst_any, make_md(at, dst_dims, s.out_layout == CpuLayout::kLibrary || !matmul ? dnnl_format_tag_any
                                                                                                           : plain_tag(dst_dims.size())));
   KILN_ASSIGN_OR_RETURN(Md src_any, make_md(at, src_dims, dnnl_format_tag_any));
-  Md wplain, wany, bplain;
+  Md wplain, wany, bplain, src1;
   const Tensor* wt = nullptr;
   const Tensor* bt = nullptr;
   std::function<dnnl_status_t(dnnl_primitive_desc_t*, const_dnnl_memory_desc_t, const_dnnl_primitive_attr_t)> create;
@@ -431,6 +433,18 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
     }
     create = [&](dnnl_primitive_desc_t* pd, const_dnnl_memory_desc_t, const_dnnl_primitive_attr_t a) {
       return d->matmul_primitive_desc_create(pd, engine, src_plain.md, wany.md, bt ? bplain.md : nullptr, dst_any.md, a);
+    };
+  } else if (binary) {
+    // The other input, row-major, its dims right-aligned to the source's (1s broadcast).
+    Dims od = static_dims(n.inputs[1 - sr]);
+    od.insert(od.begin(), x.size() - od.size(), 1);
+    KILN_ASSIGN_OR_RETURN(src1, make_md(at, od, plain_tag(od.size())));
+    const dnnl_alg_kind_t alg = n.op == OpKind::kAdd   ? dnnl_binary_add
+                                : n.op == OpKind::kSub ? dnnl_binary_sub
+                                : n.op == OpKind::kMul ? dnnl_binary_mul
+                                                       : dnnl_binary_div;
+    create = [&, alg](dnnl_primitive_desc_t* pd, const_dnnl_memory_desc_t src, const_dnnl_primitive_attr_t a) {
+      return d->binary_primitive_desc_create(pd, engine, alg, src, src1.md, dst_any.md, a);
     };
   } else {
     const bool global = n.op == OpKind::kGlobalAveragePool || n.op == OpKind::kGlobalMaxPool;
@@ -494,10 +508,10 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
   const_dnnl_memory_desc_t src_want = d->primitive_desc_query_md(pd.p, dnnl_query_src_md, 0);
   if (d->memory_desc_equal(src_want, src_have)) {
     KILN_ASSIGN_OR_RETURN(run.src_mem, memory(at, src_want));
-    run.bind.push_back({run.src_mem, 0});
+    run.bind.push_back({run.src_mem, sr});
   } else {
     KILN_ASSIGN_OR_RETURN(run.src_reorder, reorder(at, src_have, src_want, &run.src_user, &run.src_reorder_out));
-    run.bind.push_back({run.src_user, 0});
+    run.bind.push_back({run.src_user, sr});
     run.src_mem = run.src_reorder_out;
     src_scratch.resize(d->memory_desc_get_size(src_want));
   }
@@ -510,6 +524,11 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
   if (bt) {
     KILN_ASSIGN_OR_RETURN(dnnl_memory_t bm, memory(at, bplain.md, const_cast<void*>(bt->raw())));
     run.main.args.push_back({DNNL_ARG_BIAS, bm});
+  }
+  if (binary) {
+    KILN_ASSIGN_OR_RETURN(dnnl_memory_t m, memory(at, src1.md));
+    run.main.args.push_back({DNNL_ARG_SRC_1, m});
+    run.bind.push_back({m, 1 - sr});
   }
   for (const OperandArg& oa : operand_args) {
     if (oa.from) {  // reordered into the primitive's layout, in a buffer of the step's own

@@ -11,7 +11,7 @@ against onnxruntime.
 Writes OUT/zoo.json and OUT/zoo.md after every model (a run cut off keeps what it finished).
 Exit code 0 when every model exported, ran wholly on the device, and passed its check.
 """
-import argparse, datetime, json, os, re, shlex, sys, time, traceback
+import argparse, datetime, json, os, re, shlex, subprocess, sys, time, traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import zoo_models  # noqa: E402
@@ -116,6 +116,14 @@ def kiln_bench(args, arch, eng, batch):
     with open(jf) as f:
         j = json.load(f)
     return {k: j[k] for k in ("median_ms", "p99_ms", "backend", "precision", "gpu_memory_bytes") if k in j}
+
+
+def kiln_profile(args, arch, eng, batch):
+    """kiln bench --profile's per-node table, kept as OUT/<arch>_b<batch>_profile.txt."""
+    cmd = [args.kiln, "bench", eng, "--profile", "--top", "30", "--iterations", str(args.iters)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.kiln_timeout)
+    with open(os.path.join(args.out, f"{arch.name}_b{batch}_profile.txt"), "w") as f:
+        f.write(p.stdout + p.stderr)
 
 
 # ---- peers ----------------------------------------------------------------------------------------
@@ -232,6 +240,8 @@ def run_model(args, arch):
                     rec["errors"].append(f"check: rel-L2 {rec['check_rel_l2']:.3g} (torch fp16: "
                                          f"{rec.get('torch_fp16_rel_l2', float('nan')):.3g})")
             row["kiln"] = kiln_bench(args, arch, eng, b)
+            if args.profile:
+                kiln_profile(args, arch, eng, b)
             os.remove(eng)
         except Exception as e:
             row["kiln"] = {"error": describe(e)}
@@ -307,6 +317,7 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--kiln-timeout", type=int, default=600)
     p.add_argument("--commit", default=None)
+    p.add_argument("--profile", action="store_true", help="also keep kiln bench --profile's table per engine")
     args = p.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
     names = list(zoo_models.BY_NAME) if args.models == "all" else args.models.split(",")

@@ -92,7 +92,9 @@ enum class StepOp : uint16_t {
   kIntCenter,      // k::int_center (an integer operand minus its zero point, as f32/f64)
   kRequantize,     // k::requantize (an exact integer sum to int32, int8 or uint8)
   kRoiAlign,       // k::roi_align
-  kLast = kRoiAlign,
+  kConcat,         // k::concat_rows (Concat of inputs laid out like its output)
+  kChannelAffineClamp,  // k::channel_affine with a fused Relu or Clip
+  kLast = kChannelAffineClamp,
 };
 
 // What a step sees when it runs: the session's stream, handles and memory.

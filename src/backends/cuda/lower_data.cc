@@ -149,25 +149,89 @@ Status lower_expand(Lowering& L, const Node& n) {
   return Status::ok();
 }
 
+// Concat's output keeps its inputs' layout when all share NHWC (a DenseNet's concatenations between
+// convolutions stay NHWC), and the inputs laid out like the output are row blocks of it: one
+// concat_rows step moves them all. An input in another layout is a strided copy of its own.
 Status lower_concat(Lowering& L, const Node& n) {
   std::vector<int64_t> out = dims_of(n.outputs[0]);
   KILN_RETURN_IF_ERROR(check_rank(out));
   int64_t axis = n.attr_int("axis", 0);
   if (axis < 0) axis += int64_t(out.size());
   std::vector<const DevValue*> ins;
+  bool nhwc = out.size() == 4, any = false;
   for (const Value* v : n.inputs) {
     KILN_ASSIGN_OR_RETURN(const DevValue* d, L.value(v));
     ins.push_back(d);
+    if (d->numel() == 0) continue;
+    any = true;
+    nhwc = nhwc && d->layout == Layout::kNHWC;
   }
-  const DevValue& y = L.define(n.outputs[0]);
-  Ref yr = y.ref;
-  std::vector<int64_t> ys = contiguous_strides(out);
+  const DevValue& y = L.define(n.outputs[0], nhwc && any ? Layout::kNHWC : Layout::kRowMajor);
+  if (y.numel() == 0) return Status::ok();
+  const Ref yr = y.ref;
+  const std::vector<int64_t> ys = y.strides();
+  // rows: the dims laid out outside the axis; an input's row is its axis length times `inner`, the
+  // elements laid out inside the axis (the axis's stride in the output).
+  const int64_t inner = ys[size_t(axis)], rows = y.numel() / (out[size_t(axis)] * inner);
+  int n_parts = 0;
+  ByteWriter p;
+  std::vector<int> reads;
   int64_t at = 0;
   for (const DevValue* d : ins) {
-    if (d->numel() > 0) emit_copy(L, n, "concat", d, 0, d->strides(), yr, at * ys[size_t(axis)], ys, d->dims);
-    at += d->dims[size_t(axis)];
+    const int64_t len = d->dims[size_t(axis)];
+    if (d->numel() > 0) {
+      DevValue as_y = *d;
+      as_y.layout = y.layout;
+      bool same = true;  // d's bytes in y's order: strides agree wherever a dim is not 1
+      const std::vector<int64_t> ds = d->strides(), want = as_y.strides();
+      for (size_t i = 0; i < ds.size(); ++i) same = same && (d->dims[i] == 1 || ds[i] == want[i]);
+      if (same) {
+        ++n_parts;
+        put(p, d->ref);
+        p.i64(len * inner);
+        p.i64(at * inner);
+        reads.push_back(read_id(d));
+      } else {
+        emit_copy(L, n, "concat", d, 0, ds, yr, at * ys[size_t(axis)], ys, d->dims);
+      }
+    }
+    at += len;
   }
+  if (n_parts == 0) return Status::ok();
+  ByteWriter w;
+  w.put(int32_t(k::dt_size(y.dt)));
+  put(w, yr);
+  w.i64(rows);
+  w.i64(out[size_t(axis)] * inner);
+  w.put(int32_t(n_parts));
+  w.raw(p.bytes().data(), p.bytes().size());
+  L.emit(&n, fmt::format("kernel concat_rows ({} parts)", n_parts), reads, {yr.id}, StepOp::kConcat,
+         std::move(w));
   return Status::ok();
+}
+
+Expected<StepFn> bind_concat(Params& in, BindCtx&) {
+  const int eb = in.i32();
+  const Ref yr = in.ref();
+  const int64_t rows = in.i64(), row_width = in.i64();
+  const int32_t n_parts = in.i32();
+  if (n_parts < 1 || n_parts > (1 << 16)) {
+    return KILN_ERROR(kInvalidModel, "step '{}': {} concat parts", in.step().label, n_parts);
+  }
+  std::vector<Ref> refs;
+  std::vector<k::ConcatPart> parts;
+  for (int32_t i = 0; i < n_parts; ++i) {
+    refs.push_back(in.ref());
+    const int64_t width = in.i64(), col = in.i64();
+    parts.push_back({nullptr, width, col});
+  }
+  KILN_RETURN_IF_ERROR(in.done());
+  return StepFn([=](const RunCtx& c) -> Status {
+    std::vector<k::ConcatPart> ps = parts;
+    for (size_t i = 0; i < ps.size(); ++i) ps[i].src = c.ptr(refs[i]);
+    return cuda_status(k::concat_rows(eb, ps.data(), int(ps.size()), c.ptr(yr), rows, row_width, c.stream),
+                       "concat_rows");
+  });
 }
 
 Status lower_split(Lowering& L, const Node& n) {
@@ -647,6 +711,7 @@ void emit_copy_nd(Lowering& L, const Node* n, std::string label, int eb, Ref src
 
 void register_data_binders(std::map<StepOp, BindFn>& t) {
   t[StepOp::kCopyNd] = bind_copy_nd;
+  t[StepOp::kConcat] = bind_concat;
   t[StepOp::kGather] = bind_gather<false>;
   t[StepOp::kFill] = bind_fill;
   t[StepOp::kCumSum] = bind_cumsum;

@@ -2,6 +2,7 @@
 // InstanceNorm, Reduce*, ArgMax/ArgMin, TopK, GlobalAverage/MaxPool. The kernels keep statistics in f32 whatever the storage
 // dtype, which is what makes half-precision builds safe here.
 #include <cmath>
+#include <limits>
 
 #include "backends/cuda/lower.h"
 
@@ -188,7 +189,21 @@ Status lower_batch_norm(Lowering& L, const Node& n) {
   int64_t spatial = prod_of(x->dims, 2, x->dims.size());
   bool nhwc = x->layout == Layout::kNHWC;
   int64_t outer = nhwc ? x->dims[0] * spatial : x->dims[0], inner = nhwc ? 1 : spatial;
-  const DevValue& y = L.define(n.outputs[0], x->layout);
+  // A Relu or a constant Clip that alone reads the output is the kernel's clamp (DenseNet's BN-ReLU).
+  const Node* act = L.only_consumer(n.outputs[0]);
+  float lo = -std::numeric_limits<float>::infinity(), hi = std::numeric_limits<float>::infinity();
+  if (act && act->op == OpKind::kRelu) {
+    lo = 0;
+  } else if (act && act->op == OpKind::kClip) {
+    const Tensor* a = act->has_input(1) ? L.constant(act->inputs[1]) : nullptr;
+    const Tensor* b = act->has_input(2) ? L.constant(act->inputs[2]) : nullptr;
+    if ((act->has_input(1) && (!a || a->numel() != 1)) || (act->has_input(2) && (!b || b->numel() != 1))) act = nullptr;
+    if (act && a) lo = float(a->as_double(0));
+    if (act && b) hi = float(b->as_double(0));
+  } else {
+    act = nullptr;
+  }
+  const DevValue& y = L.define(act ? act->outputs[0] : n.outputs[0], x->layout);
   ByteWriter w;
   w.put(int32_t(x->dt));
   put(w, x->ref);
@@ -196,18 +211,33 @@ Status lower_batch_norm(Lowering& L, const Node& n) {
   put(w, tr);
   put(w, y.ref);
   for (int64_t v : {outer, c, inner}) w.i64(v);
-  L.emit(&n, "kernel channel_affine", {read_id(x)}, {y.ref.id}, StepOp::kChannelAffine, std::move(w));
+  if (!act) {
+    L.emit(&n, "kernel channel_affine", {read_id(x)}, {y.ref.id}, StepOp::kChannelAffine, std::move(w));
+    return Status::ok();
+  }
+  w.put(lo);
+  w.put(hi);
+  L.emit(&n, act->op == OpKind::kRelu ? "kernel channel_affine +relu" : "kernel channel_affine +clip", {read_id(x)},
+         {y.ref.id}, StepOp::kChannelAffineClamp, std::move(w));
+  L.mark_fused(act, &n);
   return Status::ok();
 }
 
+template <bool kClamp>
 Expected<StepFn> bind_channel_affine(Params& in, BindCtx&) {
   const k::DT dt = in.dt();
   const Ref xr = in.ref(), sr = in.ref(), tr = in.ref(), yr = in.ref();
   const int64_t outer = in.i64(), c = in.i64(), inner = in.i64();
+  float lo = -std::numeric_limits<float>::infinity(), hi = std::numeric_limits<float>::infinity();
+  if (kClamp) {
+    lo = in.f32();
+    hi = in.f32();
+  }
   KILN_RETURN_IF_ERROR(in.done());
   return StepFn([=](const RunCtx& cx) {
     return cuda_status(k::channel_affine(dt, cx.ptr(xr), static_cast<const float*>(cx.ptr(sr)),
-                                         static_cast<const float*>(cx.ptr(tr)), cx.ptr(yr), outer, c, inner, cx.stream),
+                                         static_cast<const float*>(cx.ptr(tr)), cx.ptr(yr), outer, c, inner, lo, hi,
+                                         cx.stream),
                        "channel_affine");
   });
 }
@@ -599,7 +629,8 @@ void register_norm_binders(std::map<StepOp, BindFn>& t) {
   t[StepOp::kSoftmax] = bind_softmax;
   t[StepOp::kLayerNorm] = bind_layer_norm;
   t[StepOp::kRowMoments] = bind_row_moments;
-  t[StepOp::kChannelAffine] = bind_channel_affine;
+  t[StepOp::kChannelAffine] = bind_channel_affine<false>;
+  t[StepOp::kChannelAffineClamp] = bind_channel_affine<true>;
   t[StepOp::kGroupNorm] = bind_group_norm;
   t[StepOp::kReduce] = bind_reduce;
   t[StepOp::kArgReduce] = bind_arg_reduce<false>;

@@ -1,6 +1,8 @@
 // Data movement: strided N-d copy (Transpose, Slice, Expand, Concat, Split) and Gather. Both only
 // move bytes, so they dispatch on the element width, and both widen the element (e.g. 8 halves
 // into one 16-byte word) whenever the innermost run and the pointers allow it.
+#include <algorithm>
+
 #include "backends/cuda/kernels/common.cuh"
 
 namespace kiln::cuda::k {
@@ -111,6 +113,23 @@ __global__ void gather_kernel(const T* __restrict__ data, int64_t axis_dim, int6
   }
 }
 
+// Block row blockIdx.y moves part blockIdx.y; x grid-strides over its rows * width words.
+struct ConcatArgs {
+  const void* src[kMaxConcatParts];
+  int64_t width[kMaxConcatParts], col[kMaxConcatParts];
+};
+
+template <class W>
+__global__ void concat_rows_kernel(ConcatArgs a, W* __restrict__ dst, int64_t rows, int64_t row_width) {
+  const int p = blockIdx.y;
+  const W* __restrict__ src = static_cast<const W*>(a.src[p]);
+  const int64_t w = a.width[p], col = a.col[p], n = rows * w;
+  for (int64_t i = global_tid(); i < n; i += global_threads()) {
+    const int64_t r = i / w;
+    dst[r * row_width + col + (i - r * w)] = src[i];
+  }
+}
+
 }  // namespace
 
 cudaError_t copy_nd(int elem_bytes, const void* src, const NdStrides& src_strides, void* dst,
@@ -185,6 +204,47 @@ cudaError_t copy_nd(int elem_bytes, const void* src, const NdStrides& src_stride
     else
       copy_nd_kernel<uint64_t><<<grid_for(n), kBlock, 0, s>>>(st, dt, ix, n);
     return cudaGetLastError();
+  });
+}
+
+cudaError_t concat_rows(int elem_bytes, const ConcatPart* parts, int n_parts, void* dst, int64_t rows,
+                        int64_t row_width, cudaStream_t s) {
+  if (elem_bytes != 1 && elem_bytes != 2 && elem_bytes != 4 && elem_bytes != 8) return cudaErrorInvalidValue;
+  if (n_parts < 0 || rows < 0 || row_width < 0) return cudaErrorInvalidValue;
+  for (int i = 0; i < n_parts; ++i) {
+    if (parts[i].width < 0 || parts[i].col < 0 || parts[i].col + parts[i].width > row_width)
+      return cudaErrorInvalidValue;
+  }
+  // The widest word (up to 16 bytes) that divides every width, column and row and aligns every pointer.
+  int word = 16;
+  for (; word > elem_bytes; word /= 2) {
+    const int k = word / elem_bytes;
+    bool ok = row_width % k == 0 && aligned_to(dst, word);
+    for (int i = 0; ok && i < n_parts; ++i)
+      ok = parts[i].width % k == 0 && parts[i].col % k == 0 && aligned_to(parts[i].src, word);
+    if (ok) break;
+  }
+  const int k = word / elem_bytes;
+  return dispatch_bytes(word, [&](auto tag) {
+    using W = typename decltype(tag)::type;
+    for (int at = 0; at < n_parts; at += kMaxConcatParts) {
+      ConcatArgs a;
+      const int m = n_parts - at < kMaxConcatParts ? n_parts - at : kMaxConcatParts;
+      int64_t most = 0;
+      for (int i = 0; i < m; ++i) {
+        a.src[i] = parts[at + i].src;
+        a.width[i] = parts[at + i].width / k;
+        a.col[i] = parts[at + i].col / k;
+        most = std::max(most, rows * a.width[i]);
+      }
+      if (most == 0) continue;
+      // Fewer x blocks per part as the parts grow in number: the whole grid stays near one fill.
+      const unsigned gx = std::max<unsigned>(1, grid_for(most) / static_cast<unsigned>(m > 8 ? m / 8 : 1));
+      concat_rows_kernel<W><<<dim3(gx, static_cast<unsigned>(m)), kBlock, 0, s>>>(a, static_cast<W*>(dst), rows,
+                                                                                    row_width / k);
+      if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
   });
 }
 

@@ -104,6 +104,18 @@ cudaError_t cast_rows(DT from, DT to, const void* x, int64_t ldx, void* y, int64
 cudaError_t copy_nd(int elem_bytes, const void* src, const NdStrides& src_strides, void* dst,
                     const NdStrides& dst_strides, cudaStream_t s);
 
+// Concat of parts that are row blocks of one destination: part i, [rows, width_i] contiguous, lands at
+// dst[r * row_width + col_i + c]. Every part moves in one launch (per kMaxConcatParts), as wide words
+// when every width, column and pointer allows. What Concat is when its inputs share the output's
+// layout: the axis's outer dims are the rows, the axis and the dims inside it the columns.
+inline constexpr int kMaxConcatParts = 64;
+struct ConcatPart {
+  const void* src = nullptr;
+  int64_t width = 0, col = 0;  // elements
+};
+cudaError_t concat_rows(int elem_bytes, const ConcatPart* parts, int n_parts, void* dst, int64_t rows,
+                        int64_t row_width, cudaStream_t s);
+
 // ---- indexing ----------------------------------------------------------------------------------
 
 // Gather along one axis, data viewed as [outer, axis_dim, inner], indices (kI64 or kI32, n_idx of
@@ -145,10 +157,11 @@ cudaError_t reduce(Reduce op, DT dt, const void* x, void* y, int64_t outer, int6
 cudaError_t arg_reduce(bool is_max, bool last, DT dt, const void* x, int64_t* y, int64_t outer, int64_t n,
                        int64_t inner, cudaStream_t s);
 
-// Per-channel affine on x viewed as [outer, c, inner]: y = x * scale[c] + shift[c] (scale and
-// shift f32). BatchNormalization (inference) lowers to this with folded scale/shift.
+// Per-channel affine on x viewed as [outer, c, inner]: y = clamp(x * scale[c] + shift[c], lo, hi)
+// (scale and shift f32). BatchNormalization (inference) lowers to this with folded scale/shift, and
+// a following Relu or Clip as the clamp.
 cudaError_t channel_affine(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t outer,
-                           int64_t c, int64_t inner, cudaStream_t s);
+                           int64_t c, int64_t inner, float lo, float hi, cudaStream_t s);
 
 // GroupNormalization / InstanceNormalization (groups == c) of NCHW x viewed as [n, c, spatial]:
 // each (batch, group) is normalized by its own statistics, then y = act(x_hat * scale[ch] +

@@ -357,20 +357,24 @@ cudaError_t norm_impl(DT dt, const void* x, const void* scale, const void* bias,
   });
 }
 
-template <int V, class T>
+// kChannelsLast: inner == 1 and c % V == 0, so a pack holds V consecutive channels (NHWC); else a
+// pack never straddles two channels (the launcher checked inner % V == 0).
+template <int V, bool kChannelsLast, class T>
 __global__ void channel_affine_kernel(const T* __restrict__ x, const float* __restrict__ scale,
                                       const float* __restrict__ shift, T* __restrict__ y, int64_t c,
-                                      int64_t inner_packs, int64_t n_packs) {
+                                      int64_t inner_packs, int64_t n_packs, float lo, float hi) {
   const auto* xv = reinterpret_cast<const Pack<T, V>*>(x);
   auto* yv = reinterpret_cast<Pack<T, V>*>(y);
   for (int64_t i = global_tid(); i < n_packs; i += global_threads()) {
-    // A pack never straddles two channels (the launcher checked inner % V == 0).
-    const int64_t ch = (i / inner_packs) % c;
-    const float a = scale[ch], b = shift[ch];
+    const int64_t ch = kChannelsLast ? (i * V) % c : (i / inner_packs) % c;
     const Pack<T, V> p = xv[i];
     Pack<T, V> r;
 #pragma unroll
-    for (int e = 0; e < V; ++e) r.v[e] = from_f<T>(fmaf(to_f(p.v[e]), a, b));
+    for (int e = 0; e < V; ++e) {
+      const int64_t k = kChannelsLast ? ch + e : ch;
+      const float v = fmaf(to_f(p.v[e]), scale[k], shift[k]);
+      r.v[e] = from_f<T>(v < lo ? lo : v > hi ? hi : v);  // NaN passes through, as Relu and Clip keep it
+    }
     yv[i] = r;
   }
 }
@@ -411,7 +415,7 @@ cudaError_t rms_norm(DT dt, const void* x, const void* scale, void* y, DT y_dt, 
 }
 
 cudaError_t channel_affine(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t outer,
-                           int64_t c, int64_t inner, cudaStream_t s) {
+                           int64_t c, int64_t inner, float lo, float hi, cudaStream_t s) {
   if (outer < 0 || c < 0 || inner < 0) return cudaErrorInvalidValue;
   const int64_t n = outer * c * inner;
   if (n == 0) return cudaSuccess;
@@ -420,10 +424,14 @@ cudaError_t channel_affine(DT dt, const void* x, const float* scale, const float
     constexpr int kV = 16 / sizeof(T);
     const auto* xt = static_cast<const T*>(x);
     auto* yt = static_cast<T*>(y);
-    if (inner % kV == 0 && aligned_to(x, 16) && aligned_to(y, 16))
-      channel_affine_kernel<kV><<<grid_for(n / kV), kBlock, 0, s>>>(xt, scale, shift, yt, c, inner / kV, n / kV);
+    const bool aligned = aligned_to(x, 16) && aligned_to(y, 16);
+    if (inner % kV == 0 && aligned)
+      channel_affine_kernel<kV, false><<<grid_for(n / kV), kBlock, 0, s>>>(xt, scale, shift, yt, c, inner / kV, n / kV,
+                                                                           lo, hi);
+    else if (inner == 1 && c % kV == 0 && aligned)
+      channel_affine_kernel<kV, true><<<grid_for(n / kV), kBlock, 0, s>>>(xt, scale, shift, yt, c, 1, n / kV, lo, hi);
     else
-      channel_affine_kernel<1><<<grid_for(n), kBlock, 0, s>>>(xt, scale, shift, yt, c, inner, n);
+      channel_affine_kernel<1, false><<<grid_for(n), kBlock, 0, s>>>(xt, scale, shift, yt, c, inner, n, lo, hi);
     return cudaGetLastError();
   });
 }

@@ -95,8 +95,9 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
     return CpuStepKind::kAttention;
   }
   if (n.op == OpKind::kAdd || n.op == OpKind::kSub || n.op == OpKind::kMul || n.op == OpKind::kDiv) {
-    // One input of the output's dims, the other broadcast into it (numpy rules), not the same value;
-    // Sub and Div only with the full one first.
+    // One input of the output's dims, the other of the same dims, one element, or one per channel
+    // (dim 1): the broadcasts oneDNN's binary kernels take (others run its reference loops, slower
+    // than kiln's own); not the same value twice; Sub and Div only with the full one first.
     if (n.inputs.size() != 2 || !f32_static(n.inputs[1]) || n.inputs[0] == n.inputs[1] || r < 1 || r > 6) return std::nullopt;
     const std::vector<int64_t> y = dims_of(n.outputs[0]);
     const size_t s0 = binary_src0(n);
@@ -104,9 +105,13 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
     std::vector<int64_t> od = dims_of(n.inputs[1 - s0]);
     if (od.size() > y.size()) return std::nullopt;
     od.insert(od.begin(), y.size() - od.size(), 1);
+    bool per_channel = y.size() >= 2;
+    int64_t count = 1;
     for (size_t k = 0; k < y.size(); ++k) {
-      if (od[k] != 1 && od[k] != y[k]) return std::nullopt;
+      per_channel = per_channel && (k == 1 ? od[k] == y[k] : od[k] == 1);
+      count *= od[k];
     }
+    if (od != y && count != 1 && !per_channel) return std::nullopt;
     return CpuStepKind::kBinary;
   }
   if (n.op == OpKind::kTranspose) return r >= 2 && r <= 6 ? std::optional(CpuStepKind::kTranspose) : std::nullopt;

@@ -584,20 +584,38 @@ Status CpuRunner::Impl::prepare_attention(size_t i) {
   KILN_DNNL(at, d->memory_desc_create_with_strides(&kt, 4, kt_dims.data(), dnnl_f32, kt_strides.data()));
   Md kt_md(d, kt);
 
-  Attr attrs(d);
-  KILN_RETURN_IF_ERROR(attrs.create(at));
-  dnnl_primitive_attr_t attr = attrs.attr;
-  dnnl_post_ops_t po = attrs.po;
-  KILN_DNNL(at, d->post_ops_append_eltwise(po, dnnl_eltwise_linear, scale, 0.f));
   Md mask_md;
   const bool mask = s.reads.size() > 3 && s.reads[3].kind != ValueRef::Kind::kNone;
   if (mask) {
     Dims md = static_dims(n.inputs[3]);
     md.insert(md.begin(), 4 - md.size(), 1);
     KILN_ASSIGN_OR_RETURN(mask_md, make_md(at, md, dnnl_abcd));
-    KILN_DNNL(at, d->post_ops_append_binary(po, dnnl_binary_add, mask_md.md));
   }
-  KILN_DNNL(at, d->primitive_attr_set_post_ops(attr, po));
+  // The scale, and the mask as a post-op of the product unless `separate_mask`.
+  auto make_attr = [&](Attr& attrs, bool separate_mask) -> Status {
+    KILN_RETURN_IF_ERROR(attrs.create(at));
+    KILN_DNNL(at, d->post_ops_append_eltwise(attrs.po, dnnl_eltwise_linear, scale, 0.f));
+    if (mask && !separate_mask) KILN_DNNL(at, d->post_ops_append_binary(attrs.po, dnnl_binary_add, mask_md.md));
+    KILN_DNNL(at, d->primitive_attr_set_post_ops(attrs.attr, attrs.po));
+    return Status::ok();
+  };
+  Attr fused(d), bare(d);
+  KILN_RETURN_IF_ERROR(make_attr(fused, false));
+  dnnl_primitive_attr_t attr = fused.attr;
+  // A mask broadcast in a way the product's post-op kernels do not take (Swin's windows: [1, heads,
+  // L, L] over windows x heads) sends the GEMM to oneDNN's reference loops, 100x slower; then the
+  // mask is added by a binary step of its own between the product and the softmax.
+  bool separate_mask = false;
+  if (mask) {
+    dnnl_primitive_desc_t probe = nullptr;
+    KILN_DNNL(at, d->matmul_primitive_desc_create(&probe, engine, q_md.md, kt_md.md, nullptr, s_md.md, attr));
+    separate_mask = std::string_view(impl_name(d, probe)).starts_with("ref");
+    d->primitive_desc_destroy(probe);
+    if (separate_mask) {
+      KILN_RETURN_IF_ERROR(make_attr(bare, true));
+      attr = bare.attr;
+    }
+  }
 
   auto make = [&](auto&& create) -> Expected<dnnl_primitive_t> {
     dnnl_primitive_desc_t pd = nullptr;
@@ -620,8 +638,18 @@ Status CpuRunner::Impl::prepare_attention(size_t i) {
   run.bind = {{q_mem, 0}, {k_mem, 1}};
   if (mask) {
     KILN_ASSIGN_OR_RETURN(dnnl_memory_t m_mem, memory(at, mask_md.md));
-    run.main.args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(1) | DNNL_ARG_SRC_1, m_mem});
     run.bind.push_back({m_mem, 3});
+    if (separate_mask) {  // scores += mask, in place
+      Prim add;
+      auto binary = [&](dnnl_primitive_desc_t* pd) {
+        return d->binary_primitive_desc_create(pd, engine, dnnl_binary_add, s_md.md, mask_md.md, s_md.md, nullptr);
+      };
+      KILN_ASSIGN_OR_RETURN(add.p, make(binary));
+      add.args = {{DNNL_ARG_SRC_0, s_mem}, {DNNL_ARG_SRC_1, m_mem}, {DNNL_ARG_DST, s_mem}};
+      run.after.push_back(add);
+    } else {
+      run.main.args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(1) | DNNL_ARG_SRC_1, m_mem});
+    }
   }
   // softmax over the keys, in place
   Prim sm;

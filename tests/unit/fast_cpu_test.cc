@@ -382,6 +382,25 @@ TEST(FastCpu, BroadcastBinaryKeepsTheLibraryLayout) {
   }
 }
 
+// Attention of 4-D Q/K/V as two oneDNN products and a softmax, with masks of every broadcast
+// (none, full, over the batch as Swin's windows, a padding row, a 2-D [L, S]); whichever way the
+// mask is added (a post-op of the product, or a binary step of its own) the result agrees.
+TEST(FastCpu, AttentionWithMasksOfEveryBroadcast) {
+  if (!have_onednn()) return;
+  const char* masks[] = {"", ", %m", ", %m", ", %m", ", %m"};
+  const char* mask_types[] = {"f32[1]", "f32[4,3,5,6]", "f32[1,3,5,6]", "f32[4,1,1,6]", "f32[5,6]"};
+  for (int c = 0; c < 5; ++c) {
+    const std::string text = fmt::format(R"(graph main(%q: f32[4,3,5,8], %k: f32[4,3,6,8], %v: f32[4,3,6,8], %m: {}) {{
+  %y = Attention(%q, %k, %v{}) : f32[4,3,5,8]
+  return %y
+}})",
+                                         mask_types[c], masks[c]);
+    Result r = run_both(text, 480 + c);
+    ASSERT_EQ(primitives(r.cp, CpuStepKind::kAttention), 1u) << text;
+    expect_close(r, text, 1e-5f, 1e-4f);
+  }
+}
+
 // An intermediate read twice, or a graph output, is not absorbed; a value a host step reads stays
 // row-major.
 TEST(FastCpu, FusionStopsWhereAValueIsShared) {

@@ -401,6 +401,35 @@ TEST(FastCpu, AttentionWithMasksOfEveryBroadcast) {
   }
 }
 
+// MatMul of two computed operands (an unfused attention's Q K^T and P V), batch dims broadcast
+// where one side has 1 or fewer dims, and a constant operand of rank 3: a oneDNN batched product.
+TEST(FastCpu, BatchMatMulOfComputedOperands) {
+  if (!have_onednn()) return;
+  const char* cases[][3] = {{"f32[2,3,5,8]", "f32[2,3,8,6]", "f32[2,3,5,6]"},
+                            {"f32[2,1,5,8]", "f32[3,8,6]", "f32[2,3,5,6]"},
+                            {"f32[7,8]", "f32[4,8,6]", "f32[4,7,6]"}};
+  int c = 0;
+  for (const auto& t : cases) {
+    const std::string text = fmt::format(R"(graph main(%a: {}, %b: {}) {{
+  %ra = Relu(%a) : {}
+  %y = MatMul(%ra, %b) : {}
+  return %y
+}})",
+                                         t[0], t[1], t[0], t[2]);
+    Result r = run_both(text, 490 + c++);
+    ASSERT_EQ(primitives(r.cp, CpuStepKind::kBatchMatMul), 1u) << text;
+    expect_close(r, text, 1e-5f, 1e-4f);
+  }
+  const char* constant = R"(graph main(%a: f32[4,5,8]) {
+  %w = const dense<f32[4,8,3]> [0.5]
+  %y = MatMul(%a, %w) : f32[4,5,3]
+  return %y
+})";
+  Result r = run_both(constant, 495);
+  ASSERT_EQ(primitives(r.cp, CpuStepKind::kBatchMatMul), 1u);
+  expect_close(r, constant, 1e-5f, 1e-4f);
+}
+
 // An intermediate read twice, or a graph output, is not absorbed; a value a host step reads stays
 // row-major.
 TEST(FastCpu, FusionStopsWhereAValueIsShared) {

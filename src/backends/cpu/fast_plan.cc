@@ -1,5 +1,6 @@
 #include "backends/cpu/fast_plan.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <optional>
 #include <unordered_map>
@@ -20,6 +21,7 @@ std::string_view cpu_step_kind_name(CpuStepKind k) {
     case CpuStepKind::kNorm: return "norm";
     case CpuStepKind::kTranspose: return "transpose";
     case CpuStepKind::kBinary: return "binary";
+    case CpuStepKind::kBatchMatMul: return "batch matmul";
   }
   return "?";
 }
@@ -50,8 +52,17 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
     return CpuStepKind::kConv;
   }
   if (n.op == OpKind::kMatMul) {
-    if (r < 2 || n.inputs.size() != 2 || !f32_constant(n.inputs[1]) || n.inputs[1]->constant->rank() != 2) return std::nullopt;
-    return CpuStepKind::kMatMul;
+    if (r < 2 || n.inputs.size() != 2 || !f32_static(n.inputs[1])) return std::nullopt;
+    if (f32_constant(n.inputs[1]) && n.inputs[1]->constant->rank() == 2) return CpuStepKind::kMatMul;
+    // Both operands of rank 2-6 (a vector operand's implied dim is left to the host); batch dims
+    // broadcast where one side has 1.
+    const std::vector<int64_t> a = dims_of(x), b = dims_of(n.inputs[1]);
+    if (b.size() < 2 || r > 6 || b.size() > 6) return std::nullopt;
+    for (size_t k = 3; k <= std::min(r, b.size()); ++k) {
+      const int64_t p = a[r - k], q = b[b.size() - k];
+      if (p != q && p != 1 && q != 1) return std::nullopt;
+    }
+    return CpuStepKind::kBatchMatMul;
   }
   if (n.op == OpKind::kGemm) {
     if (r != 2 || n.inputs.size() < 2 || !f32_constant(n.inputs[1]) || n.inputs[1]->constant->rank() != 2) return std::nullopt;
@@ -436,7 +447,7 @@ Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std
   const uint32_t n = r.count("the step count", 16);
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     CpuStep s;
-    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kBinary)));
+    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kBatchMatMul)));
     s.index = r.get<uint32_t>("a step's index");
     const uint32_t npost = r.get_in<uint32_t>("the post-op count", 0, 64);
     for (uint32_t k = 0; k < npost && r.ok(); ++k) {

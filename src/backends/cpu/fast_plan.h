@@ -35,6 +35,7 @@ enum class CpuStepKind : uint8_t {
   kNorm,       // LayerNormalization over the last axis (fp32, constant scale and bias)
   kTranspose,  // Transpose (fp32, rank 2-6): a oneDNN reorder into the permuted layout
   kBinary,     // Add, Sub, Mul, Div of a full-shape input and a broadcast one (fp32): oneDNN binary
+  kBatchMatMul,  // MatMul of two computed operands (fp32, batch dims broadcast): attention's Q K^T
 };
 std::string_view cpu_step_kind_name(CpuStepKind k);
 // A kBinary node's input of the output's own dims, which oneDNN reads as src0 (in whatever layout

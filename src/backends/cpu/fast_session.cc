@@ -192,6 +192,7 @@ struct CpuRunner::Impl {
   Status prepare_attention(size_t i);
   Status prepare_norm(size_t i);
   Status prepare_transpose(size_t i);
+  Status prepare_batch_matmul(size_t i);
   Expected<std::vector<Data>> run(std::vector<Data> inputs, std::vector<double>* step_ms);
 };
 
@@ -300,6 +301,7 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
   if (s.kind == CpuStepKind::kAttention) return prepare_attention(i);
   if (s.kind == CpuStepKind::kNorm) return prepare_norm(i);
   if (s.kind == CpuStepKind::kTranspose) return prepare_transpose(i);
+  if (s.kind == CpuStepKind::kBatchMatMul) return prepare_batch_matmul(i);
   const Node& n = *g.nodes[s.index];
   const std::string at = n.describe();
   auto constant = [&](size_t k) -> const Tensor& { return *plan->constants[s.reads[k].index]->constant; };
@@ -731,6 +733,35 @@ Status CpuRunner::Impl::prepare_transpose(size_t i) {
   KILN_ASSIGN_OR_RETURN(run.main, reorder(at, src.md, dst_md.md, &in, &run.dst_mem));
   run.bind = {{in, 0}};
   impls[i] = "oneDNN reorder";
+  return Status::ok();
+}
+
+// MatMul of two computed row-major operands, their dims right-aligned to one rank (oneDNN
+// broadcasts batch dims of 1).
+Status CpuRunner::Impl::prepare_batch_matmul(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  StepRun& run = runs[i];
+  const Node& n = *plan->graph->nodes[s.index];
+  const std::string at = n.describe();
+  Dims a = static_dims(n.inputs[0]), b = static_dims(n.inputs[1]);
+  run.out_dims = static_dims(n.outputs[0]);
+  const size_t r = run.out_dims.size();
+  a.insert(a.begin(), r - a.size(), 1);
+  b.insert(b.begin(), r - b.size(), 1);
+  KILN_ASSIGN_OR_RETURN(Md a_md, make_md(at, a, plain_tag(r)));
+  KILN_ASSIGN_OR_RETURN(Md b_md, make_md(at, b, plain_tag(r)));
+  KILN_ASSIGN_OR_RETURN(Md c_md, make_md(at, run.out_dims, plain_tag(r)));
+  dnnl_primitive_desc_t pd = nullptr;
+  KILN_DNNL(at, d->matmul_primitive_desc_create(&pd, engine, a_md.md, b_md.md, nullptr, c_md.md, nullptr));
+  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd));
+  auto prim = primitive(at, pd);
+  d->primitive_desc_destroy(pd);
+  KILN_ASSIGN_OR_RETURN(run.main.p, std::move(prim));
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t a_mem, memory(at, a_md.md));
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t b_mem, memory(at, b_md.md));
+  KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, c_md.md));
+  run.main.args = {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, run.dst_mem}};
+  run.bind = {{a_mem, 0}, {b_mem, 1}};
   return Status::ok();
 }
 

@@ -106,6 +106,22 @@ Status lower_transpose(Lowering& L, const Node& n) {
     dims.push_back(x->dims[size_t(p)]);
     ss.push_back(xs[size_t(p)]);
   }
+  // A permutation that leaves the bytes in place is a view: NHWC read as [N,H,W,C] (a ConvNeXt
+  // block's permute before its LayerNorm), [N,H,W,C] read back as NCHW in the NHWC layout (the
+  // permute after), or one that only moves dims of 1.
+  DevValue view = *x;
+  for (Layout lay : {Layout::kRowMajor, Layout::kNHWC}) {
+    if (lay == Layout::kNHWC && (dims.size() != 4 || dims[2] * dims[3] == 1)) continue;
+    view.layout = lay;
+    view.dims = dims;
+    const std::vector<int64_t> want = view.strides();
+    bool same = true;
+    for (size_t i = 0; i < dims.size(); ++i) same = same && (dims[i] == 1 || ss[i] == want[i]);
+    if (same) {
+      L.define_alias(n.outputs[0], view);
+      return Status::ok();
+    }
+  }
   const DevValue& y = L.define(n.outputs[0]);
   emit_copy(L, n, "transpose", x, 0, ss, y.ref, 0, contiguous_strides(dims), dims);
   return Status::ok();

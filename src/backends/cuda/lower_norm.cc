@@ -400,7 +400,8 @@ Expected<StepFn> bind_reduce(Params& in, BindCtx&) {
   const int64_t outer = in.i64(), cnt = in.i64(), inner = in.i64();
   KILN_RETURN_IF_ERROR(in.done());
   return StepFn([=](const RunCtx& c) {
-    return cuda_status(k::reduce(op, dt, c.ptr(xr), c.ptr(yr), outer, cnt, inner, c.stream), "reduce");
+    return cuda_status(k::reduce(op, dt, c.ptr(xr), c.ptr(yr), outer, cnt, inner, c.stream, c.workspace, c.workspace_bytes),
+                       "reduce");
   });
 }
 

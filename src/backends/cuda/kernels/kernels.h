@@ -148,9 +148,11 @@ cudaError_t rms_norm(DT dt, const void* x, const void* scale, void* y, DT y_dt, 
                      cudaStream_t s, bool pdl = false);
 
 // Reduce the middle axis of x viewed as [outer, n, inner] -> y [outer, inner].
-// Dtypes: kF32, kF16, kBF16 (f32 accumulation); kSum/kMax/kMin also kI64, kI32.
+// Dtypes: kF32, kF16, kBF16 (f32 accumulation); kSum/kMax/kMin also kI64, kI32. With a workspace
+// (ws_bytes of device scratch), few outputs over a long strided axis split it across blocks.
 enum class Reduce : int { kSum, kMean, kMax, kMin, kProd, kSumSquare, kL1, kL2, kLogSumExp };
-cudaError_t reduce(Reduce op, DT dt, const void* x, void* y, int64_t outer, int64_t n, int64_t inner, cudaStream_t s);
+cudaError_t reduce(Reduce op, DT dt, const void* x, void* y, int64_t outer, int64_t n, int64_t inner, cudaStream_t s,
+                   void* ws = nullptr, size_t ws_bytes = 0);
 
 // ArgMax/ArgMin of the middle axis of x viewed as [outer, n, inner] -> y (kI64) [outer, inner];
 // ties pick the first index, or the last with `last` (select_last_index=1).

@@ -230,8 +230,45 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// inner > 1 with few outputs and a long axis (a global average pool of NHWC at batch 1: 32 outputs
+// over 12544 pixels): grid.y splits n in chunks, each block writing its outputs' partial
+// accumulators to `part` ([splits, outputs]); reduce_parts_kernel then combines them in order.
 template <class R, class T>
-cudaError_t launch_reduce(const void* xv, void* yv, int64_t outer, int64_t n, int64_t inner, cudaStream_t s) {
+__global__ void __launch_bounds__(256)
+    reduce_cols_split_kernel(const T* __restrict__ x, typename R::Acc* __restrict__ part, int64_t outputs, int64_t n,
+                             int64_t inner, int64_t chunk) {
+  using Acc = typename R::Acc;
+  __shared__ Acc smem[256];
+  const int bx = blockDim.x, ty = blockDim.y;
+  const int64_t out = static_cast<int64_t>(blockIdx.x) * bx + threadIdx.x;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * chunk, k1 = k0 + chunk < n ? k0 + chunk : n;
+  Acc a = R::init();
+  if (out < outputs) {
+    const int64_t o = out / inner, i = out - o * inner;
+    const T* xo = x + o * n * inner + i;
+    for (int64_t k = k0 + threadIdx.y; k < k1; k += ty) a = R::add(a, xo[k * inner], k);
+  }
+  smem[threadIdx.y * bx + threadIdx.x] = a;
+  __syncthreads();
+  if (threadIdx.y == 0 && out < outputs) {
+    for (int j = 1; j < ty; ++j) a = R::combine(a, smem[j * bx + threadIdx.x]);
+    part[blockIdx.y * outputs + out] = a;
+  }
+}
+
+template <class R>
+__global__ void reduce_parts_kernel(const typename R::Acc* __restrict__ part, typename R::Out* __restrict__ y,
+                                    int64_t outputs, int64_t splits, int64_t n) {
+  for (int64_t out = global_tid(); out < outputs; out += global_threads()) {
+    typename R::Acc a = part[out];
+    for (int64_t j = 1; j < splits; ++j) a = R::combine(a, part[j * outputs + out]);
+    y[out] = R::finish(a, n);
+  }
+}
+
+template <class R, class T>
+cudaError_t launch_reduce(const void* xv, void* yv, int64_t outer, int64_t n, int64_t inner, cudaStream_t s,
+                          void* ws = nullptr, size_t ws_bytes = 0) {
   const auto* x = static_cast<const T*>(xv);
   auto* y = static_cast<typename R::Out*>(yv);
   const int64_t outputs = outer * inner;
@@ -255,6 +292,25 @@ cudaError_t launch_reduce(const void* xv, void* yv, int64_t outer, int64_t n, in
   int ty = 1;
   while (ty < 16 && outputs * ty < (int64_t{1} << 19) && ty * 2 <= n) ty *= 2;
   const int bx = 256 / ty;
+  if (ty == 16) {
+    // Still short of threads: split n over grid.y too, each strand of a chunk taking >= 8 elements.
+    const int64_t x_blocks = (outputs + bx - 1) / bx;
+    int64_t splits = (int64_t{1} << 10) / x_blocks;  // ~1k blocks of 256
+    if (splits > n / (ty * 8)) splits = n / (ty * 8);
+    if (splits > 65535) splits = 65535;
+    using Acc = typename R::Acc;
+    if (splits >= 2 && ws && ws_bytes >= static_cast<size_t>(splits * outputs) * sizeof(Acc) &&
+        aligned_to(ws, alignof(Acc))) {
+      const int64_t chunk = (n + splits - 1) / splits;
+      splits = (n + chunk - 1) / chunk;
+      auto* part = static_cast<Acc*>(ws);
+      reduce_cols_split_kernel<R><<<dim3(static_cast<unsigned>(x_blocks), static_cast<unsigned>(splits)),
+                                    dim3(bx, ty), 0, s>>>(x, part, outputs, n, inner, chunk);
+      if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+      reduce_parts_kernel<R><<<grid_for(outputs), kBlock, 0, s>>>(part, y, outputs, splits, n);
+      return cudaGetLastError();
+    }
+  }
   const int64_t g = (outputs + bx - 1) / bx;
   reduce_cols_kernel<R><<<static_cast<unsigned>(g < kMaxGrid * 4 ? g : kMaxGrid * 4), dim3(bx, ty), 0, s>>>(
       x, y, outputs, n, inner);
@@ -284,7 +340,8 @@ cudaError_t with_reduce(Reduce op, F&& f) {
 
 }  // namespace
 
-cudaError_t reduce(Reduce op, DT dt, const void* x, void* y, int64_t outer, int64_t n, int64_t inner, cudaStream_t s) {
+cudaError_t reduce(Reduce op, DT dt, const void* x, void* y, int64_t outer, int64_t n, int64_t inner, cudaStream_t s,
+                   void* ws, size_t ws_bytes) {
   if (bad_shape(outer, n, inner)) return cudaErrorInvalidValue;
   // n == 0 with outputs: they get the reduction's identity (0, -inf, ...), as ONNX specifies.
   if (outer == 0 || inner == 0) return cudaSuccess;
@@ -293,10 +350,10 @@ cudaError_t reduce(Reduce op, DT dt, const void* x, void* y, int64_t outer, int6
     return dispatch_dt(dt, [&](auto tag) -> cudaError_t {
       using T = typename decltype(tag)::type;
       if constexpr (kIsF32ish<T> || std::is_same_v<T, double>) {
-        return launch_reduce<FloatReducer<kOp, T>, T>(x, y, outer, n, inner, s);
+        return launch_reduce<FloatReducer<kOp, T>, T>(x, y, outer, n, inner, s, ws, ws_bytes);
       } else if constexpr ((std::is_same_v<T, int64_t> || std::is_same_v<T, int32_t>) &&
                            (kOp == Reduce::kSum || kOp == Reduce::kMax || kOp == Reduce::kMin)) {
-        return launch_reduce<IntReducer<kOp, T>, T>(x, y, outer, n, inner, s);
+        return launch_reduce<IntReducer<kOp, T>, T>(x, y, outer, n, inner, s, ws, ws_bytes);
       } else {
         return cudaErrorInvalidValue;
       }

@@ -1,6 +1,8 @@
 #include "ops/shape_util.h"
 
 #include <algorithm>
+#include <cstring>
+#include <type_traits>
 
 namespace kiln {
 
@@ -20,24 +22,46 @@ constexpr int64_t kGrainElems = 1 << 14;
 
 void copy_strided(const Tensor& src, int64_t src_base, const std::vector<int64_t>& src_strides, Tensor& dst,
                   int64_t dst_base, const std::vector<int64_t>& dst_strides, const std::vector<int64_t>& dims) {
+  if (std::find(dims.begin(), dims.end(), 0) != dims.end()) return;
+  // Dims of 1 dropped, and neighbours contiguous on both sides merged, innermost first: a Concat's
+  // or Split's part is then a few long runs (memcpy) rather than many rows of the last dim.
+  std::vector<int64_t> cd, css, cds;
+  for (size_t k = dims.size(); k-- > 0;) {
+    if (dims[k] == 1) continue;
+    if (!cd.empty() && src_strides[k] == css.back() * cd.back() && dst_strides[k] == cds.back() * cd.back()) {
+      cd.back() *= dims[k];
+      continue;
+    }
+    cd.push_back(dims[k]);
+    css.push_back(src_strides[k]);
+    cds.push_back(dst_strides[k]);
+  }
+  std::reverse(cd.begin(), cd.end());
+  std::reverse(css.begin(), css.end());
+  std::reverse(cds.begin(), cds.end());
   visit_storage(src.dtype(), [&]<typename U>() {
     const U* s = static_cast<const U*>(src.raw());
     U* d = static_cast<U*>(dst.raw());
-    if (dims.empty()) {
+    if (cd.empty()) {
       d[dst_base] = s[src_base];
       return;
     }
-    if (std::find(dims.begin(), dims.end(), 0) != dims.end()) return;
-    const size_t last = dims.size() - 1;
-    const int64_t n = dims[last], ss = src_strides[last], ds = dst_strides[last];
-    parallel_for(product(dims, 0, last), std::max<int64_t>(1, kGrainElems / n), [&](int64_t b, int64_t e) {
+    const size_t last = cd.size() - 1;
+    const int64_t n = cd[last], ss = css[last], ds = cds[last];
+    parallel_for(product(cd, 0, last), std::max<int64_t>(1, kGrainElems / n), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         int64_t so = src_base, dof = dst_base, rest = r;
         for (size_t k = last; k-- > 0;) {
-          int64_t i = rest % dims[k];
-          rest /= dims[k];
-          so += i * src_strides[k];
-          dof += i * dst_strides[k];
+          int64_t i = rest % cd[k];
+          rest /= cd[k];
+          so += i * css[k];
+          dof += i * cds[k];
+        }
+        if constexpr (std::is_trivially_copyable_v<U>) {
+          if (ss == 1 && ds == 1) {
+            std::memcpy(d + dof, s + so, size_t(n) * sizeof(U));
+            continue;
+          }
         }
         for (int64_t j = 0; j < n; ++j) d[dof + j * ds] = s[so + j * ss];
       }

@@ -22,6 +22,8 @@ std::string_view cpu_step_kind_name(CpuStepKind k) {
     case CpuStepKind::kTranspose: return "transpose";
     case CpuStepKind::kBinary: return "binary";
     case CpuStepKind::kBatchMatMul: return "batch matmul";
+    case CpuStepKind::kConcat: return "concat";
+    case CpuStepKind::kBatchNorm: return "batch norm";
   }
   return "?";
 }
@@ -124,6 +126,29 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
     }
     if (od != y && count != 1 && !per_channel) return std::nullopt;
     return CpuStepKind::kBinary;
+  }
+  if (n.op == OpKind::kBatchNormalization) {
+    // Inference with constant f32 scale, bias, mean and variance of one per channel; no statistics out.
+    if (r < 2 || r > 5 || n.inputs.size() != 5 || n.attr_int("training_mode", 0) != 0) return std::nullopt;
+    for (size_t k = 1; k < n.outputs.size(); ++k) {
+      if (n.outputs[k]) return std::nullopt;
+    }
+    const int64_t c = dims_of(x)[1];
+    for (size_t k = 1; k < 5; ++k) {
+      if (!f32_constant(n.inputs[k]) || n.inputs[k]->constant->numel() != c) return std::nullopt;
+    }
+    return CpuStepKind::kBatchNorm;
+  }
+  if (n.op == OpKind::kConcat) {
+    // Every input f32 of the output's rank with elements (oneDNN takes no empty part).
+    if (r > 6 || n.inputs.size() > 1024) return std::nullopt;
+    for (const Value* v : n.inputs) {
+      if (!f32_static(v) || dims_of(v).size() != r) return std::nullopt;
+      for (int64_t e : dims_of(v)) {
+        if (e == 0) return std::nullopt;
+      }
+    }
+    return CpuStepKind::kConcat;
   }
   if (n.op == OpKind::kTranspose) return r >= 2 && r <= 6 ? std::optional(CpuStepKind::kTranspose) : std::nullopt;
   if (n.op == OpKind::kLayerNormalization) {
@@ -288,9 +313,24 @@ Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
     const Value* cur = n.outputs[0];
     uint32_t last = st.index;
     group_of[st.index] = int64_t(groups.size());
+    const bool batch_norm = *kind == CpuStepKind::kBatchNorm;
     const bool epilogue = *kind == CpuStepKind::kConv || *kind == CpuStepKind::kMatMul || *kind == CpuStepKind::kPool ||
-                          *kind == CpuStepKind::kBinary;
+                          *kind == CpuStepKind::kBinary || batch_norm;
     while (epilogue) {
+      // A batch norm takes one Relu (its fuse-relu flag), nothing else.
+      if (batch_norm) {
+        if (readers[cur] != 1 || !direct_reader.count(cur) || !st.post.empty()) break;
+        const Node* c = direct_reader[cur];
+        if (group_of[node_index.at(c)] >= 0 || c->op != OpKind::kRelu) break;
+        auto po = post_op(*c, cur, channel);
+        if (!po) break;
+        po->node = node_index.at(c);
+        st.post.push_back(*po);
+        group_of[po->node] = int64_t(groups.size());
+        last = po->node;
+        cur = c->outputs[0];
+        continue;
+      }
       // SiLU as exporters write it, Mul(x, Sigmoid(x)) (EfficientNet, YOLO, UNets): one swish post-op.
       if (auto [sig, mul] = silu(cur, readers, node_readers);
           mul && group_of[node_index.at(sig)] < 0 && group_of[node_index.at(mul)] < 0) {
@@ -376,16 +416,22 @@ Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
       continue;
     }
     const bool binary = s.kind == CpuStepKind::kBinary;
-    const bool takes_library = s.kind == CpuStepKind::kConv || s.kind == CpuStepKind::kPool || binary;
+    const bool takes_library = s.kind == CpuStepKind::kConv || s.kind == CpuStepKind::kPool || binary ||
+                               s.kind == CpuStepKind::kConcat || s.kind == CpuStepKind::kBatchNorm;
+    const bool every_input = s.kind == CpuStepKind::kConcat;
     const size_t src = binary ? binary_src0(*g.nodes[s.index]) : 0;
     for (size_t k = 0; k < s.reads.size(); ++k) {
       const ValueRef& v = s.reads[k];
       const bool operand = k >= g.nodes[s.index]->inputs.size();
-      if (v.kind == ValueRef::Kind::kSlot && !(takes_library && (k == src || operand))) plain_needed[v.index] = 1;
+      if (v.kind == ValueRef::Kind::kSlot && !(takes_library && (k == src || operand || every_input))) {
+        plain_needed[v.index] = 1;
+      }
     }
   }
   for (CpuStep& s : cp.steps) {
-    const bool library_out = s.kind == CpuStepKind::kConv || s.kind == CpuStepKind::kPool || s.kind == CpuStepKind::kBinary;
+    const bool library_out = s.kind == CpuStepKind::kConv || s.kind == CpuStepKind::kPool ||
+                             s.kind == CpuStepKind::kBinary || s.kind == CpuStepKind::kConcat ||
+                             s.kind == CpuStepKind::kBatchNorm;
     if (library_out && s.out.kind == ValueRef::Kind::kSlot &&
         !plain_needed[s.out.index]) {
       s.out_layout = CpuLayout::kLibrary;
@@ -447,7 +493,7 @@ Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std
   const uint32_t n = r.count("the step count", 16);
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     CpuStep s;
-    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kBatchMatMul)));
+    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kBatchNorm)));
     s.index = r.get<uint32_t>("a step's index");
     const uint32_t npost = r.get_in<uint32_t>("the post-op count", 0, 64);
     for (uint32_t k = 0; k < npost && r.ok(); ++k) {

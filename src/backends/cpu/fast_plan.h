@@ -5,12 +5,14 @@
 //   Conv -> Clip -> Add(., skip)        one kConv step: convolution, clip post-op, add post-op
 //   Conv -> Conv                         the first writes the layout oneDNN prefers (kLibrary)
 //   Mul(x, scale[1,C,1,1])               one kBinary step, x read in its producer's layout
+//   Concat(conv, conv)                   one kConcat step; all three stay in the blocked layout
+//   BatchNormalization -> Relu           one kBatchNorm step (a DenseNet's pre-activation)
 //   MatMul -> Add(bias) -> Add(skip)     one kMatMul step (the bias as the GEMM's, the skip a post-op)
 //   anything else                        a kHost step: the plan's step on the reference kernels
 //
 // A step's epilogue nodes (post-ops) each had one reader, the node before them, and are not graph
 // outputs; the step runs where its last node stood, so every operand is ready. A value stays in
-// oneDNN's own layout only while every reader is a oneDNN convolution, pooling or binary src0, so host steps
+// oneDNN's own layout only while every reader is a oneDNN convolution, pooling, concat, batch norm or binary src0, so host steps
 // (and graph outputs) always see plain row-major tensors.
 //
 //   KILN_ASSIGN_OR_RETURN(CpuPlan cp, plan_fast_cpu(plan));
@@ -36,6 +38,8 @@ enum class CpuStepKind : uint8_t {
   kTranspose,  // Transpose (fp32, rank 2-6): a oneDNN reorder into the permuted layout
   kBinary,     // Add, Sub, Mul, Div of a full-shape input and a broadcast one (fp32): oneDNN binary
   kBatchMatMul,  // MatMul of two computed operands (fp32, batch dims broadcast): attention's Q K^T
+  kConcat,       // Concat (fp32, rank 1-6): oneDNN concat, its inputs and result in the library layout
+  kBatchNorm,    // BatchNormalization (inference, constant statistics) and a following Relu: oneDNN's
 };
 std::string_view cpu_step_kind_name(CpuStepKind k);
 // A kBinary node's input of the output's own dims, which oneDNN reads as src0 (in whatever layout

@@ -5,7 +5,9 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <string_view>
+#include <type_traits>
 #include <unordered_map>
 
 #include "backends/backend.h"
@@ -193,6 +195,8 @@ struct CpuRunner::Impl {
   Status prepare_norm(size_t i);
   Status prepare_transpose(size_t i);
   Status prepare_batch_matmul(size_t i);
+  Status prepare_concat(size_t i);
+  Status prepare_batch_norm(size_t i);
   Expected<std::vector<Data>> run(std::vector<Data> inputs, std::vector<double>* step_ms);
 };
 
@@ -302,6 +306,8 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
   if (s.kind == CpuStepKind::kNorm) return prepare_norm(i);
   if (s.kind == CpuStepKind::kTranspose) return prepare_transpose(i);
   if (s.kind == CpuStepKind::kBatchMatMul) return prepare_batch_matmul(i);
+  if (s.kind == CpuStepKind::kConcat) return prepare_concat(i);
+  if (s.kind == CpuStepKind::kBatchNorm) return prepare_batch_norm(i);
   const Node& n = *g.nodes[s.index];
   const std::string at = n.describe();
   auto constant = [&](size_t k) -> const Tensor& { return *plan->constants[s.reads[k].index]->constant; };
@@ -765,15 +771,111 @@ Status CpuRunner::Impl::prepare_batch_matmul(size_t i) {
   return Status::ok();
 }
 
+// Concat: each input read in the layout its producer wrote, the result in the layout oneDNN picks
+// for them when the plan keeps it (else row-major).
+Status CpuRunner::Impl::prepare_concat(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  StepRun& run = runs[i];
+  const Node& n = *plan->graph->nodes[s.index];
+  const std::string at = n.describe();
+  run.out_dims = static_dims(n.outputs[0]);
+  const int64_t rank = int64_t(run.out_dims.size());
+  int64_t axis = n.attr_int("axis", 0);
+  if (axis < 0) axis += rank;
+  std::deque<Md> plain;
+  std::vector<const_dnnl_memory_desc_t> srcs;
+  for (size_t k = 0; k < n.inputs.size(); ++k) {
+    const ValueRef& r = s.reads[k];
+    if (r.kind == ValueRef::Kind::kSlot && slot_md[r.index]) {
+      srcs.push_back(*slot_md[r.index]);
+      continue;
+    }
+    const Dims x = static_dims(n.inputs[k]);
+    KILN_ASSIGN_OR_RETURN(Md m, make_md(at, x, plain_tag(x.size())));
+    plain.push_back(std::move(m));
+    srcs.push_back(plain.back().md);
+  }
+  const bool library = s.out_layout == CpuLayout::kLibrary;
+  KILN_ASSIGN_OR_RETURN(Md dst, make_md(at, run.out_dims, library ? dnnl_format_tag_any : plain_tag(size_t(rank))));
+  dnnl_primitive_desc_t raw = nullptr;
+  KILN_DNNL(at, d->concat_primitive_desc_create(&raw, engine, dst.md, int(srcs.size()), int(axis), srcs.data(), nullptr));
+  std::unique_ptr<std::remove_pointer_t<dnnl_primitive_desc_t>, std::function<void(dnnl_primitive_desc_t)>> pd(
+      raw, [this](dnnl_primitive_desc_t p) { d->primitive_desc_destroy(p); });
+  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd.get()));
+  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd.get()));
+  const_dnnl_memory_desc_t got = d->primitive_desc_query_md(pd.get(), dnnl_query_dst_md, 0);
+  KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, got));
+  if (library) {  // later steps read this descriptor
+    dnnl_memory_desc_t keep = nullptr;
+    KILN_DNNL(at, d->memory_desc_clone(&keep, got));
+    mds.emplace_back(d, keep);
+    slot_md[s.out.index] = &mds.back().md;
+    run.out_bytes = d->memory_desc_get_size(got);
+  }
+  for (size_t k = 0; k < srcs.size(); ++k) {
+    KILN_ASSIGN_OR_RETURN(dnnl_memory_t m, memory(at, srcs[k]));
+    run.main.args.push_back({DNNL_ARG_MULTIPLE_SRC + int(k), m});
+    run.bind.push_back({m, k});
+  }
+  run.main.args.push_back({DNNL_ARG_DST, run.dst_mem});
+  return Status::ok();
+}
+
+// BatchNormalization with the constant statistics (and a Relu as oneDNN's fuse-relu flag): the
+// result in the source's layout, reordered to row-major when the plan needs that.
+Status CpuRunner::Impl::prepare_batch_norm(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  StepRun& run = runs[i];
+  const Node& n = *plan->graph->nodes[s.index];
+  const std::string at = n.describe();
+  const Dims x = static_dims(n.inputs[0]);
+  run.out_dims = x;
+  KILN_ASSIGN_OR_RETURN(Md plain, make_md(at, x, plain_tag(x.size())));
+  const_dnnl_memory_desc_t src = s.reads[0].kind == ValueRef::Kind::kSlot && slot_md[s.reads[0].index]
+                                     ? *slot_md[s.reads[0].index]
+                                     : plain.md;
+  unsigned flags = dnnl_use_global_stats | dnnl_use_scale | dnnl_use_shift;
+  if (!s.post.empty()) flags |= dnnl_fuse_norm_relu;  // the plan allows only a Relu
+  dnnl_primitive_desc_t raw = nullptr;
+  KILN_DNNL(at, d->batch_normalization_forward_primitive_desc_create(&raw, engine, dnnl_forward_inference, src, src,
+                                                                     n.attr_float("epsilon", 1e-5f), flags, nullptr));
+  std::unique_ptr<std::remove_pointer_t<dnnl_primitive_desc_t>, std::function<void(dnnl_primitive_desc_t)>> pd(
+      raw, [this](dnnl_primitive_desc_t p) { d->primitive_desc_destroy(p); });
+  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd.get()));
+  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd.get()));
+  KILN_ASSIGN_OR_RETURN(run.src_mem, memory(at, src));
+  KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, src));
+  run.main.args = {{DNNL_ARG_SRC, run.src_mem}, {DNNL_ARG_DST, run.dst_mem}};
+  run.bind = {{run.src_mem, 0}};
+  KILN_ASSIGN_OR_RETURN(Md channel, make_md(at, Dims{x[1]}, dnnl_a));
+  const int args[] = {DNNL_ARG_SCALE, DNNL_ARG_SHIFT, DNNL_ARG_MEAN, DNNL_ARG_VARIANCE};
+  for (size_t k = 1; k < 5; ++k) {
+    const Tensor& t = *plan->constants[s.reads[k].index]->constant;
+    KILN_ASSIGN_OR_RETURN(dnnl_memory_t m, memory(at, channel.md, const_cast<void*>(t.raw())));
+    run.main.args.push_back({args[k - 1], m});
+  }
+  if (s.out_layout == CpuLayout::kLibrary) {
+    dnnl_memory_desc_t keep = nullptr;
+    KILN_DNNL(at, d->memory_desc_clone(&keep, src));
+    mds.emplace_back(d, keep);
+    slot_md[s.out.index] = &mds.back().md;
+    run.out_bytes = d->memory_desc_get_size(src);
+  } else if (!d->memory_desc_equal(src, plain.md)) {
+    KILN_ASSIGN_OR_RETURN(run.dst_reorder, reorder(at, src, plain.md, &run.dst_reorder_in, &run.dst_user));
+    dst_scratch.resize(d->memory_desc_get_size(src));
+  }
+  return Status::ok();
+}
+
 namespace {
 
 Status execute(const DnnlLib* d, dnnl_stream_t stream, const Prim& p, const std::string& at) {
-  dnnl_exec_arg_t args[16];
+  dnnl_exec_arg_t fixed[16];
+  std::vector<dnnl_exec_arg_t> many;  // a Concat of more than 15 inputs
+  if (p.args.size() > 16) many.resize(p.args.size());
+  dnnl_exec_arg_t* args = many.empty() ? fixed : many.data();
   int n = 0;
-  for (const auto& [k, m] : p.args) {
-    if (n == 16) return KILN_ERROR(kInternal, "{}: too many primitive arguments", at);
-    args[n++] = {k, m};
-  }
+  for (const auto& [k, m] : p.args) args[n++] = {k, m};
   KILN_DNNL(at, d->primitive_execute(p.p, stream, n, args));
   return Status::ok();
 }

@@ -505,6 +505,41 @@ TEST(FastCpu, BatchNormWithItsRelu) {
   expect_close(r, t, 2e-4f, 2e-4f);
 }
 
+// ConvTranspose as oneDNN's deconvolution: ONNX's [C_in, C_out / group, k...] weight read through
+// strides, grouped, with bias, output_padding, dilation, 1-D and 3-D, and a fused Relu.
+TEST(FastCpu, ConvTransposeAsDeconvolution) {
+  if (!have_onednn()) return;
+  struct C {
+    const char *x, *w, *attrs, *y;
+    int c_out;  // 0: no bias
+  };
+  const C cases[] = {
+      {"f32[1,8,5,5]", "f32[8,4,4,4]", "kernel_shape = [4, 4], pads = [1, 1, 1, 1], strides = [2, 2]", "f32[1,4,10,10]", 0},
+      {"f32[2,6,4,5]", "f32[6,2,3,3]", "group = 3, strides = [2, 1], output_padding = [1, 0]", "f32[2,6,10,7]", 6},
+      {"f32[1,4,7]", "f32[4,3,3]", "dilations = [2], pads = [1, 2], strides = [3]", "f32[1,3,20]", 3},
+      {"f32[1,2,3,3,3]", "f32[2,2,2,2,2]", "strides = [2, 2, 2]", "f32[1,2,6,6,6]", 0},
+  };
+  int k = 0;
+  for (const C& c : cases) {
+    const std::string text = fmt::format(R"(graph main(%x: {}) {{
+  %w = const dense<{}> [0.5]
+  %b = const dense<f32[{}]> [0.5]
+  %t = ConvTranspose(%x, %w{}) {{{}}} : {}
+  %y = Relu(%t) : {}
+  return %y
+}})",
+                                         c.x, c.w, std::max(c.c_out, 1), c.c_out ? ", %b" : "", c.attrs, c.y, c.y);
+    Result r = run_both(text, 530 + k++);
+    ASSERT_EQ(primitives(r.cp, CpuStepKind::kDeconv), 1u) << text;
+    for (const CpuStep& s : r.cp.steps) {
+      if (s.kind == CpuStepKind::kDeconv) {
+        EXPECT_EQ(s.post.size(), 1u) << text;
+      }
+    }
+    expect_close(r, text, 2e-4f, 2e-4f);
+  }
+}
+
 // An intermediate read twice, or a graph output, is not absorbed; a value a host step reads stays
 // row-major.
 TEST(FastCpu, FusionStopsWhereAValueIsShared) {

@@ -24,6 +24,7 @@ std::string_view cpu_step_kind_name(CpuStepKind k) {
     case CpuStepKind::kBatchMatMul: return "batch matmul";
     case CpuStepKind::kConcat: return "concat";
     case CpuStepKind::kBatchNorm: return "batch norm";
+    case CpuStepKind::kDeconv: return "deconv";
   }
   return "?";
 }
@@ -126,6 +127,25 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
     }
     if (od != y && count != 1 && !per_channel) return std::nullopt;
     return CpuStepKind::kBinary;
+  }
+  if (n.op == OpKind::kConvTranspose) {
+    // Explicit pads (no auto_pad, no output_shape); oneDNN's end padding is the node's less its
+    // output_padding, which may go below 0 by less than a stride (ONNX's own bound on output_padding).
+    if (r < 3 || r > 5 || n.inputs.size() < 2 || !f32_constant(n.inputs[1]) || n.inputs[1]->constant->rank() != r) {
+      return std::nullopt;
+    }
+    if (n.inputs.size() > 2 && n.inputs[2] && !f32_constant(n.inputs[2])) return std::nullopt;
+    if (n.attr_string("auto_pad", "NOTSET") != "NOTSET" || !n.attr_ints("output_shape").empty()) return std::nullopt;
+    const size_t sp = r - 2;
+    const std::vector<int64_t> xd = dims_of(x), yd = dims_of(n.outputs[0]), wd = n.inputs[1]->constant->dims();
+    const std::vector<int64_t> st = n.attr_ints("strides", std::vector<int64_t>(sp, 1)),
+                               dil = n.attr_ints("dilations", std::vector<int64_t>(sp, 1)),
+                               pads = n.attr_ints("pads", std::vector<int64_t>(2 * sp, 0));
+    if (st.size() != sp || dil.size() != sp || pads.size() != 2 * sp) return std::nullopt;
+    for (size_t i = 0; i < sp; ++i) {
+      if ((xd[2 + i] - 1) * st[i] + (wd[2 + i] - 1) * dil[i] + 1 - pads[i] - yd[2 + i] < 1 - st[i]) return std::nullopt;
+    }
+    return CpuStepKind::kDeconv;
   }
   if (n.op == OpKind::kBatchNormalization) {
     // Inference with constant f32 scale, bias, mean and variance of one per channel; no statistics out.
@@ -315,7 +335,7 @@ Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
     group_of[st.index] = int64_t(groups.size());
     const bool batch_norm = *kind == CpuStepKind::kBatchNorm;
     const bool epilogue = *kind == CpuStepKind::kConv || *kind == CpuStepKind::kMatMul || *kind == CpuStepKind::kPool ||
-                          *kind == CpuStepKind::kBinary || batch_norm;
+                          *kind == CpuStepKind::kBinary || *kind == CpuStepKind::kDeconv || batch_norm;
     while (epilogue) {
       // A batch norm takes one Relu (its fuse-relu flag), nothing else.
       if (batch_norm) {
@@ -417,7 +437,8 @@ Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
     }
     const bool binary = s.kind == CpuStepKind::kBinary;
     const bool takes_library = s.kind == CpuStepKind::kConv || s.kind == CpuStepKind::kPool || binary ||
-                               s.kind == CpuStepKind::kConcat || s.kind == CpuStepKind::kBatchNorm;
+                               s.kind == CpuStepKind::kConcat || s.kind == CpuStepKind::kBatchNorm ||
+                               s.kind == CpuStepKind::kDeconv;
     const bool every_input = s.kind == CpuStepKind::kConcat;
     const size_t src = binary ? binary_src0(*g.nodes[s.index]) : 0;
     for (size_t k = 0; k < s.reads.size(); ++k) {
@@ -431,7 +452,7 @@ Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
   for (CpuStep& s : cp.steps) {
     const bool library_out = s.kind == CpuStepKind::kConv || s.kind == CpuStepKind::kPool ||
                              s.kind == CpuStepKind::kBinary || s.kind == CpuStepKind::kConcat ||
-                             s.kind == CpuStepKind::kBatchNorm;
+                             s.kind == CpuStepKind::kBatchNorm || s.kind == CpuStepKind::kDeconv;
     if (library_out && s.out.kind == ValueRef::Kind::kSlot &&
         !plain_needed[s.out.index]) {
       s.out_layout = CpuLayout::kLibrary;
@@ -493,7 +514,7 @@ Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std
   const uint32_t n = r.count("the step count", 16);
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     CpuStep s;
-    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kBatchNorm)));
+    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kDeconv)));
     s.index = r.get<uint32_t>("a step's index");
     const uint32_t npost = r.get_in<uint32_t>("the post-op count", 0, 64);
     for (uint32_t k = 0; k < npost && r.ok(); ++k) {

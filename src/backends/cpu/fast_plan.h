@@ -40,6 +40,7 @@ enum class CpuStepKind : uint8_t {
   kBatchMatMul,  // MatMul of two computed operands (fp32, batch dims broadcast): attention's Q K^T
   kConcat,       // Concat (fp32, rank 1-6): oneDNN concat, its inputs and result in the library layout
   kBatchNorm,    // BatchNormalization (inference, constant statistics) and a following Relu: oneDNN's
+  kDeconv,       // ConvTranspose (1-3 spatial dims, fp32, constant weight and bias, explicit pads)
 };
 std::string_view cpu_step_kind_name(CpuStepKind k);
 // A kBinary node's input of the output's own dims, which oneDNN reads as src0 (in whatever layout

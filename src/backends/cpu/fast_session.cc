@@ -421,6 +421,39 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
                                                           wany.md, bt ? bplain.md : nullptr, dst_any.md, geo.strides.data(),
                                                           geo.dil.data(), geo.pad_l.data(), geo.pad_r.data(), a);
     };
+  } else if (s.kind == CpuStepKind::kDeconv) {
+    // ONNX's weight is [C_in, C_out / group, k...]; oneDNN's [group, C_out / group, C_in / group, k...]
+    // (no group dim when 1): the same bytes described through strides, reordered once.
+    const Tensor& w = constant(1);
+    wt = &w;
+    const int64_t group = n.attr_int("group", 1);
+    const Dims ws = w.dims();
+    Dims st(ws.size(), 1);
+    for (size_t k = ws.size() - 1; k-- > 0;) st[k] = st[k + 1] * ws[k + 1];
+    Dims wd = {ws[1] * group, ws[0]}, wstr = {st[1], st[0]};
+    if (group > 1) wd = {group, ws[1], ws[0] / group}, wstr = {ws[0] / group * st[0], st[1], st[0]};
+    for (size_t k = 2; k < ws.size(); ++k) {
+      wd.push_back(ws[k]);
+      wstr.push_back(st[k]);
+    }
+    dnnl_memory_desc_t wmd = nullptr;
+    KILN_DNNL(at, d->memory_desc_create_with_strides(&wmd, int(wd.size()), wd.data(), dnnl_f32, wstr.data()));
+    wplain = Md(d, wmd);
+    KILN_ASSIGN_OR_RETURN(wany, make_md(at, wd, dnnl_format_tag_any));
+    if (has_input(2) && is_const(2)) {
+      bt = &constant(2);
+      KILN_ASSIGN_OR_RETURN(bplain, make_md(at, Dims{y[1]}, dnnl_a));
+    }
+    Geometry geo = window(n, x, Dims(ws.begin() + 2, ws.end()), x, false);
+    for (size_t k = 0; k < geo.pad_r.size(); ++k) {  // the end padding that yields y's dims (output_padding)
+      geo.pad_r[k] = (x[2 + k] - 1) * geo.strides[k] + (ws[2 + k] - 1) * (geo.dil[k] + 1) + 1 - geo.pad_l[k] - y[2 + k];
+    }
+    create = [&, geo](dnnl_primitive_desc_t* pd, const_dnnl_memory_desc_t src, const_dnnl_primitive_attr_t a) {
+      return d->deconvolution_forward_primitive_desc_create(pd, engine, dnnl_forward_inference,
+                                                            dnnl_deconvolution_direct, src, wany.md,
+                                                            bt ? bplain.md : nullptr, dst_any.md, geo.strides.data(),
+                                                            geo.dil.data(), geo.pad_l.data(), geo.pad_r.data(), a);
+    };
   } else if (matmul) {
     const Tensor& w = constant(1);
     wt = &w;

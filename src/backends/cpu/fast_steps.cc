@@ -1,0 +1,312 @@
+// The fast CPU runner's steps that are not one primitive with post-ops (fast_session.cc does
+// those): attention as two products and a softmax, LayerNormalization, Transpose as a reorder,
+// batched products of computed operands, Concat and BatchNormalization.
+#include <cmath>
+
+#include "backends/cpu/fast_session_impl.h"
+
+namespace kiln {
+
+#if KILN_HAVE_DNNL
+
+using namespace cpu_detail;
+
+
+// Attention as oneDNN runs it: scores = Q K^T * scale (+ mask) in the step's own buffer, softmax
+// over the keys in place, then scores V. K is read transposed through its strides, not copied.
+Status CpuRunner::Impl::prepare_attention(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  StepRun& run = runs[i];
+  const Node& n = *plan->graph->nodes[s.index];
+  const std::string at = n.describe();
+  const Dims q = static_dims(n.inputs[0]), k = static_dims(n.inputs[1]), v = static_dims(n.inputs[2]);
+  const Dims scores = {q[0], q[1], q[2], k[2]};
+  run.out_dims = static_dims(n.outputs[0]);
+  const float scale = n.attr_float("scale", 1.f / std::sqrt(float(q[3])));
+  KILN_ASSIGN_OR_RETURN(Md q_md, make_md(at, q, dnnl_abcd));
+  KILN_ASSIGN_OR_RETURN(Md s_md, make_md(at, scores, dnnl_abcd));
+  KILN_ASSIGN_OR_RETURN(Md v_md, make_md(at, v, dnnl_abcd));
+  KILN_ASSIGN_OR_RETURN(Md o_md, make_md(at, run.out_dims, dnnl_abcd));
+  dnnl_memory_desc_t kt = nullptr;
+  const Dims kt_dims = {k[0], k[1], k[3], k[2]}, kt_strides = {k[1] * k[2] * k[3], k[2] * k[3], 1, k[3]};
+  KILN_DNNL(at, d->memory_desc_create_with_strides(&kt, 4, kt_dims.data(), dnnl_f32, kt_strides.data()));
+  Md kt_md(d, kt);
+
+  Md mask_md;
+  const bool mask = s.reads.size() > 3 && s.reads[3].kind != ValueRef::Kind::kNone;
+  if (mask) {
+    Dims md = static_dims(n.inputs[3]);
+    md.insert(md.begin(), 4 - md.size(), 1);
+    KILN_ASSIGN_OR_RETURN(mask_md, make_md(at, md, dnnl_abcd));
+  }
+  // The scale, and the mask as a post-op of the product unless `separate_mask`.
+  auto make_attr = [&](Attr& attrs, bool separate_mask) -> Status {
+    KILN_RETURN_IF_ERROR(attrs.create(at));
+    KILN_DNNL(at, d->post_ops_append_eltwise(attrs.po, dnnl_eltwise_linear, scale, 0.f));
+    if (mask && !separate_mask) KILN_DNNL(at, d->post_ops_append_binary(attrs.po, dnnl_binary_add, mask_md.md));
+    KILN_DNNL(at, d->primitive_attr_set_post_ops(attrs.attr, attrs.po));
+    return Status::ok();
+  };
+  Attr fused(d), bare(d);
+  KILN_RETURN_IF_ERROR(make_attr(fused, false));
+  dnnl_primitive_attr_t attr = fused.attr;
+  // A mask broadcast in a way the product's post-op kernels do not take (Swin's windows: [1, heads,
+  // L, L] over windows x heads) sends the GEMM to oneDNN's reference loops, 100x slower; then the
+  // mask is added by a binary step of its own between the product and the softmax.
+  bool separate_mask = false;
+  if (mask) {
+    dnnl_primitive_desc_t probe = nullptr;
+    KILN_DNNL(at, d->matmul_primitive_desc_create(&probe, engine, q_md.md, kt_md.md, nullptr, s_md.md, attr));
+    separate_mask = std::string_view(impl_name(d, probe)).starts_with("ref");
+    d->primitive_desc_destroy(probe);
+    if (separate_mask) {
+      KILN_RETURN_IF_ERROR(make_attr(bare, true));
+      attr = bare.attr;
+    }
+  }
+
+  auto make = [&](auto&& create) -> Expected<dnnl_primitive_t> {
+    dnnl_primitive_desc_t pd = nullptr;
+    KILN_DNNL(at, create(&pd));
+    if (impls[i].empty()) impls[i] = fmt::format("oneDNN {}", impl_name(d, pd));
+    auto p = primitive(at, pd);
+    d->primitive_desc_destroy(pd);
+    return p;
+  };
+  run.scratch.resize(d->memory_desc_get_size(s_md.md));
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t s_mem, memory(at, s_md.md, run.scratch.p.get()));
+  // scores = Q K^T (scaled, masked)
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t q_mem, memory(at, q_md.md));
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t k_mem, memory(at, kt_md.md));
+  auto qk = [&](dnnl_primitive_desc_t* pd) {
+    return d->matmul_primitive_desc_create(pd, engine, q_md.md, kt_md.md, nullptr, s_md.md, attr);
+  };
+  KILN_ASSIGN_OR_RETURN(run.main.p, make(qk));
+  run.main.args = {{DNNL_ARG_SRC, q_mem}, {DNNL_ARG_WEIGHTS, k_mem}, {DNNL_ARG_DST, s_mem}};
+  run.bind = {{q_mem, 0}, {k_mem, 1}};
+  if (mask) {
+    KILN_ASSIGN_OR_RETURN(dnnl_memory_t m_mem, memory(at, mask_md.md));
+    run.bind.push_back({m_mem, 3});
+    if (separate_mask) {  // scores += mask, in place
+      Prim add;
+      auto binary = [&](dnnl_primitive_desc_t* pd) {
+        return d->binary_primitive_desc_create(pd, engine, dnnl_binary_add, s_md.md, mask_md.md, s_md.md, nullptr);
+      };
+      KILN_ASSIGN_OR_RETURN(add.p, make(binary));
+      add.args = {{DNNL_ARG_SRC_0, s_mem}, {DNNL_ARG_SRC_1, m_mem}, {DNNL_ARG_DST, s_mem}};
+      run.after.push_back(add);
+    } else {
+      run.main.args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(1) | DNNL_ARG_SRC_1, m_mem});
+    }
+  }
+  // softmax over the keys, in place
+  Prim sm;
+  auto softmax = [&](dnnl_primitive_desc_t* pd) {
+    return d->softmax_forward_primitive_desc_create(pd, engine, dnnl_forward_inference, dnnl_softmax_accurate, s_md.md,
+                                                    s_md.md, 3, nullptr);
+  };
+  KILN_ASSIGN_OR_RETURN(sm.p, make(softmax));
+  sm.args = {{DNNL_ARG_SRC, s_mem}, {DNNL_ARG_DST, s_mem}};
+  run.after.push_back(sm);
+  // out = scores V
+  Prim pv;
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t v_mem, memory(at, v_md.md));
+  KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, o_md.md));
+  auto sv = [&](dnnl_primitive_desc_t* pd) {
+    return d->matmul_primitive_desc_create(pd, engine, s_md.md, v_md.md, nullptr, o_md.md, nullptr);
+  };
+  KILN_ASSIGN_OR_RETURN(pv.p, make(sv));
+  pv.args = {{DNNL_ARG_SRC, s_mem}, {DNNL_ARG_WEIGHTS, v_mem}, {DNNL_ARG_DST, run.dst_mem}};
+  run.bind.push_back({v_mem, 2});
+  run.after.push_back(pv);
+  return Status::ok();
+}
+
+// LayerNormalization over the last axis, scale and bias bound once.
+Status CpuRunner::Impl::prepare_norm(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  StepRun& run = runs[i];
+  const Node& n = *plan->graph->nodes[s.index];
+  const std::string at = n.describe();
+  const Dims x = static_dims(n.inputs[0]);
+  run.out_dims = x;
+  KILN_ASSIGN_OR_RETURN(Md x_md, make_md(at, x, plain_tag(x.size())));
+  KILN_ASSIGN_OR_RETURN(Md c_md, make_md(at, Dims{x.back()}, dnnl_a));
+  const bool shift = s.reads.size() > 2 && s.reads[2].kind == ValueRef::Kind::kConstant;
+  dnnl_primitive_desc_t pd = nullptr;
+  KILN_DNNL(at, d->layer_normalization_forward_primitive_desc_create(
+                    &pd, engine, dnnl_forward_inference, x_md.md, x_md.md, nullptr, n.attr_float("epsilon", 1e-5f),
+                    unsigned(dnnl_use_scale) | (shift ? unsigned(dnnl_use_shift) : 0u), nullptr));
+  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd));
+  auto p = primitive(at, pd);
+  d->primitive_desc_destroy(pd);
+  if (!p) return p.status();
+  run.main.p = *p;
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t x_mem, memory(at, x_md.md));
+  KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, x_md.md));
+  auto constant = [&](size_t k) { return const_cast<void*>(plan->constants[s.reads[k].index]->constant->raw()); };
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t scale_mem, memory(at, c_md.md, constant(1)));
+  run.main.args = {{DNNL_ARG_SRC, x_mem}, {DNNL_ARG_DST, run.dst_mem}, {DNNL_ARG_SCALE, scale_mem}};
+  if (shift) {
+    KILN_ASSIGN_OR_RETURN(dnnl_memory_t shift_mem, memory(at, c_md.md, constant(2)));
+    run.main.args.push_back({DNNL_ARG_SHIFT, shift_mem});
+  }
+  run.bind = {{x_mem, 0}};
+  return Status::ok();
+}
+
+// Transpose as a reorder: the source row-major, the destination the same dims laid out so that
+// memory holds the permuted tensor row-major (input dim perm[j] takes output dim j's stride).
+Status CpuRunner::Impl::prepare_transpose(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  StepRun& run = runs[i];
+  const Node& n = *plan->graph->nodes[s.index];
+  const std::string at = n.describe();
+  const Dims x = static_dims(n.inputs[0]);
+  run.out_dims = static_dims(n.outputs[0]);
+  Dims perm = n.attr_ints("perm");
+  if (perm.empty()) {
+    for (size_t k = x.size(); k-- > 0;) perm.push_back(int64_t(k));
+  }
+  Dims out_strides(x.size(), 1), strides(x.size(), 0);
+  for (size_t k = x.size() - 1; k-- > 0;) out_strides[k] = out_strides[k + 1] * run.out_dims[k + 1];
+  for (size_t j = 0; j < perm.size(); ++j) strides[size_t(perm[j])] = out_strides[j];
+  KILN_ASSIGN_OR_RETURN(Md src, make_md(at, x, plain_tag(x.size())));
+  dnnl_memory_desc_t dst = nullptr;
+  KILN_DNNL(at, d->memory_desc_create_with_strides(&dst, int(x.size()), x.data(), dnnl_f32, strides.data()));
+  Md dst_md(d, dst);
+  dnnl_memory_t in = nullptr;
+  KILN_ASSIGN_OR_RETURN(run.main, reorder(at, src.md, dst_md.md, &in, &run.dst_mem));
+  run.bind = {{in, 0}};
+  impls[i] = "oneDNN reorder";
+  return Status::ok();
+}
+
+// MatMul of two computed row-major operands, their dims right-aligned to one rank (oneDNN
+// broadcasts batch dims of 1).
+Status CpuRunner::Impl::prepare_batch_matmul(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  StepRun& run = runs[i];
+  const Node& n = *plan->graph->nodes[s.index];
+  const std::string at = n.describe();
+  Dims a = static_dims(n.inputs[0]), b = static_dims(n.inputs[1]);
+  run.out_dims = static_dims(n.outputs[0]);
+  const size_t r = run.out_dims.size();
+  a.insert(a.begin(), r - a.size(), 1);
+  b.insert(b.begin(), r - b.size(), 1);
+  KILN_ASSIGN_OR_RETURN(Md a_md, make_md(at, a, plain_tag(r)));
+  KILN_ASSIGN_OR_RETURN(Md b_md, make_md(at, b, plain_tag(r)));
+  KILN_ASSIGN_OR_RETURN(Md c_md, make_md(at, run.out_dims, plain_tag(r)));
+  dnnl_primitive_desc_t pd = nullptr;
+  KILN_DNNL(at, d->matmul_primitive_desc_create(&pd, engine, a_md.md, b_md.md, nullptr, c_md.md, nullptr));
+  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd));
+  auto prim = primitive(at, pd);
+  d->primitive_desc_destroy(pd);
+  KILN_ASSIGN_OR_RETURN(run.main.p, std::move(prim));
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t a_mem, memory(at, a_md.md));
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t b_mem, memory(at, b_md.md));
+  KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, c_md.md));
+  run.main.args = {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, run.dst_mem}};
+  run.bind = {{a_mem, 0}, {b_mem, 1}};
+  return Status::ok();
+}
+
+// Concat: each input read in the layout its producer wrote, the result in the layout oneDNN picks
+// for them when the plan keeps it (else row-major).
+Status CpuRunner::Impl::prepare_concat(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  StepRun& run = runs[i];
+  const Node& n = *plan->graph->nodes[s.index];
+  const std::string at = n.describe();
+  run.out_dims = static_dims(n.outputs[0]);
+  const int64_t rank = int64_t(run.out_dims.size());
+  int64_t axis = n.attr_int("axis", 0);
+  if (axis < 0) axis += rank;
+  std::deque<Md> plain;
+  std::vector<const_dnnl_memory_desc_t> srcs;
+  for (size_t k = 0; k < n.inputs.size(); ++k) {
+    const ValueRef& r = s.reads[k];
+    if (r.kind == ValueRef::Kind::kSlot && slot_md[r.index]) {
+      srcs.push_back(*slot_md[r.index]);
+      continue;
+    }
+    const Dims x = static_dims(n.inputs[k]);
+    KILN_ASSIGN_OR_RETURN(Md m, make_md(at, x, plain_tag(x.size())));
+    plain.push_back(std::move(m));
+    srcs.push_back(plain.back().md);
+  }
+  const bool library = s.out_layout == CpuLayout::kLibrary;
+  KILN_ASSIGN_OR_RETURN(Md dst, make_md(at, run.out_dims, library ? dnnl_format_tag_any : plain_tag(size_t(rank))));
+  dnnl_primitive_desc_t raw = nullptr;
+  KILN_DNNL(at, d->concat_primitive_desc_create(&raw, engine, dst.md, int(srcs.size()), int(axis), srcs.data(), nullptr));
+  std::unique_ptr<std::remove_pointer_t<dnnl_primitive_desc_t>, std::function<void(dnnl_primitive_desc_t)>> pd(
+      raw, [this](dnnl_primitive_desc_t p) { d->primitive_desc_destroy(p); });
+  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd.get()));
+  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd.get()));
+  const_dnnl_memory_desc_t got = d->primitive_desc_query_md(pd.get(), dnnl_query_dst_md, 0);
+  KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, got));
+  if (library) {  // later steps read this descriptor
+    dnnl_memory_desc_t keep = nullptr;
+    KILN_DNNL(at, d->memory_desc_clone(&keep, got));
+    mds.emplace_back(d, keep);
+    slot_md[s.out.index] = &mds.back().md;
+    run.out_bytes = d->memory_desc_get_size(got);
+  }
+  for (size_t k = 0; k < srcs.size(); ++k) {
+    KILN_ASSIGN_OR_RETURN(dnnl_memory_t m, memory(at, srcs[k]));
+    run.main.args.push_back({DNNL_ARG_MULTIPLE_SRC + int(k), m});
+    run.bind.push_back({m, k});
+  }
+  run.main.args.push_back({DNNL_ARG_DST, run.dst_mem});
+  return Status::ok();
+}
+
+// BatchNormalization with the constant statistics (and a Relu as oneDNN's fuse-relu flag): the
+// result in the source's layout, reordered to row-major when the plan needs that.
+Status CpuRunner::Impl::prepare_batch_norm(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  StepRun& run = runs[i];
+  const Node& n = *plan->graph->nodes[s.index];
+  const std::string at = n.describe();
+  const Dims x = static_dims(n.inputs[0]);
+  run.out_dims = x;
+  KILN_ASSIGN_OR_RETURN(Md plain, make_md(at, x, plain_tag(x.size())));
+  const_dnnl_memory_desc_t src = s.reads[0].kind == ValueRef::Kind::kSlot && slot_md[s.reads[0].index]
+                                     ? *slot_md[s.reads[0].index]
+                                     : plain.md;
+  unsigned flags = dnnl_use_global_stats | dnnl_use_scale | dnnl_use_shift;
+  if (!s.post.empty()) flags |= dnnl_fuse_norm_relu;  // the plan allows only a Relu
+  dnnl_primitive_desc_t raw = nullptr;
+  KILN_DNNL(at, d->batch_normalization_forward_primitive_desc_create(&raw, engine, dnnl_forward_inference, src, src,
+                                                                     n.attr_float("epsilon", 1e-5f), flags, nullptr));
+  std::unique_ptr<std::remove_pointer_t<dnnl_primitive_desc_t>, std::function<void(dnnl_primitive_desc_t)>> pd(
+      raw, [this](dnnl_primitive_desc_t p) { d->primitive_desc_destroy(p); });
+  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd.get()));
+  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd.get()));
+  KILN_ASSIGN_OR_RETURN(run.src_mem, memory(at, src));
+  KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, src));
+  run.main.args = {{DNNL_ARG_SRC, run.src_mem}, {DNNL_ARG_DST, run.dst_mem}};
+  run.bind = {{run.src_mem, 0}};
+  KILN_ASSIGN_OR_RETURN(Md channel, make_md(at, Dims{x[1]}, dnnl_a));
+  const int args[] = {DNNL_ARG_SCALE, DNNL_ARG_SHIFT, DNNL_ARG_MEAN, DNNL_ARG_VARIANCE};
+  for (size_t k = 1; k < 5; ++k) {
+    const Tensor& t = *plan->constants[s.reads[k].index]->constant;
+    KILN_ASSIGN_OR_RETURN(dnnl_memory_t m, memory(at, channel.md, const_cast<void*>(t.raw())));
+    run.main.args.push_back({args[k - 1], m});
+  }
+  if (s.out_layout == CpuLayout::kLibrary) {
+    dnnl_memory_desc_t keep = nullptr;
+    KILN_DNNL(at, d->memory_desc_clone(&keep, src));
+    mds.emplace_back(d, keep);
+    slot_md[s.out.index] = &mds.back().md;
+    run.out_bytes = d->memory_desc_get_size(src);
+  } else if (!d->memory_desc_equal(src, plain.md)) {
+    KILN_ASSIGN_OR_RETURN(run.dst_reorder, reorder(at, src, plain.md, &run.dst_reorder_in, &run.dst_user));
+    dst_scratch.resize(d->memory_desc_get_size(src));
+  }
+  return Status::ok();
+}
+
+#endif  // KILN_HAVE_DNNL
+
+}  // namespace kiln

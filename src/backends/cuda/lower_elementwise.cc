@@ -116,6 +116,20 @@ Status lower_unary(Lowering& L, const Node& n) {
   }
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
   const bool int_dt = is_int_dt(x->dt);
+  // SiLU as exporters write it, Mul(x, Sigmoid(x)) with x read by nothing else: one kernel for the
+  // pair (YOLO and EfficientNet have one after nearly every convolution).
+  if (const Node* mul = n.op == OpKind::kSigmoid ? L.only_consumer(n.outputs[0]) : nullptr;
+      mul && mul->op == OpKind::kMul && mul->inputs.size() == 2 && L.readers(n.inputs[0]).size() == 2 &&
+      is_float_dt(x->dt) && !L.fused_into(mul)) {
+    const Value *a = mul->inputs[0], *b = mul->inputs[1], *in = n.inputs[0], *sig = n.outputs[0];
+    if (((a == in && b == sig) || (a == sig && b == in)) && mul->outputs[0]->type.shape &&
+        mul->outputs[0]->type.shape->static_dims() == std::optional(x->dims)) {
+      const DevValue& y = L.define(mul->outputs[0], x->layout);
+      emit_unary(L, &n, "kernel unary Silu (Sigmoid and Mul)", k::Unary::kSilu, x->dt, x->ref, y.ref, y.numel());
+      L.mark_fused(mul, &n);
+      return Status::ok();
+    }
+  }
   // f64: the ops the kernel computes in double (kernels/elementwise.cu, unary_f64).
   static const std::set<k::Unary> kF64 = {k::Unary::kRelu, k::Unary::kSigmoid, k::Unary::kTanh, k::Unary::kExp,
                                           k::Unary::kLog, k::Unary::kSqrt, k::Unary::kReciprocal, k::Unary::kNeg,

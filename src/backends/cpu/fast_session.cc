@@ -324,6 +324,17 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
     if (create(&pd.p, src_have, attrs.attr) != dnnl_success) {
       KILN_DNNL(at, create(&pd.p, src_any.md, attrs.attr));
     }
+    // A convolution handed a row-major source takes oneDNN's im2col GEMM (x64:gemm:jit), several
+    // times slower than its blocked kernels for a depthwise 7x7 or a 3x3 (ConvNeXt, a YOLO neck
+    // behind Slices); the blocked kernel with the source reordered first is taken instead.
+    const bool conv = s.kind == CpuStepKind::kConv || s.kind == CpuStepKind::kDeconv;
+    if (conv && std::string_view(impl_name(d, pd.p)).find("gemm") != std::string_view::npos) {
+      Pd blocked{d};
+      if (create(&blocked.p, src_any.md, attrs.attr) == dnnl_success &&
+          std::string_view(impl_name(d, blocked.p)).find("gemm") == std::string_view::npos && !is_ref(blocked)) {
+        std::swap(pd.p, blocked.p);
+      }
+    }
   }
   // oneDNN falls back to its reference implementation (naive loops, 100x slower or worse) when no
   // fast kernel takes the combination, typically a residual operand in row-major order beside a

@@ -11,7 +11,7 @@ against onnxruntime.
 Writes OUT/zoo.json and OUT/zoo.md after every model (a run cut off keeps what it finished).
 Exit code 0 when every model exported, ran wholly on the device, and passed its check.
 """
-import argparse, datetime, json, os, re, shlex, subprocess, sys, time, traceback
+import argparse, datetime, json, os, re, shlex, sys, time, traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import zoo_models  # noqa: E402
@@ -121,9 +121,9 @@ def kiln_bench(args, arch, eng, batch):
 def kiln_profile(args, arch, eng, batch):
     """kiln bench --profile's per-node table, kept as OUT/<arch>_b<batch>_profile.txt."""
     cmd = [args.kiln, "bench", eng, "--profile", "--top", "30", "--iterations", str(args.iters)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.kiln_timeout)
+    err, out = run_cmd(cmd, args.kiln_timeout)
     with open(os.path.join(args.out, f"{arch.name}_b{batch}_profile.txt"), "w") as f:
-        f.write(p.stdout + p.stderr)
+        f.write(out + (f"\nkiln bench --profile failed: {err}\n" if err else ""))
 
 
 # ---- peers ----------------------------------------------------------------------------------------

@@ -308,15 +308,8 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
                                                       geo.pad_l.data(), geo.pad_r.data(), a);
     };
   }
-  struct Pd {
-    const DnnlLib* d;
-    dnnl_primitive_desc_t p = nullptr;
-    ~Pd() {
-      if (p) d->primitive_desc_destroy(p);
-    }
-  };
   auto is_ref = [&](const Pd& pd) { return std::string_view(impl_name(d, pd.p)).starts_with("ref"); };
-  Pd pd{d};
+  Pd pd(d);
   {
     Attr attrs(d);
     KILN_ASSIGN_OR_RETURN(bool unused, make_attr(attrs, nullptr));
@@ -329,7 +322,7 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
     // behind Slices); the blocked kernel with the source reordered first is taken instead.
     const bool conv = s.kind == CpuStepKind::kConv || s.kind == CpuStepKind::kDeconv;
     if (conv && std::string_view(impl_name(d, pd.p)).find("gemm") != std::string_view::npos) {
-      Pd blocked{d};
+      Pd blocked(d);
       if (create(&blocked.p, src_any.md, attrs.attr) == dnnl_success &&
           std::string_view(impl_name(d, blocked.p)).find("gemm") == std::string_view::npos && !is_ref(blocked)) {
         std::swap(pd.p, blocked.p);
@@ -342,7 +335,7 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
   // this step (a probe without post-ops), row-major full-shape operands reordered into it, and the
   // source in whatever layout the primitive asks for.
   if (is_ref(pd) && !matmul) {
-    Pd probe{d};
+    Pd probe(d);
     Attr bare(d);
     KILN_RETURN_IF_ERROR(bare.create(at));
     if (create(&probe.p, src_any.md, bare.attr) == dnnl_success && !is_ref(probe)) {
@@ -351,7 +344,7 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
       operand_mds.emplace_back(d, full);
       Attr attrs(d);
       KILN_ASSIGN_OR_RETURN(bool reordered, make_attr(attrs, full));
-      Pd retry{d};
+      Pd retry(d);
       if (create(&retry.p, src_any.md, attrs.attr) == dnnl_success && !is_ref(retry)) {
         std::swap(pd.p, retry.p);
       } else if (reordered) {
@@ -411,17 +404,7 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
   const_dnnl_memory_desc_t dst_got = d->primitive_desc_query_md(pd.p, dnnl_query_dst_md, 0);
   KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, dst_got));
   run.main.args.push_back({DNNL_ARG_DST, run.dst_mem});
-  if (s.out_layout == CpuLayout::kLibrary) {
-    dnnl_memory_desc_t keep = nullptr;
-    KILN_DNNL(at, d->memory_desc_clone(&keep, dst_got));
-    mds.emplace_back(d, keep);
-    slot_md[s.out.index] = &mds.back().md;
-    run.out_bytes = d->memory_desc_get_size(dst_got);
-  } else if (!d->memory_desc_equal(dst_got, dst_plain.md)) {
-    KILN_ASSIGN_OR_RETURN(run.dst_reorder, reorder(at, dst_got, dst_plain.md, &run.dst_reorder_in, &run.dst_user));
-    dst_scratch.resize(d->memory_desc_get_size(dst_got));
-  }
-  return Status::ok();
+  return place_result(at, s, run, dst_got, dst_plain.md);
 }
 
 namespace {

@@ -94,6 +94,18 @@ struct Prim {
   std::vector<std::pair<int, dnnl_memory_t>> args;  // (DNNL_ARG_*, memory)
 };
 
+// Owns a primitive descriptor.
+struct Pd {
+  const DnnlLib* d;
+  dnnl_primitive_desc_t p = nullptr;
+  explicit Pd(const DnnlLib* lib) : d(lib) {}
+  Pd(const Pd&) = delete;
+  Pd& operator=(const Pd&) = delete;
+  ~Pd() {
+    if (p) d->primitive_desc_destroy(p);
+  }
+};
+
 inline const char* impl_name(const DnnlLib* d, const_dnnl_primitive_desc_t pd) {
   const char* s = nullptr;
   if (d->primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &s) != dnnl_success || !s) return "?";
@@ -113,6 +125,7 @@ using cpu_detail::Attr;
 using cpu_detail::Buffer;
 using cpu_detail::Dims;
 using cpu_detail::Md;
+using cpu_detail::Pd;
 using cpu_detail::Prim;
 
 struct CpuRunner::Impl {
@@ -206,6 +219,23 @@ struct CpuRunner::Impl {
     KILN_DNNL(at, d->stream_wait(stream));
     weights.push_back(std::move(b));
     return out;
+  }
+
+  // Where step s's result, written by its primitive in layout `got`, goes: kept in that layout for
+  // later steps when the plan says kLibrary, else reordered to `plain` after the step if different.
+  Status place_result(const std::string& at, const CpuStep& s, StepRun& run, const_dnnl_memory_desc_t got,
+                      const_dnnl_memory_desc_t plain) {
+    if (s.out_layout == CpuLayout::kLibrary) {
+      dnnl_memory_desc_t keep = nullptr;
+      KILN_DNNL(at, d->memory_desc_clone(&keep, got));
+      mds.emplace_back(d, keep);
+      slot_md[s.out.index] = &mds.back().md;
+      run.out_bytes = d->memory_desc_get_size(got);
+    } else if (!d->memory_desc_equal(got, plain)) {
+      KILN_ASSIGN_OR_RETURN(run.dst_reorder, reorder(at, got, plain, &run.dst_reorder_in, &run.dst_user));
+      dst_scratch.resize(d->memory_desc_get_size(got));
+    }
+    return Status::ok();
   }
 
   Status prepare();

@@ -11,7 +11,6 @@ namespace kiln {
 
 using namespace cpu_detail;
 
-
 // Attention as oneDNN runs it: scores = Q K^T * scale (+ mask) in the step's own buffer, softmax
 // over the keys in place, then scores V. K is read transposed through its strides, not copied.
 Status CpuRunner::Impl::prepare_attention(size_t i) {
@@ -55,10 +54,9 @@ Status CpuRunner::Impl::prepare_attention(size_t i) {
   // mask is added by a binary step of its own between the product and the softmax.
   bool separate_mask = false;
   if (mask) {
-    dnnl_primitive_desc_t probe = nullptr;
-    KILN_DNNL(at, d->matmul_primitive_desc_create(&probe, engine, q_md.md, kt_md.md, nullptr, s_md.md, attr));
-    separate_mask = std::string_view(impl_name(d, probe)).starts_with("ref");
-    d->primitive_desc_destroy(probe);
+    Pd probe(d);
+    KILN_DNNL(at, d->matmul_primitive_desc_create(&probe.p, engine, q_md.md, kt_md.md, nullptr, s_md.md, attr));
+    separate_mask = std::string_view(impl_name(d, probe.p)).starts_with("ref");
     if (separate_mask) {
       KILN_RETURN_IF_ERROR(make_attr(bare, true));
       attr = bare.attr;
@@ -197,12 +195,10 @@ Status CpuRunner::Impl::prepare_batch_matmul(size_t i) {
   KILN_ASSIGN_OR_RETURN(Md a_md, make_md(at, a, plain_tag(r)));
   KILN_ASSIGN_OR_RETURN(Md b_md, make_md(at, b, plain_tag(r)));
   KILN_ASSIGN_OR_RETURN(Md c_md, make_md(at, run.out_dims, plain_tag(r)));
-  dnnl_primitive_desc_t pd = nullptr;
-  KILN_DNNL(at, d->matmul_primitive_desc_create(&pd, engine, a_md.md, b_md.md, nullptr, c_md.md, nullptr));
-  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd));
-  auto prim = primitive(at, pd);
-  d->primitive_desc_destroy(pd);
-  KILN_ASSIGN_OR_RETURN(run.main.p, std::move(prim));
+  Pd pd(d);
+  KILN_DNNL(at, d->matmul_primitive_desc_create(&pd.p, engine, a_md.md, b_md.md, nullptr, c_md.md, nullptr));
+  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd.p));
+  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd.p));
   KILN_ASSIGN_OR_RETURN(dnnl_memory_t a_mem, memory(at, a_md.md));
   KILN_ASSIGN_OR_RETURN(dnnl_memory_t b_mem, memory(at, b_md.md));
   KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, c_md.md));
@@ -237,21 +233,13 @@ Status CpuRunner::Impl::prepare_concat(size_t i) {
   }
   const bool library = s.out_layout == CpuLayout::kLibrary;
   KILN_ASSIGN_OR_RETURN(Md dst, make_md(at, run.out_dims, library ? dnnl_format_tag_any : plain_tag(size_t(rank))));
-  dnnl_primitive_desc_t raw = nullptr;
-  KILN_DNNL(at, d->concat_primitive_desc_create(&raw, engine, dst.md, int(srcs.size()), int(axis), srcs.data(), nullptr));
-  std::unique_ptr<std::remove_pointer_t<dnnl_primitive_desc_t>, std::function<void(dnnl_primitive_desc_t)>> pd(
-      raw, [this](dnnl_primitive_desc_t p) { d->primitive_desc_destroy(p); });
-  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd.get()));
-  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd.get()));
-  const_dnnl_memory_desc_t got = d->primitive_desc_query_md(pd.get(), dnnl_query_dst_md, 0);
+  Pd pd(d);
+  KILN_DNNL(at, d->concat_primitive_desc_create(&pd.p, engine, dst.md, int(srcs.size()), int(axis), srcs.data(), nullptr));
+  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd.p));
+  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd.p));
+  const_dnnl_memory_desc_t got = d->primitive_desc_query_md(pd.p, dnnl_query_dst_md, 0);
   KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, got));
-  if (library) {  // later steps read this descriptor
-    dnnl_memory_desc_t keep = nullptr;
-    KILN_DNNL(at, d->memory_desc_clone(&keep, got));
-    mds.emplace_back(d, keep);
-    slot_md[s.out.index] = &mds.back().md;
-    run.out_bytes = d->memory_desc_get_size(got);
-  }
+  KILN_RETURN_IF_ERROR(place_result(at, s, run, got, dst.md));  // row-major was asked for unless kept
   for (size_t k = 0; k < srcs.size(); ++k) {
     KILN_ASSIGN_OR_RETURN(dnnl_memory_t m, memory(at, srcs[k]));
     run.main.args.push_back({DNNL_ARG_MULTIPLE_SRC + int(k), m});
@@ -276,13 +264,11 @@ Status CpuRunner::Impl::prepare_batch_norm(size_t i) {
                                      : plain.md;
   unsigned flags = dnnl_use_global_stats | dnnl_use_scale | dnnl_use_shift;
   if (!s.post.empty()) flags |= dnnl_fuse_norm_relu;  // the plan allows only a Relu
-  dnnl_primitive_desc_t raw = nullptr;
-  KILN_DNNL(at, d->batch_normalization_forward_primitive_desc_create(&raw, engine, dnnl_forward_inference, src, src,
+  Pd pd(d);
+  KILN_DNNL(at, d->batch_normalization_forward_primitive_desc_create(&pd.p, engine, dnnl_forward_inference, src, src,
                                                                      n.attr_float("epsilon", 1e-5f), flags, nullptr));
-  std::unique_ptr<std::remove_pointer_t<dnnl_primitive_desc_t>, std::function<void(dnnl_primitive_desc_t)>> pd(
-      raw, [this](dnnl_primitive_desc_t p) { d->primitive_desc_destroy(p); });
-  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd.get()));
-  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd.get()));
+  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd.p));
+  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd.p));
   KILN_ASSIGN_OR_RETURN(run.src_mem, memory(at, src));
   KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, src));
   run.main.args = {{DNNL_ARG_SRC, run.src_mem}, {DNNL_ARG_DST, run.dst_mem}};
@@ -294,17 +280,7 @@ Status CpuRunner::Impl::prepare_batch_norm(size_t i) {
     KILN_ASSIGN_OR_RETURN(dnnl_memory_t m, memory(at, channel.md, const_cast<void*>(t.raw())));
     run.main.args.push_back({args[k - 1], m});
   }
-  if (s.out_layout == CpuLayout::kLibrary) {
-    dnnl_memory_desc_t keep = nullptr;
-    KILN_DNNL(at, d->memory_desc_clone(&keep, src));
-    mds.emplace_back(d, keep);
-    slot_md[s.out.index] = &mds.back().md;
-    run.out_bytes = d->memory_desc_get_size(src);
-  } else if (!d->memory_desc_equal(src, plain.md)) {
-    KILN_ASSIGN_OR_RETURN(run.dst_reorder, reorder(at, src, plain.md, &run.dst_reorder_in, &run.dst_user));
-    dst_scratch.resize(d->memory_desc_get_size(src));
-  }
-  return Status::ok();
+  return place_result(at, s, run, src, plain.md);
 }
 
 #endif  // KILN_HAVE_DNNL

@@ -94,6 +94,14 @@ Status lower_view(Lowering& L, const Node& n) {
   return Status::ok();
 }
 
+// Whether strides a and b address the same bytes over dims (a dim of 1's stride never matters).
+bool same_strides(const std::vector<int64_t>& dims, const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] != 1 && a[i] != b[i]) return false;
+  }
+  return true;
+}
+
 Status lower_transpose(Lowering& L, const Node& n) {
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
   KILN_RETURN_IF_ERROR(check_rank(x->dims));
@@ -114,10 +122,7 @@ Status lower_transpose(Lowering& L, const Node& n) {
     if (lay == Layout::kNHWC && (dims.size() != 4 || dims[2] * dims[3] == 1)) continue;
     view.layout = lay;
     view.dims = dims;
-    const std::vector<int64_t> want = view.strides();
-    bool same = true;
-    for (size_t i = 0; i < dims.size(); ++i) same = same && (dims[i] == 1 || ss[i] == want[i]);
-    if (same) {
+    if (same_strides(dims, ss, view.strides())) {
       L.define_alias(n.outputs[0], view);
       return Status::ok();
     }
@@ -198,10 +203,8 @@ Status lower_concat(Lowering& L, const Node& n) {
     if (d->numel() > 0) {
       DevValue as_y = *d;
       as_y.layout = y.layout;
-      bool same = true;  // d's bytes in y's order: strides agree wherever a dim is not 1
-      const std::vector<int64_t> ds = d->strides(), want = as_y.strides();
-      for (size_t i = 0; i < ds.size(); ++i) same = same && (d->dims[i] == 1 || ds[i] == want[i]);
-      if (same) {
+      const std::vector<int64_t> ds = d->strides();
+      if (same_strides(d->dims, ds, as_y.strides())) {  // d's bytes in y's order
         ++n_parts;
         put(p, d->ref);
         p.i64(len * inner);

@@ -3,7 +3,8 @@
 # Called by `make demo` and `make test`; does nothing when everything is already present.
 set -euo pipefail
 debs=(cmake g++ make clang libprotobuf-dev protobuf-compiler libcli11-dev nlohmann-json3-dev
-      libfmt-dev libgtest-dev libonnx-testdata libcpp-httplib-dev python3 python3-pip)
+      libfmt-dev libgtest-dev libonnx-testdata libcpp-httplib-dev libgrpc++-dev protobuf-compiler-grpc pkgconf
+      python3 python3-pip)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -27,10 +28,10 @@ if ! $PY -c "import onnxruntime" 2>/dev/null; then
 fi
 # The Python package's build (scikit-build-core, nanobind), its tests (pytest) and the server's
 # (tritonclient, a real KServe v2 client).
-if ! $PY -c "import scikit_build_core, nanobind, pytest, tritonclient.http" 2>/dev/null; then
-  echo "install-deps: installing PyPI packages: scikit-build-core nanobind pytest tritonclient[http]"
-  $PY -m pip install -q scikit-build-core nanobind pytest "tritonclient[http]" 2>/dev/null ||
-    $PY -m pip install -q --break-system-packages scikit-build-core nanobind pytest "tritonclient[http]"
+if ! $PY -c "import scikit_build_core, nanobind, pytest, tritonclient.http, tritonclient.grpc" 2>/dev/null; then
+  echo "install-deps: installing PyPI packages: scikit-build-core nanobind pytest tritonclient[http,grpc]"
+  $PY -m pip install -q scikit-build-core nanobind pytest "tritonclient[http,grpc]" 2>/dev/null ||
+    $PY -m pip install -q --break-system-packages scikit-build-core nanobind pytest "tritonclient[http,grpc]"
 fi
 # CUTLASS 3 headers (Hopper GEMM kernels in src/backends/cuda/kernels_cutlass/gemm_sm90.cu), from NVIDIA's
 # PyPI wheel: only its include/ tree is used, unpacked into third_party/ (not in git).

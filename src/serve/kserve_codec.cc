@@ -119,8 +119,10 @@ void decode_json_data(Input& in, const json& data, int64_t n) {
   }
 }
 
+}  // namespace
+
 // Binary tensor data: raw little-endian elements; BYTES as a 4-byte length before each string.
-void decode_binary(Input& in, const char* p, size_t size, int64_t n) {
+void decode_raw(Input& in, const char* p, size_t size, int64_t n) {
   if (in.info->dtype == DType::kString) {
     size_t at = 0;
     for (int64_t i = 0; i < n; ++i) {
@@ -143,7 +145,27 @@ void decode_binary(Input& in, const char* p, size_t size, int64_t n) {
   in.bytes.assign(p, p + size);
 }
 
-}  // namespace
+Input& bind_input(std::vector<Input>& inputs, const std::vector<TensorInfo>& infos, const std::string& n,
+                  const std::string* datatype, std::vector<int64_t> shape) {
+  size_t k = 0;
+  while (k < infos.size() && infos[k].name != n) ++k;
+  if (k == infos.size()) {
+    std::string names;
+    for (const auto& i : infos) names += (names.empty() ? "'" : ", '") + i.name + "'";
+    throw HttpError{400, "unknown input '" + n + "'; the model's inputs are " + names};
+  }
+  Input& in = inputs[k];
+  if (in.info) throw HttpError{400, "input '" + n + "' is given twice"};
+  in.info = &infos[k];
+  const std::string want = kserve_type(infos[k].dtype).value_or("?");
+  if (!datatype || *datatype != want) {
+    throw HttpError{400, "input '" + n + "': datatype " + (datatype ? "\"" + *datatype + "\"" : std::string("missing")) +
+                             ", the model takes " + want};
+  }
+  in.shape = std::move(shape);
+  in.count = element_count(in.shape, n);
+  return in;
+}
 
 json encode_json_data(const HostTensor& t) {
   json a = json::array();
@@ -214,27 +236,15 @@ std::vector<Input> decode_inputs(const std::string& body, size_t header_len, con
   for (const json& ji : r["inputs"]) {
     if (!ji.is_object() || !ji.contains("name") || !ji["name"].is_string()) throw HttpError{400, "an input has no name"};
     const std::string n = ji["name"].get<std::string>();
-    size_t k = 0;
-    while (k < infos.size() && infos[k].name != n) ++k;
-    if (k == infos.size()) {
-      std::string names;
-      for (const auto& i : infos) names += (names.empty() ? "'" : ", '") + i.name + "'";
-      throw HttpError{400, "unknown input '" + n + "'; the model's inputs are " + names};
-    }
-    Input& in = inputs[k];
-    if (in.info) throw HttpError{400, "input '" + n + "' is given twice"};
-    in.info = &infos[k];
-    const std::string want = kserve_type(infos[k].dtype).value_or("?");
-    if (!ji.contains("datatype") || !ji["datatype"].is_string() || ji["datatype"].get<std::string>() != want) {
-      throw HttpError{400, "input '" + n + "': datatype " + (ji.contains("datatype") ? ji["datatype"].dump() : "missing") +
-                               ", the model takes " + want};
-    }
+    const std::string datatype = ji.contains("datatype") && ji["datatype"].is_string() ? ji["datatype"].get<std::string>() : "";
     if (!ji.contains("shape") || !ji["shape"].is_array()) throw HttpError{400, "input '" + n + "' has no shape"};
+    std::vector<int64_t> shape;
     for (const json& d : ji["shape"]) {
       if (!d.is_number_integer()) throw HttpError{400, "input '" + n + "': shape " + ji["shape"].dump() + " is not integers"};
-      in.shape.push_back(d.get<int64_t>());
+      shape.push_back(d.get<int64_t>());
     }
-    const int64_t count = element_count(in.shape, n);
+    Input& in = bind_input(inputs, infos, n, ji.contains("datatype") ? &datatype : nullptr, std::move(shape));
+    const int64_t count = in.count;
     const json* params = ji.contains("parameters") && ji["parameters"].is_object() ? &ji["parameters"] : nullptr;
     if (params && params->contains("binary_data_size")) {
       const json& s = (*params)["binary_data_size"];
@@ -243,7 +253,7 @@ std::vector<Input> decode_inputs(const std::string& body, size_t header_len, con
                                  std::to_string(body.size() - at) + " bytes left in the request"};
       }
       size_t size = s.get<size_t>();
-      decode_binary(in, body.data() + at, size, count);
+      decode_raw(in, body.data() + at, size, count);
       at += size;
     } else if (ji.contains("data")) {
       decode_json_data(in, ji["data"], count);

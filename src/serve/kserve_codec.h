@@ -30,6 +30,7 @@ struct Input {
   std::vector<int64_t> shape;
   std::vector<unsigned char> bytes;
   std::vector<std::string> strings;
+  int64_t count = 0;  // elements the shape holds
   TensorView view() {
     void* p = info->dtype == DType::kString ? static_cast<void*>(strings.data()) : static_cast<void*>(bytes.data());
     return TensorView{info->dtype, shape, p, false};
@@ -46,6 +47,15 @@ nlohmann::json parse_request(const std::string& body, size_t header_len);
 // must use every byte).
 std::vector<Input> decode_inputs(const std::string& body, size_t header_len, const nlohmann::json& request,
                                  const std::vector<TensorInfo>& infos);
+
+// Binds the request's input `name` to the model's input of that name in `inputs` (infos order),
+// checking that it exists, comes once and has the model's datatype (null: the request gave none);
+// sets its shape and element count.
+Input& bind_input(std::vector<Input>& inputs, const std::vector<TensorInfo>& infos, const std::string& name,
+                  const std::string* datatype, std::vector<int64_t> shape);
+// `size` raw little-endian bytes for `n` elements of the input's dtype (BYTES: a 4-byte length
+// before each string), as the binary extension and gRPC's raw_input_contents carry them.
+void decode_raw(Input& in, const char* p, size_t size, int64_t n);
 
 nlohmann::json encode_json_data(const HostTensor& t);  // flat, row-major
 std::string encode_binary(const HostTensor& t);        // raw elements; BYTES with 4-byte lengths

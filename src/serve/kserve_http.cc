@@ -1,9 +1,11 @@
 #include "serve/kserve_http.h"
 
 #include "serve/kserve_codec.h"
+#include "serve/model_config.h"
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -28,16 +30,6 @@ struct HttpServer::Impl {
   }
   static void fail(httplib::Response& res, const HttpError& e) { reply(res, e.status, {{"error", e.message}}); }
 
-  std::shared_ptr<LoadedModel> model(const std::string& name, const std::string& version) {
-    auto m = repo.get(name);
-    if (!m) throw HttpError{404, "model '" + name + "' is not loaded (`POST /v2/repository/index` lists the repository)"};
-    if (!version.empty() && version != std::to_string(m->version())) {
-      throw HttpError{404, "model '" + name + "' version " + version + " is not loaded (version " +
-                               std::to_string(m->version()) + " is)"};
-    }
-    return m;
-  }
-
   template <typename F>
   static auto guarded(F f) {
     return [f](const httplib::Request& req, httplib::Response& res) {
@@ -53,24 +45,10 @@ struct HttpServer::Impl {
     };
   }
 
-  // Counts the request in the model's metrics: a success when it is answered 200.
-  void counted_infer(const httplib::Request& req, httplib::Response& res, const std::string& name, const std::string& version) {
-    auto m = model(name, version);
-    auto t0 = std::chrono::steady_clock::now();
-    try {
-      infer(req, res, *m);
-    } catch (...) {
-      m->metrics().failure += 1;
-      throw;
-    }
-    m->metrics().success += 1;
-    m->metrics().request_us +=
-        uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
-  }
-
-  void infer(const httplib::Request& req, httplib::Response& res, LoadedModel& mod) {
-    LoadedModel* m = &mod;
-    const std::string& name = mod.name();
+  void infer(const httplib::Request& req, httplib::Response& res) {
+    std::shared_ptr<LoadedModel> m = repo.find(req.matches[1], req.matches[2]);
+    CountedRequest counted(*m);
+    const std::string& name = m->name();
     const std::string& body = req.body;
     const std::string h = req.get_header_value("Inference-Header-Content-Length");
     const size_t header_len = header_length(body, req.has_header("Inference-Header-Content-Length") ? &h : nullptr);
@@ -84,11 +62,15 @@ struct HttpServer::Impl {
       }
       views.push_back(in.view());
     }
-    auto out = m->run(views);
+    // The request's own timeout (microseconds), as Triton's clients send it.
+    uint64_t timeout_us = 0;
+    if (r.contains("parameters") && r["parameters"].is_object() && r["parameters"].contains("timeout")) {
+      const json& t = r["parameters"]["timeout"];
+      if (!t.is_number_unsigned()) throw HttpError{400, "parameter 'timeout' is not a count of microseconds"};
+      timeout_us = t.get<uint64_t>();
+    }
+    auto out = m->infer(views, timeout_us);
     if (!out) throw HttpError{status_of(out.status()), out.status().message()};
-    // Batch rows: the first input's leading dim when the engine leaves it open, else one.
-    const bool batched = !infos.empty() && !infos[0].shape.empty() && infos[0].shape[0] < 0;
-    m->metrics().inferences += batched ? uint64_t(inputs[0].shape[0]) : 1;
 
     const auto& onfo = m->engine().outputs();
     bool all_binary = r.contains("parameters") && r["parameters"].is_object() &&
@@ -123,6 +105,7 @@ struct HttpServer::Impl {
       resp["outputs"].push_back(std::move(jo));
     }
     std::string head = resp.dump();
+    counted.answered();
     if (blobs.empty()) {
       res.set_content(head, "application/json");
       return;
@@ -135,36 +118,42 @@ struct HttpServer::Impl {
     http.Get("/v2/health/live", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
     http.Get("/v2/health/ready", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
     http.Get("/v2", [](const httplib::Request&, httplib::Response& res) {
-      reply(res, 200, {{"name", "kiln"}, {"version", "0.2.0"}, {"extensions", {"binary_tensor_data", "model_repository"}}});
+      reply(res, 200, {{"name", "kiln"}, {"version", KILN_SERVE_VERSION},
+                      {"extensions", {"binary_tensor_data", "model_repository", "model_configuration"}}});
     });
     // /v2/models/{name}[/versions/{v}][/ready|/infer]
     const std::string m = R"(/v2/models/([^/]+)(?:/versions/([0-9]+))?)";
     http.Get(m + "/ready", guarded([this](const httplib::Request& req, httplib::Response& res) {
       try {
-        model(req.matches[1], req.matches[2]);
+        repo.find(req.matches[1], req.matches[2]);
         res.status = 200;
       } catch (const HttpError&) {
         res.status = 400;
       }
     }));
     http.Get(m, guarded([this](const httplib::Request& req, httplib::Response& res) {
-      auto mod = model(req.matches[1], req.matches[2]);
-      json in = json::array(), out = json::array();
+      auto mod = repo.find(req.matches[1], req.matches[2]);
+      json in = json::array(), out = json::array(), versions = json::array();
       for (const auto& t : mod->engine().inputs()) in.push_back(tensor_metadata(t));
       for (const auto& t : mod->engine().outputs()) out.push_back(tensor_metadata(t));
-      reply(res, 200, {{"name", mod->name()}, {"versions", {std::to_string(mod->version())}}, {"platform", "kiln"},
-                       {"inputs", in}, {"outputs", out}});
+      for (int64_t v : repo.loaded_versions(mod->name())) versions.push_back(std::to_string(v));
+      reply(res, 200, {{"name", mod->name()}, {"versions", versions}, {"platform", "kiln"}, {"inputs", in}, {"outputs", out}});
     }));
-    http.Post(m + "/infer", guarded([this](const httplib::Request& req, httplib::Response& res) {
-      counted_infer(req, res, req.matches[1], req.matches[2]);
+    http.Get(m + "/config", guarded([this](const httplib::Request& req, httplib::Response& res) {
+      res.set_content(config_json(repo.find(req.matches[1], req.matches[2])->config()), "application/json");
     }));
+    http.Post(m + "/infer", guarded([this](const httplib::Request& req, httplib::Response& res) { infer(req, res); }));
     http.Post("/v2/repository/index", guarded([this](const httplib::Request&, httplib::Response& res) {
       json a = json::array();
+      // One entry per version on disk: READY when it serves.
       for (const auto& e : repo.index()) {
-        json j = {{"name", e.name}, {"state", e.loaded ? "READY" : "UNAVAILABLE"}};
-        if (e.loaded) j["version"] = std::to_string(e.loaded);
-        if (!e.reason.empty()) j["reason"] = e.reason;
-        a.push_back(j);
+        for (int64_t v : e.versions) {
+          const bool ready = std::find(e.loaded.begin(), e.loaded.end(), v) != e.loaded.end();
+          json j = {{"name", e.name}, {"version", std::to_string(v)}, {"state", ready ? "READY" : "UNAVAILABLE"}};
+          if (!ready && !e.reason.empty()) j["reason"] = e.reason;
+          a.push_back(j);
+        }
+        if (e.versions.empty()) a.push_back({{"name", e.name}, {"state", "UNAVAILABLE"}, {"reason", e.reason}});
       }
       reply(res, 200, a);
     }));

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
+
+#include "model_config.pb.h"
 
 #include "support/status.h"
 
@@ -10,34 +13,19 @@ namespace kiln::serve {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-uint64_t us_since(std::chrono::steady_clock::time_point t) {
-  return uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t).count());
+LoadedModel::LoadedModel(std::string name, int64_t version, Engine engine, std::vector<Session> sessions,
+                         ModelSettings settings)
+    : name_(std::move(name)), version_(version), engine_(std::move(engine)), settings_(std::move(settings)),
+      config_(std::make_unique<inference::ModelConfig>()) {
+  complete_config(settings_, engine_, name_, int(sessions.size()), config_.get());
+  scheduler_ = std::make_unique<Scheduler>(std::move(sessions), settings_, metrics_);
 }
 
-}  // namespace
+LoadedModel::~LoadedModel() = default;
 
-Expected<std::vector<HostTensor>> LoadedModel::run(const std::vector<TensorView>& inputs) {
-  auto t0 = std::chrono::steady_clock::now();
-  Session s = [&] {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !free_.empty(); });
-    Session taken = std::move(free_.back());
-    free_.pop_back();
-    return taken;
-  }();
-  metrics_.queue_us += us_since(t0);
-  auto t1 = std::chrono::steady_clock::now();
-  auto out = s.run(inputs);
-  metrics_.compute_us += us_since(t1);
-  metrics_.executions += 1;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(std::move(s));
-  }
-  cv_.notify_one();
-  return out;
+CountedRequest::~CountedRequest() {
+  (ok_ ? m_.metrics().success : m_.metrics().failure) += 1;
+  m_.metrics().request_us += uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0_).count());
 }
 
 std::vector<int64_t> Repository::versions(const std::string& name) const {
@@ -52,46 +40,59 @@ std::vector<int64_t> Repository::versions(const std::string& name) const {
   return v;
 }
 
-Expected<std::shared_ptr<LoadedModel>> Repository::open(const std::string& name, int64_t version) const {
+Expected<std::shared_ptr<LoadedModel>> Repository::open(const std::string& name, int64_t version,
+                                                       const ModelSettings& settings) const {
   fs::path dir = fs::path(config_.repository) / name / std::to_string(version);
   Expected<Engine> e = [&] {
     if (fs::exists(dir / "model.kiln")) return Engine::load((dir / "model.kiln").string());
     BuildConfig c;
-    c.device = config_.device;
-    c.precision = config_.precision;
+    c.device = settings.device.value_or(config_.device);
+    c.precision = settings.precision.value_or(config_.precision);
     return build((dir / "model.onnx").string(), c);
   }();
   if (!e) return e.status();
+  KILN_RETURN_IF_ERROR(check_settings(settings, *e, name));
   std::vector<Session> sessions;
-  for (int i = 0; i < std::max(1, config_.sessions); ++i) {
+  for (int i = 0; i < std::max(1, settings.instances ? settings.instances : config_.sessions); ++i) {
     KILN_ASSIGN_OR_RETURN(Session s, e->create_session());
     sessions.push_back(std::move(s));
   }
-  return std::make_shared<LoadedModel>(name, version, std::move(*e), std::move(sessions));
+  return std::make_shared<LoadedModel>(name, version, std::move(*e), std::move(sessions), settings);
 }
 
-Status Repository::load(const std::string& name, int64_t version) {
+Status Repository::load(const std::string& name) {
   if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
     return Status(ErrorCode::kInvalidArgument, "'" + name + "' is not a model name");
   }
-  std::vector<int64_t> v = versions(name);
-  if (v.empty()) {
-    return Status(ErrorCode::kInvalidArgument, "model '" + name + "': no version folder with model.kiln or model.onnx in " +
-                                                   (fs::path(config_.repository) / name).string());
-  }
-  if (version <= 0) version = v.back();
-  else if (std::find(v.begin(), v.end(), version) == v.end()) {
-    return Status(ErrorCode::kInvalidArgument, "model '" + name + "' has no version " + std::to_string(version));
-  }
-  auto m = open(name, version);  // outside the lock: the serving version keeps serving meanwhile
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!m) {
-    Status s = m.status().with_context("model '" + name + "' version " + std::to_string(version));
+  const fs::path folder = fs::path(config_.repository) / name;
+  auto fail = [&](Status s) {
+    std::lock_guard<std::mutex> lock(mu_);
     failed_[name] = s.message();
     return s;
+  };
+  std::vector<std::string> warnings;
+  Expected<ModelSettings> settings = read_model_settings(folder.string(), &warnings);
+  for (const std::string& w : warnings) std::fprintf(stderr, "kiln: warning: %s\n", w.c_str());
+  if (!settings) return fail(settings.status().with_context("model '" + name + "'"));
+  const std::vector<int64_t> on_disk = versions(name);
+  if (on_disk.empty()) {
+    return fail(Status(ErrorCode::kInvalidArgument,
+                       "model '" + name + "': no version folder with model.kiln or model.onnx in " + folder.string()));
   }
+  const std::vector<int64_t> wanted = settings->select(on_disk);
+  if (wanted.empty()) {
+    return fail(Status(ErrorCode::kInvalidArgument, "model '" + name + "': its version_policy selects none of the versions on disk"));
+  }
+  // Outside the lock: the serving versions keep serving meanwhile.
+  std::map<int64_t, std::shared_ptr<LoadedModel>> fresh;
+  for (int64_t v : wanted) {
+    auto m = open(name, v, *settings);
+    if (!m) return fail(m.status().with_context("model '" + name + "' version " + std::to_string(v)));
+    fresh[v] = std::move(*m);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
   failed_.erase(name);
-  loaded_[name] = std::move(*m);
+  loaded_[name].swap(fresh);  // the old versions go when their last request is answered
   return Status::ok();
 }
 
@@ -121,20 +122,39 @@ std::vector<std::string> Repository::load_all() {
   return errors;
 }
 
-std::shared_ptr<LoadedModel> Repository::get(const std::string& name) const {
+std::shared_ptr<LoadedModel> Repository::find(const std::string& name, const std::string& version) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = loaded_.find(name);
-  return it == loaded_.end() ? nullptr : it->second;
+  if (it == loaded_.end() || it->second.empty()) {
+    throw HttpError{404, "model '" + name + "' is not loaded (`POST /v2/repository/index` lists the repository)"};
+  }
+  if (version.empty()) return it->second.rbegin()->second;
+  const bool number = version.size() <= 18 && version.find_first_not_of("0123456789") == std::string::npos;
+  auto v = number ? it->second.find(std::stoll(version)) : it->second.end();
+  if (v == it->second.end()) {
+    std::string have;
+    for (const auto& [k, m] : it->second) have += (have.empty() ? "" : ", ") + std::to_string(k);
+    throw HttpError{404, "model '" + name + "' version " + version + " is not loaded (loaded: " + have + ")"};
+  }
+  return v->second;
+}
+
+std::vector<int64_t> Repository::loaded_versions(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int64_t> v;
+  if (auto it = loaded_.find(name); it != loaded_.end()) {
+    for (const auto& [k, m] : it->second) v.push_back(k);
+  }
+  return v;
 }
 
 std::vector<Repository::Entry> Repository::index() const {
   std::vector<Entry> out;
   std::error_code ec;
   const std::vector<std::string> names = model_folders(ec);
-  std::lock_guard<std::mutex> lock(mu_);
   for (const std::string& n : names) {
-    Entry e{n, versions(n), 0, ""};
-    if (auto it = loaded_.find(n); it != loaded_.end()) e.loaded = it->second->version();
+    Entry e{n, versions(n), loaded_versions(n), ""};
+    std::lock_guard<std::mutex> lock(mu_);
     if (auto it = failed_.find(n); it != failed_.end()) e.reason = it->second;
     out.push_back(std::move(e));
   }
@@ -150,8 +170,9 @@ std::string Repository::prometheus() const {
   static const Metric kMetrics[] = {
       {"nv_inference_request_success", "Number of successful inference requests, all batch sizes", &ModelMetrics::success},
       {"nv_inference_request_failure", "Number of failed inference requests, all batch sizes", &ModelMetrics::failure},
-      {"nv_inference_count", "Number of inferences performed (batch rows)", &ModelMetrics::inferences},
-      {"nv_inference_exec_count", "Number of model executions performed", &ModelMetrics::executions},
+      {"nv_inference_count", "Number of inferences performed (batch rows; one per request for unbatched models)",
+       &ModelMetrics::inferences},
+      {"nv_inference_exec_count", "Number of model executions performed (a batch of requests is one)", &ModelMetrics::executions},
       {"nv_inference_request_duration_us", "Cumulative inference request duration in microseconds", &ModelMetrics::request_us},
       {"nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds", &ModelMetrics::queue_us},
       {"nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds",
@@ -161,9 +182,11 @@ std::string Repository::prometheus() const {
   std::string out;
   for (const Metric& m : kMetrics) {
     out += std::string("# HELP ") + m.name + " " + m.help + "\n# TYPE " + m.name + " counter\n";
-    for (const auto& [name, model] : loaded_) {
-      out += std::string(m.name) + "{model=\"" + name + "\",version=\"" + std::to_string(model->version()) + "\"} " +
-             std::to_string((model->metrics().*m.field).load()) + "\n";
+    for (const auto& [name, versions] : loaded_) {
+      for (const auto& [v, model] : versions) {
+        out += std::string(m.name) + "{model=\"" + name + "\",version=\"" + std::to_string(v) + "\"} " +
+               std::to_string((model->metrics().*m.field).load()) + "\n";
+      }
     }
   }
   return out;

@@ -1,11 +1,11 @@
 // The model repository `kiln serve` serves (Triton's layout): DIR/<model>/<version>/model.kiln, or
-// model.onnx built when it loads. Every model's highest version is loaded at start; load() and
-// unload() change that while serving, and a load that fails leaves the serving version in place.
-// A loaded model keeps a pool of sessions; requests take one each (so `sessions` run at once).
+// model.onnx built when it loads, and an optional DIR/<model>/config.pbtxt (serve/model_config.h:
+// version policy, batching, queue policy, instances). At start every model loads the versions its
+// policy selects (the newest one by default); load() and unload() change that while serving, and a
+// load that fails leaves the serving versions in place. Each loaded version runs its requests
+// through a Scheduler (serve/scheduler.h) over its sessions.
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -14,6 +14,12 @@
 #include <vector>
 
 #include "kiln/kiln.h"
+#include "serve/model_config.h"
+#include "serve/scheduler.h"
+
+namespace inference {
+class ModelConfig;
+}
 
 namespace kiln::serve {
 
@@ -21,69 +27,86 @@ struct ServeConfig {
   std::string repository;
   Device device = Device::kAuto;
   Precision precision = Precision::kFp32;  // for model.onnx built at load
-  int sessions = 2;                        // per model: requests that run at once
+  int sessions = 2;                        // per model version, unless its config.pbtxt says
 };
 
-// Triton's per-model counters (its names and meanings, so dashboards built for Triton read them):
-// requests answered and failed, inferences (batch rows) and executions, and cumulative microseconds
-// in the whole request, waiting for a session, and running it.
-struct ModelMetrics {
-  std::atomic<uint64_t> success{0}, failure{0}, inferences{0}, executions{0};
-  std::atomic<uint64_t> request_us{0}, queue_us{0}, compute_us{0};
-};
-
-// A loaded version of a model with its session pool.
+// A loaded version of a model: its engine, settings, metrics and the scheduler over its sessions.
 class LoadedModel {
  public:
-  LoadedModel(std::string name, int64_t version, Engine engine, std::vector<Session> sessions)
-      : name_(std::move(name)), version_(version), engine_(std::move(engine)), free_(std::move(sessions)) {}
+  LoadedModel(std::string name, int64_t version, Engine engine, std::vector<Session> sessions, ModelSettings settings);
+  ~LoadedModel();
   const std::string& name() const { return name_; }
   int64_t version() const { return version_; }
   const Engine& engine() const { return engine_; }
-  // Runs on a free session (waiting for one), counting the wait and the run in metrics().
-  Expected<std::vector<HostTensor>> run(const std::vector<TensorView>& inputs);
+  const ModelSettings& settings() const { return settings_; }
+  const inference::ModelConfig& config() const { return *config_; }
   ModelMetrics& metrics() { return metrics_; }
+  // Runs a request through the scheduler. Throws HttpError as Scheduler::run does; engine errors
+  // come back as the Status.
+  Expected<std::vector<HostTensor>> infer(const std::vector<TensorView>& inputs, uint64_t timeout_us,
+                                          Clock::time_point deadline = Clock::time_point::max()) {
+    return scheduler_->run(inputs, timeout_us, deadline);
+  }
 
  private:
   std::string name_;
   int64_t version_;
   Engine engine_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Session> free_;
+  ModelSettings settings_;
+  std::unique_ptr<inference::ModelConfig> config_;
   ModelMetrics metrics_;
+  std::unique_ptr<Scheduler> scheduler_;  // last: it drains before the rest goes
+};
+
+// Counts one inference request of a model, from its decoding to its answer, when it goes out of
+// scope: a success once answered() was called, else a failure (whatever ended it).
+class CountedRequest {
+ public:
+  explicit CountedRequest(LoadedModel& m) : m_(m), t0_(Clock::now()) {}
+  ~CountedRequest();
+  CountedRequest(const CountedRequest&) = delete;
+  CountedRequest& operator=(const CountedRequest&) = delete;
+  void answered() { ok_ = true; }
+
+ private:
+  LoadedModel& m_;
+  Clock::time_point t0_;
+  bool ok_ = false;
 };
 
 class Repository {
  public:
   explicit Repository(ServeConfig c) : config_(std::move(c)) {}
-  // Loads every model folder's highest version; errors name the folder. A model that fails to load
-  // is reported and left out (the others serve).
+  // Loads every model folder; a model that fails to load is reported (errors name the folder) and
+  // left out, the others serve.
   std::vector<std::string> load_all();
-  // The serving version of `name` (null when none is loaded).
-  std::shared_ptr<LoadedModel> get(const std::string& name) const;
-  // Loads the highest version of `name` (or `version` when > 0); the old one serves until the new
-  // one is ready, and stays when the new one fails.
-  Status load(const std::string& name, int64_t version = 0);
+  // A loaded version of `name`: `version` (empty: the newest loaded). Throws HttpError 404 naming
+  // what is missing.
+  std::shared_ptr<LoadedModel> find(const std::string& name, const std::string& version = "") const;
+  // The loaded versions of `name`, ascending (empty when none).
+  std::vector<int64_t> loaded_versions(const std::string& name) const;
+  // Loads the versions the model's policy selects; the old ones serve until the new ones are ready,
+  // and stay when any of them fails.
+  Status load(const std::string& name);
   Status unload(const std::string& name);
-  // Every model folder: name, versions on disk, the loaded version (0 when none) and its state.
+  // Every model folder: name, versions on disk, the loaded versions and why it is not loaded.
   struct Entry {
     std::string name;
     std::vector<int64_t> versions;
-    int64_t loaded = 0;
-    std::string reason;  // why it is not loaded
+    std::vector<int64_t> loaded;
+    std::string reason;
   };
   std::vector<Entry> index() const;
   // Every loaded model's metrics as Prometheus text (Triton's metric names).
   std::string prometheus() const;
 
  private:
-  Expected<std::shared_ptr<LoadedModel>> open(const std::string& name, int64_t version) const;
+  Expected<std::shared_ptr<LoadedModel>> open(const std::string& name, int64_t version, const ModelSettings& s) const;
   std::vector<int64_t> versions(const std::string& name) const;
   std::vector<std::string> model_folders(std::error_code& ec) const;  // sorted
   ServeConfig config_;
   mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<LoadedModel>> loaded_;
+  std::map<std::string, std::map<int64_t, std::shared_ptr<LoadedModel>>> loaded_;
   std::map<std::string, std::string> failed_;
 };
 

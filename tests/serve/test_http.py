@@ -87,6 +87,8 @@ def server(tmp_path_factory):
     shutil.copy(os.path.join(MODEL_DIR, "model.onnx"), os.path.join(repo, "effnet", "1", "model.onnx"))
     write_mlp(os.path.join(repo, "mlp", "1", "model.onnx"), 1)
     write_mlp(os.path.join(repo, "mlp", "2", "model.onnx"), 2)
+    with open(os.path.join(repo, "mlp", "config.pbtxt"), "w") as f:  # dim 0 is the batch: rows are counted
+        f.write("max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 1000 }\n")
     s = Server(repo)
     s.repo = repo
     yield s
@@ -143,6 +145,20 @@ def test_infer_versions_and_shapes(server):
         np.testing.assert_allclose(c.infer("mlp", [i]).as_numpy("y"), mlp_ref(x, 2), rtol=1e-5, atol=1e-5)
     with pytest.raises(InferenceServerException, match="version 1 is not loaded"):
         c.infer("mlp", [i], model_version="1")
+    with pytest.raises(InferenceServerException, match="batch of 9 is over the model's max_batch_size 8"):
+        big = th.InferInput("x", [9, 4], "FP32")
+        big.set_data_from_numpy(np.zeros((9, 4), np.float32))
+        c.infer("mlp", [big])
+
+
+def test_model_config(server):
+    c = th.InferenceServerClient(server.url)
+    cfg = c.get_model_config("mlp")
+    assert cfg["name"] == "mlp" and cfg["max_batch_size"] == 8
+    assert cfg["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": ["4"]}]  # without the batch dim
+    assert cfg["dynamic_batching"]["max_queue_delay_microseconds"] == "1000"
+    eff = c.get_model_config("effnet")
+    assert "max_batch_size" not in eff and eff["input"][0]["dims"] == ["1", "3", "224", "224"]
 
 
 def test_repository_load_unload(server):
@@ -231,7 +247,7 @@ def test_metrics(server):
         "inference_request_success", "inference_request_failure", "inference_count", "inference_exec_count",
         "inference_compute_infer_duration_us", "inference_request_duration_us")}
     assert delta["inference_request_success"] == 5 and delta["inference_request_failure"] == 1
-    assert delta["inference_count"] == 15  # batch rows: 5 requests of 3
+    assert delta["inference_count"] == 15  # batch rows: 5 requests of 3 (max_batch_size 8)
     assert delta["inference_exec_count"] == 5
     assert 0 < delta["inference_compute_infer_duration_us"] <= delta["inference_request_duration_us"]
     assert after['nv_inference_request_success{model="effnet",version="1"}'] >= 2

@@ -1,11 +1,11 @@
 // kiln-serve (what `kiln serve` runs): `kiln serve --model-repository DIR [--http-port 8000]
-// [--metrics-port 8002] [--device D] [--sessions N]`, the KServe v2 protocol over HTTP (src/serve)
-// and Prometheus metrics. SIGTERM or SIGINT stops accepting
-// connections, answers what is in flight and exits 0.
+// [--grpc-port 8001] [--metrics-port 8002] [--device D] [--sessions N]`, the KServe v2 protocol over
+// HTTP and gRPC (src/serve) and Prometheus metrics. SIGTERM or SIGINT stops accepting connections,
+// answers what is in flight and queued, and exits 0.
 //
-// A binary of its own because Debian's cpp-httplib is a shared library (with OpenSSL and brotli
-// behind it): the kiln CLI stays free of shared libraries beyond the C runtime and CUDA, and execs
-// this one, found beside it, for `kiln serve`.
+// A binary of its own because Debian's cpp-httplib and gRPC are shared libraries (with OpenSSL,
+// brotli and the shared protobuf behind them): the kiln CLI stays free of shared libraries beyond the
+// C runtime and CUDA, and execs this one, found beside it, for `kiln serve`.
 #include <pthread.h>
 #include <signal.h>
 
@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "../kiln/cli.h"
+#include "serve/kserve_grpc.h"
 #include "serve/kserve_http.h"
 
 namespace kiln::cli {
@@ -43,15 +44,20 @@ int serve_main(const ServeOptions& opt) {
   serve::Repository repo(c);
   for (const std::string& e : repo.load_all()) std::fprintf(stderr, "kiln: warning: %s\n", e.c_str());
   for (const auto& e : repo.index()) {
-    if (e.loaded) std::printf("model '%s' version %lld: ready\n", e.name.c_str(), static_cast<long long>(e.loaded));
+    for (int64_t v : e.loaded) std::printf("model '%s' version %lld: ready\n", e.name.c_str(), static_cast<long long>(v));
   }
   serve::HttpServer http(repo);
+  serve::GrpcServer grpc(repo);
+  if (opt.grpc_port && !grpc.start(opt.host + ":" + std::to_string(opt.grpc_port))) {
+    return fail(KILN_ERROR(kIo, "cannot listen for gRPC on {}:{} (in use?)", opt.host, opt.grpc_port));
+  }
   std::thread stopper([&] {
     int sig = 0;
     sigwait(&stop_signals, &sig);
     std::printf("kiln serve: signal %d: stopping (requests in flight finish first)\n", sig);
     std::fflush(stdout);
     http.stop();
+    grpc.stop();
   });
   std::atomic<bool> metrics_done{opt.metrics_port == 0}, metrics_failed{false};
   std::thread metrics;
@@ -61,8 +67,8 @@ int serve_main(const ServeOptions& opt) {
       metrics_done = true;
     });
   }
-  std::printf("kiln serve: KServe v2 HTTP on port %d, metrics on %d (repository %s)\n", opt.http_port, opt.metrics_port,
-              opt.repository.c_str());
+  std::printf("kiln serve: KServe v2 HTTP on port %d, gRPC on %d, metrics on %d (repository %s)\n", opt.http_port,
+              opt.grpc_port, opt.metrics_port, opt.repository.c_str());
   std::fflush(stdout);
   bool ok = http.listen(opt.host, opt.http_port);
   // The metrics server may have started listening after a stop: stop again until it has returned.
@@ -88,14 +94,15 @@ int serve_main(const ServeOptions& opt) {
 
 int main(int argc, char** argv) {
   kiln::cli::ServeOptions serve;
-  CLI::App app{"kiln serve: a model repository over the KServe v2 HTTP protocol (Triton's)"};
+  CLI::App app{"kiln serve: a model repository over the KServe v2 protocol, HTTP and gRPC (Triton's)"};
   app.name("kiln serve");
   app.add_option("--model-repository", serve.repository, "DIR/<model>/<version>/model.kiln or model.onnx")->required();
   app.add_option("--http-port", serve.http_port, "HTTP port")->default_val(8000)->check(CLI::Range(1, 65535));
+  app.add_option("--grpc-port", serve.grpc_port, "gRPC port (0: none)")->default_val(8001)->check(CLI::Range(0, 65535));
   app.add_option("--metrics-port", serve.metrics_port, "Prometheus metrics at /metrics on this port (0: none)")
       ->default_val(8002)->check(CLI::Range(0, 65535));
   app.add_option("--host", serve.host, "address to listen on")->default_val("0.0.0.0");
-  app.add_option("--sessions", serve.sessions, "sessions per model (requests that run at once)")->default_val(2)
+  app.add_option("--sessions", serve.sessions, "sessions per model version (requests that run at once), unless its config.pbtxt has an instance_group")->default_val(2)
       ->check(CLI::Range(1, 1024));
   app.add_option("--device", serve.device, "for model.onnx built at load: auto, cpu or cuda")->default_val("auto");
   app.add_option("--precision", serve.precision, "for model.onnx built at load: fp32, tf32, fp16, bf16")->default_val("fp32");

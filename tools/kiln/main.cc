@@ -233,7 +233,7 @@ int main(int argc, char** argv) {
   pl->add_flag_callback("--bf16", [&eng] { eng.precision = "bf16"; }, "16-bit storage (as a --bf16 build)");
 
   // `kiln serve ...` runs kiln-serve (tools/kiln-serve) from beside this binary; listed here for --help.
-  app.add_subcommand("serve", "serve a model repository over the KServe v2 HTTP protocol (`kiln serve --help`)")
+  app.add_subcommand("serve", "serve a model repository over the KServe v2 protocol, HTTP and gRPC (`kiln serve --help`)")
       ->allow_extras();
   if (argc > 1 && std::string(argv[1]) == "serve") return exec_serve(argc, argv);
 

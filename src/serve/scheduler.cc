@@ -1,0 +1,243 @@
+#include "serve/scheduler.h"
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <string>
+
+namespace kiln::serve {
+
+namespace {
+
+uint64_t us_between(Clock::time_point a, Clock::time_point b) {
+  return b > a ? uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(b - a).count()) : 0;
+}
+
+// Requests whose inputs agree in dtype and in every dim past the batch dim can share a run.
+bool same_past_batch(const std::vector<TensorView>& a, const std::vector<TensorView>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t k = 0; k < a.size(); ++k) {
+    if (a[k].dtype != b[k].dtype || a[k].shape.size() != b[k].shape.size() || a[k].shape.empty()) return false;
+    if (!std::equal(a[k].shape.begin() + 1, a[k].shape.end(), b[k].shape.begin() + 1)) return false;
+  }
+  return true;
+}
+
+// Rows [begin, begin + rows) of a tensor whose dim 0 is the batch, copied into memory of its own.
+HostTensor slice_rows(const HostTensor& t, int64_t begin, int64_t rows) {
+  std::vector<int64_t> shape = t.shape();
+  const int64_t row = shape[0] ? t.numel() / shape[0] : 0;
+  shape[0] = rows;
+  const size_t n = size_t(rows * row);
+  if (t.dtype() == DType::kString) {
+    auto keep = std::make_shared<std::vector<std::string>>(t.data<std::string>() + begin * row,
+                                                           t.data<std::string>() + begin * row + int64_t(n));
+    return HostTensor(t.dtype(), shape, keep, keep->data());
+  }
+  const size_t es = dtype_size(t.dtype());
+  auto keep = std::make_shared<std::vector<unsigned char>>(n * es);
+  if (n) std::memcpy(keep->data(), static_cast<const unsigned char*>(t.raw()) + size_t(begin * row) * es, n * es);
+  return HostTensor(t.dtype(), shape, keep, keep->data());
+}
+
+}  // namespace
+
+struct Scheduler::Pending {
+  const std::vector<TensorView>* inputs = nullptr;
+  int64_t rows = 1;
+  Clock::time_point enqueued;
+  std::condition_variable answered;
+  bool taken = false, done = false;
+  std::optional<Expected<std::vector<HostTensor>>> result;
+};
+
+Scheduler::Scheduler(std::vector<Session> sessions, const ModelSettings& settings, ModelMetrics& metrics)
+    : settings_(settings), metrics_(metrics) {
+  for (Session& s : sessions) workers_.emplace_back([this, s = std::move(s)]() mutable { work(std::move(s)); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  queued_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+Expected<std::vector<HostTensor>> Scheduler::run(const std::vector<TensorView>& inputs, uint64_t timeout_us,
+                                                 Clock::time_point deadline) {
+  Pending p;
+  p.inputs = &inputs;
+  if (settings_.max_batch_size > 0) {
+    for (const TensorView& v : inputs) {
+      if (v.shape.empty()) throw HttpError{400, "a batched model's inputs have a batch dim; one is a scalar"};
+      if (v.shape[0] != inputs[0].shape[0]) {
+        throw HttpError{400, "the inputs' batch dims differ (" + std::to_string(inputs[0].shape[0]) + " and " +
+                                 std::to_string(v.shape[0]) + ")"};
+      }
+    }
+    p.rows = inputs.empty() ? 1 : inputs[0].shape[0];
+    if (p.rows > settings_.max_batch_size) {
+      throw HttpError{400, "the request's batch of " + std::to_string(p.rows) + " is over the model's max_batch_size " +
+                               std::to_string(settings_.max_batch_size)};
+    }
+  }
+  uint64_t t = settings_.default_timeout_us;
+  if (timeout_us && settings_.allow_timeout_override) t = timeout_us;
+  p.enqueued = Clock::now();
+  Clock::time_point until = deadline;
+  if (t && settings_.reject_on_timeout) until = std::min(until, p.enqueued + std::chrono::microseconds(t));
+
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stopping_) throw HttpError{503, "the model is being unloaded"};
+  if (settings_.max_queue_size && queue_.size() >= settings_.max_queue_size) {
+    throw HttpError{503, "the model's queue is full (max_queue_size " + std::to_string(settings_.max_queue_size) + ")"};
+  }
+  queue_.push_back(&p);
+  queued_.notify_all();
+  if (until == Clock::time_point::max()) {
+    p.answered.wait(lock, [&] { return p.done; });
+  } else if (!p.answered.wait_until(lock, until, [&] { return p.done; }) && !p.taken) {
+    queue_.erase(std::find(queue_.begin(), queue_.end(), &p));
+    queued_.notify_all();  // a worker forming a batch around this request looks again
+    throw HttpError{504, "the request timed out after " + std::to_string(us_between(p.enqueued, Clock::now())) +
+                             " us in the queue, before it ran"};
+  } else {
+    p.answered.wait(lock, [&] { return p.done; });  // taken in time: it runs to the end
+  }
+  return std::move(*p.result);
+}
+
+void Scheduler::work(Session s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    queued_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !forming_); });
+    if (queue_.empty()) {
+      if (stopping_) return;
+      continue;
+    }
+    std::vector<Pending*> batch = take(lock);
+    if (batch.empty()) continue;
+    lock.unlock();
+    execute(s, batch);
+    lock.lock();
+    for (Pending* p : batch) {
+      p->done = true;
+      p->answered.notify_one();
+    }
+  }
+}
+
+std::vector<Scheduler::Pending*> Scheduler::take(std::unique_lock<std::mutex>& lock) {
+  std::vector<Pending*> batch;
+  if (!settings_.dynamic_batching) {
+    batch.push_back(queue_.front());
+  } else {
+    // Wait (up to the head request's queue delay) until the compatible rows reach the largest
+    // preferred size, or max_batch_size. Requests may leave meanwhile (timeouts): read the head anew.
+    forming_ = true;
+    const int64_t want = settings_.preferred_batch_sizes.empty() ? settings_.max_batch_size
+                                                                  : settings_.preferred_batch_sizes.back();
+    for (;;) {
+      if (queue_.empty()) break;
+      const Pending* head = queue_.front();
+      int64_t rows = 0;
+      for (const Pending* p : queue_) {
+        if (rows + p->rows <= settings_.max_batch_size && same_past_batch(*head->inputs, *p->inputs)) rows += p->rows;
+      }
+      const Clock::time_point end = head->enqueued + std::chrono::microseconds(settings_.max_queue_delay_us);
+      if (rows >= want || stopping_ || Clock::now() >= end) break;
+      queued_.wait_until(lock, end);
+    }
+    forming_ = false;
+    if (!queue_.empty()) {
+      const Pending* head = queue_.front();
+      int64_t rows = 0;
+      for (Pending* p : queue_) {
+        if (rows + p->rows <= settings_.max_batch_size && same_past_batch(*head->inputs, *p->inputs)) {
+          rows += p->rows;
+          batch.push_back(p);
+        }
+      }
+    }
+  }
+  for (Pending* p : batch) {
+    p->taken = true;
+    queue_.erase(std::find(queue_.begin(), queue_.end(), p));
+  }
+  queued_.notify_all();  // another free worker may form the next batch
+  return batch;
+}
+
+void Scheduler::execute(Session& s, const std::vector<Pending*>& batch) {
+  const Clock::time_point start = Clock::now();
+  int64_t total = 0;
+  for (Pending* p : batch) {
+    metrics_.queue_us += us_between(p->enqueued, start);
+    total += p->rows;
+  }
+  Expected<std::vector<HostTensor>> out = Status(ErrorCode::kInternal, "not run");
+  if (batch.size() == 1) {
+    out = s.run(*batch[0]->inputs);
+  } else {
+    // One tensor per input holding every request's rows in queue order.
+    const std::vector<TensorView>& first = *batch[0]->inputs;
+    std::vector<std::shared_ptr<void>> keep;
+    std::vector<TensorView> views;
+    for (size_t k = 0; k < first.size(); ++k) {
+      TensorView v = first[k];
+      v.shape[0] = total;
+      const size_t es = dtype_size(v.dtype);
+      if (v.dtype == DType::kString) {
+        auto all = std::make_shared<std::vector<std::string>>();
+        for (Pending* p : batch) {
+          const TensorView& in = (*p->inputs)[k];
+          const auto* b = static_cast<const std::string*>(in.data);
+          all->insert(all->end(), b, b + in.numel());
+        }
+        v.data = all->data();
+        keep.push_back(all);
+      } else {
+        auto all = std::make_shared<std::vector<unsigned char>>(size_t(v.numel()) * es);
+        size_t at = 0;
+        for (Pending* p : batch) {
+          const TensorView& in = (*p->inputs)[k];
+          if (in.bytes()) std::memcpy(all->data() + at, in.data, in.bytes());
+          at += in.bytes();
+        }
+        v.data = all->data();
+        keep.push_back(all);
+      }
+      views.push_back(std::move(v));
+    }
+    out = s.run(views);
+  }
+  const uint64_t compute = us_between(start, Clock::now());
+  metrics_.executions += 1;
+  metrics_.compute_us += compute * batch.size();
+  metrics_.inferences += uint64_t(total);
+  if (batch.size() == 1 || !out) {
+    for (Pending* p : batch) p->result = out;
+    return;
+  }
+  for (const HostTensor& t : *out) {
+    if (t.shape().empty() || t.shape()[0] != total) {
+      Status bad(ErrorCode::kInvalidArgument,
+                 "an output has " + (t.shape().empty() ? std::string("no batch dim") : std::to_string(t.shape()[0]) + " rows") +
+                     " for a batch of " + std::to_string(total) +
+                     ": the model's dim 0 is not a batch (its config.pbtxt should say max_batch_size: 0)");
+      for (Pending* p : batch) p->result = bad;
+      return;
+    }
+  }
+  int64_t at = 0;
+  for (Pending* p : batch) {
+    std::vector<HostTensor> mine;
+    for (const HostTensor& t : *out) mine.push_back(slice_rows(t, at, p->rows));
+    p->result = std::move(mine);
+    at += p->rows;
+  }
+}
+
+}  // namespace kiln::serve

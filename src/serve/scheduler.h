@@ -1,0 +1,66 @@
+// The queue in front of a model's sessions, and its dynamic batcher. Every request of a loaded model
+// version goes through one Scheduler: it waits in a FIFO queue until a session is free; with dynamic
+// batching, a free session takes the requests at the head of the queue whose inputs agree past dim 0
+// (up to max_batch_size rows), waits up to max_queue_delay for more (or until a preferred batch size
+// is reached), runs them as one batch and splits the outputs back along dim 0. A request that waits
+// past its timeout is answered "timed out" (504) and never runs; one that finds the queue full is
+// answered 503. Destroying the scheduler lets the queued requests finish first.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "kiln/kiln.h"
+#include "serve/kserve_codec.h"
+#include "serve/model_config.h"
+
+namespace kiln::serve {
+
+// Triton's per-model counters (its names and meanings, so dashboards built for Triton read them):
+// requests answered and failed, inferences (batch rows) and executions, and cumulative microseconds
+// in the whole request, waiting in the queue, and running (each request counts its batch's run).
+struct ModelMetrics {
+  std::atomic<uint64_t> success{0}, failure{0}, inferences{0}, executions{0};
+  std::atomic<uint64_t> request_us{0}, queue_us{0}, compute_us{0};
+};
+
+using Clock = std::chrono::steady_clock;
+
+class Scheduler {
+ public:
+  Scheduler(std::vector<Session> sessions, const ModelSettings& settings, ModelMetrics& metrics);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Runs one request, blocking until it is answered. `timeout_us` is the request's own timeout (0:
+  // none), honoured when the configuration allows overriding its default; `deadline` is the
+  // client's (a gRPC deadline; Clock::time_point::max() for none). The inputs must stay alive until
+  // it returns. Throws HttpError for a full queue (503), a timeout (504) or too many rows (400).
+  Expected<std::vector<HostTensor>> run(const std::vector<TensorView>& inputs, uint64_t timeout_us,
+                                        Clock::time_point deadline);
+  int sessions() const { return int(workers_.size()); }
+
+ private:
+  struct Pending;
+  void work(Session s);
+  // The requests the next run takes, removed from the queue (lock held); waits for more while
+  // batching wants them.
+  std::vector<Pending*> take(std::unique_lock<std::mutex>& lock);
+  void execute(Session& s, const std::vector<Pending*>& batch);
+
+  ModelSettings settings_;
+  ModelMetrics& metrics_;
+  std::mutex mu_;
+  std::condition_variable queued_;  // a request was queued, or stopping
+  std::deque<Pending*> queue_;
+  bool forming_ = false;  // a worker is waiting for a batch to fill
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace kiln::serve

@@ -1,0 +1,282 @@
+"""kiln serve over gRPC, its config.pbtxt and its dynamic batcher, driven by tritonclient.grpc (`make serve`).
+
+A repository of: an MLP with three versions served by a `latest { num_versions: 2 }` policy, batched
+(max_batch_size 8, a 200 ms queue delay, preferred batch 4, one instance) so concurrent requests merge;
+a slow batched model on the reference kernels (one instance, a queue of one) for timeouts and a full
+queue; and EfficientNet-Lite0 with a config asking to batch a fixed batch dim, which must fail to load
+with a reason. Every RPC kiln serves; raw and typed tensor contents; concurrent requests of 1-3 rows
+each answered with their own rows; timeouts, a full queue, malformed requests; load, unload and a failed
+load leaving the serving versions in place.
+"""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import onnx
+import pytest
+import tritonclient.grpc as tg
+from onnx import TensorProto, helper, numpy_helper
+from tritonclient.utils import InferenceServerException
+
+from test_http import KILN, MODEL_DIR, mlp_ref, write_mlp
+
+MLP_CONFIG = """
+name: "mlp"
+max_batch_size: 8
+version_policy { latest { num_versions: 2 } }
+dynamic_batching {
+  max_queue_delay_microseconds: 200000
+  preferred_batch_size: [ 4 ]
+}
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+SLOW_CONFIG = """
+max_batch_size: 4
+dynamic_batching { default_queue_policy { max_queue_size: 1 allow_timeout_override: true } }
+instance_group [ { count: 1 } ]
+parameters { key: "device" value { string_value: "cpu-ref" } }
+"""
+
+
+def write_slow(path):
+    """x[N, 256, 256] through 24 MatMul + Tanh layers: ~100 ms per row on the reference kernels."""
+    rng = np.random.default_rng(5)
+    nodes, inits, prev = [], [], "x"
+    for k in range(24):
+        inits.append(numpy_helper.from_array((rng.standard_normal((256, 256)) / 16).astype(np.float32), f"w{k}"))
+        nodes += [helper.make_node("MatMul", [prev, f"w{k}"], [f"m{k}"]), helper.make_node("Tanh", [f"m{k}"], [f"t{k}"])]
+        prev = f"t{k}"
+    nodes.append(helper.make_node("Identity", [prev], ["y"]))
+    g = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 256, 256])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 256, 256])], inits)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = str(tmp_path_factory.mktemp("grepo"))
+    for v in (1, 2, 3):
+        write_mlp(os.path.join(repo, "mlp", str(v), "model.onnx"), v)
+    with open(os.path.join(repo, "mlp", "config.pbtxt"), "w") as f:
+        f.write(MLP_CONFIG)
+    write_slow(os.path.join(repo, "slow", "1", "model.onnx"))
+    with open(os.path.join(repo, "slow", "config.pbtxt"), "w") as f:
+        f.write(SLOW_CONFIG)
+    os.makedirs(os.path.join(repo, "effnet", "1"))
+    shutil.copy(os.path.join(MODEL_DIR, "model.onnx"), os.path.join(repo, "effnet", "1", "model.onnx"))
+    with open(os.path.join(repo, "effnet", "config.pbtxt"), "w") as f:
+        f.write("max_batch_size: 8\n")
+    port, http_port, metrics_port = free_port(), free_port(), free_port()
+    proc = subprocess.Popen([KILN, "serve", "--model-repository", repo, "--grpc-port", str(port), "--http-port",
+                             str(http_port), "--metrics-port", str(metrics_port), "--host", "127.0.0.1", "--device", "cpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            if tg.InferenceServerClient(url).is_server_ready():
+                break
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError("kiln serve exited: " + proc.stdout.read())
+        if time.time() > deadline:
+            raise RuntimeError("kiln serve did not become ready")
+        time.sleep(0.2)
+    proc.url, proc.repo, proc.metrics_port = url, repo, metrics_port
+    yield proc
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def mlp_input(x, typed=False):
+    i = tg.InferInput("x", list(x.shape), "FP32")
+    i.set_data_from_numpy(x)
+    if typed:  # the same data as InferTensorContents.fp32_contents instead of raw bytes
+        i._raw_content = None
+        i._input.contents.fp32_contents[:] = x.ravel().tolist()
+    return i
+
+
+def test_health_metadata_config(server):
+    c = tg.InferenceServerClient(server.url)
+    assert c.is_server_live() and c.is_server_ready()
+    meta = c.get_server_metadata(as_json=True)
+    assert meta["name"] == "kiln" and "model_configuration" in meta["extensions"]
+    m = c.get_model_metadata("mlp", as_json=True)
+    assert m["versions"] == ["2", "3"]  # latest { num_versions: 2 } of 1, 2, 3
+    assert m["inputs"] == [{"name": "x", "datatype": "FP32", "shape": ["-1", "4"]}]
+    assert c.is_model_ready("mlp", "2") and c.is_model_ready("mlp", "3") and not c.is_model_ready("mlp", "1")
+    cfg = c.get_model_config("mlp", as_json=True)["config"]
+    assert cfg["max_batch_size"] == 8 and cfg["dynamic_batching"]["preferred_batch_size"] == [4]
+    assert cfg["input"][0]["dims"] == ["4"] and cfg["instance_group"][0]["count"] == 1
+    assert cfg["version_policy"] == {"latest": {"num_versions": 2}}
+    with pytest.raises(InferenceServerException, match="'nope' is not loaded"):
+        c.get_model_metadata("nope")
+
+
+def test_bad_config_is_not_loaded_with_its_reason(server):
+    c = tg.InferenceServerClient(server.url)
+    index = {m["name"]: m for m in c.get_model_repository_index(as_json=True)["models"]}
+    assert index["effnet"]["state"] == "UNAVAILABLE"
+    assert "max_batch_size 8 needs dim 0 of input 'input' open" in index["effnet"]["reason"]
+    assert index["slow"]["state"] == "READY"
+    assert not c.is_model_ready("effnet")
+
+
+@pytest.mark.parametrize("typed", [False, True])
+def test_infer_versions(server, typed):
+    c = tg.InferenceServerClient(server.url)
+    x = np.random.default_rng(3).standard_normal((3, 4)).astype(np.float32)
+    for version, want in (("", 3), ("2", 2), ("3", 3)):
+        r = c.infer("mlp", [mlp_input(x, typed)], model_version=version)
+        assert r.get_response().model_version == str(want)
+        np.testing.assert_allclose(r.as_numpy("y"), mlp_ref(x, want), rtol=1e-5, atol=1e-5)
+    with pytest.raises(InferenceServerException, match="version 1 is not loaded"):
+        c.infer("mlp", [mlp_input(x)], model_version="1")
+
+
+def counters(server, model, version):
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    key = '{model="%s",version="%d"}' % (model, version)
+    return {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if key in line}
+
+
+def test_concurrent_requests_are_batched_and_split_back(server):
+    c = tg.InferenceServerClient(server.url)
+    rows = [1, 2, 3, 1, 2, 1, 1, 3, 2, 1, 1, 2]
+    xs = [np.random.default_rng(100 + k).standard_normal((n, 4)).astype(np.float32) for k, n in enumerate(rows)]
+    results, errors = {}, []
+
+    def work(k):
+        try:
+            results[k] = tg.InferenceServerClient(server.url).infer("mlp", [mlp_input(xs[k])]).as_numpy("y")
+        except Exception as e:  # noqa: BLE001 - counted
+            errors.append(repr(e))
+    before = counters(server, "mlp", 3)
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(rows))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == len(rows)
+    for k, x in enumerate(xs):  # every request gets its own rows back
+        np.testing.assert_allclose(results[k], mlp_ref(x, 3), rtol=1e-5, atol=1e-5)
+    after = counters(server, "mlp", 3)
+    assert after["nv_inference_count"] - before["nv_inference_count"] == sum(rows)
+    assert after["nv_inference_request_success"] - before["nv_inference_request_success"] == len(rows)
+    # A 200 ms queue delay and a preferred batch of 4: twelve requests arriving together share runs.
+    assert after["nv_inference_exec_count"] - before["nv_inference_exec_count"] <= len(rows) // 2
+    with pytest.raises(InferenceServerException, match="batch of 9 is over the model's max_batch_size 8"):
+        c.infer("mlp", [mlp_input(np.zeros((9, 4), np.float32))])
+
+
+def slow_input(rows):
+    x = np.full((rows, 256, 256), 0.01, np.float32)
+    i = tg.InferInput("x", list(x.shape), "FP32")
+    i.set_data_from_numpy(x)
+    return i
+
+
+def test_timeout_and_full_queue(server):
+    c = tg.InferenceServerClient(server.url)
+    done = []
+
+    def long_request():
+        tg.InferenceServerClient(server.url).infer("slow", [slow_input(4)])
+        done.append(1)
+    # A runs (4 rows, several hundred ms on the reference kernels); B waits in the queue of one.
+    a = threading.Thread(target=long_request)
+    a.start()
+    time.sleep(0.1)
+    with pytest.raises(InferenceServerException, match="timed out after .* us in the queue"):
+        c.infer("slow", [slow_input(1)], timeout=20000)  # its own timeout: 20 ms
+    b = threading.Thread(target=long_request)
+    b.start()
+    time.sleep(0.1)
+    with pytest.raises(InferenceServerException, match="queue is full"):
+        c.infer("slow", [slow_input(1)])
+    a.join()
+    b.join()
+    assert len(done) == 2  # neither the timeout nor the rejection disturbed the others
+    y = c.infer("slow", [slow_input(1)]).as_numpy("y")
+    assert y.shape == (1, 256, 256) and np.isfinite(y).all()
+
+
+def test_malformed_requests(server):
+    c = tg.InferenceServerClient(server.url)
+    x = np.ones((2, 4), np.float32)
+    cases = []
+    i = tg.InferInput("z", [2, 4], "FP32")
+    i.set_data_from_numpy(x)
+    cases.append((i, "unknown input 'z'"))
+    i = tg.InferInput("x", [2, 4], "INT64")
+    i.set_data_from_numpy(x.astype(np.int64))
+    cases.append((i, "the model takes FP32"))
+    i = tg.InferInput("x", [2, 4], "FP32")
+    i.set_data_from_numpy(x)
+    i._input.shape[:] = [3, 4]  # the raw bytes hold 8 floats, the shape says 12
+    cases.append((i, "need 48"))
+    i = tg.InferInput("x", [2, 4], "FP32")
+    i.set_data_from_numpy(x)
+    i._raw_content = None
+    i._input.contents.fp32_contents[:] = [1.0, 2.0, 3.0]
+    cases.append((i, "fp32_contents has 3"))
+    for inp, expect in cases:
+        with pytest.raises(InferenceServerException, match=expect):
+            c.infer("mlp", [inp])
+    with pytest.raises(InferenceServerException, match="'nope' is not loaded"):
+        c.infer("nope", [mlp_input(x)])
+    with pytest.raises(InferenceServerException, match="unknown output 'q'"):
+        c.infer("mlp", [mlp_input(x)], outputs=[tg.InferRequestedOutput("q")])
+    np.testing.assert_allclose(c.infer("mlp", [mlp_input(x)]).as_numpy("y"), mlp_ref(x, 3), rtol=1e-5, atol=1e-5)
+
+
+def test_load_unload_and_failed_load(server):
+    c = tg.InferenceServerClient(server.url)
+    x = np.ones((1, 4), np.float32)
+    c.unload_model("mlp")
+    assert not c.is_model_ready("mlp")
+    with pytest.raises(InferenceServerException, match="not loaded"):
+        c.infer("mlp", [mlp_input(x)])
+    c.load_model("mlp")
+    assert c.is_model_ready("mlp", "2") and c.is_model_ready("mlp", "3")
+    # A config that does not parse: the load fails naming the file and line; versions 2 and 3 keep serving.
+    cfg = os.path.join(server.repo, "mlp", "config.pbtxt")
+    with open(cfg, "w") as f:
+        f.write(MLP_CONFIG.replace("max_batch_size: 8", "max_batch_size: eight"))
+    try:
+        with pytest.raises(InferenceServerException, match=r"config.pbtxt: line 3"):
+            c.load_model("mlp")
+    finally:
+        with open(cfg, "w") as f:
+            f.write(MLP_CONFIG)
+    np.testing.assert_allclose(c.infer("mlp", [mlp_input(x)], model_version="2").as_numpy("y"), mlp_ref(x, 2),
+                               rtol=1e-5, atol=1e-5)
+    # version_policy specific: only version 1.
+    with open(cfg, "w") as f:
+        f.write(MLP_CONFIG.replace("latest { num_versions: 2 }", "specific { versions: [1] }"))
+    try:
+        c.load_model("mlp")
+        assert c.is_model_ready("mlp", "1") and not c.is_model_ready("mlp", "3")
+        np.testing.assert_allclose(c.infer("mlp", [mlp_input(x)]).as_numpy("y"), mlp_ref(x, 1), rtol=1e-5, atol=1e-5)
+    finally:
+        with open(cfg, "w") as f:
+            f.write(MLP_CONFIG)
+        c.load_model("mlp")

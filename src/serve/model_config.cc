@@ -128,6 +128,21 @@ std::vector<int64_t> ModelSettings::select(const std::vector<int64_t>& on_disk) 
   }
 }
 
+std::map<std::string, std::vector<DimRange>> ModelSettings::build_ranges() const {
+  std::map<std::string, std::vector<DimRange>> out;
+  if (max_batch_size <= 0) return out;
+  for (const auto& [name, dims] : input_dims) {
+    std::vector<DimRange> r = {DimRange{1, max_batch_size, 0}};
+    bool fixed = true;
+    for (int64_t d : dims) {
+      fixed = fixed && d > 0;
+      r.push_back(DimRange{d, d, 0});
+    }
+    if (fixed) out[name] = std::move(r);
+  }
+  return out;
+}
+
 Expected<ModelSettings> read_model_settings(const std::string& model_dir, std::vector<std::string>* warnings) {
   ModelSettings s;
   const fs::path file = fs::path(model_dir) / "config.pbtxt";
@@ -200,6 +215,7 @@ Expected<ModelSettings> read_model_settings(const std::string& model_dir, std::v
       s.latest = v.latest().num_versions();
     }
   }
+  for (const auto& i : c.input()) s.input_dims[i.name()] = {i.dims().begin(), i.dims().end()};
   for (const auto& [key, value] : c.parameters()) {
     if (key == "precision") {
       auto p = precision_named(value.string_value());

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,11 +44,17 @@ struct ModelSettings {
   uint32_t latest = 1;
   std::vector<int64_t> specific;
   std::optional<Precision> precision;  // for model.onnx built at load
+  // The dims config.pbtxt gives each input (without the batch dim when max_batch_size > 0).
+  std::map<std::string, std::vector<int64_t>> input_dims;
   std::optional<Device> device;
   std::string text;  // config.pbtxt as read (empty when there is none)
 
   // The versions to serve of those on disk (sorted ascending).
   std::vector<int64_t> select(const std::vector<int64_t>& on_disk) const;
+  // The shape ranges a model.onnx is built with at load: with max_batch_size > 0, dim 0 of every
+  // input whose other dims the file fixes takes 1..max_batch_size (a GPU engine then runs any batch
+  // the batcher forms); inputs it does not list, or lists with -1, are left to the model.
+  std::map<std::string, std::vector<DimRange>> build_ranges() const;
 };
 
 // Reads model_dir/config.pbtxt when it exists. Errors name the file and, for syntax, the line and

@@ -48,6 +48,7 @@ Expected<std::shared_ptr<LoadedModel>> Repository::open(const std::string& name,
     BuildConfig c;
     c.device = settings.device.value_or(config_.device);
     c.precision = settings.precision.value_or(config_.precision);
+    c.shape_ranges = settings.build_ranges();
     return build((dir / "model.onnx").string(), c);
   }();
   if (!e) return e.status();

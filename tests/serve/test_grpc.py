@@ -35,6 +35,7 @@ dynamic_batching {
   preferred_batch_size: [ 4 ]
 }
 instance_group [ { count: 1 kind: KIND_CPU } ]
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
 """
 
 SLOW_CONFIG = """
@@ -269,6 +270,16 @@ def test_load_unload_and_failed_load(server):
             f.write(MLP_CONFIG)
     np.testing.assert_allclose(c.infer("mlp", [mlp_input(x)], model_version="2").as_numpy("y"), mlp_ref(x, 2),
                                rtol=1e-5, atol=1e-5)
+    # Dims that disagree with the model: named, and nothing changes.
+    with open(cfg, "w") as f:
+        f.write(MLP_CONFIG.replace("dims: [ 4 ]", "dims: [ 5 ]"))
+    try:
+        with pytest.raises(InferenceServerException, match=r"input 'x'.*5.*4"):
+            c.load_model("mlp")
+    finally:
+        with open(cfg, "w") as f:
+            f.write(MLP_CONFIG)
+    assert c.is_model_ready("mlp", "3")
     # version_policy specific: only version 1.
     with open(cfg, "w") as f:
         f.write(MLP_CONFIG.replace("latest { num_versions: 2 }", "specific { versions: [1] }"))

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""Load test of `kiln serve`: throughput and p50/p99 latency at several concurrencies, over HTTP
+(binary tensors) and gRPC, beside the engine's own latency measured by `kiln bench` in the same run.
+
+    python3 bench/serve_load.py --kiln build/kiln [--model models/efficientnet-lite0/model.onnx]
+        [--device cpu] [--precision fp32] [--max-batch-size 8 --delay-us 2000 --input-dims 3x224x224]
+        [--instances 2] [--protocols http,grpc] [--concurrency 1,4,16,64] [--seconds 10] [--out r.json]
+
+A temporary repository holds the model (built at load); with --max-batch-size > 0 its config.pbtxt
+turns on the dynamic batcher (the model's dim 0 must be a batch; --input-dims gives the other dims of
+each input, comma-separated per input, so a GPU build gets the batch range). Each concurrency level
+runs C client threads, each with its own connection, sending one sample (batch 1) at a time for
+--seconds; every request is checked to succeed and every latency is kept. The clients are Python
+(tritonclient) on the same machine: at thousands of requests per second they, not the server, are the
+limit, which the report's client CPU column shows.
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import onnx
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+LATENCY = re.compile(r"latency \(wall clock\): median ([0-9.]+) ms, p90 ([0-9.]+) ms, p99 ([0-9.]+) ms")
+NP_TYPES = {"FP32": np.float32, "FP16": np.float16, "INT64": np.int64, "INT32": np.int32}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def percentile(values, q):
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, int(np.ceil(q / 100 * len(v))) - 1))]
+
+
+def engine_latency(args, batch):
+    cmd = [args.kiln, "bench", args.model, "--device", args.device, "--batch", str(batch), "--iterations",
+           "200", "--warmup", "20"]
+    if args.precision != "fp32":
+        cmd.append("--" + args.precision)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    m = LATENCY.search(out.stdout)
+    if not m:
+        raise RuntimeError(f"kiln bench gave no latency: {out.stdout[-500:]} {out.stderr[-500:]}")
+    return {"batch": batch, "median_ms": float(m[1]), "p99_ms": float(m[3]),
+            "throughput": batch / float(m[1]) * 1000.0}
+
+
+def write_repo(args, root):
+    d = os.path.join(root, "m", "1")
+    os.makedirs(d)
+    os.symlink(os.path.abspath(args.model), os.path.join(d, "model.onnx"))
+    cfg = [f'parameters {{ key: "precision" value {{ string_value: "{args.precision}" }} }}',
+           f"instance_group [ {{ count: {args.instances} }} ]"]
+    if args.max_batch_size > 0:
+        cfg.append(f"max_batch_size: {args.max_batch_size}")
+        cfg.append(f"dynamic_batching {{ max_queue_delay_microseconds: {args.delay_us} }}")
+        names = [i.name for i in onnx.load(args.model, load_external_data=False).graph.input]
+        for name, dims in zip(names, (args.input_dims or "").split(",") if args.input_dims else []):
+            cfg.append(f'input [ {{ name: "{name}" dims: [ {", ".join(dims.split("x"))} ] }} ]')
+    with open(os.path.join(root, "m", "config.pbtxt"), "w") as f:
+        f.write("\n".join(cfg) + "\n")
+
+
+def client_for(protocol, url):
+    if protocol == "http":
+        import tritonclient.http as t
+        return t, t.InferenceServerClient(url, connection_timeout=300, network_timeout=300)
+    import tritonclient.grpc as t
+    return t, t.InferenceServerClient(url)
+
+
+def level(protocol, url, meta, concurrency, seconds):
+    """C threads sending batch-1 requests for `seconds`: throughput and latency percentiles."""
+    latencies, errors = [], []
+    stop = time.time() + seconds
+    inputs = meta["inputs"]
+
+    def work(k):
+        t, c = client_for(protocol, url)
+        rng = np.random.default_rng(k)
+        reqs = []
+        for i in inputs:
+            shape = [1 if d == -1 or d == "-1" else int(d) for d in i["shape"]]
+            x = rng.standard_normal(shape).astype(NP_TYPES[i["datatype"]])
+            r = t.InferInput(i["name"], shape, i["datatype"])
+            if protocol == "http":
+                r.set_data_from_numpy(x, binary_data=True)
+            else:
+                r.set_data_from_numpy(x)
+            reqs.append(r)
+        outs = [t.InferRequestedOutput(o["name"], binary_data=True) if protocol == "http"
+                else t.InferRequestedOutput(o["name"]) for o in meta["outputs"]]
+        mine = []
+        while time.time() < stop:
+            t0 = time.perf_counter()
+            try:
+                c.infer("m", reqs, outputs=outs)
+            except Exception as e:  # noqa: BLE001 - counted and reported
+                errors.append(repr(e))
+                break
+            mine.append((time.perf_counter() - t0) * 1000.0)
+        latencies.extend(mine)
+    cpu0 = os.times()
+    t0 = time.time()
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(concurrency)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    wall = time.time() - t0
+    cpu1 = os.times()
+    client_cpu = (cpu1.user - cpu0.user + cpu1.system - cpu0.system) / wall
+    return {"protocol": protocol, "concurrency": concurrency, "requests": len(latencies), "errors": errors[:3],
+            "throughput": len(latencies) / wall, "p50_ms": percentile(latencies, 50) if latencies else None,
+            "p99_ms": percentile(latencies, 99) if latencies else None, "client_cpu_cores": round(client_cpu, 2)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kiln", default=os.path.join(REPO, "build", "kiln"))
+    ap.add_argument("--model", default=os.path.join(REPO, "models", "efficientnet-lite0", "model.onnx"))
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--max-batch-size", type=int, default=0)
+    ap.add_argument("--delay-us", type=int, default=1000)
+    ap.add_argument("--input-dims", default="")
+    ap.add_argument("--instances", type=int, default=1)
+    ap.add_argument("--protocols", default="http,grpc")
+    ap.add_argument("--concurrency", default="1,4,16,64")
+    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--engine-batches", default="1", help="batches `kiln bench` times the engine at")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+
+    result = {"model": args.model, "device": args.device, "precision": args.precision,
+              "max_batch_size": args.max_batch_size, "delay_us": args.delay_us, "instances": args.instances,
+              "engine": [engine_latency(args, int(b)) for b in args.engine_batches.split(",")], "levels": []}
+    with tempfile.TemporaryDirectory() as root:
+        write_repo(args, root)
+        http_port, grpc_port = free_port(), free_port()
+        server = subprocess.Popen([args.kiln, "serve", "--model-repository", root, "--http-port", str(http_port),
+                                   "--grpc-port", str(grpc_port), "--metrics-port", "0", "--host", "127.0.0.1",
+                                   "--device", args.device], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            import tritonclient.http as th
+            hc = th.InferenceServerClient(f"127.0.0.1:{http_port}")
+            deadline = time.time() + 1800
+            while True:
+                try:
+                    if hc.is_model_ready("m"):
+                        break
+                except Exception:  # noqa: BLE001 - not up yet
+                    pass
+                if server.poll() is not None or time.time() > deadline:
+                    raise RuntimeError("kiln serve did not load the model: " + (server.stdout.read() if server.poll() is not None else ""))
+                time.sleep(0.5)
+            meta = hc.get_model_metadata("m")
+            urls = {"http": f"127.0.0.1:{http_port}", "grpc": f"127.0.0.1:{grpc_port}"}
+            for protocol in args.protocols.split(","):
+                level(protocol, urls[protocol], meta, 1, 1.0)  # warm-up: sessions, connections, graphs
+                for c in (int(x) for x in args.concurrency.split(",")):
+                    r = level(protocol, urls[protocol], meta, c, args.seconds)
+                    result["levels"].append(r)
+                    print(json.dumps(r), flush=True)
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=120)
+    print(json.dumps(result["engine"]))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0 if all(not r["errors"] for r in result["levels"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

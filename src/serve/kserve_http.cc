@@ -175,7 +175,9 @@ struct HttpServer::Impl {
   }
 };
 
-HttpServer::HttpServer(Repository& repo) : impl_(std::make_unique<Impl>(repo)) {}
+HttpServer::HttpServer(Repository& repo, int threads) : impl_(std::make_unique<Impl>(repo)) {
+  impl_->http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+}
 HttpServer::~HttpServer() = default;
 bool HttpServer::listen(const std::string& host, int port) { return impl_->http.listen(host, port); }
 void HttpServer::stop() {

@@ -1,6 +1,7 @@
 // The KServe v2 protocol over HTTP/REST (cpp-httplib), as Triton speaks it: health, server and model
 // metadata, readiness, inference with JSON tensors and the binary tensor data extension, and the
-// model repository extension (index, load, unload). Every error is a 4xx/5xx with {"error": "..."}
+// model repository extension (index, load, unload), and Triton's model configuration (GET
+// /v2/models/{m}/config). Every error is a 4xx/5xx with {"error": "..."}
 // naming what was wrong; nothing a request does disturbs another.
 //
 //   serve::Repository repo(config);  repo.load_all();
@@ -17,7 +18,9 @@ namespace kiln::serve {
 
 class HttpServer {
  public:
-  explicit HttpServer(Repository& repo);
+  // `threads` serve connections (cpp-httplib holds a thread per open keep-alive connection, so a
+  // client with more connections than threads waits for one to close).
+  explicit HttpServer(Repository& repo, int threads = 128);
   ~HttpServer();
   // Serves until stop(); false when the address cannot be bound.
   bool listen(const std::string& host, int port);

@@ -46,7 +46,7 @@ int serve_main(const ServeOptions& opt) {
   for (const auto& e : repo.index()) {
     for (int64_t v : e.loaded) std::printf("model '%s' version %lld: ready\n", e.name.c_str(), static_cast<long long>(v));
   }
-  serve::HttpServer http(repo);
+  serve::HttpServer http(repo, opt.http_threads);
   serve::GrpcServer grpc(repo);
   if (opt.grpc_port && !grpc.start(opt.host + ":" + std::to_string(opt.grpc_port))) {
     return fail(KILN_ERROR(kIo, "cannot listen for gRPC on {}:{} (in use?)", opt.host, opt.grpc_port));
@@ -98,6 +98,8 @@ int main(int argc, char** argv) {
   app.name("kiln serve");
   app.add_option("--model-repository", serve.repository, "DIR/<model>/<version>/model.kiln or model.onnx")->required();
   app.add_option("--http-port", serve.http_port, "HTTP port")->default_val(8000)->check(CLI::Range(1, 65535));
+  app.add_option("--http-thread-count", serve.http_threads, "HTTP connections served at once (keep-alive holds one each)")
+      ->default_val(128)->check(CLI::Range(1, 4096));
   app.add_option("--grpc-port", serve.grpc_port, "gRPC port (0: none)")->default_val(8001)->check(CLI::Range(0, 65535));
   app.add_option("--metrics-port", serve.metrics_port, "Prometheus metrics at /metrics on this port (0: none)")
       ->default_val(8002)->check(CLI::Range(0, 65535));

@@ -121,6 +121,7 @@ struct ServeOptions {
   std::string host = "0.0.0.0";
   int http_port = 8000;
   int grpc_port = 8001;              // 0: no gRPC server
+  int http_threads = 128;            // connections served at once
   int metrics_port = 8002;           // 0: no metrics server
   int sessions = 2;                  // per model: requests that run at once
   std::string device = "auto";

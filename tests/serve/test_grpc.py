@@ -8,6 +8,7 @@ with a reason. Every RPC kiln serves; raw and typed tensor contents; concurrent 
 each answered with their own rows; timeouts, a full queue, malformed requests; load, unload and a failed
 load leaving the serving versions in place.
 """
+import contextlib
 import os
 import shutil
 import signal
@@ -258,36 +259,34 @@ def test_load_unload_and_failed_load(server):
         c.infer("mlp", [mlp_input(x)])
     c.load_model("mlp")
     assert c.is_model_ready("mlp", "2") and c.is_model_ready("mlp", "3")
-    # A config that does not parse: the load fails naming the file and line; versions 2 and 3 keep serving.
     cfg = os.path.join(server.repo, "mlp", "config.pbtxt")
-    with open(cfg, "w") as f:
-        f.write(MLP_CONFIG.replace("max_batch_size: 8", "max_batch_size: eight"))
-    try:
+
+    @contextlib.contextmanager
+    def config(text):
+        """mlp's config.pbtxt is `text` inside the block, MLP_CONFIG again after it."""
+        with open(cfg, "w") as f:
+            f.write(text)
+        try:
+            yield
+        finally:
+            with open(cfg, "w") as f:
+                f.write(MLP_CONFIG)
+    # A config that does not parse: the load fails naming the file and line; versions 2 and 3 keep serving.
+    with config(MLP_CONFIG.replace("max_batch_size: 8", "max_batch_size: eight")):
         with pytest.raises(InferenceServerException, match=r"config.pbtxt: line 3"):
             c.load_model("mlp")
-    finally:
-        with open(cfg, "w") as f:
-            f.write(MLP_CONFIG)
     np.testing.assert_allclose(c.infer("mlp", [mlp_input(x)], model_version="2").as_numpy("y"), mlp_ref(x, 2),
                                rtol=1e-5, atol=1e-5)
     # Dims that disagree with the model: named, and nothing changes.
-    with open(cfg, "w") as f:
-        f.write(MLP_CONFIG.replace("dims: [ 4 ]", "dims: [ 5 ]"))
-    try:
+    with config(MLP_CONFIG.replace("dims: [ 4 ]", "dims: [ 5 ]")):
         with pytest.raises(InferenceServerException, match=r"input 'x'.*5.*4"):
             c.load_model("mlp")
-    finally:
-        with open(cfg, "w") as f:
-            f.write(MLP_CONFIG)
     assert c.is_model_ready("mlp", "3")
     # version_policy specific: only version 1.
-    with open(cfg, "w") as f:
-        f.write(MLP_CONFIG.replace("latest { num_versions: 2 }", "specific { versions: [1] }"))
     try:
-        c.load_model("mlp")
-        assert c.is_model_ready("mlp", "1") and not c.is_model_ready("mlp", "3")
-        np.testing.assert_allclose(c.infer("mlp", [mlp_input(x)]).as_numpy("y"), mlp_ref(x, 1), rtol=1e-5, atol=1e-5)
+        with config(MLP_CONFIG.replace("latest { num_versions: 2 }", "specific { versions: [1] }")):
+            c.load_model("mlp")
+            assert c.is_model_ready("mlp", "1") and not c.is_model_ready("mlp", "3")
+            np.testing.assert_allclose(c.infer("mlp", [mlp_input(x)]).as_numpy("y"), mlp_ref(x, 1), rtol=1e-5, atol=1e-5)
     finally:
-        with open(cfg, "w") as f:
-            f.write(MLP_CONFIG)
         c.load_model("mlp")

@@ -71,7 +71,7 @@ python: build
 	  --target $(abspath $(BUILD))/python-site --config-settings=build-dir=$(abspath $(BUILD)) .
 	PYTHONPATH=$(abspath $(BUILD))/python-site python3 -m pytest -q -p no:cacheprovider python/tests
 
-# kiln serve (KServe v2 over HTTP) driven by tritonclient (tests/serve).
+# kiln serve (KServe v2 over HTTP and gRPC, config.pbtxt, the batcher) driven by tritonclient (tests/serve).
 serve: build
 	KILN=$(abspath $(BUILD))/kiln python3 -m pytest -q -p no:cacheprovider tests/serve
 

@@ -5,8 +5,11 @@
 // where they may not; the CPU plan survives its engine-file section and damage to it is named.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <thread>
 
 #include "backends/cpu/fast_session.h"
 #include "ir/text.h"
@@ -308,6 +311,67 @@ TEST(FastCpu, EpiloguesFuseAndAgree) {
     EXPECT_EQ(r.cp.steps[1].out_layout, CpuLayout::kPlain) << "a graph output";
     expect_close(r, text, 2e-4f, 2e-4f);
   }
+}
+
+// A runner made on one thread and run from several at once (a server's workers, Python threads):
+// every run goes through the compute thread, and each caller gets the outputs of its own inputs,
+// bit for bit those of running them one by one.
+TEST(FastCpu, RunsFromManyThreadsGetTheirOwnResults) {
+  if (!have_onednn()) return;
+  const std::string text = R"(graph main(%x: f32[2,8,12,12]) {
+  %w = const dense<f32[8,8,3,3]> [0.5]
+  %c = Conv(%x, %w) {kernel_shape = [3, 3], pads = [1, 1, 1, 1]} : f32[2,8,12,12]
+  %y = Relu(%c) : f32[2,8,12,12]
+  return %y
+})";
+  std::mt19937 rng(31);
+  auto g = parse(text);
+  ASSERT_TRUE(g);
+  randomize_constants(*g, rng);
+  std::vector<std::vector<Data>> inputs;
+  for (int i = 0; i < 8; ++i) inputs.push_back(random_inputs(*g, rng));
+  auto plan = plan_host(std::move(g));
+  ASSERT_TRUE(plan) << plan.status().message();
+  auto p = std::make_shared<const Plan>(std::move(*plan));
+  auto cp = plan_fast_cpu(*p);
+  ASSERT_TRUE(cp) << cp.status().message();
+  ASSERT_EQ(primitives(*cp, CpuStepKind::kConv), 1u);
+  std::unique_ptr<CpuRunner> runner;
+  std::thread([&] {  // made on a thread that then exits
+    auto r = CpuRunner::create(p, std::make_shared<const CpuPlan>(*cp));
+    ASSERT_TRUE(r) << r.status().message();
+    runner = std::move(*r);
+  }).join();
+  ASSERT_TRUE(runner);
+  std::vector<std::vector<float>> alone(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto out = runner->run(inputs[i]);
+    ASSERT_TRUE(out) << out.status().message();
+    const Tensor& t = (*out)[0].tensor;
+    alone[i].resize(size_t(t.numel()));
+    std::memcpy(alone[i].data(), t.data<float>(), alone[i].size() * sizeof(float));
+  }
+  std::vector<std::thread> callers;
+  std::atomic<int> mismatches{0}, failures{0};
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    callers.emplace_back([&, i] {
+      for (int k = 0; k < 5; ++k) {
+        auto out = runner->run(inputs[i]);
+        if (!out) {
+          ++failures;
+          continue;
+        }
+        const Tensor& t = (*out)[0].tensor;
+        if (size_t(t.numel()) != alone[i].size() ||
+            std::memcmp(t.data<float>(), alone[i].data(), alone[i].size() * sizeof(float)) != 0) {
+          ++mismatches;
+        }
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 // SiLU as exporters write it, Mul(x, Sigmoid(x)) in either operand order, is one swish post-op

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "backends/backend.h"
+#include "backends/cpu/compute_thread.h"
 #include "backends/cpu/dnnl_lib.h"
 #include "backends/cpu/fast_session_impl.h"
 
@@ -515,7 +516,7 @@ Expected<std::unique_ptr<CpuRunner>> CpuRunner::create(std::shared_ptr<const Pla
   impl->d = d;
   impl->plan = std::move(plan);
   impl->cp = std::move(cp);
-  KILN_RETURN_IF_ERROR(impl->prepare());
+  KILN_RETURN_IF_ERROR(on_compute_thread<Status>([&] { return impl->prepare(); }));
   return std::unique_ptr<CpuRunner>(new CpuRunner(std::move(impl)));
 }
 
@@ -542,7 +543,7 @@ Expected<std::unique_ptr<CpuRunner>> CpuRunner::create(std::shared_ptr<const Pla
 CpuRunner::CpuRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CpuRunner::~CpuRunner() = default;
 Expected<std::vector<Data>> CpuRunner::run(std::vector<Data> inputs, std::vector<double>* step_ms) {
-  return impl_->run(std::move(inputs), step_ms);
+  return on_compute_thread<Expected<std::vector<Data>>>([&] { return impl_->run(std::move(inputs), step_ms); });
 }
 const std::vector<std::string>& CpuRunner::impls() const { return impl_->impls; }
 size_t CpuRunner::weight_bytes() const {

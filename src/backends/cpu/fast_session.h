@@ -1,7 +1,8 @@
 // Runs a fast CPU plan (fast_plan.h): its primitive steps through oneDNN, its host steps on the
 // reference kernels, as run_plan does. Creating a runner makes every primitive once for the plan's
 // static shapes and reorders each weight into the layout its primitive chose; a run only binds
-// buffers and executes.
+// buffers and executes. Both happen on the process's compute thread (compute_thread.h), whichever
+// thread calls.
 //
 //   KILN_ASSIGN_OR_RETURN(auto r, CpuRunner::create(plan, cpu_plan));
 //   KILN_ASSIGN_OR_RETURN(std::vector<Data> out, r->run(inputs));

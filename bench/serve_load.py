@@ -5,6 +5,11 @@
     python3 bench/serve_load.py --kiln build/kiln [--model models/efficientnet-lite0/model.onnx]
         [--device cpu] [--precision fp32] [--max-batch-size 8 --delay-us 2000 --input-dims 3x224x224]
         [--instances 2] [--protocols http,grpc] [--concurrency 1,4,16,64] [--seconds 10] [--out r.json]
+        [--client python|cpp] [--engine-batches 1,64 --engine-shapes input:{b}x3x224x224]
+
+--model may be an engine file (model.kiln, e.g. built with `kiln build --shapes input:1..64x3x224x224`),
+served as it is; `kiln bench` then times it at --engine-shapes with {b} replaced by each engine batch.
+--client cpp drives the server with kiln-serve-load (C++ threads, built beside kiln), for GPU rates.
 
 A temporary repository holds the model (built at load); with --max-batch-size > 0 its config.pbtxt
 turns on the dynamic batcher (the model's dim 0 must be a batch; --input-dims gives the other dims of
@@ -25,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 import numpy as np
 import onnx
@@ -46,10 +52,14 @@ def percentile(values, q):
 
 
 def engine_latency(args, batch):
-    cmd = [args.kiln, "bench", args.model, "--device", args.device, "--batch", str(batch), "--iterations",
-           "200", "--warmup", "20"]
-    if args.precision != "fp32":
-        cmd.append("--" + args.precision)
+    if args.model.endswith(".kiln"):
+        cmd = [args.kiln, "bench", args.model, "--shapes", args.engine_shapes.format(b=batch), "--iterations", "200",
+               "--warmup", "20"]
+    else:
+        cmd = [args.kiln, "bench", args.model, "--device", args.device, "--batch", str(batch), "--iterations",
+               "200", "--warmup", "20"]
+        if args.precision != "fp32":
+            cmd.append("--" + args.precision)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     m = LATENCY.search(out.stdout)
     if not m:
@@ -61,15 +71,18 @@ def engine_latency(args, batch):
 def write_repo(args, root):
     d = os.path.join(root, "m", "1")
     os.makedirs(d)
-    os.symlink(os.path.abspath(args.model), os.path.join(d, "model.onnx"))
+    os.symlink(os.path.abspath(args.model), os.path.join(d, "model.kiln" if args.model.endswith(".kiln") else "model.onnx"))
     cfg = [f'parameters {{ key: "precision" value {{ string_value: "{args.precision}" }} }}',
            f"instance_group [ {{ count: {args.instances} }} ]"]
     if args.max_batch_size > 0:
         cfg.append(f"max_batch_size: {args.max_batch_size}")
         cfg.append(f"dynamic_batching {{ max_queue_delay_microseconds: {args.delay_us} }}")
-        names = [i.name for i in onnx.load(args.model, load_external_data=False).graph.input]
+        names = args.input_names.split(",") if args.input_names else \
+            [i.name for i in onnx.load(args.model, load_external_data=False).graph.input]
         for name, dims in zip(names, (args.input_dims or "").split(",") if args.input_dims else []):
             cfg.append(f'input [ {{ name: "{name}" dims: [ {", ".join(dims.split("x"))} ] }} ]')
+    if args.model.endswith(".kiln"):
+        cfg = cfg[1:]  # an engine keeps the precision it was built with
     with open(os.path.join(root, "m", "config.pbtxt"), "w") as f:
         f.write("\n".join(cfg) + "\n")
 
@@ -80,6 +93,20 @@ def client_for(protocol, url):
         return t, t.InferenceServerClient(url, connection_timeout=300, network_timeout=300)
     import tritonclient.grpc as t
     return t, t.InferenceServerClient(url)
+
+
+def level_cpp(args, protocol, url, concurrency, seconds):
+    """The same level driven by kiln-serve-load (C++ threads)."""
+    tool = os.path.join(os.path.dirname(os.path.abspath(args.kiln)), "kiln-serve-load")
+    out = subprocess.run([tool, "--url", url, "--protocol", protocol, "--model", "m", "--concurrency", str(concurrency),
+                          "--seconds", str(seconds)], capture_output=True, text=True, timeout=seconds + 300)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"kiln-serve-load failed: {out.stderr[-500:]}")
+    r = json.loads(lines[-1])
+    r["errors"] = [r["first_error"]] if r.get("failures") else []
+    r["client"] = "cpp"
+    return r
 
 
 def level(protocol, url, meta, concurrency, seconds):
@@ -142,11 +169,15 @@ def main():
     ap.add_argument("--concurrency", default="1,4,16,64")
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--engine-batches", default="1", help="batches `kiln bench` times the engine at")
+    ap.add_argument("--engine-shapes", default="input:{b}x3x224x224", help="for a .kiln model: `kiln bench --shapes`")
+    ap.add_argument("--input-names", default="", help="for a .kiln model with --input-dims: the inputs, in order")
+    ap.add_argument("--client", default="python", choices=["python", "cpp"])
     ap.add_argument("--out", default="")
     args = ap.parse_args()
 
     result = {"model": args.model, "device": args.device, "precision": args.precision,
               "max_batch_size": args.max_batch_size, "delay_us": args.delay_us, "instances": args.instances,
+              "client": args.client,
               "engine": [engine_latency(args, int(b)) for b in args.engine_batches.split(",")], "levels": []}
     with tempfile.TemporaryDirectory() as root:
         write_repo(args, root)
@@ -155,24 +186,28 @@ def main():
                                    "--grpc-port", str(grpc_port), "--metrics-port", "0", "--host", "127.0.0.1",
                                    "--device", args.device], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            import tritonclient.http as th
-            hc = th.InferenceServerClient(f"127.0.0.1:{http_port}")
             deadline = time.time() + 1800
             while True:
                 try:
-                    if hc.is_model_ready("m"):
-                        break
+                    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/m/ready", timeout=5) as r:
+                        if r.status == 200:
+                            break
                 except Exception:  # noqa: BLE001 - not up yet
                     pass
                 if server.poll() is not None or time.time() > deadline:
                     raise RuntimeError("kiln serve did not load the model: " + (server.stdout.read() if server.poll() is not None else ""))
                 time.sleep(0.5)
-            meta = hc.get_model_metadata("m")
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/m", timeout=30) as r:
+                meta = json.loads(r.read())
             urls = {"http": f"127.0.0.1:{http_port}", "grpc": f"127.0.0.1:{grpc_port}"}
             for protocol in args.protocols.split(","):
-                level(protocol, urls[protocol], meta, 1, 1.0)  # warm-up: sessions, connections, graphs
+                if args.client == "cpp":
+                    run = lambda c, secs: level_cpp(args, protocol, urls[protocol], c, secs)  # noqa: E731
+                else:
+                    run = lambda c, secs: level(protocol, urls[protocol], meta, c, secs)  # noqa: E731
+                run(max(int(x) for x in args.concurrency.split(",")), 2.0)  # warm-up: sessions, connections, graphs
                 for c in (int(x) for x in args.concurrency.split(",")):
-                    r = level(protocol, urls[protocol], meta, c, args.seconds)
+                    r = run(c, args.seconds)
                     result["levels"].append(r)
                     print(json.dumps(r), flush=True)
         finally:

@@ -36,7 +36,7 @@ import numpy as np
 import onnx
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-LATENCY = re.compile(r"latency \(wall clock\): median ([0-9.]+) ms, p90 ([0-9.]+) ms, p99 ([0-9.]+) ms")
+LATENCY = re.compile(r"latency \([^)]*\): median ([0-9.]+) ms, p90 ([0-9.]+) ms, p99 ([0-9.]+) ms")
 NP_TYPES = {"FP32": np.float32, "FP16": np.float16, "INT64": np.int64, "INT32": np.int32}
 
 

@@ -12,15 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "quant/accuracy.h"
 #include "quant/calibration.h"
 
 namespace kiln::quant {
-
-// What "error" means for sensitivity and the accuracy budget, in percent, on the first output:
-// top-1 disagreement with fp32, relative L2 error, or 1 - the mean cosine similarity of its rows
-// (embeddings). kAuto: cosine when the fp32 output's rows are L2-normalized (embeddings), top-1 for
-// other [N, C>=10] outputs (logits), else relative L2.
-enum class ErrorMetric { kAuto, kTop1, kRelL2, kCosine };
 
 struct QuantizeOptions {
   QuantType type = QuantType::kInt8;
@@ -46,16 +41,6 @@ struct LayerReport {
   std::string why_not;    // when kept in float
   double act_amax = 0, act_max = 0;  // the calibrated range, and the largest |x| seen
   double sensitivity = -1;  // the error metric with only this layer quantized (-1: not measured)
-};
-
-struct OutputAccuracy {
-  std::string name;
-  double rel_l2 = 0, cosine = 1, max_abs = 0;
-  // Cosine similarity of each row (the last axis: a sentence embedding, a token's features), mean
-  // and least over the rows of every sample.
-  double row_cosine_mean = 1, row_cosine_min = 1;
-  double top1 = -1, top5 = -1;  // agreement with fp32 in percent, for classifier-shaped outputs
-  bool unit_rows = false;       // the fp32 rows are L2-normalized (embeddings)
 };
 
 struct QuantizeReport {

@@ -128,6 +128,26 @@ struct ServeOptions {
   std::string precision = "fp32";    // for model.onnx files built at load
 };
 
+// `kiln optimize` (optimize.cc): candidates built, validated and timed, the fastest within the
+// budget registered as the next version of REPO/NAME.
+struct OptimizeCliOptions {
+  std::string repo, name, validation;
+  double budget = 0.5;               // percent, by `metric`
+  std::string metric = "auto";       // auto, top1, rel-l2, cosine (as kiln quantize)
+  std::string candidates;            // "fp16,bf16" ("": every precision the device runs)
+  std::string reference = "cpu-ref"; // the device of the fp32 reference
+  int iterations = 50;               // timed forwards per candidate
+  size_t max_samples = 0;
+  bool promote = false;
+  std::string server;                // HOST:PORT of a kiln serve to reload on promote
+};
+
+// `kiln repo list|promote|rollback` (repo.cc).
+struct RepoCliOptions {
+  std::string action, repo, name, server;
+  int64_t version = 0;
+};
+
 struct InspectOptions {
   bool ir = false;
   std::string dot;
@@ -140,6 +160,12 @@ int build_main(LoadOptions load, const EngineOptions& eng, const BuildCliOptions
 int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt);
 int sweep_main(const LoadOptions& load, const EngineOptions& eng, const BenchOptions& opt);
 int quantize_main(const std::string& model, const QuantizeCliOptions& opt);
+int optimize_main(const LoadOptions& load, const EngineOptions& eng, const OptimizeCliOptions& opt);
+int repo_main(const RepoCliOptions& opt);
+// Serves `version` of REPO/NAME: its config.pbtxt's version policy and registry.json; with `server`,
+// that kiln serve reloads the model (and nothing changes when it cannot). Failed versions are refused.
+Status promote_version(const std::string& repo, const std::string& name, int64_t version, const std::string& server,
+                       bool rollback);
 int plan_parallel_main(const LoadOptions& load, const EngineOptions& eng, const PlanParallelOptions& opt);
 // The QuantizeConfig of `kiln quantize`'s options (tools/kiln/quantize.cc); errors name the option.
 Expected<QuantizeConfig> quantize_config(const QuantizeCliOptions& opt);

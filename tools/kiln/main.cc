@@ -219,6 +219,40 @@ int main(int argc, char** argv) {
                                           "else rel-l2)")->default_val("auto");
   q->add_option("--report", quant.report, "write the report as JSON");
 
+  OptimizeCliOptions optz;
+  CLI::App* oz = app.add_subcommand("optimize", "build the candidate engines of a model, validate each against fp32, and "
+                                                 "register the fastest within the budget as a new version in a repository");
+  add_load_options(oz, load);
+  add_engine_options(oz, eng);
+  oz->add_option("--repo", optz.repo, "the model repository (kiln serve's layout)")->required();
+  oz->add_option("--name", optz.name, "the model's folder in it")->required();
+  oz->add_option("--validation", optz.validation, "validation samples (kiln quantize's layouts)")->required();
+  oz->add_option("--accuracy-budget", optz.budget, "percent of --metric a candidate may lose against fp32")->default_val(0.5)
+      ->check(CLI::Range(0.0, 100.0));
+  oz->add_option("--metric", optz.metric, "top1, rel-l2, cosine or auto (as kiln quantize)")->default_val("auto");
+  oz->add_option("--candidates", optz.candidates, "precisions to try, e.g. fp16,bf16 (default: every one the device runs)");
+  oz->add_option("--reference", optz.reference, "device of the fp32 reference: cpu-ref (default), cpu or cuda")
+      ->default_val("cpu-ref");
+  oz->add_option("--iterations", optz.iterations, "timed forwards per candidate")->default_val(50)->check(kPositiveInt);
+  oz->add_option("--max-samples", optz.max_samples, "use at most N validation samples");
+  oz->add_flag("--promote", optz.promote, "serve the registered version (kiln repo promote)");
+  oz->add_option("--server", optz.server, "with --promote: HOST:PORT of the kiln serve to reload");
+
+  RepoCliOptions repo;
+  CLI::App* rp = app.add_subcommand("repo", "what a model repository serves: list, promote, rollback (no downtime)");
+  rp->require_subcommand(1);
+  CLI::App* rl = rp->add_subcommand("list", "every model's versions: status, precision, accuracy, latency; * serves");
+  rl->add_option("repo", repo.repo, "the repository")->required();
+  rl->add_option("--name", repo.name, "only this model");
+  CLI::App* rpr = rp->add_subcommand("promote", "serve a validated version");
+  rpr->add_option("repo", repo.repo)->required();
+  rpr->add_option("name", repo.name)->required();
+  rpr->add_option("version", repo.version)->required()->check(kPositiveInt);
+  CLI::App* rrb = rp->add_subcommand("rollback", "serve the version promoted before the current one");
+  rrb->add_option("repo", repo.repo)->required();
+  rrb->add_option("name", repo.name)->required();
+  for (CLI::App* sub : {rpr, rrb}) sub->add_option("--server", repo.server, "HOST:PORT of the kiln serve to reload now");
+
   PlanParallelOptions pp;
   CLI::App* pl = app.add_subcommand("plan-parallel", "estimate per-GPU memory and communication of a tensor-parallel split "
                                                       "(measured through NCCL where the GPUs are here)");
@@ -252,6 +286,11 @@ int main(int argc, char** argv) {
     if (cmp->parsed()) return compare_main(load, run, compare, eng);
     if (b->parsed()) return build_main(load, eng, build);
     if (q->parsed()) return quantize_main(load.model, quant);
+    if (oz->parsed()) return optimize_main(load, eng, optz);
+    if (rp->parsed()) {
+      repo.action = rl->parsed() ? "list" : (rpr->parsed() ? "promote" : "rollback");
+      return repo_main(repo);
+    }
     if (pl->parsed()) return plan_parallel_main(load, eng, pp);
     if (be->parsed()) return bench.shapes_sweep ? sweep_main(load, eng, bench) : bench_main(load, eng, bench);
   } catch (const std::bad_alloc&) {

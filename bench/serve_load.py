@@ -175,7 +175,8 @@ def main():
     ap.add_argument("--out", default="")
     args = ap.parse_args()
 
-    result = {"model": args.model, "device": args.device, "precision": args.precision,
+    result = {"model": args.model, "device": args.device,
+              "precision": "as built (engine file)" if args.model.endswith(".kiln") else args.precision,
               "max_batch_size": args.max_batch_size, "delay_us": args.delay_us, "instances": args.instances,
               "client": args.client,
               "engine": [engine_latency(args, int(b)) for b in args.engine_batches.split(",")], "levels": []}

@@ -62,6 +62,11 @@ int device_count() {
 
 bool select_device(int ordinal) { return cudaSetDevice(ordinal) == cudaSuccess; }
 
+std::recursive_mutex& device_mutation_mutex() {
+  static std::recursive_mutex m;
+  return m;
+}
+
 }  // namespace kiln::cuda
 
 namespace kiln::cuda {

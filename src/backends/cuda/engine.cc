@@ -224,6 +224,7 @@ Expected<DevicePlan> lower_graph(const Graph& g, const BuildOptions& opt) {
 }  // namespace
 
 Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptions& opt) {
+  std::lock_guard<std::recursive_mutex> lock(device_mutation_mutex());
   auto t0 = std::chrono::steady_clock::now();
   std::string why;
   if (!gpu_available(&why)) return KILN_ERROR(kUnsupported, "no usable GPU: {}", why);
@@ -245,6 +246,7 @@ Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptio
 
 Expected<std::shared_ptr<Engine>> Engine::load(const Graph* g, const BuildOptions& opt, std::string_view dpln,
                                                std::string_view dwgt, const std::string& name) {
+  std::lock_guard<std::recursive_mutex> lock(device_mutation_mutex());
   std::string why;
   if (!gpu_available(&why)) return KILN_ERROR(kUnsupported, "{}: no usable GPU: {}", name, why);
   auto e = std::make_shared<EngineImpl>(g, opt);

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "backends/backend.h"
+#include "backends/cuda/device.h"
 #include "backends/cuda/engine_impl.h"
 #include "backends/cuda/weight_pool.h"
 
@@ -28,11 +29,19 @@ size_t io_bytes(const DeviceIo& d) {
 // Owns device/pinned memory and handles; frees them on every path, including failed builds.
 struct DeviceMem {
   void* p = nullptr;
-  ~DeviceMem() { if (p) cudaFree(p); }
+  ~DeviceMem() { reset(); }
+  void reset() {
+    if (p) cudaFree(p);
+    p = nullptr;
+  }
 };
 struct PinnedMem {
   void* p = nullptr;
-  ~PinnedMem() { if (p) cudaFreeHost(p); }
+  ~PinnedMem() { reset(); }
+  void reset() {
+    if (p) cudaFreeHost(p);
+    p = nullptr;
+  }
 };
 
 // cuDNN handles are lent to sessions from a process-wide pool and taken back when a session ends:
@@ -82,6 +91,7 @@ class CudaSession : public Session {
  public:
   CudaSession(std::shared_ptr<EngineImpl> e, void* comm) : e_(std::move(e)) { ctx_.comm = comm; }
   ~CudaSession() override {
+    std::lock_guard<std::recursive_mutex> lock(device_mutation_mutex());
     for (const Segment& g : segments_) {
       if (g.exec) cudaGraphExecDestroy(g.exec);
     }
@@ -89,9 +99,12 @@ class CudaSession : public Session {
     if (lt_) cublasLtDestroy(lt_);
     if (io_event_) cudaEventDestroy(io_event_);
     if (stream_) cudaStreamDestroy(stream_);
+    mem_.reset();
+    pinned_.reset();
   }
 
   Status init() {
+    std::lock_guard<std::recursive_mutex> lock(device_mutation_mutex());
     const DevicePlan& P = e_->plan;
     if (e_->uses_comm && !ctx_.comm) {
       return KILN_ERROR(kInvalidArgument, "this engine is one rank of a tensor-parallel engine: it runs in the whole "
@@ -348,6 +361,7 @@ class CudaSession : public Session {
   // One CUDA graph per run of device steps between host steps (a CPU node costs its round trip,
   // not the graph for the whole forward); host steps stay out of every graph and run in order.
   Status capture() {
+    std::lock_guard<std::recursive_mutex> lock(device_mutation_mutex());
     const auto& steps = e_->plan.steps;
     for (size_t i = 0; i < steps.size();) {
       if (steps[i].host) {
@@ -465,6 +479,7 @@ class CudaSession : public Session {
 }  // namespace
 
 EngineImpl::~EngineImpl() {
+  std::lock_guard<std::recursive_mutex> lock(device_mutation_mutex());
   fns.clear();
   keep_alive.clear();  // descriptors and libraries before the handles that made them
   if (weight_block) cudaFree(weight_block);

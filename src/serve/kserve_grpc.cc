@@ -9,6 +9,7 @@
 #include "grpc_service.grpc.pb.h"
 #include "model_config.pb.h"
 #include "serve/kserve_codec.h"
+#include "serve/kserve_grpc_codec.h"
 
 namespace kiln::serve {
 
@@ -35,51 +36,6 @@ grpc::Status guarded(F f) {
     return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "out of host memory");
   } catch (const std::exception& e) {
     return grpc::Status(grpc::StatusCode::INTERNAL, std::string("internal error: ") + e.what());
-  }
-}
-
-// A typed contents list into the input's bytes (or strings), checking its length.
-template <typename T, typename List>
-void put_list(Input& in, const List& list, const char* field) {
-  if (int64_t(list.size()) != in.count) {
-    throw HttpError{400, "input '" + in.info->name + "': shape holds " + std::to_string(in.count) + " elements, " + field +
-                             " has " + std::to_string(list.size())};
-  }
-  in.bytes.resize(list.size() * sizeof(T));
-  T* p = reinterpret_cast<T*>(in.bytes.data());
-  for (int i = 0; i < list.size(); ++i) {
-    const auto v = list.Get(i);
-    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-      if (v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max()) {
-        throw HttpError{400, "input '" + in.info->name + "': element " + std::to_string(i) + " is out of range for its datatype"};
-      }
-    }
-    p[i] = T(v);
-  }
-}
-
-void decode_contents(Input& in, const inference::InferTensorContents& c) {
-  switch (in.info->dtype) {
-    case DType::kBool: return put_list<bool>(in, c.bool_contents(), "bool_contents");
-    case DType::kUInt8: return put_list<uint8_t>(in, c.uint_contents(), "uint_contents");
-    case DType::kUInt16: return put_list<uint16_t>(in, c.uint_contents(), "uint_contents");
-    case DType::kUInt32: return put_list<uint32_t>(in, c.uint_contents(), "uint_contents");
-    case DType::kUInt64: return put_list<uint64_t>(in, c.uint64_contents(), "uint64_contents");
-    case DType::kInt8: return put_list<int8_t>(in, c.int_contents(), "int_contents");
-    case DType::kInt16: return put_list<int16_t>(in, c.int_contents(), "int_contents");
-    case DType::kInt32: return put_list<int32_t>(in, c.int_contents(), "int_contents");
-    case DType::kInt64: return put_list<int64_t>(in, c.int64_contents(), "int64_contents");
-    case DType::kFloat32: return put_list<float>(in, c.fp32_contents(), "fp32_contents");
-    case DType::kFloat64: return put_list<double>(in, c.fp64_contents(), "fp64_contents");
-    case DType::kString:
-      if (int64_t(c.bytes_contents_size()) != in.count) {
-        throw HttpError{400, "input '" + in.info->name + "': shape holds " + std::to_string(in.count) +
-                                 " elements, bytes_contents has " + std::to_string(c.bytes_contents_size())};
-      }
-      in.strings.assign(c.bytes_contents().begin(), c.bytes_contents().end());
-      return;
-    default:
-      throw HttpError{400, "input '" + in.info->name + "': its datatype has no typed contents; send raw_input_contents"};
   }
 }
 
@@ -174,34 +130,13 @@ class Service final : public inference::GRPCInferenceService::Service {
     std::shared_ptr<LoadedModel> m = repo_.find(q.model_name(), q.model_version());
     CountedRequest counted(*m);
     const auto& infos = m->engine().inputs();
-    const bool raw = q.raw_input_contents_size() > 0;
-    if (raw && q.raw_input_contents_size() != q.inputs_size()) {
-      throw HttpError{400, "the request has " + std::to_string(q.inputs_size()) + " inputs and " +
-                               std::to_string(q.raw_input_contents_size()) + " raw_input_contents"};
-    }
-    std::vector<Input> inputs(infos.size());
-    for (int k = 0; k < q.inputs_size(); ++k) {
-      const auto& t = q.inputs(k);
-      Input& in = bind_input(inputs, infos, t.name(), &t.datatype(), {t.shape().begin(), t.shape().end()});
-      if (raw) {
-        const std::string& b = q.raw_input_contents(k);
-        decode_raw(in, b.data(), b.size(), in.count);
-      } else {
-        decode_contents(in, t.contents());
-      }
-    }
+    std::vector<Input> inputs = decode_grpc_inputs(q, infos);
     std::vector<TensorView> views;
     for (size_t k = 0; k < inputs.size(); ++k) {
       if (!inputs[k].info) throw HttpError{400, "input '" + infos[k].name + "' of model '" + m->name() + "' is missing"};
       views.push_back(inputs[k].view());
     }
-    uint64_t timeout_us = 0;
-    if (auto it = q.parameters().find("timeout"); it != q.parameters().end()) {
-      const auto& p = it->second;
-      if (p.has_int64_param() && p.int64_param() >= 0) timeout_us = uint64_t(p.int64_param());
-      else if (p.has_uint64_param()) timeout_us = p.uint64_param();
-      else throw HttpError{400, "parameter 'timeout' is not a count of microseconds"};
-    }
+    const uint64_t timeout_us = grpc_timeout_us(q);
     auto out = m->infer(views, timeout_us, steady_deadline(ctx));
     if (!out) throw HttpError{status_of(out.status()), out.status().message()};
 

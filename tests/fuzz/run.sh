@@ -4,7 +4,8 @@
 # (tests/fuzz/fuzz_npy.cc), models run on the CPU backend (tests/fuzz/fuzz_run.cc), and the engine
 # file loader (tests/fuzz/fuzz_engine.cc, seeded from tests/fuzz/corpus-engine), the IR text
 # parser (tests/fuzz/fuzz_ir_text.cc, seeded with the pass goldens' graphs) and the KServe v2
-# request decoder of `kiln serve` (tests/fuzz/fuzz_kserve.cc, seeded from tests/fuzz/corpus-kserve).
+# request decoder of `kiln serve` (tests/fuzz/fuzz_kserve.cc, seeded from tests/fuzz/corpus-kserve) and
+# its gRPC request decoder (tests/fuzz/fuzz_grpc.cc, seeded from tests/fuzz/corpus-grpc).
 #
 #   bash tests/fuzz/run.sh [BUILD_DIR] [SECONDS] [each]  (make fuzz: build-fuzz, 60 s; make
 #                                                        fuzz-long SECONDS=N: N s for every target)
@@ -65,8 +66,8 @@ cmake -S "$ROOT" -B "$BUILD" \
   echo "fuzz: cmake configure failed (log: $BUILD/fuzz-configure.log)" >&2
   exit 2
 }
-cmake --build "$BUILD" --target kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run kiln_fuzz_engine kiln_fuzz_ir_text kiln_fuzz_kserve -j "$(nproc)"
-for t in kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run kiln_fuzz_engine kiln_fuzz_ir_text kiln_fuzz_kserve; do
+cmake --build "$BUILD" --target kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run kiln_fuzz_engine kiln_fuzz_ir_text kiln_fuzz_kserve kiln_fuzz_grpc -j "$(nproc)"
+for t in kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run kiln_fuzz_engine kiln_fuzz_ir_text kiln_fuzz_kserve kiln_fuzz_grpc; do
   [[ -x "$BUILD/tests/$t" ]] || { echo "fuzz: $BUILD/tests/$t was not built" >&2; exit 2; }
 done
 
@@ -244,4 +245,8 @@ KSERVE_CORPUS="$BUILD/kserve-corpus"
 mkdir -p "$KSERVE_CORPUS"
 fuzz_target kiln_fuzz_kserve "$QUARTER" "$BUILD/artifacts-kserve" "$BUILD/fuzz-kserve.log" "$KSERVE_CORPUS" \
   "$ROOT/tests/fuzz/corpus-kserve" || status=1
+GRPC_CORPUS="$BUILD/grpc-corpus"
+mkdir -p "$GRPC_CORPUS"
+fuzz_target kiln_fuzz_grpc "$QUARTER" "$BUILD/artifacts-grpc" "$BUILD/fuzz-grpc.log" "$GRPC_CORPUS" \
+  "$ROOT/tests/fuzz/corpus-grpc" || status=1
 exit "$status"

@@ -232,6 +232,17 @@ Expected<ModelSettings> read_model_settings(const std::string& model_dir, std::v
   return s;
 }
 
+void choose_batch_sizes(ModelSettings& s, Device device) {
+  s.batch_sizes.clear();
+  if (!s.dynamic_batching) return;
+  if (!s.preferred_batch_sizes.empty()) {
+    s.batch_sizes = s.preferred_batch_sizes;
+  } else if (device == Device::kCuda) {
+    for (int b = 1; b < s.max_batch_size; b *= 2) s.batch_sizes.push_back(b);
+    s.batch_sizes.push_back(s.max_batch_size);
+  }
+}
+
 Status check_settings(const ModelSettings& s, const Engine& e, const std::string& model) {
   const bool batched = s.max_batch_size > 0;
   if (batched) {

@@ -34,6 +34,12 @@ struct ModelSettings {
   int max_batch_size = 0;  // 0: dim 0 is not a batch dim; requests run one at a time
   bool dynamic_batching = false;
   std::vector<int> preferred_batch_sizes;
+  // The sizes the batcher forms (ascending; empty: any up to max_batch_size). The preferred sizes
+  // when the config gives them; for a GPU engine without them, the powers of two up to
+  // max_batch_size and max_batch_size itself: a dynamic GPU engine makes a plan and captures a graph
+  // per exact shape, so batches of every size from 1 to 64 thrash its caches (ResNet-50 at
+  // concurrency 64: 686 rows/s against 2,833 at 8, bench/RESULTS.md, twenty-sixth session).
+  std::vector<int> batch_sizes;
   uint64_t max_queue_delay_us = 0;
   uint64_t default_timeout_us = 0;  // 0: requests wait as long as it takes
   bool allow_timeout_override = true;  // a request's own timeout wins (false only when a queue policy says so)
@@ -60,6 +66,9 @@ struct ModelSettings {
 // Reads model_dir/config.pbtxt when it exists. Errors name the file and, for syntax, the line and
 // column; `warnings` gets the fields kiln skips.
 Expected<ModelSettings> read_model_settings(const std::string& model_dir, std::vector<std::string>* warnings);
+
+// Fills settings.batch_sizes for an engine on `device` (see ModelSettings::batch_sizes).
+void choose_batch_sizes(ModelSettings& s, Device device);
 
 // Checks the settings against a loaded engine: with max_batch_size > 0 every input's and output's
 // dim 0 must be open (and its built range must reach max_batch_size); inputs and outputs the file

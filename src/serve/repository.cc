@@ -53,12 +53,14 @@ Expected<std::shared_ptr<LoadedModel>> Repository::open(const std::string& name,
   }();
   if (!e) return e.status();
   KILN_RETURN_IF_ERROR(check_settings(settings, *e, name));
+  ModelSettings chosen = settings;
+  choose_batch_sizes(chosen, e->device());
   std::vector<Session> sessions;
   for (int i = 0; i < std::max(1, settings.instances ? settings.instances : config_.sessions); ++i) {
     KILN_ASSIGN_OR_RETURN(Session s, e->create_session());
     sessions.push_back(std::move(s));
   }
-  return std::make_shared<LoadedModel>(name, version, std::move(*e), std::move(sessions), settings);
+  return std::make_shared<LoadedModel>(name, version, std::move(*e), std::move(sessions), chosen);
 }
 
 Status Repository::load(const std::string& name) {

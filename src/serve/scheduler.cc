@@ -134,11 +134,11 @@ std::vector<Scheduler::Pending*> Scheduler::take(std::unique_lock<std::mutex>& l
   if (!settings_.dynamic_batching) {
     batch.push_back(queue_.front());
   } else {
-    // Wait (up to the head request's queue delay) until the compatible rows reach the largest
-    // preferred size, or max_batch_size. Requests may leave meanwhile (timeouts): read the head anew.
+    // Wait (up to the head request's queue delay) until the compatible rows reach the largest size
+    // the batcher forms (batch_sizes), or max_batch_size. Requests may leave meanwhile (timeouts):
+    // read the head anew.
     forming_ = true;
-    const int64_t want = settings_.preferred_batch_sizes.empty() ? settings_.max_batch_size
-                                                                  : settings_.preferred_batch_sizes.back();
+    const int64_t want = settings_.batch_sizes.empty() ? settings_.max_batch_size : settings_.batch_sizes.back();
     for (;;) {
       if (queue_.empty()) break;
       const Pending* head = queue_.front();
@@ -152,10 +152,24 @@ std::vector<Scheduler::Pending*> Scheduler::take(std::unique_lock<std::mutex>& l
     }
     forming_ = false;
     if (!queue_.empty()) {
+      // The rows at hand, trimmed to the largest size the batcher may form (batch_sizes) that they
+      // reach; fewer rows than the smallest size run as they are.
       const Pending* head = queue_.front();
-      int64_t rows = 0;
-      for (Pending* p : queue_) {
-        if (rows + p->rows <= settings_.max_batch_size && same_past_batch(*head->inputs, *p->inputs)) {
+      int64_t avail = 0;
+      for (const Pending* p : queue_) {
+        if (avail + p->rows <= settings_.max_batch_size && same_past_batch(*head->inputs, *p->inputs)) avail += p->rows;
+      }
+      int64_t target = avail;
+      if (!settings_.batch_sizes.empty()) {
+        auto it = std::upper_bound(settings_.batch_sizes.begin(), settings_.batch_sizes.end(), avail);
+        if (it != settings_.batch_sizes.begin()) target = *std::prev(it);
+      }
+      // The head always goes (FIFO), whatever its size; then those behind it that fit.
+      int64_t rows = head->rows;
+      batch.push_back(queue_.front());
+      for (auto it = std::next(queue_.begin()); it != queue_.end(); ++it) {
+        Pending* p = *it;
+        if (rows + p->rows <= target && same_past_batch(*head->inputs, *p->inputs)) {
           rows += p->rows;
           batch.push_back(p);
         }

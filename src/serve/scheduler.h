@@ -1,8 +1,9 @@
 // The queue in front of a model's sessions, and its dynamic batcher. Every request of a loaded model
 // version goes through one Scheduler: it waits in a FIFO queue until a session is free; with dynamic
 // batching, a free session takes the requests at the head of the queue whose inputs agree past dim 0
-// (up to max_batch_size rows), waits up to max_queue_delay for more (or until a preferred batch size
-// is reached), runs them as one batch and splits the outputs back along dim 0. A request that waits
+// (up to max_batch_size rows), waits up to max_queue_delay for more (or until the largest size it
+// forms is reached), trims the batch to the largest of its sizes (ModelSettings::batch_sizes) the
+// rows reach, runs it as one and splits the outputs back along dim 0. A request that waits
 // past its timeout is answered "timed out" (504) and never runs; one that finds the queue full is
 // answered 503. Destroying the scheduler lets the queued requests finish first.
 #pragma once

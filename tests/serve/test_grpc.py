@@ -33,7 +33,7 @@ max_batch_size: 8
 version_policy { latest { num_versions: 2 } }
 dynamic_batching {
   max_queue_delay_microseconds: 200000
-  preferred_batch_size: [ 4 ]
+  preferred_batch_size: [ 4, 8 ]
 }
 instance_group [ { count: 1 kind: KIND_CPU } ]
 input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
@@ -125,7 +125,7 @@ def test_health_metadata_config(server):
     assert m["inputs"] == [{"name": "x", "datatype": "FP32", "shape": ["-1", "4"]}]
     assert c.is_model_ready("mlp", "2") and c.is_model_ready("mlp", "3") and not c.is_model_ready("mlp", "1")
     cfg = c.get_model_config("mlp", as_json=True)["config"]
-    assert cfg["max_batch_size"] == 8 and cfg["dynamic_batching"]["preferred_batch_size"] == [4]
+    assert cfg["max_batch_size"] == 8 and cfg["dynamic_batching"]["preferred_batch_size"] == [4, 8]
     assert cfg["input"][0]["dims"] == ["4"] and cfg["instance_group"][0]["count"] == 1
     assert cfg["version_policy"] == {"latest": {"num_versions": 2}}
     with pytest.raises(InferenceServerException, match="'nope' is not loaded"):

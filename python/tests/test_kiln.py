@@ -114,12 +114,16 @@ def test_gil_released_while_running(engine):
             time.sleep(0.0005)
     t = threading.Thread(target=count)
     t.start()
-    start = ticks[0]
-    for _ in range(3):
+    start, runs, t0 = ticks[0], 0, time.perf_counter()
+    while time.perf_counter() - t0 < 0.2:  # forwards back to back for 200 ms, however fast each is
         s.run(None, {"input": x})
+        runs += 1
     done.set()
     t.join()
-    assert ticks[0] - start > 20, "the counting thread was starved: the GIL is held while kiln runs"
+    # Held, the GIL would let the counter tick about once between two forwards; released, it ticks
+    # every ~0.5 ms while they run.
+    assert ticks[0] - start > 3 * runs + 20, (
+        f"the counting thread was starved ({ticks[0] - start} ticks over {runs} forwards): the GIL is held while kiln runs")
 
 
 def test_sessions_in_threads(engine):

@@ -13,6 +13,7 @@ INSTANCES=${4:-2}
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source bench/gpu-env.sh
 mkdir -p "$OUT"
+if [[ ! -f /tmp/r50.kiln ]]; then  # made once per machine; later calls reuse it
 python3 - <<'PY'
 import torch, torchvision
 m = torchvision.models.resnet50().eval()
@@ -23,6 +24,7 @@ PY
 t0=$(date +%s)
 "$BIN/kiln" build /tmp/r50.onnx --fp16 --shapes input:1..64x3x224x224 -o /tmp/r50.kiln | tail -3
 echo "build: $(( $(date +%s) - t0 )) s"
+fi
 PYTHONUNBUFFERED=1 python3 bench/serve_load.py --kiln "$BIN/kiln" --model /tmp/r50.kiln --device cuda \
   --max-batch-size 64 --delay-us "$DELAY" --input-dims 3x224x224 --input-names input --instances "$INSTANCES" \
   --engine-batches 1,64 --engine-shapes 'input:{b}x3x224x224' --client cpp --protocols grpc,http \

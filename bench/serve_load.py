@@ -95,6 +95,32 @@ def client_for(protocol, url):
     return t, t.InferenceServerClient(url)
 
 
+def server_counters(port):
+    """The server's Triton counters for model m (summed over versions)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("nv_") and 'model="m"' in line:
+            name = line.split("{")[0]
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def per_request(a, b):
+    """Where a level's requests spent their time inside the server: per request, in ms, and the
+    rows per execution (the batches the batcher formed)."""
+    d = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in b}
+    n = d.get("nv_inference_request_success", 0.0) + d.get("nv_inference_request_failure", 0.0)
+    execs = d.get("nv_inference_exec_count", 0.0)
+    if not n:
+        return {}
+    return {"request_ms": d.get("nv_inference_request_duration_us", 0.0) / n / 1000,
+            "queue_ms": d.get("nv_inference_queue_duration_us", 0.0) / n / 1000,
+            "compute_ms": d.get("nv_inference_compute_infer_duration_us", 0.0) / n / 1000,
+            "rows_per_execution": d.get("nv_inference_count", 0.0) / execs if execs else 0.0}
+
+
 def level_cpp(args, protocol, url, concurrency, seconds):
     """The same level driven by kiln-serve-load (C++ threads)."""
     tool = os.path.join(os.path.dirname(os.path.abspath(args.kiln)), "kiln-serve-load")
@@ -182,9 +208,9 @@ def main():
               "engine": [engine_latency(args, int(b)) for b in args.engine_batches.split(",")], "levels": []}
     with tempfile.TemporaryDirectory() as root:
         write_repo(args, root)
-        http_port, grpc_port = free_port(), free_port()
+        http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
         server = subprocess.Popen([args.kiln, "serve", "--model-repository", root, "--http-port", str(http_port),
-                                   "--grpc-port", str(grpc_port), "--metrics-port", "0", "--host", "127.0.0.1",
+                                   "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), "--host", "127.0.0.1",
                                    "--device", args.device], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             deadline = time.time() + 1800
@@ -208,7 +234,9 @@ def main():
                     run = lambda c, secs: level(protocol, urls[protocol], meta, c, secs)  # noqa: E731
                 run(max(int(x) for x in args.concurrency.split(",")), 2.0)  # warm-up: sessions, connections, graphs
                 for c in (int(x) for x in args.concurrency.split(",")):
+                    before = server_counters(metrics_port)
                     r = run(c, args.seconds)
+                    r["server"] = per_request(before, server_counters(metrics_port))
                     result["levels"].append(r)
                     print(json.dumps(r), flush=True)
         finally:

@@ -15,44 +15,17 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "kserve_fuzz_common.h"
 #include "serve/kserve_grpc_codec.h"
 
-namespace {
-
-std::vector<kiln::TensorInfo> signature() {
-  using kiln::DType;
-  auto info = [](std::string name, DType dt, std::vector<int64_t> shape) {
-    kiln::TensorInfo t;
-    t.name = std::move(name);
-    t.dtype = dt;
-    t.shape = std::move(shape);
-    return t;
-  };
-  return {info("x", DType::kFloat32, {-1, 4}), info("ids", DType::kInt64, {1, 3}), info("text", DType::kString, {2}),
-          info("flag", DType::kBool, {-1}), info("h", DType::kFloat16, {2})};
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::vector<kiln::TensorInfo> infos = signature();
+  static const std::vector<kiln::TensorInfo> infos = kiln::fuzz::kserve_signature();
   inference::ModelInferRequest q;
   if (!q.ParseFromArray(data, int(size))) return 0;
   try {
     (void)kiln::serve::grpc_timeout_us(q);
     std::vector<kiln::serve::Input> inputs = kiln::serve::decode_grpc_inputs(q, infos);
-    for (kiln::serve::Input& in : inputs) {
-      if (!in.info) continue;
-      int64_t n = 1;
-      for (int64_t d : in.shape) n *= d;
-      const bool ok = in.info->dtype == kiln::DType::kString
-                          ? int64_t(in.strings.size()) == n
-                          : in.bytes.size() == size_t(n) * kiln::dtype_size(in.info->dtype);
-      if (!ok || n != in.count) {
-        std::fprintf(stderr, "input '%s' decoded to the wrong size\n", in.info->name.c_str());
-        std::abort();
-      }
-    }
+    kiln::fuzz::check_decoded(inputs, "kiln_fuzz_grpc");
   } catch (const kiln::serve::HttpError&) {
   }
   return 0;

@@ -17,27 +17,11 @@
 #include <cstdlib>
 #include <string>
 
+#include "kserve_fuzz_common.h"
 #include "serve/kserve_codec.h"
 
-namespace {
-
-std::vector<kiln::TensorInfo> signature() {
-  using kiln::DType;
-  auto info = [](std::string name, DType dt, std::vector<int64_t> shape) {
-    kiln::TensorInfo t;
-    t.name = std::move(name);
-    t.dtype = dt;
-    t.shape = std::move(shape);
-    return t;
-  };
-  return {info("x", DType::kFloat32, {-1, 4}), info("ids", DType::kInt64, {1, 3}), info("text", DType::kString, {2}),
-          info("flag", DType::kBool, {-1}), info("h", DType::kFloat16, {2})};
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::vector<kiln::TensorInfo> infos = signature();
+  static const std::vector<kiln::TensorInfo> infos = kiln::fuzz::kserve_signature();
   if (size < 1) return 0;
   const bool has_header = data[0] & 1;
   size_t at = 1;
@@ -53,18 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const size_t len = kiln::serve::header_length(body, has_header ? &header : nullptr);
     nlohmann::json r = kiln::serve::parse_request(body, len);
     std::vector<kiln::serve::Input> inputs = kiln::serve::decode_inputs(body, len, r, infos);
-    for (kiln::serve::Input& in : inputs) {
-      if (!in.info) continue;
-      int64_t n = 1;
-      for (int64_t d : in.shape) n *= d;
-      const bool ok = in.info->dtype == kiln::DType::kString
-                          ? int64_t(in.strings.size()) == n
-                          : in.bytes.size() == size_t(n) * kiln::dtype_size(in.info->dtype);
-      if (!ok) {
-        std::fprintf(stderr, "kiln_fuzz_kserve: input '%s' decoded to the wrong number of elements\n", in.info->name.c_str());
-        std::abort();
-      }
-    }
+    kiln::fuzz::check_decoded(inputs, "kiln_fuzz_kserve");
   } catch (const kiln::serve::HttpError&) {
   }
   return 0;

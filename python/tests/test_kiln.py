@@ -200,3 +200,35 @@ def test_tensor_parallel(tmp_path):
     np.testing.assert_array_equal(y, y2)
     with pytest.raises(kiln.KilnError, match="fixed input shapes"):
         kiln.build(path, device="cpu", tensor_parallel=2)
+
+
+def aligned(shape, align=64):
+    """A float32 array whose data starts on an `align`-byte boundary (numpy's own may not)."""
+    n = int(np.prod(shape))
+    raw = np.empty(n * 4 + align, np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off:off + n * 4].view(np.float32).reshape(shape)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cpu-ref"])
+def test_large_aligned_inputs_read_in_place_and_left_alone(tmp_path, device):
+    """Inputs of 64 KiB and more on a 64-byte boundary are read in place: the results are right, the
+    input is not written, and an output that is the input itself gets memory of its own."""
+    path = str(tmp_path / "id_relu.onnx")
+    g = helper.make_graph([helper.make_node("Identity", ["x"], ["same"]), helper.make_node("Relu", ["x"], ["r"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 1024])],
+                          [helper.make_tensor_value_info("same", TensorProto.FLOAT, [64, 1024]),
+                           helper.make_tensor_value_info("r", TensorProto.FLOAT, [64, 1024])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    s = kiln.build(path, device=device).create_session()
+    x = aligned((64, 1024))
+    assert x.ctypes.data % 64 == 0 and x.nbytes >= 64 << 10
+    x[...] = np.random.default_rng(4).standard_normal(x.shape)
+    before = x.copy()
+    same, r = s.run(None, {"x": x})
+    np.testing.assert_array_equal(x, before)
+    np.testing.assert_array_equal(same, before)
+    np.testing.assert_array_equal(r, np.maximum(before, 0))
+    x[...] = 7.0  # the caller reuses its buffer: the outputs it was given do not change
+    np.testing.assert_array_equal(same, before)
+    np.testing.assert_array_equal(r, np.maximum(before, 0))

@@ -1,6 +1,7 @@
 // kiln::Engine and kiln::Session: saving and loading engine files, sessions over the plan (CPU) or
 // the CUDA engine (gpu.cc), and tensors across the API boundary.
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -26,8 +27,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A host copy of a view (inputs are copied once: the engine may run after the caller's buffer
-// changes, and its kernels want kiln's own aligned tensors).
+// Inputs this large and 64-byte aligned are read in place, for the run only (a server's batch of
+// images: a copy of 38 MB cost more than the forward); smaller ones, strings and unaligned buffers
+// are copied into kiln's own aligned tensors. Value inputs (a TopK's k, Slice bounds: a few
+// elements) are always copies, since a dynamic engine keeps the value in the plan it makes.
+constexpr size_t kBorrowBytes = size_t(64) << 10;
+
+bool borrowable(const TensorView& v) {
+  return v.dtype != DType::kString && v.bytes() >= kBorrowBytes && reinterpret_cast<uintptr_t>(v.data) % 64 == 0;
+}
+
 Expected<Data> to_data(const TensorView& v, const TensorInfo& info, size_t index) {
   if (v.on_device) {
     return KILN_ERROR(kInvalidArgument, "input {} ('{}'): a device pointer needs Session::run with outputs on a GPU engine",
@@ -35,6 +44,10 @@ Expected<Data> to_data(const TensorView& v, const TensorInfo& info, size_t index
   }
   for (int64_t d : v.shape) {
     if (d < 0) return KILN_ERROR(kInvalidArgument, "input {} ('{}'): negative dimension {}", index, info.name, d);
+  }
+  if (v.data && borrowable(v)) {
+    // The caller owns the memory; nothing frees it (the tensor dies with the run).
+    return Data(Tensor::view(v.dtype, v.shape, std::shared_ptr<void>(v.data, [](void*) {}), v.data));
   }
   KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(v.dtype, v.shape));
   if (t.numel() > 0 && !v.data) return KILN_ERROR(kInvalidArgument, "input {} ('{}'): null data", index, info.name);
@@ -266,6 +279,20 @@ Expected<std::vector<HostTensor>> Session::run(const std::vector<TensorView>& in
   KILN_ASSIGN_OR_RETURN(std::vector<Data> out, impl_->run(std::move(in)));
   std::vector<HostTensor> r;
   for (size_t i = 0; i < out.size(); ++i) {
+    // An output that is (a view of) an input read in place gets memory of its own: the caller's
+    // buffer may go once run returns.
+    if (out[i].is_tensor() && out[i].tensor.nbytes()) {
+      const char* p = static_cast<const char*>(out[i].tensor.raw());
+      for (const TensorView& v : inputs) {
+        const char* b = static_cast<const char*>(v.data);
+        if (borrowable(v) && p >= b && p < b + v.bytes()) {
+          KILN_ASSIGN_OR_RETURN(Tensor copy, Tensor::create(out[i].tensor.dtype(), out[i].tensor.dims()));
+          std::memcpy(copy.raw(), out[i].tensor.raw(), copy.nbytes());
+          out[i] = Data(std::move(copy));
+          break;
+        }
+      }
+    }
     KILN_ASSIGN_OR_RETURN(HostTensor t, to_host(std::move(out[i]), i < impl_->outputs.size() ? impl_->outputs[i].name : ""));
     r.push_back(std::move(t));
   }

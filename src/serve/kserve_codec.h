@@ -5,6 +5,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,11 +25,24 @@ std::optional<std::string> kserve_type(DType t);
 // {"name", "datatype", "shape"} of an engine input or output (-1 for dims the engine leaves open).
 nlohmann::json tensor_metadata(const TensorInfo& t);
 
+// 64-byte aligned storage: an engine reads a large input in place only when it is (Session::run).
+template <typename T>
+struct Aligned64 {
+  using value_type = T;
+  Aligned64() = default;
+  template <typename U>
+  Aligned64(const Aligned64<U>&) {}  // NOLINT
+  T* allocate(size_t n) { return static_cast<T*>(::operator new[](n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) { ::operator delete[](p, std::align_val_t(64)); }
+  template <typename U>
+  bool operator==(const Aligned64<U>&) const { return true; }
+};
+
 // One input of a request, decoded into memory the request owns.
 struct Input {
   const TensorInfo* info = nullptr;  // null: the request did not give this input
   std::vector<int64_t> shape;
-  std::vector<unsigned char> bytes;
+  std::vector<unsigned char, Aligned64<unsigned char>> bytes;
   std::vector<std::string> strings;
   int64_t count = 0;  // elements the shape holds
   TensorView view() {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <thread>
 
 #include "grpc_service.grpc.pb.h"
 #include "model_config.pb.h"
@@ -187,6 +188,10 @@ bool GrpcServer::start(const std::string& address) {
   // Tensors are large: no 4 MiB limit (the codec bounds what a request may claim).
   b.SetMaxReceiveMessageSize(INT_MAX);
   b.SetMaxSendMessageSize(INT_MAX);
+  // A completion queue per core (gRPC's default is one): requests of many clients are read and
+  // parsed in parallel, so the batcher sees them together.
+  b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS,
+                        int(std::max(2u, std::thread::hardware_concurrency())));
   impl_->server = b.BuildAndStart();
   return impl_->server && port != 0;
 }

@@ -109,7 +109,20 @@ Expected<std::vector<HostTensor>> Scheduler::run(const std::vector<TensorView>& 
   return std::move(*p.result);
 }
 
+unsigned char* Scheduler::Scratch::get(size_t k, size_t bytes) {
+  if (inputs.size() <= k) inputs.resize(k + 1);
+  Buffer& b = inputs[k];
+  if (b.size < bytes) {
+    const size_t n = std::max(bytes, b.size * 2);
+    b.p = std::shared_ptr<unsigned char>(static_cast<unsigned char*>(::operator new[](n, std::align_val_t(64))),
+                                         [](unsigned char* q) { ::operator delete[](q, std::align_val_t(64)); });
+    b.size = n;
+  }
+  return b.p.get();
+}
+
 void Scheduler::work(Session s) {
+  Scratch scratch;
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     queued_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !forming_); });
@@ -120,7 +133,7 @@ void Scheduler::work(Session s) {
     std::vector<Pending*> batch = take(lock);
     if (batch.empty()) continue;
     lock.unlock();
-    execute(s, batch);
+    execute(s, batch, scratch);
     lock.lock();
     for (Pending* p : batch) {
       p->done = true;
@@ -184,7 +197,7 @@ std::vector<Scheduler::Pending*> Scheduler::take(std::unique_lock<std::mutex>& l
   return batch;
 }
 
-void Scheduler::execute(Session& s, const std::vector<Pending*>& batch) {
+void Scheduler::execute(Session& s, const std::vector<Pending*>& batch, Scratch& scratch) {
   const Clock::time_point start = Clock::now();
   int64_t total = 0;
   for (Pending* p : batch) {
@@ -213,15 +226,14 @@ void Scheduler::execute(Session& s, const std::vector<Pending*>& batch) {
         v.data = all->data();
         keep.push_back(all);
       } else {
-        auto all = std::make_shared<std::vector<unsigned char>>(size_t(v.numel()) * es);
+        unsigned char* all = scratch.get(k, size_t(v.numel()) * es);
         size_t at = 0;
         for (Pending* p : batch) {
           const TensorView& in = (*p->inputs)[k];
-          if (in.bytes()) std::memcpy(all->data() + at, in.data, in.bytes());
+          if (in.bytes()) std::memcpy(all + at, in.data, in.bytes());
           at += in.bytes();
         }
-        v.data = all->data();
-        keep.push_back(all);
+        v.data = all;
       }
       views.push_back(std::move(v));
     }

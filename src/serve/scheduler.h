@@ -48,11 +48,21 @@ class Scheduler {
 
  private:
   struct Pending;
+  // A worker's buffers for the batches it concatenates, kept from batch to batch (64-byte aligned,
+  // so the engine reads them in place; never zeroed).
+  struct Scratch {
+    struct Buffer {
+      std::shared_ptr<unsigned char> p;
+      size_t size = 0;
+    };
+    std::vector<Buffer> inputs;
+    unsigned char* get(size_t k, size_t bytes);
+  };
   void work(Session s);
   // The requests the next run takes, removed from the queue (lock held); waits for more while
   // batching wants them.
   std::vector<Pending*> take(std::unique_lock<std::mutex>& lock);
-  void execute(Session& s, const std::vector<Pending*>& batch);
+  void execute(Session& s, const std::vector<Pending*>& batch, Scratch& scratch);
 
   ModelSettings settings_;
   ModelMetrics& metrics_;

@@ -236,7 +236,8 @@ std::vector<Input> decode_inputs(const std::string& body, size_t header_len, con
   for (const json& ji : r["inputs"]) {
     if (!ji.is_object() || !ji.contains("name") || !ji["name"].is_string()) throw HttpError{400, "an input has no name"};
     const std::string n = ji["name"].get<std::string>();
-    const std::string datatype = ji.contains("datatype") && ji["datatype"].is_string() ? ji["datatype"].get<std::string>() : "";
+    const std::string datatype = !ji.contains("datatype") ? ""
+                                 : ji["datatype"].is_string() ? ji["datatype"].get<std::string>() : ji["datatype"].dump();
     if (!ji.contains("shape") || !ji["shape"].is_array()) throw HttpError{400, "input '" + n + "' has no shape"};
     std::vector<int64_t> shape;
     for (const json& d : ji["shape"]) {

@@ -201,6 +201,7 @@ Expected<ModelSettings> read_model_settings(const std::string& model_dir, std::v
     if (g.count() < 0 || g.count() > 1024) return bad("instance_group count " + std::to_string(g.count()) + " is not in 0..1024");
     instances += g.count() ? g.count() : 1;
   }
+  if (instances > 1024) return bad("instance_group counts add up to " + std::to_string(instances) + ", over 1024");
   s.instances = instances;
   if (c.has_version_policy()) {
     const auto& v = c.version_policy();
@@ -238,7 +239,7 @@ void choose_batch_sizes(ModelSettings& s, Device device) {
   if (!s.preferred_batch_sizes.empty()) {
     s.batch_sizes = s.preferred_batch_sizes;
   } else if (device == Device::kCuda) {
-    for (int b = 1; b < s.max_batch_size; b *= 2) s.batch_sizes.push_back(b);
+    for (int64_t b = 1; b < s.max_batch_size; b *= 2) s.batch_sizes.push_back(int(b));
     s.batch_sizes.push_back(s.max_batch_size);
   }
 }

@@ -93,15 +93,23 @@ Status Repository::load(const std::string& name) {
     if (!m) return fail(m.status().with_context("model '" + name + "' version " + std::to_string(v)));
     fresh[v] = std::move(*m);
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  failed_.erase(name);
-  loaded_[name].swap(fresh);  // the old versions go when their last request is answered
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_.erase(name);
+    loaded_[name].swap(fresh);  // `fresh` now holds the old versions: they go when their last request is answered
+  }
   return Status::ok();
 }
 
 Status Repository::unload(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!loaded_.erase(name)) return Status(ErrorCode::kInvalidArgument, "model '" + name + "' is not loaded");
+  std::map<int64_t, std::shared_ptr<LoadedModel>> gone;  // destroyed after the lock is released
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = loaded_.find(name);
+    if (it == loaded_.end()) return Status(ErrorCode::kInvalidArgument, "model '" + name + "' is not loaded");
+    gone.swap(it->second);
+    loaded_.erase(it);
+  }
   return Status::ok();
 }
 

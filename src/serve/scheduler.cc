@@ -9,6 +9,8 @@ namespace kiln::serve {
 
 namespace {
 
+constexpr uint64_t kMaxTimeoutUs = uint64_t(86'400) * 1'000'000;
+
 uint64_t us_between(Clock::time_point a, Clock::time_point b) {
   return b > a ? uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(b - a).count()) : 0;
 }
@@ -85,6 +87,7 @@ Expected<std::vector<HostTensor>> Scheduler::run(const std::vector<TensorView>& 
   }
   uint64_t t = settings_.default_timeout_us;
   if (timeout_us && settings_.allow_timeout_override) t = timeout_us;
+  if (t > kMaxTimeoutUs) t = 0;  // longer than a day: no timeout (and no overflow in the clock's arithmetic)
   p.enqueued = Clock::now();
   Clock::time_point until = deadline;
   if (t && settings_.reject_on_timeout) until = std::min(until, p.enqueued + std::chrono::microseconds(t));
@@ -133,7 +136,13 @@ void Scheduler::work(Session s) {
     std::vector<Pending*> batch = take(lock);
     if (batch.empty()) continue;
     lock.unlock();
-    execute(s, batch, scratch);
+    try {
+      execute(s, batch, scratch);
+    } catch (const std::bad_alloc&) {  // a batch too large for host memory fails, the server stays
+      for (Pending* p : batch) p->result = Status(ErrorCode::kOutOfMemory, "out of host memory running the batch");
+    } catch (const std::exception& e) {
+      for (Pending* p : batch) p->result = Status(ErrorCode::kInternal, std::string("internal error: ") + e.what());
+    }
     lock.lock();
     for (Pending* p : batch) {
       p->done = true;
@@ -243,6 +252,11 @@ void Scheduler::execute(Session& s, const std::vector<Pending*>& batch, Scratch&
   metrics_.executions += 1;
   metrics_.compute_us += compute * batch.size();
   metrics_.inferences += uint64_t(total);
+  if (batch.size() > 1 && !out && out.status().code() == ErrorCode::kInvalidArgument) {
+    // One request's data (an index out of range...) must not fail the others: each runs alone.
+    for (Pending* p : batch) p->result = s.run(*p->inputs);
+    return;
+  }
   if (batch.size() == 1 || !out) {
     for (Pending* p : batch) p->result = out;
     return;

@@ -47,6 +47,24 @@ parameters { key: "device" value { string_value: "cpu-ref" } }
 """
 
 
+GATHER_CONFIG = """
+max_batch_size: 8
+dynamic_batching { max_queue_delay_microseconds: 300000 preferred_batch_size: [ 4 ] }
+instance_group [ { count: 1 } ]
+"""
+TABLE = np.arange(40, dtype=np.float32).reshape(10, 4)
+
+
+def write_gather(path):
+    """ids[N, 2] (int64) -> rows of a 10 x 4 table: an id out of range is that request's error."""
+    g = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["y"])], "gather",
+                          [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, 4])],
+                          [numpy_helper.from_array(TABLE, "table")])
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
 def write_slow(path):
     """x[N, 256, 256] through 24 MatMul + Tanh layers: ~100 ms per row on the reference kernels."""
     rng = np.random.default_rng(5)
@@ -78,6 +96,9 @@ def server(tmp_path_factory):
     write_slow(os.path.join(repo, "slow", "1", "model.onnx"))
     with open(os.path.join(repo, "slow", "config.pbtxt"), "w") as f:
         f.write(SLOW_CONFIG)
+    write_gather(os.path.join(repo, "gather", "1", "model.onnx"))
+    with open(os.path.join(repo, "gather", "config.pbtxt"), "w") as f:
+        f.write(GATHER_CONFIG)
     os.makedirs(os.path.join(repo, "effnet", "1"))
     shutil.copy(os.path.join(MODEL_DIR, "model.onnx"), os.path.join(repo, "effnet", "1", "model.onnx"))
     with open(os.path.join(repo, "effnet", "config.pbtxt"), "w") as f:
@@ -187,6 +208,38 @@ def test_concurrent_requests_are_batched_and_split_back(server):
     assert after["nv_inference_exec_count"] - before["nv_inference_exec_count"] <= len(rows) // 2
     with pytest.raises(InferenceServerException, match="batch of 9 is over the model's max_batch_size 8"):
         c.infer("mlp", [mlp_input(np.zeros((9, 4), np.float32))])
+
+
+def test_a_bad_request_does_not_fail_its_batch(server):
+    """Four requests merged into one batch, one with an id out of range: it alone gets the error."""
+    ids = [np.array([[1, 2]]), np.array([[3, 99]]), np.array([[4, 5]]), np.array([[6, 7]])]
+    results, errors = {}, {}
+
+    def work(k):
+        i = tg.InferInput("ids", [1, 2], "INT64")
+        i.set_data_from_numpy(ids[k].astype(np.int64))
+        try:
+            results[k] = tg.InferenceServerClient(server.url).infer("gather", [i]).as_numpy("y")
+        except InferenceServerException as e:
+            errors[k] = str(e)
+    before = counters(server, "gather", 1)
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert list(errors) == [1] and "out of range" in errors[1], errors
+    for k in (0, 2, 3):
+        np.testing.assert_array_equal(results[k], TABLE[ids[k]])
+    after = counters(server, "gather", 1)
+    assert after["nv_inference_request_failure"] - before.get("nv_inference_request_failure", 0) == 1
+    # They did share a run (a 300 ms queue delay, a preferred batch of 4): one execution of 4 rows.
+    assert after["nv_inference_exec_count"] - before.get("nv_inference_exec_count", 0) == 1
+    # A timeout too large for the clock ("forever") is no timeout, not an instant one.
+    i = tg.InferInput("ids", [1, 2], "INT64")
+    i.set_data_from_numpy(np.array([[0, 1]], np.int64))
+    np.testing.assert_array_equal(tg.InferenceServerClient(server.url).infer("gather", [i], timeout=2**63 - 1)
+                                  .as_numpy("y"), TABLE[[[0, 1]]])
 
 
 def slow_input(rows):

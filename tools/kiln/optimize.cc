@@ -144,7 +144,13 @@ int optimize_main(const LoadOptions& load, const EngineOptions& eng, const Optim
         cands.push_back(std::move(c));
         return Status::ok();
       }
-      KILN_ASSIGN_OR_RETURN(auto outs, run_all(*e, samples));
+      auto ran = run_all(*e, samples);
+      if (!ran) {  // recorded, and the other candidates still run
+        c.why = "run failed: " + ran.status().message();
+        cands.push_back(std::move(c));
+        return Status::ok();
+      }
+      auto& outs = *ran;
       std::vector<quant::Metrics> m(reference[0].size());
       for (size_t s = 0; s < samples.size(); ++s) {
         for (size_t k = 0; k < m.size() && k < outs[s].size(); ++k) {
@@ -158,7 +164,13 @@ int optimize_main(const LoadOptions& load, const EngineOptions& eng, const Optim
       }
       c.error = c.nonfinite ? std::numeric_limits<double>::infinity() : quant::error_of(metric, c.accuracy);
       KILN_ASSIGN_OR_RETURN(Session s, e->create_session());
-      KILN_ASSIGN_OR_RETURN(std::vector<double> ms, s.benchmark(views(samples[0]), 10, opt.iterations));
+      auto timed = s.benchmark(views(samples[0]), 10, opt.iterations);
+      if (!timed) {
+        c.why = "timing failed: " + timed.status().message();
+        cands.push_back(std::move(c));
+        return Status::ok();
+      }
+      std::vector<double>& ms = *timed;
       std::sort(ms.begin(), ms.end());
       c.median_ms = ms[ms.size() / 2];
       c.p99_ms = ms[std::min(ms.size() - 1, size_t(std::ceil(0.99 * double(ms.size()))) - 1)];
@@ -189,8 +201,10 @@ int optimize_main(const LoadOptions& load, const EngineOptions& eng, const Optim
       if (c.engine && c.why.empty() && (!chosen || c.median_ms < chosen->median_ms)) chosen = &c;
     }
     Candidate* kept = chosen;
-    for (Candidate& c : cands) {
-      if (!kept && c.engine && (!kept || c.error < kept->error)) kept = &c;
+    if (!chosen) {
+      for (Candidate& c : cands) {
+        if (c.engine && (!kept || c.error < kept->error)) kept = &c;
+      }
     }
 
     const fs::path dir = fs::path(opt.repo) / opt.name;

@@ -39,11 +39,17 @@ Expected<std::string> read_text(const fs::path& p) {
 }
 
 Status write_atomically(const fs::path& p, const std::string& text) {
-  const fs::path tmp = p.string() + ".tmp";
+  // A name of this process's own, so two commands never write one temporary file.
+  const fs::path tmp = p.string() + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     f << text;
-    if (!f) return KILN_ERROR(kIo, "{}: cannot be written", tmp.string());
+    f.close();  // flushed and checked before the rename: a full disk never replaces the file
+    if (!f) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      return KILN_ERROR(kIo, "{}: cannot be written", tmp.string());
+    }
   }
   std::error_code ec;
   fs::rename(tmp, p, ec);

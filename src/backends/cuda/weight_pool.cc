@@ -3,10 +3,12 @@
 #include <cuda_runtime_api.h>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/device.h"
 
 namespace kiln::cuda {
 
 WeightPool::~WeightPool() {
+  std::lock_guard<std::recursive_mutex> lock(device_mutation_mutex());
   for (auto& e : entries_) {
     if (e->dev) cudaFree(e->dev);
   }

@@ -1,7 +1,9 @@
 // The compute thread (src/backends/cpu/compute_thread.h): every task runs on one thread, whichever
 // thread submits it; a task that submits another runs it inline (no deadlock); results and
-// exceptions come back to the caller.
+// exceptions come back to the caller; a forked child gets a compute thread of its own.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <set>
 #include <stdexcept>
@@ -40,6 +42,22 @@ TEST(ComputeThread, NestedTasksRunInlineAndValuesAndErrorsComeBack) {
   EXPECT_EQ(on_compute_thread<int>([] { return 41 + 1; }), 42);
   EXPECT_THROW(on_compute_thread<int>([]() -> int { throw std::runtime_error("task failed"); }), std::runtime_error);
   EXPECT_EQ(on_compute_thread<int>([] { return 7; }), 7);  // the thread survives a throwing task
+}
+
+// A child forked after the parent used the compute thread (Python multiprocessing does this) has
+// no such thread: its tasks must still run, not wait forever.
+TEST(ComputeThread, AForkedChildStartsItsOwn) {
+  ASSERT_EQ(on_compute_thread<int>([] { return 1; }), 1);  // the parent's thread exists
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    alarm(10);  // a hang ends the child with SIGALRM, which the parent sees
+    _exit(on_compute_thread<int>([] { return 5; }) == 5 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child hung or crashed (signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ")";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 }  // namespace

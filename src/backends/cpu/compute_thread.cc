@@ -1,5 +1,8 @@
 #include "backends/cpu/compute_thread.h"
 
+#include <pthread.h>
+
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -60,11 +63,28 @@ class ComputeThread {
   std::thread thread_;
 };
 
+// Never destroyed: the detached thread may outlive static destructors at exit. A forked child has
+// no compute thread (fork copies only the calling thread): it starts its own on first use.
+std::atomic<ComputeThread*> g_thread{nullptr};
+std::mutex g_start;
+
 }  // namespace
 
 void run_on_compute_thread(std::function<void()> task) {
-  // Never destroyed: the detached thread may outlive static destructors at exit.
-  static ComputeThread* t = new ComputeThread();
+  ComputeThread* t = g_thread.load(std::memory_order_acquire);
+  if (!t) {
+    std::lock_guard<std::mutex> lock(g_start);
+    t = g_thread.load(std::memory_order_acquire);
+    if (!t) {
+      static const int registered = pthread_atfork(nullptr, nullptr, [] {
+        new (&g_start) std::mutex();  // the parent's may have been held by a thread the child lacks
+        g_thread.store(nullptr, std::memory_order_release);  // the parent's object is left behind
+      });
+      (void)registered;
+      t = new ComputeThread();
+      g_thread.store(t, std::memory_order_release);
+    }
+  }
   t->run(std::move(task));
 }
 

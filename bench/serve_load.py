@@ -239,6 +239,9 @@ def main():
                     r["server"] = per_request(before, server_counters(metrics_port))
                     result["levels"].append(r)
                     print(json.dumps(r), flush=True)
+            # Triton's GPU gauges (NVML) as the server reports them after the load.
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as r:
+                result["gpu_metrics"] = [line for line in r.read().decode().splitlines() if line.startswith("nv_gpu_")]
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=120)

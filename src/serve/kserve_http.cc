@@ -1,5 +1,6 @@
 #include "serve/kserve_http.h"
 
+#include "serve/gpu_metrics.h"
 #include "serve/kserve_codec.h"
 #include "serve/model_config.h"
 
@@ -20,7 +21,7 @@ struct HttpServer::Impl {
   explicit Impl(Repository& r) : repo(r) {
     routes();
     metrics.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(repo.prometheus(), "text/plain; version=0.0.4");
+      res.set_content(repo.prometheus() + gpu_metrics_text(), "text/plain; version=0.0.4");
     });
   }
 

@@ -63,10 +63,22 @@ Expected<std::shared_ptr<LoadedModel>> Repository::open(const std::string& name,
   return std::make_shared<LoadedModel>(name, version, std::move(*e), std::move(sessions), chosen);
 }
 
+std::mutex& Repository::control(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& m = control_[name];
+  if (!m) m = std::make_unique<std::mutex>();
+  return *m;
+}
+
 Status Repository::load(const std::string& name) {
   if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
     return Status(ErrorCode::kInvalidArgument, "'" + name + "' is not a model name");
   }
+  if (std::error_code ec; !fs::is_directory(fs::path(config_.repository) / name, ec)) {
+    return Status(ErrorCode::kInvalidArgument, "model '" + name + "': no folder " +
+                                                   (fs::path(config_.repository) / name).string());
+  }
+  std::lock_guard<std::mutex> serial(control(name));  // only names with a folder get one
   const fs::path folder = fs::path(config_.repository) / name;
   auto fail = [&](Status s) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -102,6 +114,8 @@ Status Repository::load(const std::string& name) {
 }
 
 Status Repository::unload(const std::string& name) {
+  if (loaded_versions(name).empty()) return Status(ErrorCode::kInvalidArgument, "model '" + name + "' is not loaded");
+  std::lock_guard<std::mutex> serial(control(name));
   std::map<int64_t, std::shared_ptr<LoadedModel>> gone;  // destroyed after the lock is released
   {
     std::lock_guard<std::mutex> lock(mu_);

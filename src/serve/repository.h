@@ -108,6 +108,10 @@ class Repository {
   mutable std::mutex mu_;
   std::map<std::string, std::map<int64_t, std::shared_ptr<LoadedModel>>> loaded_;
   std::map<std::string, std::string> failed_;
+  // Per model: held through a whole load or unload, so two on one model run one after the other
+  // (an unload during a load's build cannot be undone by the load finishing after it).
+  std::mutex& control(const std::string& name) const;
+  mutable std::map<std::string, std::unique_ptr<std::mutex>> control_;
 };
 
 }  // namespace kiln::serve

@@ -128,6 +128,21 @@ std::vector<int64_t> ModelSettings::select(const std::vector<int64_t>& on_disk) 
   }
 }
 
+std::string ModelSettings::fingerprint() const {
+  std::string f = std::to_string(max_batch_size) + "|" + std::to_string(dynamic_batching) + "|" +
+                  std::to_string(max_queue_delay_us) + "|" + std::to_string(default_timeout_us) + "|" +
+                  std::to_string(allow_timeout_override) + "|" + std::to_string(reject_on_timeout) + "|" +
+                  std::to_string(max_queue_size) + "|" + std::to_string(instances) + "|" +
+                  (precision ? std::string(precision_name(*precision)) : "-") + "|" +
+                  (device ? std::string(device_name(*device)) : "-") + "|";
+  for (int b : preferred_batch_sizes) f += std::to_string(b) + ",";
+  for (const auto& [name, dims] : input_dims) {
+    f += "|" + name + ":";
+    for (int64_t d : dims) f += std::to_string(d) + ",";
+  }
+  return f;
+}
+
 std::map<std::string, std::vector<DimRange>> ModelSettings::build_ranges() const {
   std::map<std::string, std::vector<DimRange>> out;
   if (max_batch_size <= 0) return out;

@@ -55,6 +55,9 @@ struct ModelSettings {
   std::optional<Device> device;
   std::string text;  // config.pbtxt as read (empty when there is none)
 
+  // Everything here that shapes a loaded version (all but the version policy and the text), as
+  // text: equal fingerprints load a version the same way.
+  std::string fingerprint() const;
   // The versions to serve of those on disk (sorted ascending).
   std::vector<int64_t> select(const std::vector<int64_t>& on_disk) const;
   // The shape ranges a model.onnx is built with at load: with max_batch_size > 0, dim 0 of every

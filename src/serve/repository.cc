@@ -40,6 +40,24 @@ std::vector<int64_t> Repository::versions(const std::string& name) const {
   return v;
 }
 
+namespace {
+
+// The model file a version folder serves, its size and modification time, and the settings'
+// fingerprint ("" when the folder has no model file).
+std::string version_stamp(const fs::path& dir, const std::string& fingerprint) {
+  std::error_code ec;
+  for (const char* f : {"model.kiln", "model.onnx"}) {
+    const fs::path p = dir / f;
+    if (!fs::exists(p, ec)) continue;
+    const auto size = fs::file_size(p, ec);
+    const auto time = fs::last_write_time(p, ec).time_since_epoch().count();
+    return p.string() + "\n" + std::to_string(size) + "\n" + std::to_string(time) + "\n" + fingerprint;
+  }
+  return "";
+}
+
+}  // namespace
+
 Expected<std::shared_ptr<LoadedModel>> Repository::open(const std::string& name, int64_t version,
                                                        const ModelSettings& settings) const {
   fs::path dir = fs::path(config_.repository) / name / std::to_string(version);
@@ -98,11 +116,22 @@ Status Repository::load(const std::string& name) {
   if (wanted.empty()) {
     return fail(Status(ErrorCode::kInvalidArgument, "model '" + name + "': its version_policy selects none of the versions on disk"));
   }
+  std::map<int64_t, std::shared_ptr<LoadedModel>> current;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = loaded_.find(name); it != loaded_.end()) current = it->second;
+  }
   // Outside the lock: the serving versions keep serving meanwhile.
   std::map<int64_t, std::shared_ptr<LoadedModel>> fresh;
   for (int64_t v : wanted) {
+    const std::string stamp = version_stamp(folder / std::to_string(v), settings->fingerprint());
+    if (auto it = current.find(v); it != current.end() && !stamp.empty() && it->second->stamp == stamp) {
+      fresh[v] = it->second;
+      continue;
+    }
     auto m = open(name, v, *settings);
     if (!m) return fail(m.status().with_context("model '" + name + "' version " + std::to_string(v)));
+    (*m)->stamp = stamp;
     fresh[v] = std::move(*m);
   }
   {

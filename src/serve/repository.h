@@ -41,6 +41,10 @@ class LoadedModel {
   const ModelSettings& settings() const { return settings_; }
   const inference::ModelConfig& config() const { return *config_; }
   ModelMetrics& metrics() { return metrics_; }
+  // What it was loaded from (model file, size, modification time, the settings but the version
+  // policy): a reload keeps a version whose stamp has not changed (its sessions, graphs and
+  // counters) instead of building it again.
+  std::string stamp;
   // Runs a request through the scheduler. Throws HttpError as Scheduler::run does; engine errors
   // come back as the Status.
   Expected<std::vector<HostTensor>> infer(const std::vector<TensorView>& inputs, uint64_t timeout_us,
@@ -86,7 +90,7 @@ class Repository {
   // The loaded versions of `name`, ascending (empty when none).
   std::vector<int64_t> loaded_versions(const std::string& name) const;
   // Loads the versions the model's policy selects; the old ones serve until the new ones are ready,
-  // and stay when any of them fails.
+  // and stay when any of them fails. A version already loaded from unchanged files is kept as it is.
   Status load(const std::string& name);
   Status unload(const std::string& name);
   // Every model folder: name, versions on disk, the loaded versions and why it is not loaded.

@@ -273,6 +273,34 @@ def test_concurrent_requests_all_answered(server):
     assert not errors and len(results) == 64 and max(results) < 1e-3
 
 
+def test_reload_keeps_unchanged_versions(server):
+    """A load of unchanged files keeps the loaded version (its counters go on); a changed setting
+    loads it again (a new version object, counters from zero)."""
+    c = th.InferenceServerClient(server.url)
+    i = th.InferInput("x", [1, 4], "FP32")
+    i.set_data_from_numpy(np.ones((1, 4), np.float32))
+    key = 'nv_inference_request_success{model="mlp",version="2"}'
+    c.infer("mlp", [i])
+    before = metrics(server)[1][key]
+    assert before >= 1
+    c.load_model("mlp")
+    assert metrics(server)[1][key] == before  # kept: same object, same counters
+    cfg = os.path.join(server.repo, "mlp", "config.pbtxt")
+    text = open(cfg).read()
+    with open(cfg, "w") as f:
+        f.write(text.replace("max_queue_delay_microseconds: 1000", "max_queue_delay_microseconds: 2000"))
+    try:
+        c.load_model("mlp")
+        assert metrics(server)[1][key] == 0  # loaded again
+        assert c.get_model_config("mlp")["dynamic_batching"]["max_queue_delay_microseconds"] == "2000"
+    finally:
+        with open(cfg, "w") as f:
+            f.write(text)
+        c.load_model("mlp")
+    np.testing.assert_allclose(c.infer("mlp", [i]).as_numpy("y"), mlp_ref(np.ones((1, 4), np.float32), 2),
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_sigterm_drains_in_flight_requests(server):
     x = np.load(os.path.join(MODEL_DIR, "chelsea.npy"))
     done, errors = [], []

@@ -28,7 +28,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // Inputs this large and 64-byte aligned are read in place, for the run only (a server's batch of
-// images: a copy of 38 MB cost more than the forward); smaller ones, strings and unaligned buffers
+// images: copying it took longer than the forward, bench/RESULTS.md); smaller ones, strings and unaligned buffers
 // are copied into kiln's own aligned tensors. Value inputs (a TopK's k, Slice bounds: a few
 // elements) are always copies, since a dynamic engine keeps the value in the plan it makes.
 constexpr size_t kBorrowBytes = size_t(64) << 10;

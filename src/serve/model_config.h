@@ -37,8 +37,8 @@ struct ModelSettings {
   // The sizes the batcher forms (ascending; empty: any up to max_batch_size). The preferred sizes
   // when the config gives them; for a GPU engine without them, the powers of two up to
   // max_batch_size and max_batch_size itself: a dynamic GPU engine makes a plan and captures a graph
-  // per exact shape, so batches of every size from 1 to 64 thrash its caches (ResNet-50 at
-  // concurrency 64: 686 rows/s against 2,833 at 8, bench/RESULTS.md, twenty-sixth session).
+  // per exact shape, so batches of every size from 1 to 64 thrash its caches (bench/RESULTS.md,
+  // twenty-sixth session).
   std::vector<int> batch_sizes;
   uint64_t max_queue_delay_us = 0;
   uint64_t default_timeout_us = 0;  // 0: requests wait as long as it takes

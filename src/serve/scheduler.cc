@@ -151,6 +151,15 @@ void Scheduler::work(Session s) {
   }
 }
 
+int64_t Scheduler::joinable_rows() const {
+  const Pending* head = queue_.front();
+  int64_t rows = 0;
+  for (const Pending* p : queue_) {
+    if (rows + p->rows <= settings_.max_batch_size && same_past_batch(*head->inputs, *p->inputs)) rows += p->rows;
+  }
+  return rows;
+}
+
 std::vector<Scheduler::Pending*> Scheduler::take(std::unique_lock<std::mutex>& lock) {
   std::vector<Pending*> batch;
   if (!settings_.dynamic_batching) {
@@ -164,10 +173,7 @@ std::vector<Scheduler::Pending*> Scheduler::take(std::unique_lock<std::mutex>& l
     for (;;) {
       if (queue_.empty()) break;
       const Pending* head = queue_.front();
-      int64_t rows = 0;
-      for (const Pending* p : queue_) {
-        if (rows + p->rows <= settings_.max_batch_size && same_past_batch(*head->inputs, *p->inputs)) rows += p->rows;
-      }
+      const int64_t rows = joinable_rows();
       const Clock::time_point end = head->enqueued + std::chrono::microseconds(settings_.max_queue_delay_us);
       if (rows >= want || stopping_ || Clock::now() >= end) break;
       queued_.wait_until(lock, end);
@@ -177,10 +183,7 @@ std::vector<Scheduler::Pending*> Scheduler::take(std::unique_lock<std::mutex>& l
       // The rows at hand, trimmed to the largest size the batcher may form (batch_sizes) that they
       // reach; fewer rows than the smallest size run as they are.
       const Pending* head = queue_.front();
-      int64_t avail = 0;
-      for (const Pending* p : queue_) {
-        if (avail + p->rows <= settings_.max_batch_size && same_past_batch(*head->inputs, *p->inputs)) avail += p->rows;
-      }
+      const int64_t avail = joinable_rows();
       int64_t target = avail;
       if (!settings_.batch_sizes.empty()) {
         auto it = std::upper_bound(settings_.batch_sizes.begin(), settings_.batch_sizes.end(), avail);

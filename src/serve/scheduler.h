@@ -62,6 +62,9 @@ class Scheduler {
   // The requests the next run takes, removed from the queue (lock held); waits for more while
   // batching wants them.
   std::vector<Pending*> take(std::unique_lock<std::mutex>& lock);
+  // The rows of the queued requests that can join the head's batch, in queue order up to
+  // max_batch_size (lock held, queue not empty).
+  int64_t joinable_rows() const;
   void execute(Session& s, const std::vector<Pending*>& batch, Scratch& scratch);
 
   ModelSettings settings_;

@@ -162,6 +162,8 @@ int sweep_main(const LoadOptions& load, const EngineOptions& eng, const BenchOpt
 int quantize_main(const std::string& model, const QuantizeCliOptions& opt);
 int optimize_main(const LoadOptions& load, const EngineOptions& eng, const OptimizeCliOptions& opt);
 int repo_main(const RepoCliOptions& opt);
+// The numbered version folders of a model's folder, ascending (repo.cc).
+std::vector<int64_t> version_folders(const std::string& model_dir);
 // Serves `version` of REPO/NAME: its config.pbtxt's version policy and registry.json; with `server`,
 // that kiln serve reloads the model (and nothing changes when it cannot). Failed versions are refused.
 Status promote_version(const std::string& repo, const std::string& name, int64_t version, const std::string& server,

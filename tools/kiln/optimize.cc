@@ -208,16 +208,11 @@ int optimize_main(const LoadOptions& load, const EngineOptions& eng, const Optim
     }
 
     const fs::path dir = fs::path(opt.repo) / opt.name;
-    int64_t version = 1;
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) return KILN_ERROR(kIo, "{}: {}", dir.string(), ec.message());
-    for (const auto& d : fs::directory_iterator(dir, ec)) {
-      const std::string s = d.path().filename().string();
-      if (d.is_directory() && !s.empty() && s.size() <= 18 && s.find_first_not_of("0123456789") == std::string::npos) {
-        version = std::max<int64_t>(version, std::stoll(s) + 1);
-      }
-    }
+    const std::vector<int64_t> existing = version_folders(dir.string());
+    const int64_t version = existing.empty() ? 1 : existing.back() + 1;
     const fs::path vdir = dir / std::to_string(version);
     fs::create_directories(vdir, ec);
     if (ec) return KILN_ERROR(kIo, "{}: {}", vdir.string(), ec.message());

@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -136,6 +137,19 @@ json read_report(const fs::path& vdir) {
 
 }  // namespace
 
+std::vector<int64_t> version_folders(const std::string& model_dir) {
+  std::vector<int64_t> v;
+  std::error_code ec;
+  for (const auto& d : fs::directory_iterator(model_dir, ec)) {
+    const std::string s = d.path().filename().string();
+    if (d.is_directory() && !s.empty() && s.size() <= 18 && s.find_first_not_of("0123456789") == std::string::npos) {
+      v.push_back(std::stoll(s));
+    }
+  }
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
 Status promote_version(const std::string& repo, const std::string& name, int64_t version, const std::string& server,
                        bool rollback) {
   const fs::path dir = fs::path(repo) / name, vdir = dir / std::to_string(version);
@@ -210,15 +224,7 @@ int repo_main(const RepoCliOptions& opt) {
     for (const std::string& m : models) {
       const json reg = read_registry(opt.repo, m);
       std::printf("%s%s\n", m.c_str(), reg.contains("serving") ? "" : "  (no promotion yet: a server serves what its version policy selects)");
-      std::vector<int64_t> versions;
-      for (const auto& d : fs::directory_iterator(fs::path(opt.repo) / m, ec)) {
-        const std::string s = d.path().filename().string();
-        if (d.is_directory() && !s.empty() && s.size() <= 18 && s.find_first_not_of("0123456789") == std::string::npos) {
-          versions.push_back(std::stoll(s));
-        }
-      }
-      std::sort(versions.begin(), versions.end());
-      for (int64_t v : versions) {
+      for (int64_t v : version_folders((fs::path(opt.repo) / m).string())) {
         const json r = read_report(fs::path(opt.repo) / m / std::to_string(v));
         std::string what = "unregistered (no report.json)";
         if (r.is_object()) {

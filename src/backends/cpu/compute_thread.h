@@ -2,8 +2,8 @@
 // each primitive with an OpenMP team owned by the calling thread; every thread that calls it becomes
 // a master with a pool of its own. Once the pools' threads outnumber the cores, libgomp stops
 // spinning between parallel regions and every primitive pays futex wake-ups: a session built on one
-// thread and run on another (a server's worker, a Python thread) ran EfficientNet-Lite0 at 8.7 ms
-// instead of 4.4 on two cores (bench/RESULTS.md, twenty-sixth session). So every runner is created
+// thread and run on another (a server's worker, a Python thread) ran about twice as slow
+// (bench/RESULTS.md, twenty-sixth session). So every runner is created
 // and run here: one OpenMP master, one pool of cores-1 threads. Runs from several sessions take
 // turns; each already uses every core.
 //

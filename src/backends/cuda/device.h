@@ -10,9 +10,8 @@ namespace kiln::cuda {
 // Held while a session captures a CUDA graph, and while anything allocates, frees or builds on the
 // device (a session's arena made or released, an engine lowered): a cudaFree or a synchronizing
 // call on one thread while another thread's stream is capturing invalidates that capture, and the
-// capturing thread's next launch fails (kiln serve, two sessions of a dynamic ResNet-50 engine at
-// concurrency 32: 6% of requests answered CUDNN_STATUS_EXECUTION_FAILED, bench/RESULTS.md,
-// twenty-sixth session). Replaying captured graphs does not take it. Recursive: a build may make a
+// capturing thread's next launch fails (kiln serve's sessions answered CUDNN_STATUS_EXECUTION_FAILED
+// under load: bench/RESULTS.md, twenty-sixth session). Replaying captured graphs does not take it. Recursive: a build may make a
 // session.
 std::recursive_mutex& device_mutation_mutex();
 

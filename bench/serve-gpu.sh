@@ -4,12 +4,16 @@
 # (max_batch_size 64) on two sessions, driven by kiln-serve-load over gRPC and HTTP at concurrency
 # 1..64, beside `kiln bench` of the same engine at batch 1 and 64.
 #
-#   bash bench/serve-gpu.sh BIN OUT [DELAY_US] [INSTANCES]      (BIN: the unpacked pack's bin/)
+#   bash bench/serve-gpu.sh BIN OUT [DELAY_US] [INSTANCES] [SHM] [PROTOCOLS] [CONCURRENCY]
+#   (BIN: the unpacked pack's bin/; SHM: none,system,cuda - where the tensors travel)
 set -euo pipefail
 BIN=$1
 OUT=$2
 DELAY=${3:-200}
 INSTANCES=${4:-2}
+SHM=${5:-none}
+PROTOCOLS=${6:-grpc,http}
+CONCURRENCY=${7:-1,8,32,64}
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source bench/gpu-env.sh
 mkdir -p "$OUT"
@@ -27,5 +31,5 @@ echo "build: $(( $(date +%s) - t0 )) s"
 fi
 PYTHONUNBUFFERED=1 python3 bench/serve_load.py --kiln "$BIN/kiln" --model /tmp/r50.kiln --device cuda \
   --max-batch-size 64 --delay-us "$DELAY" --input-dims 3x224x224 --input-names input --instances "$INSTANCES" \
-  --engine-batches 1,64 --engine-shapes 'input:{b}x3x224x224' --client cpp --protocols grpc,http \
-  --concurrency 1,8,32,64 --seconds 8 --out "$OUT/serve-gpu.json"
+  --engine-batches 1,64 --engine-shapes 'input:{b}x3x224x224' --client cpp --protocols "$PROTOCOLS" \
+  --shared-memory "$SHM" --output-shared-memory-size 4096 --concurrency "$CONCURRENCY" --seconds 8 --out "$OUT/serve-gpu.json"

@@ -9,7 +9,9 @@
 
 --model may be an engine file (model.kiln, e.g. built with `kiln build --shapes input:1..64x3x224x224`),
 served as it is; `kiln bench` then times it at --engine-shapes with {b} replaced by each engine batch.
---client cpp drives the server with kiln-serve-load (C++ threads, built beside kiln), for GPU rates.
+--client cpp drives the server with kiln-serve-load (C++ threads, built beside kiln), for GPU rates;
+with it, --shared-memory none,system,cuda repeats each protocol's levels with the inputs in a registered
+shared memory region (and, with --output-shared-memory-size, the outputs) instead of in the requests.
 
 A temporary repository holds the model (built at load); with --max-batch-size > 0 its config.pbtxt
 turns on the dynamic batcher (the model's dim 0 must be a batch; --input-dims gives the other dims of
@@ -121,11 +123,14 @@ def per_request(a, b):
             "rows_per_execution": d.get("nv_inference_count", 0.0) / execs if execs else 0.0}
 
 
-def level_cpp(args, protocol, url, concurrency, seconds):
-    """The same level driven by kiln-serve-load (C++ threads)."""
+def level_cpp(args, protocol, url, concurrency, seconds, shm="none"):
+    """The same level driven by kiln-serve-load (C++ threads), tensors in shared memory or not."""
     tool = os.path.join(os.path.dirname(os.path.abspath(args.kiln)), "kiln-serve-load")
+    extra = ["--shared-memory", shm] if shm != "none" else []
+    if shm != "none" and args.output_shared_memory_size:
+        extra += ["--output-shared-memory-size", str(args.output_shared_memory_size)]
     out = subprocess.run([tool, "--url", url, "--protocol", protocol, "--model", "m", "--concurrency", str(concurrency),
-                          "--seconds", str(seconds)], capture_output=True, text=True, timeout=seconds + 300)
+                          "--seconds", str(seconds)] + extra, capture_output=True, text=True, timeout=seconds + 300)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if not lines:
         raise RuntimeError(f"kiln-serve-load failed: {out.stderr[-500:]}")
@@ -198,6 +203,8 @@ def main():
     ap.add_argument("--engine-shapes", default="input:{b}x3x224x224", help="for a .kiln model: `kiln bench --shapes`")
     ap.add_argument("--input-names", default="", help="for a .kiln model with --input-dims: the inputs, in order")
     ap.add_argument("--client", default="python", choices=["python", "cpp"])
+    ap.add_argument("--shared-memory", default="none", help="with --client cpp: none, system, cuda (comma-separated)")
+    ap.add_argument("--output-shared-memory-size", type=int, default=0, help="bytes per output region per client thread")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
 
@@ -227,9 +234,10 @@ def main():
             with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/m", timeout=30) as r:
                 meta = json.loads(r.read())
             urls = {"http": f"127.0.0.1:{http_port}", "grpc": f"127.0.0.1:{grpc_port}"}
-            for protocol in args.protocols.split(","):
+            modes = args.shared_memory.split(",") if args.client == "cpp" else ["none"]
+            for protocol, shm in ((p, m) for p in args.protocols.split(",") for m in modes):
                 if args.client == "cpp":
-                    run = lambda c, secs: level_cpp(args, protocol, urls[protocol], c, secs)  # noqa: E731
+                    run = lambda c, secs: level_cpp(args, protocol, urls[protocol], c, secs, shm)  # noqa: E731
                 else:
                     run = lambda c, secs: level(protocol, urls[protocol], meta, c, secs)  # noqa: E731
                 run(max(int(x) for x in args.concurrency.split(",")), 2.0)  # warm-up: sessions, connections, graphs

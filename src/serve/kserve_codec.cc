@@ -210,6 +210,52 @@ std::string encode_binary(const HostTensor& t) {
   return out;
 }
 
+std::optional<ShmRef> shm_ref_json(const json* params, const std::string& what) {
+  if (!params || !params->is_object() || !params->contains("shared_memory_region")) return std::nullopt;
+  const json& p = *params;
+  if (!p["shared_memory_region"].is_string()) throw HttpError{400, what + ": shared_memory_region is not a string"};
+  ShmRef r;
+  r.region = p["shared_memory_region"].get<std::string>();
+  if (!p.contains("shared_memory_byte_size") || !p["shared_memory_byte_size"].is_number_unsigned()) {
+    throw HttpError{400, what + ": shared_memory_region '" + r.region + "' needs shared_memory_byte_size, a byte count"};
+  }
+  r.byte_size = p["shared_memory_byte_size"].get<uint64_t>();
+  if (p.contains("shared_memory_offset")) {
+    if (!p["shared_memory_offset"].is_number_unsigned()) throw HttpError{400, what + ": shared_memory_offset is not a byte count"};
+    r.offset = p["shared_memory_offset"].get<uint64_t>();
+  }
+  return r;
+}
+
+std::string base64_decode(const std::string& in, const std::string& what) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  size_t n = in.size();
+  while (n > 0 && in[n - 1] == '=') --n;
+  if (in.size() - n > 2 || n % 4 == 1) throw HttpError{400, what + " is not base64"};
+  std::string out;
+  out.reserve(n * 3 / 4);
+  uint32_t acc = 0;
+  int bits = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int v = value(in[i]);
+    if (v < 0) throw HttpError{400, what + " is not base64 (character " + std::to_string(i) + ")"};
+    acc = (acc << 6) | uint32_t(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(char((acc >> bits) & 0xff));
+    }
+  }
+  return out;
+}
+
 int status_of(const Status& s) { return s.code() == ErrorCode::kInternal || s.code() == ErrorCode::kOutOfMemory ? 500 : 400; }
 
 size_t header_length(const std::string& body, const std::string* value) {
@@ -247,7 +293,11 @@ std::vector<Input> decode_inputs(const std::string& body, size_t header_len, con
     Input& in = bind_input(inputs, infos, n, ji.contains("datatype") ? &datatype : nullptr, std::move(shape));
     const int64_t count = in.count;
     const json* params = ji.contains("parameters") && ji["parameters"].is_object() ? &ji["parameters"] : nullptr;
-    if (params && params->contains("binary_data_size")) {
+    if ((in.shm = shm_ref_json(params, "input '" + n + "'"))) {
+      if (params->contains("binary_data_size") || ji.contains("data")) {
+        throw HttpError{400, "input '" + n + "' gives a shared memory region and data too"};
+      }
+    } else if (params && params->contains("binary_data_size")) {
       const json& s = (*params)["binary_data_size"];
       if (!s.is_number_unsigned() || s.get<uint64_t>() > body.size() - at) {
         throw HttpError{400, "input '" + n + "': binary_data_size " + s.dump() + " is more than the " +

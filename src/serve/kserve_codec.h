@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 #include <new>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,18 +39,36 @@ struct Aligned64 {
   bool operator==(const Aligned64<U>&) const { return true; }
 };
 
-// One input of a request, decoded into memory the request owns.
+// A tensor in a registered shared memory region (the system and CUDA shared memory extensions):
+// the region's name, and the bytes [offset, offset + byte_size) of it the tensor takes.
+struct ShmRef {
+  std::string region;
+  uint64_t offset = 0, byte_size = 0;
+};
+
+// One input of a request, decoded into memory the request owns, or (shm set) in a shared memory
+// region that the server attaches (serve/shared_memory.h: `external` then points into it).
 struct Input {
   const TensorInfo* info = nullptr;  // null: the request did not give this input
   std::vector<int64_t> shape;
   std::vector<unsigned char, Aligned64<unsigned char>> bytes;
   std::vector<std::string> strings;
   int64_t count = 0;  // elements the shape holds
+  std::optional<ShmRef> shm;
+  void* external = nullptr;           // the data in place in a region
+  bool on_device = false;             // `external` is device memory (a CUDA region)
+  std::shared_ptr<const void> keep;   // holds the region mapped while the request uses it
   TensorView view() {
+    if (external) return TensorView{info->dtype, shape, external, on_device};
     void* p = info->dtype == DType::kString ? static_cast<void*>(strings.data()) : static_cast<void*>(bytes.data());
     return TensorView{info->dtype, shape, p, false};
   }
 };
+
+// The shared memory parameters of an input or a requested output (KServe's "parameters" object or
+// map: shared_memory_region, shared_memory_byte_size, shared_memory_offset); nullopt when it names
+// no region. `what` names the tensor in errors ("input 'x'").
+std::optional<ShmRef> shm_ref_json(const nlohmann::json* params, const std::string& what);
 
 // The JSON header's length: the Inference-Header-Content-Length value when given (null: none, the
 // whole body is JSON).
@@ -70,6 +89,9 @@ Input& bind_input(std::vector<Input>& inputs, const std::vector<TensorInfo>& inf
 // `size` raw little-endian bytes for `n` elements of the input's dtype (BYTES: a 4-byte length
 // before each string), as the binary extension and gRPC's raw_input_contents carry them.
 void decode_raw(Input& in, const char* p, size_t size, int64_t n);
+
+// Standard base64 (RFC 4648, padding optional); `what` names the field in the error.
+std::string base64_decode(const std::string& in, const std::string& what);
 
 nlohmann::json encode_json_data(const HostTensor& t);  // flat, row-major
 std::string encode_binary(const HostTensor& t);        // raw elements; BYTES with 4-byte lengths

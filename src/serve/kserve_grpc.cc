@@ -5,6 +5,7 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "grpc_service.grpc.pb.h"
@@ -49,7 +50,7 @@ Clock::time_point steady_deadline(const grpc::ServerContext& ctx) {
 
 class Service final : public inference::GRPCInferenceService::Service {
  public:
-  explicit Service(Repository& r) : repo_(r) {}
+  Service(Repository& r, SharedMemory& shm) : repo_(r), shm_(shm) {}
 
   grpc::Status ServerLive(grpc::ServerContext*, const inference::ServerLiveRequest*, inference::ServerLiveResponse* r) override {
     r->set_live(true);
@@ -73,7 +74,10 @@ class Service final : public inference::GRPCInferenceService::Service {
                               inference::ServerMetadataResponse* r) override {
     r->set_name("kiln");
     r->set_version(KILN_SERVE_VERSION);
-    for (const char* e : {"binary_tensor_data", "model_repository", "model_configuration"}) r->add_extensions(e);
+    for (const char* e : {"binary_tensor_data", "model_repository", "model_configuration", "system_shared_memory"}) {
+      r->add_extensions(e);
+    }
+    if (cuda_shared_memory_supported()) r->add_extensions("cuda_shared_memory");
     return grpc::Status::OK;
   }
   grpc::Status ModelMetadata(grpc::ServerContext*, const inference::ModelMetadataRequest* q,
@@ -126,12 +130,53 @@ class Service final : public inference::GRPCInferenceService::Service {
     return s ? grpc::Status::OK : grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, s.message());
   }
 
+  grpc::Status SystemSharedMemoryStatus(grpc::ServerContext*, const inference::SystemSharedMemoryStatusRequest* q,
+                                        inference::SystemSharedMemoryStatusResponse* r) override {
+    return guarded([&] {
+      for (const auto& st : shm_.status(SharedMemory::Kind::kSystem, q->name())) {
+        auto& o = (*r->mutable_regions())[st.name];
+        o.set_name(st.name);
+        o.set_key(st.key);
+        o.set_offset(st.offset);
+        o.set_byte_size(st.byte_size);
+      }
+    });
+  }
+  grpc::Status SystemSharedMemoryRegister(grpc::ServerContext*, const inference::SystemSharedMemoryRegisterRequest* q,
+                                          inference::SystemSharedMemoryRegisterResponse*) override {
+    return guarded([&] { shm_.register_system(q->name(), q->key(), q->offset(), q->byte_size()); });
+  }
+  grpc::Status SystemSharedMemoryUnregister(grpc::ServerContext*, const inference::SystemSharedMemoryUnregisterRequest* q,
+                                            inference::SystemSharedMemoryUnregisterResponse*) override {
+    return guarded([&] { shm_.unregister(SharedMemory::Kind::kSystem, q->name()); });
+  }
+  grpc::Status CudaSharedMemoryStatus(grpc::ServerContext*, const inference::CudaSharedMemoryStatusRequest* q,
+                                      inference::CudaSharedMemoryStatusResponse* r) override {
+    return guarded([&] {
+      for (const auto& st : shm_.status(SharedMemory::Kind::kCuda, q->name())) {
+        auto& o = (*r->mutable_regions())[st.name];
+        o.set_name(st.name);
+        o.set_device_id(uint64_t(st.device_id));
+        o.set_byte_size(st.byte_size);
+      }
+    });
+  }
+  grpc::Status CudaSharedMemoryRegister(grpc::ServerContext*, const inference::CudaSharedMemoryRegisterRequest* q,
+                                        inference::CudaSharedMemoryRegisterResponse*) override {
+    return guarded([&] { shm_.register_cuda(q->name(), q->raw_handle(), q->device_id(), q->byte_size()); });
+  }
+  grpc::Status CudaSharedMemoryUnregister(grpc::ServerContext*, const inference::CudaSharedMemoryUnregisterRequest* q,
+                                          inference::CudaSharedMemoryUnregisterResponse*) override {
+    return guarded([&] { shm_.unregister(SharedMemory::Kind::kCuda, q->name()); });
+  }
+
  private:
   void infer(const grpc::ServerContext& ctx, const inference::ModelInferRequest& q, inference::ModelInferResponse& r) {
     std::shared_ptr<LoadedModel> m = repo_.find(q.model_name(), q.model_version());
     CountedRequest counted(*m);
     const auto& infos = m->engine().inputs();
     std::vector<Input> inputs = decode_grpc_inputs(q, infos);
+    shm_.attach(inputs);
     std::vector<TensorView> views;
     for (size_t k = 0; k < inputs.size(); ++k) {
       if (!inputs[k].info) throw HttpError{400, "input '" + infos[k].name + "' of model '" + m->name() + "' is missing"};
@@ -142,42 +187,53 @@ class Service final : public inference::GRPCInferenceService::Service {
     if (!out) throw HttpError{status_of(out.status()), out.status().message()};
 
     const auto& onfo = m->engine().outputs();
-    std::vector<size_t> wanted;
+    std::vector<std::pair<size_t, std::optional<ShmRef>>> wanted;  // output index, a region to write it into
     for (const auto& o : q.outputs()) {
       size_t k = 0;
       while (k < onfo.size() && onfo[k].name != o.name()) ++k;
       if (k == onfo.size()) throw HttpError{400, "unknown output '" + o.name() + "' for model '" + m->name() + "'"};
-      wanted.push_back(k);
+      wanted.emplace_back(k, shm_ref_grpc(o.parameters(), "output '" + o.name() + "'"));
     }
     if (q.outputs_size() == 0) {
-      for (size_t k = 0; k < onfo.size(); ++k) wanted.push_back(k);
+      for (size_t k = 0; k < onfo.size(); ++k) wanted.emplace_back(k, std::nullopt);
     }
     r.set_model_name(m->name());
     r.set_model_version(std::to_string(m->version()));
     r.set_id(q.id());
-    for (size_t k : wanted) {
+    for (const auto& [k, ref] : wanted) {
       const HostTensor& t = (*out)[k];
       auto* o = r.add_outputs();
       o->set_name(onfo[k].name);
       o->set_datatype(kserve_type(t.dtype()).value_or("?"));
       for (int64_t d : t.shape()) o->add_shape(d);
-      r.add_raw_output_contents(encode_binary(t));
+      if (!ref) {
+        r.add_raw_output_contents(encode_binary(t));
+        continue;
+      }
+      // In the region; an empty raw entry keeps raw_output_contents in step with outputs.
+      const uint64_t written = shm_.write(*ref, t, onfo[k].name);
+      auto& p = *o->mutable_parameters();
+      p["shared_memory_region"].set_string_param(ref->region);
+      p["shared_memory_byte_size"].set_int64_param(int64_t(written));
+      if (ref->offset) p["shared_memory_offset"].set_int64_param(int64_t(ref->offset));
+      r.add_raw_output_contents();
     }
     counted.answered();
   }
 
   Repository& repo_;
+  SharedMemory& shm_;
 };
 
 }  // namespace
 
 struct GrpcServer::Impl {
-  explicit Impl(Repository& r) : service(r) {}
+  Impl(Repository& r, SharedMemory& shm) : service(r, shm) {}
   Service service;
   std::unique_ptr<grpc::Server> server;
 };
 
-GrpcServer::GrpcServer(Repository& repo) : impl_(std::make_unique<Impl>(repo)) {}
+GrpcServer::GrpcServer(Repository& repo, SharedMemory& shm) : impl_(std::make_unique<Impl>(repo, shm)) {}
 GrpcServer::~GrpcServer() { stop(); }
 
 bool GrpcServer::start(const std::string& address) {

@@ -53,20 +53,54 @@ void decode_contents(Input& in, const inference::InferTensorContents& c) {
   }
 }
 
+// A byte count parameter: int64_param (what tritonclient sends) or uint64_param, never negative.
+uint64_t byte_count(const inference::InferParameter& p, const std::string& what, const char* key) {
+  if (p.has_int64_param() && p.int64_param() >= 0) return uint64_t(p.int64_param());
+  if (p.has_uint64_param()) return p.uint64_param();
+  throw HttpError{400, what + ": " + key + " is not a byte count"};
+}
+
 }  // namespace
 
+std::optional<ShmRef> shm_ref_grpc(const google::protobuf::Map<std::string, inference::InferParameter>& params,
+                                   const std::string& what) {
+  auto region = params.find("shared_memory_region");
+  if (region == params.end()) return std::nullopt;
+  if (!region->second.has_string_param()) throw HttpError{400, what + ": shared_memory_region is not a string"};
+  ShmRef r;
+  r.region = region->second.string_param();
+  auto size = params.find("shared_memory_byte_size");
+  if (size == params.end()) {
+    throw HttpError{400, what + ": shared_memory_region '" + r.region + "' needs shared_memory_byte_size, a byte count"};
+  }
+  r.byte_size = byte_count(size->second, what, "shared_memory_byte_size");
+  if (auto off = params.find("shared_memory_offset"); off != params.end()) {
+    r.offset = byte_count(off->second, what, "shared_memory_offset");
+  }
+  return r;
+}
+
 std::vector<Input> decode_grpc_inputs(const inference::ModelInferRequest& q, const std::vector<TensorInfo>& infos) {
+  // raw_input_contents holds an entry per input not in shared memory (what tritonclient sends), or
+  // one per input, those in shared memory ignored.
   const bool raw = q.raw_input_contents_size() > 0;
-  if (raw && q.raw_input_contents_size() != q.inputs_size()) {
-    throw HttpError{400, "the request has " + std::to_string(q.inputs_size()) + " inputs and " +
+  int in_shm = 0;
+  for (const auto& t : q.inputs()) in_shm += t.parameters().count("shared_memory_region") ? 1 : 0;
+  const bool one_per_input = q.raw_input_contents_size() == q.inputs_size();
+  if (raw && !one_per_input && q.raw_input_contents_size() != q.inputs_size() - in_shm) {
+    throw HttpError{400, "the request has " + std::to_string(q.inputs_size() - in_shm) + " inputs outside shared memory and " +
                              std::to_string(q.raw_input_contents_size()) + " raw_input_contents"};
   }
   std::vector<Input> inputs(infos.size());
+  int next_raw = 0;
   for (int k = 0; k < q.inputs_size(); ++k) {
     const auto& t = q.inputs(k);
     Input& in = bind_input(inputs, infos, t.name(), &t.datatype(), {t.shape().begin(), t.shape().end()});
+    const bool shm = bool(in.shm = shm_ref_grpc(t.parameters(), "input '" + t.name() + "'"));
+    if (one_per_input) next_raw = k;
+    if (shm) continue;
     if (raw) {
-      const std::string& b = q.raw_input_contents(k);
+      const std::string& b = q.raw_input_contents(next_raw++);
       decode_raw(in, b.data(), b.size(), in.count);
     } else {
       decode_contents(in, t.contents());

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 namespace kiln::serve {
 
@@ -16,9 +17,10 @@ using nlohmann::json;
 
 struct HttpServer::Impl {
   Repository& repo;
+  SharedMemory& shm;
   httplib::Server http, metrics;
 
-  explicit Impl(Repository& r) : repo(r) {
+  Impl(Repository& r, SharedMemory& s) : repo(r), shm(s) {
     routes();
     metrics.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(repo.prometheus() + gpu_metrics_text(), "text/plain; version=0.0.4");
@@ -56,6 +58,7 @@ struct HttpServer::Impl {
     json r = parse_request(body, header_len);
     const auto& infos = m->engine().inputs();
     std::vector<Input> inputs = decode_inputs(body, header_len, r, infos);
+    shm.attach(inputs);
     std::vector<TensorView> views;
     for (Input& in : inputs) {
       if (!in.info) {
@@ -76,7 +79,12 @@ struct HttpServer::Impl {
     const auto& onfo = m->engine().outputs();
     bool all_binary = r.contains("parameters") && r["parameters"].is_object() &&
                       r["parameters"].value("binary_data_output", false);
-    std::vector<std::pair<size_t, bool>> wanted;  // output index, binary
+    struct Wanted {
+      size_t k;
+      bool binary;
+      std::optional<ShmRef> shm;  // written into a shared memory region
+    };
+    std::vector<Wanted> wanted;
     if (r.contains("outputs") && r["outputs"].is_array()) {
       for (const json& jo : r["outputs"]) {
         const std::string n = jo.is_object() && jo.contains("name") && jo["name"].is_string() ? jo["name"].get<std::string>() : "";
@@ -84,19 +92,24 @@ struct HttpServer::Impl {
         while (k < onfo.size() && onfo[k].name != n) ++k;
         if (k == onfo.size()) throw HttpError{400, "unknown output '" + n + "' for model '" + name + "'"};
         bool binary = all_binary;
-        if (jo.contains("parameters") && jo["parameters"].is_object()) binary = jo["parameters"].value("binary_data", binary);
-        wanted.emplace_back(k, binary);
+        const json* params = jo.contains("parameters") && jo["parameters"].is_object() ? &jo["parameters"] : nullptr;
+        if (params) binary = params->value("binary_data", binary);
+        wanted.push_back({k, binary, shm_ref_json(params, "output '" + n + "'")});
       }
     } else {
-      for (size_t k = 0; k < onfo.size(); ++k) wanted.emplace_back(k, all_binary);
+      for (size_t k = 0; k < onfo.size(); ++k) wanted.push_back({k, all_binary, std::nullopt});
     }
     json resp = {{"model_name", name}, {"model_version", std::to_string(m->version())}, {"outputs", json::array()}};
     if (r.contains("id")) resp["id"] = r["id"];
     std::string blobs;
-    for (auto [k, binary] : wanted) {
+    for (const auto& [k, binary, ref] : wanted) {
       const HostTensor& t = (*out)[k];
       json jo = {{"name", onfo[k].name}, {"datatype", kserve_type(t.dtype()).value_or("?")}, {"shape", t.shape()}};
-      if (binary) {
+      if (ref) {
+        const uint64_t written = shm.write(*ref, t, onfo[k].name);
+        jo["parameters"] = {{"shared_memory_region", ref->region}, {"shared_memory_byte_size", written}};
+        if (ref->offset) jo["parameters"]["shared_memory_offset"] = ref->offset;
+      } else if (binary) {
         std::string b = encode_binary(t);
         jo["parameters"] = {{"binary_data_size", b.size()}};
         blobs += b;
@@ -115,13 +128,65 @@ struct HttpServer::Impl {
     res.set_content(head + blobs, "application/octet-stream");
   }
 
+  // /v2/systemsharedmemory/... and /v2/cudasharedmemory/...: [region/{name}/]status, register,
+  // [region/{name}/]unregister, as Triton answers them.
+  void shared_memory_routes() {
+    for (auto kind : {SharedMemory::Kind::kSystem, SharedMemory::Kind::kCuda}) {
+      const bool sys = kind == SharedMemory::Kind::kSystem;
+      const std::string base = sys ? "/v2/systemsharedmemory" : "/v2/cudasharedmemory";
+      auto status = guarded([this, kind, sys](const httplib::Request& req, httplib::Response& res) {
+        json a = json::array();
+        for (const auto& st : shm.status(kind, req.matches.size() > 1 ? std::string(req.matches[1]) : "")) {
+          a.push_back(sys ? json{{"name", st.name}, {"key", st.key}, {"offset", st.offset}, {"byte_size", st.byte_size}}
+                          : json{{"name", st.name}, {"device_id", st.device_id}, {"byte_size", st.byte_size}});
+        }
+        reply(res, 200, a);
+      });
+      http.Get(base + "/status", status);
+      http.Get(base + "/region/([^/]+)/status", status);
+      auto unregister = guarded([this, kind](const httplib::Request& req, httplib::Response& res) {
+        shm.unregister(kind, req.matches.size() > 1 ? std::string(req.matches[1]) : "");
+        reply(res, 200, json::object());
+      });
+      http.Post(base + "/unregister", unregister);
+      http.Post(base + "/region/([^/]+)/unregister", unregister);
+      http.Post(base + "/region/([^/]+)/register", guarded([this, sys](const httplib::Request& req, httplib::Response& res) {
+        const std::string name = req.matches[1];
+        json b = json::parse(req.body, nullptr, false);
+        if (b.is_discarded() || !b.is_object()) throw HttpError{400, "register '" + name + "': the body is not a JSON object"};
+        auto count = [&](const char* key, bool required) -> uint64_t {
+          if (!b.contains(key)) {
+            if (required) throw HttpError{400, "register '" + name + "': the body has no \"" + key + "\""};
+            return 0;
+          }
+          if (!b[key].is_number_unsigned()) throw HttpError{400, "register '" + name + "': \"" + key + "\" is not a count"};
+          return b[key].get<uint64_t>();
+        };
+        if (sys) {
+          if (!b.contains("key") || !b["key"].is_string()) throw HttpError{400, "register '" + name + "': the body has no \"key\" string"};
+          shm.register_system(name, b["key"].get<std::string>(), count("offset", false), count("byte_size", true));
+        } else {
+          const json* h = b.contains("raw_handle") && b["raw_handle"].is_object() ? &b["raw_handle"] : nullptr;
+          if (!h || !h->contains("b64") || !(*h)["b64"].is_string()) {
+            throw HttpError{400, "register '" + name + "': the body has no raw_handle {\"b64\": ...}"};
+          }
+          std::string handle = base64_decode((*h)["b64"].get<std::string>(), "register '" + name + "': raw_handle");
+          shm.register_cuda(name, handle, int64_t(count("device_id", false)), count("byte_size", true));
+        }
+        reply(res, 200, json::object());
+      }));
+    }
+  }
+
   void routes() {
     http.Get("/v2/health/live", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
     http.Get("/v2/health/ready", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
     http.Get("/v2", [](const httplib::Request&, httplib::Response& res) {
-      reply(res, 200, {{"name", "kiln"}, {"version", KILN_SERVE_VERSION},
-                      {"extensions", {"binary_tensor_data", "model_repository", "model_configuration"}}});
+      json ext = {"binary_tensor_data", "model_repository", "model_configuration", "system_shared_memory"};
+      if (cuda_shared_memory_supported()) ext.push_back("cuda_shared_memory");
+      reply(res, 200, {{"name", "kiln"}, {"version", KILN_SERVE_VERSION}, {"extensions", ext}});
     });
+    shared_memory_routes();
     // /v2/models/{name}[/versions/{v}][/ready|/infer]
     const std::string m = R"(/v2/models/([^/]+)(?:/versions/([0-9]+))?)";
     http.Get(m + "/ready", guarded([this](const httplib::Request& req, httplib::Response& res) {
@@ -176,7 +241,7 @@ struct HttpServer::Impl {
   }
 };
 
-HttpServer::HttpServer(Repository& repo, int threads) : impl_(std::make_unique<Impl>(repo)) {
+HttpServer::HttpServer(Repository& repo, SharedMemory& shm, int threads) : impl_(std::make_unique<Impl>(repo, shm)) {
   impl_->http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
 }
 HttpServer::~HttpServer() = default;

@@ -18,7 +18,8 @@ LoadedModel::LoadedModel(std::string name, int64_t version, Engine engine, std::
     : name_(std::move(name)), version_(version), engine_(std::move(engine)), settings_(std::move(settings)),
       config_(std::make_unique<inference::ModelConfig>()) {
   complete_config(settings_, engine_, name_, int(sessions.size()), config_.get());
-  scheduler_ = std::make_unique<Scheduler>(std::move(sessions), settings_, metrics_);
+  scheduler_ = std::make_unique<Scheduler>(std::move(sessions), settings_, metrics_, engine_.outputs(),
+                                           engine_.device() == Device::kCuda);
 }
 
 LoadedModel::~LoadedModel() = default;

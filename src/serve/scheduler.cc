@@ -19,7 +19,10 @@ uint64_t us_between(Clock::time_point a, Clock::time_point b) {
 bool same_past_batch(const std::vector<TensorView>& a, const std::vector<TensorView>& b) {
   if (a.size() != b.size()) return false;
   for (size_t k = 0; k < a.size(); ++k) {
-    if (a[k].dtype != b[k].dtype || a[k].shape.size() != b[k].shape.size() || a[k].shape.empty()) return false;
+    if (a[k].dtype != b[k].dtype || a[k].on_device != b[k].on_device || a[k].shape.size() != b[k].shape.size() ||
+        a[k].shape.empty()) {
+      return false;
+    }
     if (!std::equal(a[k].shape.begin() + 1, a[k].shape.end(), b[k].shape.begin() + 1)) return false;
   }
   return true;
@@ -53,8 +56,9 @@ struct Scheduler::Pending {
   std::optional<Expected<std::vector<HostTensor>>> result;
 };
 
-Scheduler::Scheduler(std::vector<Session> sessions, const ModelSettings& settings, ModelMetrics& metrics)
-    : settings_(settings), metrics_(metrics) {
+Scheduler::Scheduler(std::vector<Session> sessions, const ModelSettings& settings, ModelMetrics& metrics,
+                     std::vector<TensorInfo> outputs, bool gpu)
+    : settings_(settings), metrics_(metrics), outputs_(std::move(outputs)), gpu_(gpu) {
   for (Session& s : sessions) workers_.emplace_back([this, s = std::move(s)]() mutable { work(std::move(s)); });
 }
 
@@ -126,6 +130,7 @@ unsigned char* Scheduler::Scratch::get(size_t k, size_t bytes) {
 
 void Scheduler::work(Session s) {
   Scratch scratch;
+  std::optional<DeviceStaging> staging;  // made on the first batch with an input in device memory
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     queued_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !forming_); });
@@ -137,7 +142,9 @@ void Scheduler::work(Session s) {
     if (batch.empty()) continue;
     lock.unlock();
     try {
-      execute(s, batch, scratch);
+      execute(s, batch, scratch, staging);
+    } catch (const HttpError& e) {  // device staging that failed (out of device memory...)
+      for (Pending* p : batch) p->result = Status(e.status >= 500 ? ErrorCode::kInternal : ErrorCode::kInvalidArgument, e.message);
     } catch (const std::bad_alloc&) {  // a batch too large for host memory fails, the server stays
       for (Pending* p : batch) p->result = Status(ErrorCode::kOutOfMemory, "out of host memory running the batch");
     } catch (const std::exception& e) {
@@ -209,7 +216,53 @@ std::vector<Scheduler::Pending*> Scheduler::take(std::unique_lock<std::mutex>& l
   return batch;
 }
 
-void Scheduler::execute(Session& s, const std::vector<Pending*>& batch, Scratch& scratch) {
+Expected<std::vector<HostTensor>> Scheduler::run_views(Session& s, const std::vector<TensorView>& inputs, int64_t rows,
+                                                       std::optional<DeviceStaging>& staging) {
+  bool device = false;
+  for (const TensorView& v : inputs) device |= v.on_device;
+  if (!device) return s.run(inputs);
+  if (!staging) staging.emplace();
+  // The outputs' shapes: the engine's, dim 0 the batch's rows when the model batches.
+  std::vector<std::vector<int64_t>> shapes;
+  bool known = gpu_;
+  for (const TensorInfo& o : outputs_) {
+    std::vector<int64_t> shape = o.shape;
+    if (settings_.max_batch_size > 0 && !shape.empty() && shape[0] < 0) shape[0] = rows;
+    for (int64_t d : shape) known &= d >= 0;
+    known &= o.dtype != DType::kString;
+    shapes.push_back(std::move(shape));
+  }
+  if (known) {
+    std::vector<HostTensor> out;
+    std::vector<TensorView> views;
+    for (size_t k = 0; k < outputs_.size(); ++k) {
+      TensorView v{outputs_[k].dtype, shapes[k], nullptr, false};
+      auto keep = std::make_shared<std::vector<unsigned char>>(v.bytes());
+      v.data = keep->data();
+      out.emplace_back(v.dtype, v.shape, keep, keep->data());
+      views.push_back(std::move(v));
+    }
+    if (Status st = s.run(inputs, views, staging->stream()); !st) return st;
+    return out;
+  }
+  // Shapes the engine decides (or a CPU engine): the device inputs come to the host first.
+  std::vector<TensorView> host = inputs;
+  std::vector<std::shared_ptr<void>> keep;
+  for (TensorView& v : host) {
+    if (!v.on_device) continue;
+    std::shared_ptr<void> b(::operator new[](std::max<size_t>(v.bytes(), 1), std::align_val_t(64)),
+                            [](void* q) { ::operator delete[](q, std::align_val_t(64)); });
+    staging->copy(b.get(), v.data, v.bytes());
+    v.data = b.get();
+    v.on_device = false;
+    keep.push_back(std::move(b));
+  }
+  staging->sync();
+  return s.run(host);
+}
+
+void Scheduler::execute(Session& s, const std::vector<Pending*>& batch, Scratch& scratch,
+                        std::optional<DeviceStaging>& staging) {
   const Clock::time_point start = Clock::now();
   int64_t total = 0;
   for (Pending* p : batch) {
@@ -218,7 +271,7 @@ void Scheduler::execute(Session& s, const std::vector<Pending*>& batch, Scratch&
   }
   Expected<std::vector<HostTensor>> out = Status(ErrorCode::kInternal, "not run");
   if (batch.size() == 1) {
-    out = s.run(*batch[0]->inputs);
+    out = run_views(s, *batch[0]->inputs, total, staging);
   } else {
     // One tensor per input holding every request's rows in queue order.
     const std::vector<TensorView>& first = *batch[0]->inputs;
@@ -237,6 +290,16 @@ void Scheduler::execute(Session& s, const std::vector<Pending*>& batch, Scratch&
         }
         v.data = all->data();
         keep.push_back(all);
+      } else if (v.on_device) {  // requests batch together only when their inputs lie alike (same_past_batch)
+        if (!staging) staging.emplace();
+        unsigned char* all = staging->buffer(k, size_t(v.numel()) * es);
+        size_t at = 0;
+        for (Pending* p : batch) {
+          const TensorView& in = (*p->inputs)[k];
+          staging->copy(all + at, in.data, in.bytes());
+          at += in.bytes();
+        }
+        v.data = all;
       } else {
         unsigned char* all = scratch.get(k, size_t(v.numel()) * es);
         size_t at = 0;
@@ -249,7 +312,7 @@ void Scheduler::execute(Session& s, const std::vector<Pending*>& batch, Scratch&
       }
       views.push_back(std::move(v));
     }
-    out = s.run(views);
+    out = run_views(s, views, total, staging);
   }
   const uint64_t compute = us_between(start, Clock::now());
   metrics_.executions += 1;
@@ -257,7 +320,7 @@ void Scheduler::execute(Session& s, const std::vector<Pending*>& batch, Scratch&
   metrics_.inferences += uint64_t(total);
   if (batch.size() > 1 && !out && out.status().code() == ErrorCode::kInvalidArgument) {
     // One request's data (an index out of range...) must not fail the others: each runs alone.
-    for (Pending* p : batch) p->result = s.run(*p->inputs);
+    for (Pending* p : batch) p->result = run_views(s, *p->inputs, p->rows, staging);
     return;
   }
   if (batch.size() == 1 || !out) {

@@ -12,12 +12,14 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "kiln/kiln.h"
 #include "serve/kserve_codec.h"
 #include "serve/model_config.h"
+#include "serve/shared_memory.h"
 
 namespace kiln::serve {
 
@@ -33,7 +35,10 @@ using Clock = std::chrono::steady_clock;
 
 class Scheduler {
  public:
-  Scheduler(std::vector<Session> sessions, const ModelSettings& settings, ModelMetrics& metrics);
+  // `outputs` are the engine's; `gpu`: a GPU engine, which reads inputs in device memory (CUDA shared
+  // memory regions) where they lie.
+  Scheduler(std::vector<Session> sessions, const ModelSettings& settings, ModelMetrics& metrics,
+            std::vector<TensorInfo> outputs, bool gpu);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -65,10 +70,17 @@ class Scheduler {
   // The rows of the queued requests that can join the head's batch, in queue order up to
   // max_batch_size (lock held, queue not empty).
   int64_t joinable_rows() const;
-  void execute(Session& s, const std::vector<Pending*>& batch, Scratch& scratch);
+  // Device staging (`staging`) is made on the first batch that has an input in device memory.
+  void execute(Session& s, const std::vector<Pending*>& batch, Scratch& scratch, std::optional<DeviceStaging>& staging);
+  // One run of `inputs` (`rows` rows when batched). Inputs in device memory go to the GPU engine in
+  // place when the outputs' shapes follow from the rows; otherwise they are copied to the host first.
+  Expected<std::vector<HostTensor>> run_views(Session& s, const std::vector<TensorView>& inputs, int64_t rows,
+                                              std::optional<DeviceStaging>& staging);
 
   ModelSettings settings_;
   ModelMetrics& metrics_;
+  std::vector<TensorInfo> outputs_;
+  bool gpu_ = false;
   std::mutex mu_;
   std::condition_variable queued_;  // a request was queued, or stopping
   std::deque<Pending*> queue_;

@@ -3,11 +3,18 @@
 //
 //   kiln-serve-load --url 127.0.0.1:8001 --protocol grpc|http --model M [--version V]
 //                   [--concurrency 64] [--seconds 10] [--batch 1]
+//                   [--shared-memory none|system|cuda [--output-shared-memory-size BYTES]]
 //
 // Reads the model's inputs from its metadata, makes one request of `batch` rows per input (random
 // values), then runs `concurrency` threads, each on its own connection, each sending the request and
 // waiting for the answer until the time is up. Prints one JSON line: requests, failures (with the
 // first error), throughput (requests/s and rows/s) and latency percentiles in ms.
+//
+// --shared-memory (perf_analyzer's option): the inputs are written once into a region registered
+// with the server (a POSIX shared memory object, or device memory through a CUDA IPC handle) and
+// requests name it instead of carrying them; with --output-shared-memory-size each thread's outputs
+// are written into a region of its own too (that many bytes per output), else they come back in the
+// response.
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
 
@@ -23,7 +30,15 @@
 #include <thread>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "grpc_service.grpc.pb.h"
+
+#ifdef KILN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace {
 
@@ -84,6 +99,122 @@ struct Totals {
   }
 };
 
+// A region of `size` bytes that the server can read: a POSIX shared memory object (system) or device
+// memory exported through a CUDA IPC handle (cuda), holding `init` at its start.
+struct Region {
+  std::string kind, name, key, handle;  // handle: the cudaIpcMemHandle_t's bytes
+  size_t size = 0;
+  void* p = nullptr;
+  bool make(const std::string& k, const std::string& n, size_t bytes, const std::string& init, std::string& err) {
+    kind = k;
+    name = n;
+    size = std::max<size_t>(bytes, 1);
+    if (kind == "system") {
+      key = "/" + n + "_" + std::to_string(getpid());
+      const int fd = shm_open(key.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
+      if (fd < 0 || ftruncate(fd, off_t(size)) != 0) {
+        err = "cannot make shared memory object " + key;
+        return false;
+      }
+      p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      close(fd);
+      if (p == MAP_FAILED) {
+        err = "cannot map " + key;
+        return false;
+      }
+      std::memcpy(p, init.data(), init.size());
+      return true;
+    }
+#ifdef KILN_HAVE_CUDA
+    cudaIpcMemHandle_t h;
+    if (cudaMalloc(&p, size) != cudaSuccess || cudaMemcpy(p, init.data(), init.size(), cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaIpcGetMemHandle(&h, p) != cudaSuccess) {
+      err = "cannot make a CUDA IPC region of " + std::to_string(size) + " bytes";
+      return false;
+    }
+    handle.assign(reinterpret_cast<const char*>(&h), sizeof h);
+    return true;
+#else
+    err = "this kiln-serve-load was built without CUDA";
+    return false;
+#endif
+  }
+  ~Region() {
+    if (!p) return;
+    if (kind == "system") {
+      munmap(p, size);
+      shm_unlink(key.c_str());
+    }
+#ifdef KILN_HAVE_CUDA
+    if (kind == "cuda") cudaFree(p);
+#endif
+  }
+};
+
+std::string base64(const std::string& in) {
+  static const char* a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (unsigned char c : in) {
+    acc = (acc << 8) | c;
+    bits += 8;
+    while (bits >= 6) {
+      bits -= 6;
+      out.push_back(a[(acc >> bits) & 63]);
+    }
+  }
+  if (bits) out.push_back(a[(acc << (6 - bits)) & 63]);
+  while (out.size() % 4) out.push_back('=');
+  return out;
+}
+
+// Registers (or, with `unregister`, forgets) a region with the server over the protocol in use;
+// false with the server's reason in `err`.
+bool registration(const std::string& url, const std::string& protocol, const Region& r, bool unregister, std::string& err) {
+  const bool sys = r.kind == "system";
+  if (protocol == "http") {
+    httplib::Client c("http://" + url);
+    const std::string base = std::string(sys ? "/v2/systemsharedmemory" : "/v2/cudasharedmemory") + "/region/" + r.name;
+    nlohmann::json b = sys ? nlohmann::json{{"key", r.key}, {"offset", 0}, {"byte_size", r.size}}
+                           : nlohmann::json{{"raw_handle", {{"b64", base64(r.handle)}}}, {"device_id", 0}, {"byte_size", r.size}};
+    auto res = unregister ? c.Post(base + "/unregister") : c.Post(base + "/register", b.dump(), "application/json");
+    if (!res || res->status != 200) err = res ? res->body : httplib::to_string(res.error());
+    return err.empty();
+  }
+  auto stub = inference::GRPCInferenceService::NewStub(grpc::CreateChannel(url, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  grpc::Status s;
+  if (sys && unregister) {
+    inference::SystemSharedMemoryUnregisterRequest q;
+    inference::SystemSharedMemoryUnregisterResponse a;
+    q.set_name(r.name);
+    s = stub->SystemSharedMemoryUnregister(&ctx, q, &a);
+  } else if (sys) {
+    inference::SystemSharedMemoryRegisterRequest q;
+    inference::SystemSharedMemoryRegisterResponse a;
+    q.set_name(r.name);
+    q.set_key(r.key);
+    q.set_byte_size(r.size);
+    s = stub->SystemSharedMemoryRegister(&ctx, q, &a);
+  } else if (unregister) {
+    inference::CudaSharedMemoryUnregisterRequest q;
+    inference::CudaSharedMemoryUnregisterResponse a;
+    q.set_name(r.name);
+    s = stub->CudaSharedMemoryUnregister(&ctx, q, &a);
+  } else {
+    inference::CudaSharedMemoryRegisterRequest q;
+    inference::CudaSharedMemoryRegisterResponse a;
+    q.set_name(r.name);
+    q.set_raw_handle(r.handle);
+    q.set_device_id(0);
+    q.set_byte_size(r.size);
+    s = stub->CudaSharedMemoryRegister(&ctx, q, &a);
+  }
+  if (!s.ok()) err = s.error_message();
+  return s.ok();
+}
+
 double percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -94,8 +225,9 @@ double percentile(std::vector<double> v, double q) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string url = "127.0.0.1:8001", protocol = "grpc", model, version;
+  std::string url = "127.0.0.1:8001", protocol = "grpc", model, version, shared_memory = "none";
   int concurrency = 1, batch = 1;
+  size_t output_shm_size = 0;
   double seconds = 10;
   CLI::App app{"kiln-serve-load: closed-loop load on a KServe v2 server (gRPC or HTTP binary tensors)"};
   app.add_option("--url", url, "host:port");
@@ -105,10 +237,14 @@ int main(int argc, char** argv) {
   app.add_option("--concurrency", concurrency)->check(CLI::Range(1, 4096));
   app.add_option("--seconds", seconds)->check(CLI::Range(0.1, 3600.0));
   app.add_option("--batch", batch, "rows per request (the first dim of every input)")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--shared-memory", shared_memory, "inputs in a registered region instead of the requests")
+      ->check(CLI::IsMember({"none", "system", "cuda"}));
+  app.add_option("--output-shared-memory-size", output_shm_size, "with --shared-memory: bytes per output in a region per thread");
   CLI11_PARSE(app, argc, argv);
 
-  // The model's inputs, from its metadata.
+  // The model's inputs and outputs, from its metadata.
   std::vector<Tensor> meta;
+  std::vector<std::string> output_names;
   {
     auto stub = inference::GRPCInferenceService::NewStub(grpc::CreateChannel(url, grpc::InsecureChannelCredentials()));
     inference::ModelMetadataRequest q;
@@ -123,6 +259,7 @@ int main(int argc, char** argv) {
         return 1;
       }
       for (const auto& i : r.inputs()) meta.push_back({i.name(), i.datatype(), {i.shape().begin(), i.shape().end()}, {}});
+      for (const auto& o : r.outputs()) output_names.push_back(o.name());
     } else {
       httplib::Client c("http://" + url);
       auto res = c.Get("/v2/models/" + model + (version.empty() ? "" : "/versions/" + version));
@@ -139,6 +276,7 @@ int main(int argc, char** argv) {
       for (const auto& i : m["inputs"]) {
         meta.push_back({i["name"], i["datatype"], i["shape"].get<std::vector<int64_t>>(), {}});
       }
+      for (const auto& o : m["outputs"]) output_names.push_back(o["name"]);
     }
   }
   for (const Tensor& t : meta) {
@@ -150,25 +288,79 @@ int main(int argc, char** argv) {
   }
   const std::vector<Tensor> inputs = from_shapes(meta, batch);
 
-  // One request, built once: a gRPC message with raw contents, or an HTTP body with a JSON header and
-  // the binary tensors after it.
-  inference::ModelInferRequest grpc_request;
-  grpc_request.set_model_name(model);
-  grpc_request.set_model_version(version);
-  nlohmann::json head = {{"inputs", nlohmann::json::array()}, {"parameters", {{"binary_data_output", true}}}};
-  std::string blobs;
-  for (const Tensor& t : inputs) {
-    auto* i = grpc_request.add_inputs();
-    i->set_name(t.name);
-    i->set_datatype(t.datatype);
-    for (int64_t d : t.shape) i->add_shape(d);
-    grpc_request.add_raw_input_contents(t.bytes);
-    head["inputs"].push_back({{"name", t.name}, {"datatype", t.datatype}, {"shape", t.shape},
-                              {"parameters", {{"binary_data_size", t.bytes.size()}}}});
-    blobs += t.bytes;
+  // Shared memory: every input in one region (each at a 256-byte boundary), and a region of each
+  // thread's outputs.
+  const bool use_shm = shared_memory != "none";
+  Region in_region, out_region;
+  std::vector<size_t> in_offset;
+  if (use_shm) {
+    std::string all, err;
+    for (const Tensor& t : inputs) {
+      in_offset.push_back(all.size());
+      all += t.bytes;
+      all.resize((all.size() + 255) / 256 * 256, '\0');
+    }
+    if (!in_region.make(shared_memory, "kiln_load_in", all.size(), all, err) ||
+        (output_shm_size && !out_region.make(shared_memory, "kiln_load_out", output_shm_size * output_names.size() * size_t(concurrency),
+                                             std::string(), err)) ||
+        !registration(url, protocol, in_region, false, err) ||
+        (output_shm_size && !registration(url, protocol, out_region, false, err))) {
+      std::fprintf(stderr, "kiln-serve-load: error: shared memory: %s\n", err.c_str());
+      return 1;
+    }
   }
-  const std::string header = head.dump();
-  const std::string body = header + blobs;
+
+  // Each thread's request, built once: a gRPC message with raw contents, or an HTTP body with a JSON
+  // header and the binary tensors after it (or naming the regions that hold them).
+  struct Request {
+    inference::ModelInferRequest grpc;
+    std::string header, body;
+  };
+  std::vector<Request> requests(static_cast<size_t>(concurrency));
+  for (int k = 0; k < concurrency; ++k) {
+    Request& q = requests[size_t(k)];
+    q.grpc.set_model_name(model);
+    q.grpc.set_model_version(version);
+    nlohmann::json head = {{"inputs", nlohmann::json::array()}, {"parameters", {{"binary_data_output", true}}}};
+    std::string blobs;
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      const Tensor& t = inputs[j];
+      auto* i = q.grpc.add_inputs();
+      i->set_name(t.name);
+      i->set_datatype(t.datatype);
+      for (int64_t d : t.shape) i->add_shape(d);
+      nlohmann::json params;
+      if (use_shm) {
+        (*i->mutable_parameters())["shared_memory_region"].set_string_param(in_region.name);
+        (*i->mutable_parameters())["shared_memory_byte_size"].set_int64_param(int64_t(t.bytes.size()));
+        (*i->mutable_parameters())["shared_memory_offset"].set_int64_param(int64_t(in_offset[j]));
+        params = {{"shared_memory_region", in_region.name}, {"shared_memory_byte_size", t.bytes.size()},
+                  {"shared_memory_offset", in_offset[j]}};
+      } else {
+        q.grpc.add_raw_input_contents(t.bytes);
+        params = {{"binary_data_size", t.bytes.size()}};
+        blobs += t.bytes;
+      }
+      head["inputs"].push_back({{"name", t.name}, {"datatype", t.datatype}, {"shape", t.shape}, {"parameters", params}});
+    }
+    if (output_shm_size) {
+      head["outputs"] = nlohmann::json::array();
+      for (size_t j = 0; j < output_names.size(); ++j) {
+        const size_t at = (size_t(k) * output_names.size() + j) * output_shm_size;
+        auto* o = q.grpc.add_outputs();
+        o->set_name(output_names[j]);
+        (*o->mutable_parameters())["shared_memory_region"].set_string_param(out_region.name);
+        (*o->mutable_parameters())["shared_memory_byte_size"].set_int64_param(int64_t(output_shm_size));
+        (*o->mutable_parameters())["shared_memory_offset"].set_int64_param(int64_t(at));
+        head["outputs"].push_back({{"name", output_names[j]},
+                                   {"parameters", {{"shared_memory_region", out_region.name},
+                                                   {"shared_memory_byte_size", output_shm_size},
+                                                   {"shared_memory_offset", at}}}});
+      }
+    }
+    q.header = head.dump();
+    q.body = q.header + blobs;
+  }
   const std::string path = "/v2/models/" + model + (version.empty() ? "" : "/versions/" + version) + "/infer";
 
   Totals totals;
@@ -188,7 +380,7 @@ int main(int argc, char** argv) {
           grpc::ClientContext ctx;
           inference::ModelInferResponse r;
           const auto a = Clock::now();
-          grpc::Status s = stub->ModelInfer(&ctx, grpc_request, &r);
+          grpc::Status s = stub->ModelInfer(&ctx, requests[size_t(k)].grpc, &r);
           if (!s.ok()) {
             totals.fail(s.error_message());
             continue;
@@ -200,10 +392,11 @@ int main(int argc, char** argv) {
         c.set_keep_alive(true);
         c.set_tcp_nodelay(true);
         c.set_read_timeout(300, 0);
-        httplib::Headers h = {{"Inference-Header-Content-Length", std::to_string(header.size())}};
+        const Request& q = requests[size_t(k)];
+        httplib::Headers h = {{"Inference-Header-Content-Length", std::to_string(q.header.size())}};
         while (Clock::now() < stop) {
           const auto a = Clock::now();
-          auto res = c.Post(path, h, body, "application/octet-stream");
+          auto res = c.Post(path, h, q.body, "application/octet-stream");
           if (!res || res->status != 200) {
             totals.fail(res ? res->body : httplib::to_string(res.error()));
             continue;
@@ -217,7 +410,13 @@ int main(int argc, char** argv) {
   }
   for (auto& t : threads) t.join();
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (use_shm) {
+    std::string err;
+    registration(url, protocol, in_region, true, err);
+    if (output_shm_size) registration(url, protocol, out_region, true, err);
+  }
   nlohmann::json out = {{"protocol", protocol},
+                        {"shared_memory", shared_memory},
                         {"concurrency", concurrency},
                         {"batch", batch},
                         {"requests", totals.ms.size()},

@@ -46,8 +46,9 @@ int serve_main(const ServeOptions& opt) {
   for (const auto& e : repo.index()) {
     for (int64_t v : e.loaded) std::printf("model '%s' version %lld: ready\n", e.name.c_str(), static_cast<long long>(v));
   }
-  serve::HttpServer http(repo, opt.http_threads);
-  serve::GrpcServer grpc(repo);
+  serve::SharedMemory shm;  // before the servers: they use it until they stop
+  serve::HttpServer http(repo, shm, opt.http_threads);
+  serve::GrpcServer grpc(repo, shm);
   if (opt.grpc_port && !grpc.start(opt.host + ":" + std::to_string(opt.grpc_port))) {
     return fail(KILN_ERROR(kIo, "cannot listen for gRPC on {}:{} (in use?)", opt.host, opt.grpc_port));
   }

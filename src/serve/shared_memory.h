@@ -1,0 +1,93 @@
+// The shared memory extensions of the KServe v2 protocol, as Triton serves them: a client registers
+// a region (a POSIX shared memory object by its key, or device memory by a CUDA IPC handle) and then
+// names it in a request instead of sending the tensor's bytes; requested outputs may be written into
+// a region too. One registry serves HTTP and gRPC (a region registered over one is usable over the
+// other), and system and CUDA regions share its names.
+//
+// Inputs are read in place: a system region's mapping or a CUDA region's device pointer becomes the
+// TensorView the session reads (a GPU engine reads device memory where it lies). A region stays
+// mapped while a request uses it, even once it is unregistered.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "serve/kserve_codec.h"
+
+namespace kiln::serve {
+
+struct ShmRegion;  // a mapped region (shared_memory.cc)
+
+class SharedMemory {
+ public:
+  enum class Kind { kSystem, kCuda };
+  SharedMemory();
+  ~SharedMemory();
+  SharedMemory(const SharedMemory&) = delete;
+  SharedMemory& operator=(const SharedMemory&) = delete;
+
+  // Maps [offset, offset + byte_size) of the shared memory object `key` (shm_open), read and write.
+  // Throws HttpError 400 naming what was wrong (a name taken, no such key, a range past its end).
+  void register_system(const std::string& name, const std::string& key, uint64_t offset, uint64_t byte_size);
+  // Opens a cudaIpcMemHandle_t's 64 bytes on GPU `device_id` (the one kiln runs on); the
+  // allocation must hold byte_size bytes. Throws HttpError 400; a server built without CUDA says so.
+  void register_cuda(const std::string& name, const std::string& raw_handle, int64_t device_id, uint64_t byte_size);
+  // Forgets the region `name` of `kind` (empty: every region of that kind). Throws HttpError 400 for
+  // a name not registered as that kind.
+  void unregister(Kind kind, const std::string& name);
+
+  struct Status {
+    std::string name, key;  // key: system regions only
+    uint64_t offset = 0, byte_size = 0;
+    int64_t device_id = 0;  // CUDA regions only
+  };
+  // The regions of `kind` (empty name: all of them, by name). Throws HttpError 400 for a name not
+  // registered as that kind.
+  std::vector<Status> status(Kind kind, const std::string& name) const;
+
+  // Points every input that names a region (Input::shm) at its bytes there, checking the range lies
+  // in the region and holds exactly the input's elements (BYTES inputs are decoded out of it).
+  void attach(std::vector<Input>& inputs) const;
+  // Writes an output into the region `ref` names; the bytes written. Throws HttpError 400 when the
+  // range does not hold them.
+  uint64_t write(const ShmRef& ref, const HostTensor& t, const std::string& output_name) const;
+
+ private:
+  std::shared_ptr<ShmRegion> find(const std::string& name, const std::string& what) const;
+  // The region's bytes [offset, offset + size), checked to lie in it.
+  unsigned char* range(const ShmRegion& r, const ShmRef& ref, uint64_t size, const std::string& what) const;
+  void add(std::shared_ptr<ShmRegion> r);
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_ptr<ShmRegion>> regions_;
+};
+
+// Device memory for the batcher's concatenated inputs and the copies into and out of CUDA regions,
+// on a stream of its own (the sessions' captured graphs never wait for it). Without CUDA in the
+// build every call throws HttpError 400 (no CUDA region can exist to need it).
+class DeviceStaging {
+ public:
+  DeviceStaging();
+  ~DeviceStaging();
+  DeviceStaging(const DeviceStaging&) = delete;
+  DeviceStaging& operator=(const DeviceStaging&) = delete;
+  // Device memory of at least `bytes` for input k, kept from call to call.
+  unsigned char* buffer(size_t k, size_t bytes);
+  // Copies on the staging stream (any direction: unified addressing tells host from device);
+  // sync() waits for them.
+  void copy(void* dst, const void* src, size_t bytes);
+  void sync();
+  void* stream() const { return stream_; }
+
+ private:
+  void* stream_ = nullptr;
+  std::vector<std::pair<void*, size_t>> buffers_;
+};
+
+// Whether this server can read CUDA regions (built with CUDA).
+bool cuda_shared_memory_supported();
+
+}  // namespace kiln::serve

@@ -7,15 +7,17 @@
 # path for themselves alone. On the device:
 #   mkdir -p /tmp/k && tar xJf .gpupack/pack.tar.xz -C /tmp/k    # binaries in /tmp/k/bin, data in /tmp/k/onnx-1.12
 #   bash bench/gpu-check.sh /tmp/k/bin; bash bench/conformance-gpu.sh /tmp/k/bin /tmp/k/onnx-1.12 --jobs 16
-# Usage: bash bench/pack-gpu.sh [BUILD_DIR]   (.gpupack/ is local: add it to .git/info/exclude)
+# Usage: bash bench/pack-gpu.sh [BUILD_DIR] [lean]   (.gpupack/ is local: add it to .git/info/exclude)
+# lean: without the conformance data and runner (room in the carry for wheels).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD=${1:-build}
+LEAN=${2:-}
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" .gpupack
 mkdir -p "$stage/lib"
-for f in "$BUILD/kiln" "$BUILD/tests/kiln_conformance" "$BUILD/tests/kiln_gpu_op_check"; do
+for f in "$BUILD/kiln" $([[ -z "$LEAN" ]] && echo "$BUILD/tests/kiln_conformance") "$BUILD/tests/kiln_gpu_op_check"; do
   [[ -f "$f" ]] && strip -o "$stage/bin/$(basename "$f")" "$f"
 done
 # The server's binaries and every library they load beyond the C/C++ runtime and CUDA's.
@@ -31,6 +33,6 @@ for f in "$BUILD/kiln-serve" "$BUILD/kiln-serve-load"; do
 done
 # Shared libraries of the build itself (not the system's or CUDA's) travel beside the binaries.
 for lib in $(ldd "$BUILD/kiln" | awk -v b="$(realpath "$BUILD")" '$3 ~ b {print $3}'); do strip -o "$stage/bin/$(basename "$lib")" "$lib"; done
-cp -r /usr/share/libonnx-testdata/data "$stage/onnx-1.12"
+[[ -n "$LEAN" ]] || cp -r /usr/share/libonnx-testdata/data "$stage/onnx-1.12"
 tar cJf .gpupack/pack.tar.xz -C "$stage" .
 ls -la .gpupack/pack.tar.xz

@@ -183,20 +183,27 @@ class Service final : public inference::GRPCInferenceService::Service {
       views.push_back(inputs[k].view());
     }
     const uint64_t timeout_us = grpc_timeout_us(q);
-    auto out = m->infer(views, timeout_us, steady_deadline(ctx));
-    if (!out) throw HttpError{status_of(out.status()), out.status().message()};
-
     const auto& onfo = m->engine().outputs();
     std::vector<std::pair<size_t, std::optional<ShmRef>>> wanted;  // output index, a region to write it into
     for (const auto& o : q.outputs()) {
       size_t k = 0;
       while (k < onfo.size() && onfo[k].name != o.name()) ++k;
       if (k == onfo.size()) throw HttpError{400, "unknown output '" + o.name() + "' for model '" + m->name() + "'"};
+      for (const auto& w : wanted) {
+        if (w.first == k) throw HttpError{400, "output '" + o.name() + "' is requested twice"};
+      }
       wanted.emplace_back(k, shm_ref_grpc(o.parameters(), "output '" + o.name() + "'"));
     }
     if (q.outputs_size() == 0) {
       for (size_t k = 0; k < onfo.size(); ++k) wanted.emplace_back(k, std::nullopt);
     }
+    // Outputs that name a region are written there by the worker that runs the request.
+    std::vector<std::pair<size_t, const ShmRef*>> in_shm;
+    for (const auto& [k, ref] : wanted) in_shm.emplace_back(k, ref ? &*ref : nullptr);
+    std::vector<std::shared_ptr<const void>> keep;
+    const std::vector<OutputTarget> targets = shm_.targets(in_shm, onfo, keep);
+    auto out = m->infer(views, timeout_us, steady_deadline(ctx), &targets);
+    if (!out) throw HttpError{status_of(out.status()), out.status().message()};
     r.set_model_name(m->name());
     r.set_model_version(std::to_string(m->version()));
     r.set_id(q.id());
@@ -211,7 +218,7 @@ class Service final : public inference::GRPCInferenceService::Service {
         continue;
       }
       // In the region; an empty raw entry keeps raw_output_contents in step with outputs.
-      const uint64_t written = shm_.write(*ref, t, onfo[k].name);
+      const uint64_t written = shm_.written(*ref, targets[k], t, onfo[k].name);
       auto& p = *o->mutable_parameters();
       p["shared_memory_region"].set_string_param(ref->region);
       p["shared_memory_byte_size"].set_int64_param(int64_t(written));

@@ -73,9 +73,6 @@ struct HttpServer::Impl {
       if (!t.is_number_unsigned()) throw HttpError{400, "parameter 'timeout' is not a count of microseconds"};
       timeout_us = t.get<uint64_t>();
     }
-    auto out = m->infer(views, timeout_us);
-    if (!out) throw HttpError{status_of(out.status()), out.status().message()};
-
     const auto& onfo = m->engine().outputs();
     bool all_binary = r.contains("parameters") && r["parameters"].is_object() &&
                       r["parameters"].value("binary_data_output", false);
@@ -91,6 +88,9 @@ struct HttpServer::Impl {
         size_t k = 0;
         while (k < onfo.size() && onfo[k].name != n) ++k;
         if (k == onfo.size()) throw HttpError{400, "unknown output '" + n + "' for model '" + name + "'"};
+        for (const Wanted& w : wanted) {
+          if (w.k == k) throw HttpError{400, "output '" + n + "' is requested twice"};
+        }
         bool binary = all_binary;
         const json* params = jo.contains("parameters") && jo["parameters"].is_object() ? &jo["parameters"] : nullptr;
         if (params) binary = params->value("binary_data", binary);
@@ -99,6 +99,13 @@ struct HttpServer::Impl {
     } else {
       for (size_t k = 0; k < onfo.size(); ++k) wanted.push_back({k, all_binary, std::nullopt});
     }
+    // Outputs that name a region are written there by the worker that runs the request.
+    std::vector<std::pair<size_t, const ShmRef*>> in_shm;
+    for (const auto& w : wanted) in_shm.emplace_back(w.k, w.shm ? &*w.shm : nullptr);
+    std::vector<std::shared_ptr<const void>> keep;
+    const std::vector<OutputTarget> targets = shm.targets(in_shm, onfo, keep);
+    auto out = m->infer(views, timeout_us, Clock::time_point::max(), &targets);
+    if (!out) throw HttpError{status_of(out.status()), out.status().message()};
     json resp = {{"model_name", name}, {"model_version", std::to_string(m->version())}, {"outputs", json::array()}};
     if (r.contains("id")) resp["id"] = r["id"];
     std::string blobs;
@@ -106,7 +113,7 @@ struct HttpServer::Impl {
       const HostTensor& t = (*out)[k];
       json jo = {{"name", onfo[k].name}, {"datatype", kserve_type(t.dtype()).value_or("?")}, {"shape", t.shape()}};
       if (ref) {
-        const uint64_t written = shm.write(*ref, t, onfo[k].name);
+        const uint64_t written = shm.written(*ref, targets[k], t, onfo[k].name);
         jo["parameters"] = {{"shared_memory_region", ref->region}, {"shared_memory_byte_size", written}};
         if (ref->offset) jo["parameters"]["shared_memory_offset"] = ref->offset;
       } else if (binary) {

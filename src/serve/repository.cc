@@ -7,6 +7,7 @@
 
 #include "model_config.pb.h"
 
+#include "frontend/onnx/importer.h"
 #include "support/status.h"
 
 namespace kiln::serve {
@@ -57,6 +58,26 @@ std::string version_stamp(const fs::path& dir, const std::string& fingerprint) {
   return "";
 }
 
+// With max_batch_size > 0 and no `input` entry for some of a model.onnx's inputs (Triton's
+// auto-completed configuration), their dims past the batch come from the model file, so the build
+// ranges dim 0 of every input (ModelSettings::build_ranges).
+Status complete_input_dims(const fs::path& onnx, ModelSettings& s) {
+  if (s.max_batch_size <= 0) return Status::ok();
+  ImportOptions opt;
+  opt.infer = false;
+  KILN_ASSIGN_OR_RETURN(Model m, import_onnx_file(onnx.string(), opt));
+  for (const Value* v : m.graph->inputs) {
+    if (s.input_dims.count(v->name) || !v->type.shape || v->type.shape->rank() == 0) continue;
+    std::vector<int64_t> dims;
+    for (size_t k = 1; k < v->type.shape->rank(); ++k) {
+      const Dim& d = v->type.shape->dims[k];
+      dims.push_back(d.is_static() ? d.value() : -1);
+    }
+    s.input_dims[v->name] = std::move(dims);
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Expected<std::shared_ptr<LoadedModel>> Repository::open(const std::string& name, int64_t version,
@@ -67,7 +88,9 @@ Expected<std::shared_ptr<LoadedModel>> Repository::open(const std::string& name,
     BuildConfig c;
     c.device = settings.device.value_or(config_.device);
     c.precision = settings.precision.value_or(config_.precision);
-    c.shape_ranges = settings.build_ranges();
+    ModelSettings full = settings;
+    if (Status st = complete_input_dims(dir / "model.onnx", full); !st) return Expected<Engine>(st);
+    c.shape_ranges = full.build_ranges();
     return build((dir / "model.onnx").string(), c);
   }();
   if (!e) return e.status();

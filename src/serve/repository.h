@@ -48,8 +48,9 @@ class LoadedModel {
   // Runs a request through the scheduler. Throws HttpError as Scheduler::run does; engine errors
   // come back as the Status.
   Expected<std::vector<HostTensor>> infer(const std::vector<TensorView>& inputs, uint64_t timeout_us,
-                                          Clock::time_point deadline = Clock::time_point::max()) {
-    return scheduler_->run(inputs, timeout_us, deadline);
+                                          Clock::time_point deadline = Clock::time_point::max(),
+                                          const std::vector<OutputTarget>* targets = nullptr) {
+    return scheduler_->run(inputs, timeout_us, deadline, targets);
   }
 
  private:

@@ -49,6 +49,7 @@ HostTensor slice_rows(const HostTensor& t, int64_t begin, int64_t rows) {
 
 struct Scheduler::Pending {
   const std::vector<TensorView>* inputs = nullptr;
+  const std::vector<OutputTarget>* targets = nullptr;
   int64_t rows = 1;
   Clock::time_point enqueued;
   std::condition_variable answered;
@@ -72,9 +73,11 @@ Scheduler::~Scheduler() {
 }
 
 Expected<std::vector<HostTensor>> Scheduler::run(const std::vector<TensorView>& inputs, uint64_t timeout_us,
-                                                 Clock::time_point deadline) {
+                                                 Clock::time_point deadline, const std::vector<OutputTarget>* targets) {
   Pending p;
   p.inputs = &inputs;
+  if (targets && targets->size() != outputs_.size()) throw HttpError{500, "output targets do not match the engine's outputs"};
+  p.targets = targets;
   if (settings_.max_batch_size > 0) {
     for (const TensorView& v : inputs) {
       if (v.shape.empty()) throw HttpError{400, "a batched model's inputs have a batch dim; one is a scalar"};
@@ -217,7 +220,8 @@ std::vector<Scheduler::Pending*> Scheduler::take(std::unique_lock<std::mutex>& l
 }
 
 Expected<std::vector<HostTensor>> Scheduler::run_views(Session& s, const std::vector<TensorView>& inputs, int64_t rows,
-                                                       std::optional<DeviceStaging>& staging) {
+                                                       std::optional<DeviceStaging>& staging,
+                                                       const std::vector<OutputTarget>* direct) {
   bool device = false;
   for (const TensorView& v : inputs) device |= v.on_device;
   if (!device) return s.run(inputs);
@@ -237,9 +241,16 @@ Expected<std::vector<HostTensor>> Scheduler::run_views(Session& s, const std::ve
     std::vector<TensorView> views;
     for (size_t k = 0; k < outputs_.size(); ++k) {
       TensorView v{outputs_[k].dtype, shapes[k], nullptr, false};
-      auto keep = std::make_shared<std::vector<unsigned char>>(v.bytes());
-      v.data = keep->data();
-      out.emplace_back(v.dtype, v.shape, keep, keep->data());
+      const OutputTarget* t = direct ? &(*direct)[k] : nullptr;
+      if (t && t->data && t->on_device && v.bytes() <= t->capacity) {  // written where the client wants it
+        v.data = t->data;
+        v.on_device = true;
+        out.emplace_back(v.dtype, v.shape, nullptr, nullptr);
+      } else {
+        auto keep = std::make_shared<std::vector<unsigned char>>(v.bytes());
+        v.data = keep->data();
+        out.emplace_back(v.dtype, v.shape, keep, keep->data());
+      }
       views.push_back(std::move(v));
     }
     if (Status st = s.run(inputs, views, staging->stream()); !st) return st;
@@ -261,6 +272,27 @@ Expected<std::vector<HostTensor>> Scheduler::run_views(Session& s, const std::ve
   return s.run(host);
 }
 
+void Scheduler::deliver(Pending& p, std::optional<DeviceStaging>& staging) {
+  if (!p.targets || !p.result || !*p.result) return;
+  std::vector<HostTensor>& out = **p.result;
+  for (size_t k = 0; k < out.size() && k < p.targets->size(); ++k) {
+    const OutputTarget& t = (*p.targets)[k];
+    const HostTensor& h = out[k];
+    if (!t.data || !h.raw() || h.dtype() == DType::kString) continue;  // returned, or already in place
+    if (h.bytes() > t.capacity) {
+      p.result = Status(ErrorCode::kInvalidArgument, "output '" + outputs_[k].name + "' needs " + std::to_string(h.bytes()) +
+                                                         " bytes; shared_memory_byte_size is " + std::to_string(t.capacity));
+      return;
+    }
+    if (t.on_device) {
+      if (!staging) staging.emplace();
+      staging->copy(t.data, h.raw(), h.bytes());
+    } else if (h.bytes()) {
+      std::memcpy(t.data, h.raw(), h.bytes());
+    }
+  }
+}
+
 void Scheduler::execute(Session& s, const std::vector<Pending*>& batch, Scratch& scratch,
                         std::optional<DeviceStaging>& staging) {
   const Clock::time_point start = Clock::now();
@@ -271,7 +303,7 @@ void Scheduler::execute(Session& s, const std::vector<Pending*>& batch, Scratch&
   }
   Expected<std::vector<HostTensor>> out = Status(ErrorCode::kInternal, "not run");
   if (batch.size() == 1) {
-    out = run_views(s, *batch[0]->inputs, total, staging);
+    out = run_views(s, *batch[0]->inputs, total, staging, batch[0]->targets);
   } else {
     // One tensor per input holding every request's rows in queue order.
     const std::vector<TensorView>& first = *batch[0]->inputs;
@@ -320,11 +352,19 @@ void Scheduler::execute(Session& s, const std::vector<Pending*>& batch, Scratch&
   metrics_.inferences += uint64_t(total);
   if (batch.size() > 1 && !out && out.status().code() == ErrorCode::kInvalidArgument) {
     // One request's data (an index out of range...) must not fail the others: each runs alone.
-    for (Pending* p : batch) p->result = run_views(s, *p->inputs, p->rows, staging);
+    for (Pending* p : batch) {
+      p->result = run_views(s, *p->inputs, p->rows, staging, p->targets);
+      deliver(*p, staging);
+    }
+    if (staging) staging->sync();
     return;
   }
   if (batch.size() == 1 || !out) {
-    for (Pending* p : batch) p->result = out;
+    for (Pending* p : batch) {
+      p->result = out;
+      deliver(*p, staging);
+    }
+    if (staging) staging->sync();
     return;
   }
   for (const HostTensor& t : *out) {
@@ -342,8 +382,10 @@ void Scheduler::execute(Session& s, const std::vector<Pending*>& batch, Scratch&
     std::vector<HostTensor> mine;
     for (const HostTensor& t : *out) mine.push_back(slice_rows(t, at, p->rows));
     p->result = std::move(mine);
+    deliver(*p, staging);
     at += p->rows;
   }
+  if (staging) staging->sync();
 }
 
 }  // namespace kiln::serve

@@ -33,6 +33,7 @@ struct ModelMetrics {
 
 using Clock = std::chrono::steady_clock;
 
+
 class Scheduler {
  public:
   // `outputs` are the engine's; `gpu`: a GPU engine, which reads inputs in device memory (CUDA shared
@@ -45,10 +46,12 @@ class Scheduler {
 
   // Runs one request, blocking until it is answered. `timeout_us` is the request's own timeout (0:
   // none), honoured when the configuration allows overriding its default; `deadline` is the
-  // client's (a gRPC deadline; Clock::time_point::max() for none). The inputs must stay alive until
-  // it returns. Throws HttpError for a full queue (503), a timeout (504) or too many rows (400).
+  // client's (a gRPC deadline; Clock::time_point::max() for none). `targets` (null, or one per
+  // engine output) say where outputs go instead of the result. The inputs and targets must stay
+  // alive until it returns. Throws HttpError for a full queue (503), a timeout (504) or too many
+  // rows (400).
   Expected<std::vector<HostTensor>> run(const std::vector<TensorView>& inputs, uint64_t timeout_us,
-                                        Clock::time_point deadline);
+                                        Clock::time_point deadline, const std::vector<OutputTarget>* targets = nullptr);
   int sessions() const { return int(workers_.size()); }
 
  private:
@@ -74,8 +77,13 @@ class Scheduler {
   void execute(Session& s, const std::vector<Pending*>& batch, Scratch& scratch, std::optional<DeviceStaging>& staging);
   // One run of `inputs` (`rows` rows when batched). Inputs in device memory go to the GPU engine in
   // place when the outputs' shapes follow from the rows; otherwise they are copied to the host first.
+  // `direct`: one request's targets, whose device outputs the engine may write in place.
   Expected<std::vector<HostTensor>> run_views(Session& s, const std::vector<TensorView>& inputs, int64_t rows,
-                                              std::optional<DeviceStaging>& staging);
+                                              std::optional<DeviceStaging>& staging,
+                                              const std::vector<OutputTarget>* direct = nullptr);
+  // Writes a request's outputs that have targets (and were not written in place) there; an output
+  // larger than its target fails the request. Device copies are left on `staging` to sync.
+  void deliver(Pending& p, std::optional<DeviceStaging>& staging);
 
   ModelSettings settings_;
   ModelMetrics& metrics_;

@@ -244,6 +244,26 @@ void SharedMemory::attach(std::vector<Input>& inputs) const {
   }
 }
 
+OutputTarget SharedMemory::target(const ShmRef& ref, std::shared_ptr<const void>& keep, const std::string& output_name) const {
+  const std::string what = "output '" + output_name + "'";
+  std::shared_ptr<ShmRegion> r = find(ref.region, what);
+  OutputTarget t{range(*r, ref, 0, what), ref.byte_size, r->kind == Kind::kCuda};
+  keep = r;
+  return t;
+}
+
+std::vector<OutputTarget> SharedMemory::targets(const std::vector<std::pair<size_t, const ShmRef*>>& wanted,
+                                                const std::vector<TensorInfo>& outputs,
+                                                std::vector<std::shared_ptr<const void>>& keep) const {
+  std::vector<OutputTarget> t(outputs.size());
+  for (const auto& [k, ref] : wanted) {
+    if (!ref || outputs[k].dtype == DType::kString) continue;
+    keep.emplace_back();
+    t[k] = target(*ref, keep.back(), outputs[k].name);
+  }
+  return t;
+}
+
 uint64_t SharedMemory::write(const ShmRef& ref, const HostTensor& t, const std::string& output_name) const {
   const std::string what = "output '" + output_name + "'";
   std::shared_ptr<ShmRegion> r = find(ref.region, what);

@@ -22,6 +22,16 @@ namespace kiln::serve {
 
 struct ShmRegion;  // a mapped region (shared_memory.cc)
 
+// Where a request wants an output written (a shared memory region) instead of returned: the worker
+// that runs it writes it there (a GPU engine in place when the request runs alone). The HostTensor
+// returned for such an output then carries its dtype and shape, and no data when it was written in
+// place on the device.
+struct OutputTarget {
+  void* data = nullptr;  // null: returned
+  size_t capacity = 0;   // bytes there
+  bool on_device = false;
+};
+
 class SharedMemory {
  public:
   enum class Kind { kSystem, kCuda };
@@ -52,6 +62,18 @@ class SharedMemory {
   // Points every input that names a region (Input::shm) at its bytes there, checking the range lies
   // in the region and holds exactly the input's elements (BYTES inputs are decoded out of it).
   void attach(std::vector<Input>& inputs) const;
+  // Where an output named `ref` goes: the range, checked to lie in its region, which `keep` holds
+  // mapped while the request uses it. Throws HttpError 400.
+  OutputTarget target(const ShmRef& ref, std::shared_ptr<const void>& keep, const std::string& output_name) const;
+  // Targets (one per engine output in `outputs`) for the requested outputs that name a region
+  // (`wanted`: output index and its region, or none); BYTES outputs get none (written() takes them).
+  std::vector<OutputTarget> targets(const std::vector<std::pair<size_t, const ShmRef*>>& wanted,
+                                    const std::vector<TensorInfo>& outputs, std::vector<std::shared_ptr<const void>>& keep) const;
+  // After the run: puts an output that names a region there unless the worker did (a target), and
+  // returns the bytes it takes.
+  uint64_t written(const ShmRef& ref, const OutputTarget& target, const HostTensor& t, const std::string& output_name) const {
+    return target.data ? t.bytes() : write(ref, t, output_name);
+  }
   // Writes an output into the region `ref` names; the bytes written. Throws HttpError 400 when the
   // range does not hold them.
   uint64_t write(const ShmRef& ref, const HostTensor& t, const std::string& output_name) const;

@@ -41,26 +41,28 @@ def server(tmp_path_factory):
         with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
             f.write(CONFIG + extra)
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    log = open(os.path.join(repo, "serve.log"), "w+")
     proc = subprocess.Popen([KILN, "serve", "--model-repository", repo, "--http-port", str(http_port), "--grpc-port",
                              str(grpc_port), "--metrics-port", str(metrics_port), "--host", "127.0.0.1", "--device", "cuda"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
     proc.http, proc.grpc, proc.metrics_port = f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", metrics_port
-    deadline = time.time() + 300
+    deadline = time.time() + 120
     while True:
         try:
             if tg.InferenceServerClient(proc.grpc).is_model_ready("mlp"):
                 break
         except Exception:  # noqa: BLE001 - not up yet
             pass
-        if proc.poll() is not None:
-            raise RuntimeError("kiln serve exited: " + proc.stdout.read())
-        if time.time() > deadline:
-            raise RuntimeError("kiln serve did not become ready")
+        if proc.poll() is not None or time.time() > deadline:
+            log.seek(0)
+            raise RuntimeError("kiln serve did not become ready: " + log.read()[-3000:])
         time.sleep(0.5)
     yield proc
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
+    log.seek(0)
+    print("kiln serve's log:\n" + log.read()[-3000:])
 
 
 @pytest.fixture()

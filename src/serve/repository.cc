@@ -67,7 +67,10 @@ Status complete_input_dims(const fs::path& onnx, ModelSettings& s) {
   opt.infer = false;
   KILN_ASSIGN_OR_RETURN(Model m, import_onnx_file(onnx.string(), opt));
   for (const Value* v : m.graph->inputs) {
-    if (s.input_dims.count(v->name) || !v->type.shape || v->type.shape->rank() == 0) continue;
+    // A fixed dim 0 is not a batch: check_settings says so once the model is built.
+    if (s.input_dims.count(v->name) || !v->type.shape || v->type.shape->rank() == 0 || v->type.shape->dims[0].is_static()) {
+      continue;
+    }
     std::vector<int64_t> dims;
     for (size_t k = 1; k < v->type.shape->rank(); ++k) {
       const Dim& d = v->type.shape->dims[k];

@@ -9,9 +9,10 @@
 // recent shape.
 //
 // The build times the choices at a grid of shapes: every symbol at its opt value, then each symbol
-// in turn at its min, max and the powers of two between with their midpoints (others at opt). Those plans are made at
-// build and kept. A saved dynamic engine carries the graph and its weights (the plans are lowered
-// again as shapes arrive) and the timing cache the build left (TUNE), so loading times nothing.
+// in turn at its min, max and the powers of two between with their midpoints, the others at opt and
+// again at their min. Those plans are made at build (the most recent of them kept). A saved dynamic
+// engine carries the graph and its weights (the plans are lowered again as shapes arrive) and the
+// timing cache the build left (TUNE), so loading times nothing.
 //
 // Value inputs (passes/value_inputs.h: a TopK's k, Slice bounds, reduction axes fed by the caller)
 // key the plans too: each run reads them on the host (from device memory, a synchronisation) and a
@@ -26,6 +27,7 @@
 #include "api/gpu_common.h"
 #include "api/step_times.h"
 #include "backends/cuda/device.h"
+#include "backends/cuda/nvrtc.h"
 #include "backends/cuda/timing_cache.h"
 #include "backends/cuda/weight_pool.h"
 #include "passes/value_inputs.h"
@@ -117,8 +119,11 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     cache_line_ = fmt::format("timing cache: {}\n", cache_source);
     if (!value_inputs_.empty()) return Status::ok();
     auto t0 = std::chrono::steady_clock::now();
-    std::map<std::string, int64_t> base;
-    for (const auto& [sym, r] : ranges_) base[sym] = r.opt;
+    std::map<std::string, int64_t> base, low;
+    for (const auto& [sym, r] : ranges_) {
+      base[sym] = r.opt;
+      low[sym] = r.min;
+    }
     std::vector<std::map<std::string, int64_t>> grid = {base};
     for (const auto& [sym, r] : ranges_) {
       // Powers of two and the halfway points between them (3 x 2^k): a choice timed at a shape within
@@ -129,10 +134,15 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
           if (x > r.min && x < r.max && (x == p || p >= 2)) values.push_back(x);
         }
       }
-      for (int64_t x : values) {
-        auto a = base;
-        a[sym] = x;
-        if (std::find(grid.begin(), grid.end(), a) == grid.end()) grid.push_back(a);
+      // Along each symbol with the others at opt, and again with them at min: a GEMM's rows are the
+      // product of several symbols (batch x sequence), and without the second line the smallest
+      // products (a short sequence at batch 1) took tiles timed at 16x more rows.
+      for (const auto* origin : {&base, &low}) {
+        for (int64_t x : values) {
+          auto a = *origin;
+          a[sym] = x;
+          if (std::find(grid.begin(), grid.end(), a) == grid.end()) grid.push_back(a);
+        }
       }
     }
     for (const auto& a : grid) {
@@ -208,9 +218,12 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
                          "a plan per distinct value, none made at build\n", names);
     }
     if (!tuned_.empty()) out += fmt::format("tuned at {:.0f} ms over these shapes:\n{}", tune_ms_, tuned_);
-    out += fmt::format("shape plans made so far: {} in {:.0f} ms (shapes bound and passes {:.0f}, lowering {:.0f}); weights "
+    const cuda::NvrtcStats nv = cuda::nvrtc_stats();
+    out += fmt::format("shape plans made so far: {} in {:.0f} ms (shapes bound and passes {:.0f}, lowering {:.0f}; in this "
+                       "process NVRTC compiled {} generated kernels in {:.0f} ms, {} came from the disk cache); weights "
                        "{:.1f} MiB on the GPU, shared by every plan\n", made_, made_ms_, specialize_ms_,
-                       made_ms_ - specialize_ms_, double(pool_->device_bytes()) / (1 << 20));
+                       made_ms_ - specialize_ms_, nv.compiled, nv.compile_ms, nv.cached,
+                       double(pool_->device_bytes()) / (1 << 20));
     out += cache_line_;
     if (reference_) {
       out += fmt::format("reference plan ({}):\n{}", shapes_text(*plan_->graph, reference_->shapes),

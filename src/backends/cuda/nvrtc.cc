@@ -6,6 +6,7 @@
 #include <nvrtc.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -167,6 +168,16 @@ bool nvrtc_available(std::string* why) {
   return n.lib != nullptr;
 }
 
+namespace {
+std::mutex stats_mu;
+NvrtcStats stats;
+}  // namespace
+
+NvrtcStats nvrtc_stats() {
+  std::lock_guard<std::mutex> lock(stats_mu);
+  return stats;
+}
+
 Expected<CompiledKernel> compile_cached(const std::string& source, const NvrtcOptions& opt) {
   const Nvrtc& n = nvrtc();
   if (!n.lib) return KILN_ERROR(kUnsupported, "generated kernels need NVRTC: {}", n.why);
@@ -189,9 +200,17 @@ Expected<CompiledKernel> compile_cached(const std::string& source, const NvrtcOp
     out.cubin = std::move(*hit);
     out.from_cache = true;
     out.cache_path = path.string();
+    std::lock_guard<std::mutex> lock(stats_mu);
+    ++stats.cached;
     return out;
   }
+  const auto t0 = std::chrono::steady_clock::now();
   KILN_ASSIGN_OR_RETURN(out.cubin, compile(n, source, options));
+  {
+    std::lock_guard<std::mutex> lock(stats_mu);
+    ++stats.compiled;
+    stats.compile_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
   if (write_entry(path, key, out.cubin)) out.cache_path = path.string();
   return out;
 }

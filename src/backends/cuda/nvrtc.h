@@ -44,6 +44,14 @@ std::string default_cache_dir();
 // Whether NVRTC can be opened here; `why` says what was tried when not.
 bool nvrtc_available(std::string* why = nullptr);
 
+// What compile_cached did in this process: kernels compiled (and the time NVRTC took) and read from
+// the disk cache, for build reports.
+struct NvrtcStats {
+  int compiled = 0, cached = 0;
+  double compile_ms = 0;
+};
+NvrtcStats nvrtc_stats();
+
 // Compiles `source` (CUDA C++, kernels `extern "C"`) to a CUBIN, or reads it from the cache.
 // Errors: NVRTC missing; a compilation error, with NVRTC's log. A cache directory that cannot be
 // written only loses the caching (cache_path stays empty), never the compilation.

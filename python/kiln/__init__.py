@@ -46,7 +46,11 @@ class Session:
         self._impl = impl
 
     def run(self, output_names: Optional[Sequence[str]], input_feed: Mapping[str, Any]) -> list:
-        """ONNX Runtime's form: the outputs named (all, in engine order, for None) as numpy arrays."""
+        """ONNX Runtime's form: the outputs named (all, in engine order, for None) as numpy arrays.
+
+        On a GPU engine, inputs may be CUDA tensors (torch, CuPy or any DLPack producer): they are read
+        where they lie and the outputs come back on the GPU too, as torch tensors when an input was one
+        (else as DLPack arrays: torch.from_dlpack / cupy.from_dlpack take them), with no host copy."""
         inputs, outputs = self._engine.inputs, self._engine.outputs
         names = [i.name for i in inputs]
         unknown = [k for k in input_feed if k not in names]
@@ -56,7 +60,8 @@ class Session:
         if missing:
             raise KilnError(f"input '{missing[0]}' has no value; the engine's inputs are {names}")
         arrays = [_as_tensor(input_feed[i.name], i) for i in inputs]
-        result = self._impl.run(arrays)
+        torch_in = any(type(a).__module__.split(".")[0] == "torch" for a in arrays)
+        result = self._impl.run(arrays, torch_in)
         if output_names is None:
             return result
         index = {o.name: k for k, o in enumerate(outputs)}

@@ -9,10 +9,15 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
 #include "kiln/kiln.h"
+
+#ifdef KILN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -198,33 +203,73 @@ kiln::BuildConfig make_config(const std::string& device, const std::string& prec
   return c;
 }
 
-// Inputs in engine order: host arrays (numpy, or any CPU DLPack tensor), C-contiguous.
-std::vector<kiln::TensorView> views(const kiln::Engine& e, const std::vector<nb::ndarray<nb::c_contig>>& arrays) {
+// Inputs in engine order: host arrays (numpy, or any CPU DLPack tensor) or, for a GPU engine, CUDA
+// tensors (torch, CuPy, any DLPack producer), C-contiguous; `device` is set when any is on the GPU.
+std::vector<kiln::TensorView> views(const kiln::Engine& e, const std::vector<nb::ndarray<nb::c_contig>>& arrays,
+                                    bool& device) {
   const auto& ins = e.inputs();
   if (arrays.size() != ins.size()) {
     throw KilnError("expected " + std::to_string(ins.size()) + " inputs, got " + std::to_string(arrays.size()));
   }
   std::vector<kiln::TensorView> v;
+  device = false;
   for (size_t i = 0; i < arrays.size(); ++i) {
     const auto& a = arrays[i];
-    if (a.device_type() != nb::device::cpu::value) {
-      throw KilnError("input '" + ins[i].name + "' is in device memory: pass host arrays (device tensors from Python "
-                      "are not supported yet)");
+    const bool on_gpu = a.device_type() == nb::device::cuda::value;
+    if (!on_gpu && a.device_type() != nb::device::cpu::value) {
+      throw KilnError("input '" + ins[i].name + "' is in memory kiln cannot read (DLPack device type " +
+                      std::to_string(a.device_type()) + "): pass host arrays or CUDA tensors");
     }
+    if (on_gpu && e.device() != kiln::Device::kCuda) {
+      throw KilnError("input '" + ins[i].name + "' is on the GPU, but this engine runs on the " +
+                      std::string(kiln::device_name(e.device())) + ": pass host arrays");
+    }
+    device |= on_gpu;
     auto dt = from_dlpack(a.dtype());
     if (!dt) throw KilnError("input '" + ins[i].name + "' has a dtype kiln does not take");
     std::vector<int64_t> shape;
     for (size_t k = 0; k < a.ndim(); ++k) shape.push_back(int64_t(a.shape(k)));
-    v.push_back({*dt, std::move(shape), const_cast<void*>(a.data()), false});
+    v.push_back({*dt, std::move(shape), const_cast<void*>(a.data()), on_gpu});
   }
   return v;
+}
+
+// The outputs' shapes for these inputs: the engine's fixed dims, and each named dim (a dynamic
+// engine's symbol) at the value an input gives it. A dim no input names depends on the data.
+std::vector<std::vector<int64_t>> output_shapes(const kiln::Engine& e, const std::vector<kiln::TensorView>& in) {
+  std::map<std::string, int64_t> bound;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const kiln::TensorInfo& t = e.inputs()[i];
+    for (size_t k = 0; k < t.shape.size() && k < t.dim_names.size() && k < in[i].shape.size(); ++k) {
+      if (t.shape[k] < 0 && !t.dim_names[k].empty()) bound[t.dim_names[k]] = in[i].shape[k];
+    }
+  }
+  std::vector<std::vector<int64_t>> out;
+  for (const kiln::TensorInfo& t : e.outputs()) {
+    std::vector<int64_t> shape = t.shape;
+    for (size_t k = 0; k < shape.size(); ++k) {
+      if (shape[k] >= 0) continue;
+      auto it = k < t.dim_names.size() ? bound.find(t.dim_names[k]) : bound.end();
+      if (it == bound.end()) {
+        throw KilnError("output '" + t.name + "': dim " + std::to_string(k) + " ('" +
+                        (k < t.dim_names.size() ? t.dim_names[k] : std::string("?")) +
+                        "') depends on the data, not on the inputs' shapes: pass host arrays to get it");
+      }
+      shape[k] = it->second;
+    }
+    out.push_back(std::move(shape));
+  }
+  return out;
 }
 
 struct PySession {
   kiln::Engine engine;  // keeps the engine alive as long as the session
   kiln::Session session;
-  nb::list run(const std::vector<nb::ndarray<nb::c_contig>>& arrays) {
-    std::vector<kiln::TensorView> in = views(engine, arrays);
+  // `torch`: device outputs come back as torch tensors (else as DLPack-capable arrays).
+  nb::list run(const std::vector<nb::ndarray<nb::c_contig>>& arrays, bool torch) {
+    bool device = false;
+    std::vector<kiln::TensorView> in = views(engine, arrays, device);
+    if (device) return run_device(in, torch);
     std::vector<kiln::HostTensor> out;
     {
       nb::gil_scoped_release release;
@@ -233,6 +278,51 @@ struct PySession {
     nb::list result;
     for (kiln::HostTensor& t : out) result.append(to_numpy(std::move(t)));
     return result;
+  }
+
+  // Inputs read where they lie on the GPU and outputs written into new device memory (stream-ordered
+  // allocations on the default stream, which the run and PyTorch's default stream follow): no host
+  // copy either way.
+  nb::list run_device(const std::vector<kiln::TensorView>& in, bool torch) {
+#ifdef KILN_HAVE_CUDA
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) throw KilnError("no CUDA device for the GPU inputs");
+    std::vector<std::vector<int64_t>> shapes = output_shapes(engine, in);
+    std::vector<kiln::TensorView> out;
+    std::vector<nb::capsule> owners;
+    for (size_t k = 0; k < shapes.size(); ++k) {
+      const kiln::TensorInfo& t = engine.outputs()[k];
+      if (t.dtype == kiln::DType::kString) throw KilnError("output '" + t.name + "' is strings: pass host arrays to get it");
+      kiln::TensorView v{t.dtype, shapes[k], nullptr, true};
+      if (cudaMallocAsync(&v.data, std::max<size_t>(v.bytes(), 1), nullptr) != cudaSuccess) {
+        cudaGetLastError();
+        throw KilnError("output '" + t.name + "': out of GPU memory for " + std::to_string(v.bytes()) + " bytes");
+      }
+      owners.emplace_back(v.data, [](void* p) noexcept { cudaFreeAsync(p, nullptr); });
+      out.push_back(std::move(v));
+    }
+    {
+      nb::gil_scoped_release release;
+      check(session.run(in, out, nullptr));
+    }
+    nb::list result;
+    for (size_t k = 0; k < out.size(); ++k) {
+      std::vector<size_t> shape(out[k].shape.begin(), out[k].shape.end());
+      const auto dt = to_dlpack(out[k].dtype);
+      if (torch) {
+        result.append(nb::cast(nb::ndarray<nb::pytorch, nb::device::cuda>(out[k].data, shape.size(), shape.data(), owners[k],
+                                                                          nullptr, dt, nb::device::cuda::value, dev)));
+      } else {
+        result.append(nb::cast(nb::ndarray<nb::device::cuda>(out[k].data, shape.size(), shape.data(), owners[k], nullptr, dt,
+                                                             nb::device::cuda::value, dev)));
+      }
+    }
+    return result;
+#else
+    (void)in;
+    (void)torch;
+    throw KilnError("this kiln was built without CUDA: pass host arrays");
+#endif
   }
 };
 
@@ -270,7 +360,7 @@ NB_MODULE(_kiln, m) {
         return new PySession{e, take(e.create_session())};
       });
 
-  nb::class_<PySession>(m, "_Session").def("run", &PySession::run, "inputs"_a);
+  nb::class_<PySession>(m, "_Session").def("run", &PySession::run, "inputs"_a, "torch"_a = false);
 
   m.def("build", [](const std::string& path, const std::string& device, const std::string& precision,
                     const std::map<std::string, std::vector<int64_t>>& shapes, int64_t batch, const nb::dict& shape_ranges,

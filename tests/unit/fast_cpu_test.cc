@@ -496,6 +496,64 @@ TEST(FastCpu, BatchMatMulOfComputedOperands) {
   expect_close(r, constant, 1e-5f, 1e-4f);
 }
 
+// STFT as a strided convolution by the DFT basis: one- and two-sided, with a window and without,
+// frames overlapping or not, a [batch, length, 1] signal, an odd frame length, a Pow after it fused;
+// the reference is kiln's direct DFT. A window the graph computes stays on the reference kernels.
+TEST(FastCpu, StftAsAStridedConvolution) {
+  if (!have_onednn()) return;
+  struct Case {
+    const char* x;
+    int64_t step, flen;
+    bool window, onesided;
+  };
+  const Case cases[] = {{"f32[2,64]", 12, 16, true, true},  {"f32[1,400]", 160, 400, true, true},
+                        {"f32[3,50]", 7, 9, false, true},   {"f32[2,64,1]", 16, 16, true, false},
+                        {"f32[1,1000]", 10, 100, true, true}};
+  int c = 0;
+  for (const Case& k : cases) {
+    const bool rank3 = std::string(k.x).find(",1]") != std::string::npos;
+    const int64_t len = rank3 ? 64 : std::stoll(std::string(k.x).substr(std::string(k.x).find(',') + 1));
+    const int64_t batch = std::stoll(std::string(k.x).substr(4));
+    const int64_t frames = (len - k.flen) / k.step + 1, bins = k.onesided ? k.flen / 2 + 1 : k.flen;
+    const std::string text = fmt::format(R"(graph main(%x: {}) {{
+  %s = const dense<i64[]> [{}]
+  %n = const dense<i64[]> [{}]
+  %w = const dense<f32[{}]> [0.5]
+  %y = STFT(%x, %s, {}, %n) {{onesided = {}}} : f32[{},{},{},2]
+  return %y
+}})",
+                                         k.x, k.step, k.flen, k.flen, k.window ? "%w" : "_", k.onesided ? 1 : 0, batch,
+                                         frames, bins);
+    Result r = run_both(text, 700 + c++);
+    ASSERT_EQ(primitives(r.cp, CpuStepKind::kStft), 1u) << text;
+    expect_close(r, text, 2e-4f, 1e-4f);
+  }
+  // A power spectrum's square is the convolution's epilogue.
+  const char* power = R"(graph main(%x: f32[2,64]) {
+  %s = const dense<i64[]> [12]
+  %w = const dense<f32[16]> [0.5]
+  %e = const dense<f32[]> [2]
+  %y = STFT(%x, %s, %w) : f32[2,5,9,2]
+  %p = Pow(%y, %e) : f32[2,5,9,2]
+  return %p
+})";
+  Result pr = run_both(power, 710);
+  ASSERT_EQ(primitives(pr.cp, CpuStepKind::kStft), 1u);
+  ASSERT_EQ(pr.cp.steps.size(), 1u);
+  EXPECT_EQ(pr.cp.steps[0].post.size(), 1u);
+  expect_close(pr, power, 2e-4f, 1e-4f);
+  const char* computed = R"(graph main(%x: f32[2,64]) {
+  %s = const dense<i64[]> [12]
+  %n = const dense<i64[]> [16]
+  %w = HannWindow(%n) : f32[16]
+  %y = STFT(%x, %s, %w) : f32[2,5,9,2]
+  return %y
+})";
+  Result r = run_both(computed, 720);
+  EXPECT_EQ(primitives(r.cp, CpuStepKind::kStft), 0u);
+  expect_close(r, computed, 1e-5f, 1e-5f);
+}
+
 // Concat of convolutions' blocked results is a oneDNN concat that keeps the layout for the next
 // convolution; a graph input (row-major) among its parts, a part twice, an odd channel count, and
 // 20 parts (more arguments than one fixed list holds) all agree with the reference.

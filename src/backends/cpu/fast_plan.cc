@@ -25,6 +25,7 @@ std::string_view cpu_step_kind_name(CpuStepKind k) {
     case CpuStepKind::kConcat: return "concat";
     case CpuStepKind::kBatchNorm: return "batch norm";
     case CpuStepKind::kDeconv: return "deconv";
+    case CpuStepKind::kStft: return "stft";
   }
   return "?";
 }
@@ -127,6 +128,27 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
     }
     if (od != y && count != 1 && !per_channel) return std::nullopt;
     return CpuStepKind::kBinary;
+  }
+  if (n.op == OpKind::kSTFT) {
+    // A real signal ([batch, length] or [batch, length, 1]) whose frame step and length are
+    // constants and whose window is a constant or absent: the frames times a basis known at build.
+    const std::vector<int64_t> xd = dims_of(x);
+    if (!(r == 2 || (r == 3 && xd[2] == 1))) return std::nullopt;
+    auto constant_int = [&](size_t i) -> std::optional<int64_t> {
+      const Value* v = i < n.inputs.size() ? n.inputs[i] : nullptr;
+      if (!v || !v->constant || v->constant->numel() != 1) return std::nullopt;
+      if (v->constant->dtype() != DType::kInt64 && v->constant->dtype() != DType::kInt32) return std::nullopt;
+      return v->constant->as_int(0);
+    };
+    const std::optional<int64_t> step = constant_int(1);
+    const Value* w = n.inputs.size() > 2 ? n.inputs[2] : nullptr;
+    if (!step || *step <= 0 || (w && (!f32_constant(w) || w->constant->rank() != 1))) return std::nullopt;
+    const bool given = n.inputs.size() > 3 && n.inputs[3];
+    const std::optional<int64_t> flen = given ? constant_int(3) : std::optional<int64_t>(w ? w->constant->numel() : xd[1]);
+    if (!flen || *flen <= 0 || *flen > xd[1] || (w && w->constant->numel() != *flen)) return std::nullopt;
+    const int64_t bins = n.attr_int("onesided", 1) != 0 ? *flen / 2 + 1 : *flen;
+    if (dims_of(n.outputs[0]) != std::vector<int64_t>{xd[0], (xd[1] - *flen) / *step + 1, bins, 2}) return std::nullopt;
+    return CpuStepKind::kStft;
   }
   if (n.op == OpKind::kConvTranspose) {
     // Explicit pads (no auto_pad, no output_shape); oneDNN's end padding is the node's less its
@@ -256,6 +278,12 @@ std::optional<CpuPostOp> post_op(const Node& c, const Value* chained, size_t cha
     case OpKind::kSwish: return kind(CpuPostKind::kSwish, c.attr_float("alpha", 1.f));
     case OpKind::kSoftplus: return kind(CpuPostKind::kSoftplus);
     case OpKind::kMish: return kind(CpuPostKind::kMish);
+    case OpKind::kPow: {
+      if (c.inputs.size() != 2 || c.inputs[0] != chained) return std::nullopt;
+      auto e = scalar_input(c, 1, 1.f);
+      if (!e || !c.inputs[1]) return std::nullopt;
+      return kind(CpuPostKind::kPow, 1.f, *e);
+    }
     case OpKind::kAdd: {
       if (c.inputs.size() != 2 || c.inputs[0] == c.inputs[1]) return std::nullopt;
       const Value* other = c.inputs[0] == chained ? c.inputs[1] : c.inputs[0];
@@ -334,8 +362,9 @@ Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
     uint32_t last = st.index;
     group_of[st.index] = int64_t(groups.size());
     const bool batch_norm = *kind == CpuStepKind::kBatchNorm;
+    const bool stft = *kind == CpuStepKind::kStft;  // elementwise post-ops only (no operands)
     const bool epilogue = *kind == CpuStepKind::kConv || *kind == CpuStepKind::kMatMul || *kind == CpuStepKind::kPool ||
-                          *kind == CpuStepKind::kBinary || *kind == CpuStepKind::kDeconv || batch_norm;
+                          *kind == CpuStepKind::kBinary || *kind == CpuStepKind::kDeconv || batch_norm || stft;
     while (epilogue) {
       // A batch norm takes one Relu (its fuse-relu flag), nothing else.
       if (batch_norm) {
@@ -368,7 +397,7 @@ Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
       const Node* c = direct_reader[cur];
       if (group_of[node_index.at(c)] >= 0) break;  // taken by an earlier primitive as its operand's reader
       auto po = post_op(*c, cur, channel);
-      if (!po) break;
+      if (!po || (stft && po->kind == CpuPostKind::kAdd)) break;
       po->node = node_index.at(c);
       if (po->kind == CpuPostKind::kAdd) {
         const Value* other = c->inputs[0] == cur ? c->inputs[1] : c->inputs[0];
@@ -514,7 +543,7 @@ Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std
   const uint32_t n = r.count("the step count", 16);
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     CpuStep s;
-    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kDeconv)));
+    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kStft)));
     s.index = r.get<uint32_t>("a step's index");
     const uint32_t npost = r.get_in<uint32_t>("the post-op count", 0, 64);
     for (uint32_t k = 0; k < npost && r.ok(); ++k) {

@@ -8,6 +8,7 @@
 //   Concat(conv, conv)                   one kConcat step; all three stay in the blocked layout
 //   BatchNormalization -> Relu           one kBatchNorm step (a DenseNet's pre-activation)
 //   MatMul -> Add(bias) -> Add(skip)     one kMatMul step (the bias as the GEMM's, the skip a post-op)
+//   STFT(signal, step, window)           one kStft step: a oneDNN strided convolution by the DFT basis
 //   anything else                        a kHost step: the plan's step on the reference kernels
 //
 // A step's epilogue nodes (post-ops) each had one reader, the node before them, and are not graph
@@ -41,6 +42,8 @@ enum class CpuStepKind : uint8_t {
   kConcat,       // Concat (fp32, rank 1-6): oneDNN concat, its inputs and result in the library layout
   kBatchNorm,    // BatchNormalization (inference, constant statistics) and a following Relu: oneDNN's
   kDeconv,       // ConvTranspose (1-3 spatial dims, fp32, constant weight and bias, explicit pads)
+  kStft,         // STFT of a real signal (fp32, constant frame step, length and window): one strided
+                 // 1-D convolution by the DFT basis with the window in it
 };
 std::string_view cpu_step_kind_name(CpuStepKind k);
 // A kBinary node's input of the output's own dims, which oneDNN reads as src0 (in whatever layout
@@ -52,8 +55,9 @@ enum class CpuPostKind : uint8_t {
   kRelu, kLeakyRelu, kClip, kSigmoid, kTanh, kElu, kHardSigmoid, kHardSwish, kGeluErf, kGeluTanh, kSwish,
   kSoftplus, kMish,
   kAdd,  // + another tensor of the result's shape (a residual)
+  kPow,  // x ^ beta, a constant exponent (a power spectrum's square)
 };
-inline constexpr uint8_t kCpuPostKindLast = uint8_t(CpuPostKind::kAdd);
+inline constexpr uint8_t kCpuPostKindLast = uint8_t(CpuPostKind::kPow);
 
 struct CpuPostOp {
   CpuPostKind kind = CpuPostKind::kRelu;

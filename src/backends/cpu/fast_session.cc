@@ -21,7 +21,7 @@ namespace kiln {
 
 using namespace cpu_detail;
 
-namespace {
+namespace cpu_detail {
 
 Status append_post_op(const DnnlLib* d, dnnl_post_ops_t po, const CpuPostOp& op, const_dnnl_memory_desc_t operand,
                       const std::string& at) {
@@ -43,12 +43,18 @@ Status append_post_op(const DnnlLib* d, dnnl_post_ops_t po, const CpuPostOp& op,
     case CpuPostKind::kSwish: return elt(dnnl_eltwise_swish, op.alpha, 0);
     case CpuPostKind::kSoftplus: return elt(dnnl_eltwise_soft_relu, 1.f, 0);
     case CpuPostKind::kMish: return elt(dnnl_eltwise_mish, 0, 0);
+    case CpuPostKind::kPow: return elt(dnnl_eltwise_pow, op.alpha, op.beta);
     case CpuPostKind::kAdd:
       KILN_DNNL(at, d->post_ops_append_binary(po, dnnl_binary_add, operand));
       return Status::ok();
   }
   return KILN_ERROR(kInternal, "{}: unknown post-op", at);
 }
+
+}  // namespace cpu_detail
+
+namespace {
+
 
 
 // Resolved window of a Conv or pooling node over x (spatial dims from 2): kernel, strides,
@@ -117,6 +123,7 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
   if (s.kind == CpuStepKind::kBatchMatMul) return prepare_batch_matmul(i);
   if (s.kind == CpuStepKind::kConcat) return prepare_concat(i);
   if (s.kind == CpuStepKind::kBatchNorm) return prepare_batch_norm(i);
+  if (s.kind == CpuStepKind::kStft) return prepare_stft(i);
   const Node& n = *g.nodes[s.index];
   const std::string at = n.describe();
   auto constant = [&](size_t k) -> const Tensor& { return *plan->constants[s.reads[k].index]->constant; };

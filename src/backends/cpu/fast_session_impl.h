@@ -119,6 +119,10 @@ inline int64_t numel(const Dims& d) {
   return n;
 }
 
+// Appends a post-op to `po` (`operand`: a kAdd's operand descriptor; null for the others).
+Status append_post_op(const DnnlLib* d, dnnl_post_ops_t po, const CpuPostOp& op, const_dnnl_memory_desc_t operand,
+                      const std::string& at);
+
 }  // namespace cpu_detail
 
 using cpu_detail::Attr;
@@ -246,6 +250,7 @@ struct CpuRunner::Impl {
   Status prepare_batch_matmul(size_t i);
   Status prepare_concat(size_t i);
   Status prepare_batch_norm(size_t i);
+  Status prepare_stft(size_t i);
   Expected<std::vector<Data>> run(std::vector<Data> inputs, std::vector<double>* step_ms);
 };
 

@@ -1,7 +1,8 @@
 // The fast CPU runner's steps that are not one primitive with post-ops (fast_session.cc does
 // those): attention as two products and a softmax, LayerNormalization, Transpose as a reorder,
-// batched products of computed operands, Concat and BatchNormalization.
+// batched products of computed operands, Concat, BatchNormalization and STFT as a product.
 #include <cmath>
+#include <numbers>
 
 #include "backends/cpu/fast_session_impl.h"
 
@@ -204,6 +205,59 @@ Status CpuRunner::Impl::prepare_batch_matmul(size_t i) {
   KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, c_md.md));
   run.main.args = {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, run.dst_mem}};
   run.bind = {{a_mem, 0}, {b_mem, 1}};
+  return Status::ok();
+}
+
+// STFT as one strided 1-D convolution: the signal [batch, 1, length] by 2 x bins filters of the
+// frame's length, `step` apart (oneDNN takes no overlapping rows, so not a product of framed rows).
+// Filter 2k is w[t] cos(2 pi k t / n), filter 2k + 1 is -w[t] sin(2 pi k t / n), built here once
+// and reordered into the layout the convolution wants; its result, written channels-last
+// ([batch, frames, 2 x bins]), is the output's [batch, frames, bins, 2] as it stands.
+Status CpuRunner::Impl::prepare_stft(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  StepRun& run = runs[i];
+  const Node& n = *plan->graph->nodes[s.index];
+  const std::string at = n.describe();
+  const Dims x = static_dims(n.inputs[0]);
+  run.out_dims = static_dims(n.outputs[0]);
+  const int64_t batch = x[0], len = x[1], frames = run.out_dims[1], bins = run.out_dims[2];
+  const int64_t step = n.inputs[1]->constant->as_int(0);
+  const Tensor* window = n.inputs.size() > 2 && n.inputs[2] ? &*n.inputs[2]->constant : nullptr;
+  const int64_t flen = n.inputs.size() > 3 && n.inputs[3] ? n.inputs[3]->constant->as_int(0) : window ? window->numel() : len;
+  KILN_ASSIGN_OR_RETURN(Tensor basis, Tensor::create(DType::kFloat32, {2 * bins, 1, flen}));
+  float* b = basis.data<float>();
+  for (int64_t t = 0; t < flen; ++t) {
+    const double w = window ? double(window->data<float>()[t]) : 1.0;
+    for (int64_t k = 0; k < bins; ++k) {
+      const double a = 2 * std::numbers::pi * double((k * t) % flen) / double(flen);  // exact angle for large k*t
+      b[(2 * k) * flen + t] = float(w * std::cos(a));
+      b[(2 * k + 1) * flen + t] = float(-w * std::sin(a));
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(Md src_md, make_md(at, {batch, 1, len}, dnnl_abc));
+  KILN_ASSIGN_OR_RETURN(Md w_plain, make_md(at, {2 * bins, 1, flen}, dnnl_abc));
+  KILN_ASSIGN_OR_RETURN(Md w_any, make_md(at, {2 * bins, 1, flen}, dnnl_format_tag_any));
+  KILN_ASSIGN_OR_RETURN(Md dst_md, make_md(at, {batch, 2 * bins, frames}, dnnl_format_tag_any));
+  KILN_ASSIGN_OR_RETURN(Md dst_plain, make_md(at, {batch, 2 * bins, frames}, dnnl_acb));
+  const Dims strides = {step}, dil = {0}, pad = {0}, pad_r = {(frames - 1) * step + flen - len};
+  Attr attrs(d);  // its elementwise epilogue (a power spectrum's Pow)
+  KILN_RETURN_IF_ERROR(attrs.create(at));
+  for (const CpuPostOp& op : s.post) KILN_RETURN_IF_ERROR(append_post_op(d, attrs.po, op, nullptr, at));
+  KILN_DNNL(at, d->primitive_attr_set_post_ops(attrs.attr, attrs.po));
+  Pd pd(d);
+  KILN_DNNL(at, d->convolution_forward_primitive_desc_create(&pd.p, engine, dnnl_forward_inference, dnnl_convolution_direct,
+                                                             src_md.md, w_any.md, nullptr, dst_md.md, strides.data(),
+                                                             dil.data(), pad.data(), pad_r.data(), attrs.attr));
+  impls[i] = fmt::format("oneDNN {} (a strided convolution by the DFT basis)", impl_name(d, pd.p));
+  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd.p));
+  const_dnnl_memory_desc_t w_want = d->primitive_desc_query_md(pd.p, dnnl_query_weights_md, 0);
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t w_mem, weight(at, basis, w_plain.md, w_want));
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t src_mem, memory(at, src_md.md));
+  const_dnnl_memory_desc_t got = d->primitive_desc_query_md(pd.p, dnnl_query_dst_md, 0);
+  KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, got));
+  KILN_RETURN_IF_ERROR(place_result(at, s, run, got, dst_plain.md));
+  run.main.args = {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_WEIGHTS, w_mem}, {DNNL_ARG_DST, run.dst_mem}};
+  run.bind = {{src_mem, 0}};
   return Status::ok();
 }
 

@@ -554,6 +554,90 @@ TEST(FastCpu, StftAsAStridedConvolution) {
   expect_close(r, computed, 1e-5f, 1e-5f);
 }
 
+// A unary elementwise op on its own (after a host step) is oneDNN's eltwise, each op oneDNN has, and
+// the elementwise ops after it are its post-ops.
+TEST(FastCpu, ElementwiseOpsOnTheirOwn) {
+  if (!have_onednn()) return;
+  const char* ops[] = {"Relu(%a)", "LeakyRelu(%a) {alpha = 0.2}", "Clip(%a, %lo, %hi)", "Sigmoid(%a)", "Tanh(%a)",
+                       "Elu(%a) {alpha = 0.7}", "HardSigmoid(%a) {alpha = 0.3, beta = 0.4}", "HardSwish(%a)", "Gelu(%a)",
+                       "Gelu(%a) {approximate = \"tanh\"}", "Softplus(%a)", "Mish(%a)", "Pow(%a, %three)"};
+  int c = 0;
+  for (const char* op : ops) {
+    const std::string text = fmt::format(R"(graph main(%x: f32[2,3,17]) {{
+  %lo = const dense<f32[]> [-0.5]
+  %hi = const dense<f32[]> [0.8]
+  %three = const dense<f32[]> [3]
+  %a = Neg(%x) : f32[2,3,17]
+  %y = {} : f32[2,3,17]
+  return %y
+}})",
+                                         op);
+    Result r = run_both(text, 730 + c++);
+    ASSERT_EQ(primitives(r.cp, CpuStepKind::kEltwise), 1u) << text;
+    expect_close(r, text, 1e-5f, 1e-4f);
+  }
+  const char* chain = R"(graph main(%x: f32[4,33]) {
+  %two = const dense<f32[]> [2]
+  %a = Neg(%x) : f32[4,33]
+  %s = Sigmoid(%a) : f32[4,33]
+  %t = Tanh(%s) : f32[4,33]
+  %y = Pow(%t, %two) : f32[4,33]
+  return %y
+})";
+  Result r = run_both(chain, 750);
+  ASSERT_EQ(primitives(r.cp, CpuStepKind::kEltwise), 1u);
+  for (const CpuStep& st : r.cp.steps) {
+    if (st.kind == CpuStepKind::kEltwise) {
+      EXPECT_EQ(st.post.size(), 2u);
+    }
+  }
+  expect_close(r, chain, 1e-5f, 1e-4f);
+}
+
+// LSTM as oneDNN's: forward, reverse and bidirectional, with and without biases and initial
+// states; the reference is kiln's own recurrence. An LSTM whose Y_h is read stays on the reference
+// kernels (oneDNN's step writes Y alone), as does one with clip.
+TEST(FastCpu, LstmAsOneDnnsLstm) {
+  if (!have_onednn()) return;
+  struct Case {
+    const char* dir;
+    int dirs;
+    bool bias, states;
+  };
+  const Case cases[] = {{"forward", 1, true, true}, {"reverse", 1, false, true}, {"bidirectional", 2, true, true},
+                        {"bidirectional", 2, true, false}, {"forward", 1, false, false}};
+  int c = 0;
+  for (const Case& k : cases) {
+    const int T = 5, N = 3, I = 7, H = 6;
+    const std::string text = fmt::format(R"(graph main(%x: f32[{T},{N},{I}], %h0: f32[{D},{N},{H}], %c0: f32[{D},{N},{H}]) {{
+  %w = const dense<f32[{D},{G},{I}]> [0.1]
+  %r = const dense<f32[{D},{G},{H}]> [0.1]
+  %b = const dense<f32[{D},{B}]> [0.1]
+  %y, _, _ = LSTM(%x, %w, %r, {bias}, _, {h0}, {c0}) {{direction = "{dir}", hidden_size = {H}}} : f32[{T},{D},{N},{H}]
+  return %y
+}})",
+                                         fmt::arg("T", T), fmt::arg("N", N), fmt::arg("I", I), fmt::arg("H", H),
+                                         fmt::arg("D", k.dirs), fmt::arg("G", 4 * H), fmt::arg("B", 8 * H),
+                                         fmt::arg("bias", k.bias ? "%b" : "_"), fmt::arg("h0", k.states ? "%h0" : "_"),
+                                         fmt::arg("c0", k.states ? "%c0" : "_"), fmt::arg("dir", k.dir));
+    Result r = run_both(text, 760 + c++);
+    ASSERT_EQ(primitives(r.cp, CpuStepKind::kLstm), 1u) << text;
+    expect_close(r, text, 1e-5f, 1e-4f);
+  }
+  for (const char* extra : {"", ", clip = 0.5"}) {
+    const std::string text = fmt::format(R"(graph main(%x: f32[4,2,3]) {{
+  %w = const dense<f32[1,8,3]> [0.1]
+  %r = const dense<f32[1,8,2]> [0.1]
+  %y, %yh, _ = LSTM(%x, %w, %r) {{hidden_size = 2{}}} : f32[4,1,2,2], f32[1,2,2]
+  return {}
+}})",
+                                         extra, *extra ? "%y" : "%y, %yh");
+    Result r = run_both(text, 770);
+    EXPECT_EQ(primitives(r.cp, CpuStepKind::kLstm), 0u) << text;
+    expect_close(r, text, 1e-6f, 1e-6f);
+  }
+}
+
 // Concat of convolutions' blocked results is a oneDNN concat that keeps the layout for the next
 // convolution; a graph input (row-major) among its parts, a part twice, an odd channel count, and
 // 20 parts (more arguments than one fixed list holds) all agree with the reference.

@@ -26,6 +26,8 @@ std::string_view cpu_step_kind_name(CpuStepKind k) {
     case CpuStepKind::kBatchNorm: return "batch norm";
     case CpuStepKind::kDeconv: return "deconv";
     case CpuStepKind::kStft: return "stft";
+    case CpuStepKind::kEltwise: return "eltwise";
+    case CpuStepKind::kLstm: return "lstm";
   }
   return "?";
 }
@@ -44,6 +46,13 @@ bool f32_static(const Value* v) {
 }
 bool f32_constant(const Value* v) { return v && v->constant && v->constant->dtype() == DType::kFloat32; }
 std::vector<int64_t> dims_of(const Value* v) { return *v->type.shape->static_dims(); }
+int64_t numel_of(const std::vector<int64_t>& d) {
+  int64_t n = 1;
+  for (int64_t x : d) n *= x;
+  return n;
+}
+
+std::optional<CpuPostOp> post_op(const Node& c, const Value* chained, size_t channel);
 
 // The kind of primitive n becomes, if oneDNN runs it.
 std::optional<CpuStepKind> primitive_kind(const Node& n) {
@@ -150,6 +159,40 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
     if (dims_of(n.outputs[0]) != std::vector<int64_t>{xd[0], (xd[1] - *flen) / *step + 1, bins, 2}) return std::nullopt;
     return CpuStepKind::kStft;
   }
+  if (n.op == OpKind::kLSTM) {
+    // What oneDNN's LSTM computes: layout 0 ([seq, batch, input]), constant W, R and B, no sequence
+    // lengths or peepholes, the default activations, no clip, uncoupled gates.
+    if (r != 3 || n.inputs.size() < 3 || !f32_constant(n.inputs[1]) || !f32_constant(n.inputs[2])) return std::nullopt;
+    const std::string dir = n.attr_string("direction", "forward");
+    if (dir != "forward" && dir != "reverse" && dir != "bidirectional") return std::nullopt;
+    const int64_t dirs = dir == "bidirectional" ? 2 : 1, h = n.attr_int("hidden_size", 0);
+    const std::vector<int64_t> xd = dims_of(x);
+    if (h <= 0 || n.inputs[1]->constant->dims() != std::vector<int64_t>{dirs, 4 * h, xd[2]} ||
+        n.inputs[2]->constant->dims() != std::vector<int64_t>{dirs, 4 * h, h}) {
+      return std::nullopt;
+    }
+    if (n.inputs.size() > 3 && n.inputs[3] &&
+        (!f32_constant(n.inputs[3]) || n.inputs[3]->constant->dims() != std::vector<int64_t>{dirs, 8 * h})) {
+      return std::nullopt;
+    }
+    if ((n.inputs.size() > 4 && n.inputs[4]) || (n.inputs.size() > 7 && n.inputs[7])) return std::nullopt;
+    for (size_t k = 5; k < 7 && k < n.inputs.size(); ++k) {
+      if (n.inputs[k] && (!f32_static(n.inputs[k]) || dims_of(n.inputs[k]) != std::vector<int64_t>{dirs, xd[1], h})) {
+        return std::nullopt;
+      }
+    }
+    if (n.has_attr("activations")) {
+      const std::vector<std::string> a = n.attr_strings("activations");
+      for (size_t k = 0; k < a.size(); ++k) {
+        if (a[k] != (k % 3 == 0 ? "Sigmoid" : "Tanh")) return std::nullopt;
+      }
+    }
+    if (n.attr_float("clip", 0.f) != 0.f || n.attr_int("input_forget", 0) != 0 || n.attr_int("layout", 0) != 0) {
+      return std::nullopt;
+    }
+    if (dims_of(n.outputs[0]) != std::vector<int64_t>{xd[0], dirs, xd[1], h}) return std::nullopt;
+    return CpuStepKind::kLstm;
+  }
   if (n.op == OpKind::kConvTranspose) {
     // Explicit pads (no auto_pad, no output_shape); oneDNN's end padding is the node's less its
     // output_padding, which may go below 0 by less than a stride (ONNX's own bound on output_padding).
@@ -219,6 +262,10 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
       }
     }
     return CpuStepKind::kPool;
+  }
+  if (r >= 1 && r <= 6 && numel_of(dims_of(x)) > 0) {
+    auto e = post_op(n, x, 1);
+    if (e && e->kind != CpuPostKind::kAdd) return CpuStepKind::kEltwise;
   }
   return std::nullopt;
 }
@@ -314,6 +361,13 @@ std::pair<const Node*, const Node*> silu(const Value* x, std::unordered_map<cons
 
 }  // namespace
 
+std::optional<CpuPostOp> eltwise_op(const Node& n) {
+  if (n.inputs.empty()) return std::nullopt;
+  auto e = post_op(n, n.inputs[0], 1);
+  if (!e || e->kind == CpuPostKind::kAdd) return std::nullopt;
+  return e;
+}
+
 Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
   const Graph& g = *p.graph;
   // Who reads each top-level value, counting subgraph bodies' reads and graph outputs.
@@ -353,6 +407,11 @@ Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
     if (group_of[p.steps[i].node] >= 0) continue;
     auto kind = primitive_kind(n);
     if (!kind) continue;
+    if (*kind == CpuStepKind::kLstm) {  // oneDNN's LSTM here writes Y alone: Y_h and Y_c must go unread
+      bool states_read = false;
+      for (size_t k = 1; k < n.outputs.size(); ++k) states_read |= n.outputs[k] && readers[n.outputs[k]] > 0;
+      if (states_read) continue;
+    }
     CpuStep st;
     st.kind = *kind;
     st.index = p.steps[i].node;
@@ -362,7 +421,7 @@ Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
     uint32_t last = st.index;
     group_of[st.index] = int64_t(groups.size());
     const bool batch_norm = *kind == CpuStepKind::kBatchNorm;
-    const bool stft = *kind == CpuStepKind::kStft;  // elementwise post-ops only (no operands)
+    const bool stft = *kind == CpuStepKind::kStft || *kind == CpuStepKind::kEltwise;  // elementwise post-ops only
     const bool epilogue = *kind == CpuStepKind::kConv || *kind == CpuStepKind::kMatMul || *kind == CpuStepKind::kPool ||
                           *kind == CpuStepKind::kBinary || *kind == CpuStepKind::kDeconv || batch_norm || stft;
     while (epilogue) {
@@ -543,7 +602,7 @@ Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std
   const uint32_t n = r.count("the step count", 16);
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     CpuStep s;
-    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kStft)));
+    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kLstm)));
     s.index = r.get<uint32_t>("a step's index");
     const uint32_t npost = r.get_in<uint32_t>("the post-op count", 0, 64);
     for (uint32_t k = 0; k < npost && r.ok(); ++k) {

@@ -9,6 +9,8 @@
 //   BatchNormalization -> Relu           one kBatchNorm step (a DenseNet's pre-activation)
 //   MatMul -> Add(bias) -> Add(skip)     one kMatMul step (the bias as the GEMM's, the skip a post-op)
 //   STFT(signal, step, window)           one kStft step: a oneDNN strided convolution by the DFT basis
+//   Sigmoid(x) after a host step         one kEltwise step (oneDNN eltwise), its own eltwise epilogue
+//   LSTM(x, W, R, B, _, h0, c0)          one kLstm step (oneDNN's LSTM, weights in its gate order)
 //   anything else                        a kHost step: the plan's step on the reference kernels
 //
 // A step's epilogue nodes (post-ops) each had one reader, the node before them, and are not graph
@@ -22,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +47,10 @@ enum class CpuStepKind : uint8_t {
   kDeconv,       // ConvTranspose (1-3 spatial dims, fp32, constant weight and bias, explicit pads)
   kStft,         // STFT of a real signal (fp32, constant frame step, length and window): one strided
                  // 1-D convolution by the DFT basis with the window in it
+  kEltwise,      // a unary elementwise op on its own (fp32; the ops post-ops take, and Pow by a
+                 // constant): oneDNN eltwise, row-major in and out
+  kLstm,         // LSTM (fp32, constant weights, default activations, no clip, peepholes or
+                 // sequence lengths, layout 0; Y_h and Y_c unread): oneDNN's LSTM
 };
 std::string_view cpu_step_kind_name(CpuStepKind k);
 // A kBinary node's input of the output's own dims, which oneDNN reads as src0 (in whatever layout
@@ -94,6 +101,10 @@ std::string write_cpu_plan(const CpuPlan& cp);
 // Reads it and checks it is the plan plan_fast_cpu makes for `p` (a damaged section, or one from
 // another kiln, is an error before anything runs). `name` (the file) starts every error.
 Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std::string& name);
+
+// n as an elementwise op of its first input, as a post-op would apply it (not kAdd); nullopt when
+// oneDNN has no such op. The kEltwise step's own op.
+std::optional<CpuPostOp> eltwise_op(const Node& n);
 
 // "Conv + clip + add" for the report.
 std::string describe_cpu_step(const CpuStep& s, const Plan& p);

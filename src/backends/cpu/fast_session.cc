@@ -23,32 +23,37 @@ using namespace cpu_detail;
 
 namespace cpu_detail {
 
+std::optional<EltwiseAlg> eltwise_alg(const CpuPostOp& op) {
+  switch (op.kind) {
+    case CpuPostKind::kRelu: return EltwiseAlg{dnnl_eltwise_relu, 0, 0};
+    case CpuPostKind::kLeakyRelu: return EltwiseAlg{dnnl_eltwise_relu, op.alpha, 0};
+    case CpuPostKind::kClip: return EltwiseAlg{dnnl_eltwise_clip_v2, op.alpha, op.beta};
+    case CpuPostKind::kSigmoid: return EltwiseAlg{dnnl_eltwise_logistic, 0, 0};
+    case CpuPostKind::kTanh: return EltwiseAlg{dnnl_eltwise_tanh, 0, 0};
+    case CpuPostKind::kElu: return EltwiseAlg{dnnl_eltwise_elu, op.alpha, 0};
+    case CpuPostKind::kHardSigmoid: return EltwiseAlg{dnnl_eltwise_hardsigmoid, op.alpha, op.beta};
+    case CpuPostKind::kHardSwish: return EltwiseAlg{dnnl_eltwise_hardswish, 1.f / 6.f, 0.5f};
+    case CpuPostKind::kGeluErf: return EltwiseAlg{dnnl_eltwise_gelu_erf, 0, 0};
+    case CpuPostKind::kGeluTanh: return EltwiseAlg{dnnl_eltwise_gelu_tanh, 0, 0};
+    case CpuPostKind::kSwish: return EltwiseAlg{dnnl_eltwise_swish, op.alpha, 0};
+    case CpuPostKind::kSoftplus: return EltwiseAlg{dnnl_eltwise_soft_relu, 1.f, 0};
+    case CpuPostKind::kMish: return EltwiseAlg{dnnl_eltwise_mish, 0, 0};
+    case CpuPostKind::kPow: return EltwiseAlg{dnnl_eltwise_pow, op.alpha, op.beta};
+    case CpuPostKind::kAdd: return std::nullopt;
+  }
+  return std::nullopt;
+}
+
 Status append_post_op(const DnnlLib* d, dnnl_post_ops_t po, const CpuPostOp& op, const_dnnl_memory_desc_t operand,
                       const std::string& at) {
-  auto elt = [&](dnnl_alg_kind_t alg, float a, float b) -> Status {
-    KILN_DNNL(at, d->post_ops_append_eltwise(po, alg, a, b));
+  if (op.kind == CpuPostKind::kAdd) {
+    KILN_DNNL(at, d->post_ops_append_binary(po, dnnl_binary_add, operand));
     return Status::ok();
-  };
-  switch (op.kind) {
-    case CpuPostKind::kRelu: return elt(dnnl_eltwise_relu, 0, 0);
-    case CpuPostKind::kLeakyRelu: return elt(dnnl_eltwise_relu, op.alpha, 0);
-    case CpuPostKind::kClip: return elt(dnnl_eltwise_clip_v2, op.alpha, op.beta);
-    case CpuPostKind::kSigmoid: return elt(dnnl_eltwise_logistic, 0, 0);
-    case CpuPostKind::kTanh: return elt(dnnl_eltwise_tanh, 0, 0);
-    case CpuPostKind::kElu: return elt(dnnl_eltwise_elu, op.alpha, 0);
-    case CpuPostKind::kHardSigmoid: return elt(dnnl_eltwise_hardsigmoid, op.alpha, op.beta);
-    case CpuPostKind::kHardSwish: return elt(dnnl_eltwise_hardswish, 1.f / 6.f, 0.5f);
-    case CpuPostKind::kGeluErf: return elt(dnnl_eltwise_gelu_erf, 0, 0);
-    case CpuPostKind::kGeluTanh: return elt(dnnl_eltwise_gelu_tanh, 0, 0);
-    case CpuPostKind::kSwish: return elt(dnnl_eltwise_swish, op.alpha, 0);
-    case CpuPostKind::kSoftplus: return elt(dnnl_eltwise_soft_relu, 1.f, 0);
-    case CpuPostKind::kMish: return elt(dnnl_eltwise_mish, 0, 0);
-    case CpuPostKind::kPow: return elt(dnnl_eltwise_pow, op.alpha, op.beta);
-    case CpuPostKind::kAdd:
-      KILN_DNNL(at, d->post_ops_append_binary(po, dnnl_binary_add, operand));
-      return Status::ok();
   }
-  return KILN_ERROR(kInternal, "{}: unknown post-op", at);
+  auto e = eltwise_alg(op);
+  if (!e) return KILN_ERROR(kInternal, "{}: unknown post-op", at);
+  KILN_DNNL(at, d->post_ops_append_eltwise(po, e->alg, e->alpha, e->beta));
+  return Status::ok();
 }
 
 }  // namespace cpu_detail
@@ -124,6 +129,8 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
   if (s.kind == CpuStepKind::kConcat) return prepare_concat(i);
   if (s.kind == CpuStepKind::kBatchNorm) return prepare_batch_norm(i);
   if (s.kind == CpuStepKind::kStft) return prepare_stft(i);
+  if (s.kind == CpuStepKind::kEltwise) return prepare_eltwise(i);
+  if (s.kind == CpuStepKind::kLstm) return prepare_lstm(i);
   const Node& n = *g.nodes[s.index];
   const std::string at = n.describe();
   auto constant = [&](size_t k) -> const Tensor& { return *plan->constants[s.reads[k].index]->constant; };

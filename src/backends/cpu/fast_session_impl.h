@@ -119,6 +119,12 @@ inline int64_t numel(const Dims& d) {
   return n;
 }
 
+// oneDNN's eltwise algorithm and parameters for an elementwise post-op (nullopt for kAdd).
+struct EltwiseAlg {
+  dnnl_alg_kind_t alg;
+  float alpha, beta;
+};
+std::optional<EltwiseAlg> eltwise_alg(const CpuPostOp& op);
 // Appends a post-op to `po` (`operand`: a kAdd's operand descriptor; null for the others).
 Status append_post_op(const DnnlLib* d, dnnl_post_ops_t po, const CpuPostOp& op, const_dnnl_memory_desc_t operand,
                       const std::string& at);
@@ -251,6 +257,8 @@ struct CpuRunner::Impl {
   Status prepare_concat(size_t i);
   Status prepare_batch_norm(size_t i);
   Status prepare_stft(size_t i);
+  Status prepare_eltwise(size_t i);
+  Status prepare_lstm(size_t i);
   Expected<std::vector<Data>> run(std::vector<Data> inputs, std::vector<double>* step_ms);
 };
 

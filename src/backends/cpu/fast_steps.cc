@@ -1,8 +1,10 @@
 // The fast CPU runner's steps that are not one primitive with post-ops (fast_session.cc does
 // those): attention as two products and a softmax, LayerNormalization, Transpose as a reorder,
-// batched products of computed operands, Concat, BatchNormalization and STFT as a product.
+// batched products of computed operands, Concat, BatchNormalization, STFT as a convolution,
+// elementwise ops on their own and LSTM.
 #include <cmath>
 #include <numbers>
+#include <tuple>
 
 #include "backends/cpu/fast_session_impl.h"
 
@@ -258,6 +260,118 @@ Status CpuRunner::Impl::prepare_stft(size_t i) {
   KILN_RETURN_IF_ERROR(place_result(at, s, run, got, dst_plain.md));
   run.main.args = {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_WEIGHTS, w_mem}, {DNNL_ARG_DST, run.dst_mem}};
   run.bind = {{src_mem, 0}};
+  return Status::ok();
+}
+
+// A unary elementwise op on its own (after a host step, or reading a graph input): oneDNN's eltwise
+// over the row-major tensor, with the elementwise ops after it as its post-ops.
+Status CpuRunner::Impl::prepare_eltwise(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  StepRun& run = runs[i];
+  const Node& n = *plan->graph->nodes[s.index];
+  const std::string at = n.describe();
+  run.out_dims = static_dims(n.inputs[0]);
+  const std::optional<CpuPostOp> op = eltwise_op(n);
+  const std::optional<EltwiseAlg> e = op ? eltwise_alg(*op) : std::nullopt;
+  if (!e) return KILN_ERROR(kInternal, "{}: not an elementwise op oneDNN runs", at);
+  KILN_ASSIGN_OR_RETURN(Md md, make_md(at, run.out_dims, plain_tag(run.out_dims.size())));
+  Attr attrs(d);
+  KILN_RETURN_IF_ERROR(attrs.create(at));
+  for (const CpuPostOp& p : s.post) KILN_RETURN_IF_ERROR(append_post_op(d, attrs.po, p, nullptr, at));
+  KILN_DNNL(at, d->primitive_attr_set_post_ops(attrs.attr, attrs.po));
+  Pd pd(d);
+  KILN_DNNL(at, d->eltwise_forward_primitive_desc_create(&pd.p, engine, dnnl_forward_inference, e->alg, md.md, md.md, e->alpha,
+                                                         e->beta, attrs.attr));
+  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd.p));
+  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd.p));
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t src_mem, memory(at, md.md));
+  KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, md.md));
+  run.main.args = {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_DST, run.dst_mem}};
+  run.bind = {{src_mem, 0}};
+  return Status::ok();
+}
+
+// ONNX LSTM as oneDNN's: W, R and B rearranged once into its layout and gate order (i, f, c~, o
+// from ONNX's i, o, f, c; the two biases summed) and reordered into the layouts it prefers; X read
+// where it lies as [seq, batch, input], the initial states too ([dirs, batch, hidden] is oneDNN's
+// [1, dirs, batch, hidden]). A bidirectional result, which oneDNN writes per step as [seq, batch,
+// 2 x hidden], is reordered into ONNX's [seq, 2, batch, hidden].
+Status CpuRunner::Impl::prepare_lstm(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  StepRun& run = runs[i];
+  const Node& n = *plan->graph->nodes[s.index];
+  const std::string at = n.describe();
+  const Dims x = static_dims(n.inputs[0]);
+  const int64_t steps = x[0], batch = x[1], in = x[2], h = n.attr_int("hidden_size", 0);
+  const std::string dir = n.attr_string("direction", "forward");
+  const int64_t dirs = dir == "bidirectional" ? 2 : 1;
+  run.out_dims = {steps, dirs, batch, h};
+  const Tensor& w = *n.inputs[1]->constant;
+  const Tensor& r = *n.inputs[2]->constant;
+  const Tensor* b = n.inputs.size() > 3 && n.inputs[3] ? &*n.inputs[3]->constant : nullptr;
+  constexpr int64_t kOnnxGate[4] = {0, 2, 3, 1};  // oneDNN's gate g is ONNX's gate kOnnxGate[g]
+  KILN_ASSIGN_OR_RETURN(Tensor wl, Tensor::create(DType::kFloat32, {1, dirs, in, 4, h}));
+  KILN_ASSIGN_OR_RETURN(Tensor wi, Tensor::create(DType::kFloat32, {1, dirs, h, 4, h}));
+  KILN_ASSIGN_OR_RETURN(Tensor bias, Tensor::create(DType::kFloat32, {1, dirs, 4, h}));
+  const float* wp = w.data<float>();
+  const float* rp = r.data<float>();
+  for (int64_t d = 0; d < dirs; ++d) {
+    for (int64_t g = 0; g < 4; ++g) {
+      for (int64_t o = 0; o < h; ++o) {
+        const int64_t row = d * 4 * h + kOnnxGate[g] * h + o;  // the gate row in W, R and each half of B
+        for (int64_t k = 0; k < in; ++k) wl.data<float>()[((d * in + k) * 4 + g) * h + o] = wp[row * in + k];
+        for (int64_t k = 0; k < h; ++k) wi.data<float>()[((d * h + k) * 4 + g) * h + o] = rp[row * h + k];
+        bias.data<float>()[(d * 4 + g) * h + o] =
+            b ? b->data<float>()[d * 8 * h + kOnnxGate[g] * h + o] + b->data<float>()[d * 8 * h + 4 * h + kOnnxGate[g] * h + o]
+              : 0.f;
+      }
+    }
+  }
+  const bool h0 = s.reads.size() > 5 && s.reads[5].kind != ValueRef::Kind::kNone;
+  const bool c0 = s.reads.size() > 6 && s.reads[6].kind != ValueRef::Kind::kNone;
+  KILN_ASSIGN_OR_RETURN(Md src_md, make_md(at, x, dnnl_abc));
+  KILN_ASSIGN_OR_RETURN(Md state_md, make_md(at, {1, dirs, batch, h}, dnnl_abcd));
+  KILN_ASSIGN_OR_RETURN(Md wl_plain, make_md(at, {1, dirs, in, 4, h}, dnnl_abcde));
+  KILN_ASSIGN_OR_RETURN(Md wi_plain, make_md(at, {1, dirs, h, 4, h}, dnnl_abcde));
+  KILN_ASSIGN_OR_RETURN(Md wl_any, make_md(at, {1, dirs, in, 4, h}, dnnl_format_tag_any));
+  KILN_ASSIGN_OR_RETURN(Md wi_any, make_md(at, {1, dirs, h, 4, h}, dnnl_format_tag_any));
+  KILN_ASSIGN_OR_RETURN(Md bias_md, make_md(at, {1, dirs, 4, h}, dnnl_abcd));
+  KILN_ASSIGN_OR_RETURN(Md dst_md, make_md(at, {steps, batch, dirs * h}, dnnl_abc));
+  const dnnl_rnn_direction_t direction = dir == "bidirectional" ? dnnl_bidirectional_concat
+                                         : dir == "reverse"     ? dnnl_unidirectional_right2left
+                                                                : dnnl_unidirectional_left2right;
+  Pd pd(d);
+  KILN_DNNL(at, d->lstm_forward_primitive_desc_create(&pd.p, engine, dnnl_forward_inference, direction, src_md.md,
+                                                      h0 ? state_md.md : nullptr, c0 ? state_md.md : nullptr, wl_any.md,
+                                                      wi_any.md, nullptr, nullptr, bias_md.md, dst_md.md, nullptr, nullptr, 0,
+                                                      nullptr));
+  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd.p));
+  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd.p));
+  auto want = [&](int arg) { return d->primitive_desc_query_md(pd.p, dnnl_query_exec_arg_md, arg); };
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t wl_mem, weight(at, wl, wl_plain.md, want(DNNL_ARG_WEIGHTS_LAYER)));
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t wi_mem, weight(at, wi, wi_plain.md, want(DNNL_ARG_WEIGHTS_ITER)));
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t bias_mem, weight(at, bias, bias_md.md, want(DNNL_ARG_BIAS)));
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t src_mem, memory(at, src_md.md));
+  KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, dst_md.md));
+  run.main.args = {{DNNL_ARG_SRC_LAYER, src_mem}, {DNNL_ARG_WEIGHTS_LAYER, wl_mem}, {DNNL_ARG_WEIGHTS_ITER, wi_mem},
+                   {DNNL_ARG_BIAS, bias_mem}, {DNNL_ARG_DST_LAYER, run.dst_mem}};
+  run.bind = {{src_mem, 0}};
+  for (auto [used, arg, read] : {std::tuple{h0, DNNL_ARG_SRC_ITER, size_t(5)}, std::tuple{c0, DNNL_ARG_SRC_ITER_C, size_t(6)}}) {
+    if (!used) continue;
+    KILN_ASSIGN_OR_RETURN(dnnl_memory_t m, memory(at, state_md.md));
+    run.main.args.push_back({arg, m});
+    run.bind.push_back({m, read});
+  }
+  if (dirs == 2) {
+    // [seq, batch, 2, hidden] as oneDNN wrote it, into [seq, 2, batch, hidden].
+    KILN_ASSIGN_OR_RETURN(Md from, make_md(at, {steps, batch, 2, h}, dnnl_abcd));
+    dnnl_memory_desc_t to = nullptr;
+    const Dims dims = {steps, batch, 2, h}, strides = {2 * batch * h, h, batch * h, 1};
+    KILN_DNNL(at, d->memory_desc_create_with_strides(&to, 4, dims.data(), dnnl_f32, strides.data()));
+    Md to_md(d, to);
+    KILN_ASSIGN_OR_RETURN(run.dst_reorder, reorder(at, from.md, to_md.md, &run.dst_reorder_in, &run.dst_user));
+    dst_scratch.resize(size_t(steps * batch * 2 * h) * sizeof(float));
+  }
   return Status::ok();
 }
 

@@ -555,7 +555,7 @@ TEST(FastCpu, StftAsAStridedConvolution) {
 }
 
 // A unary elementwise op on its own (after a host step) is oneDNN's eltwise, each op oneDNN has, and
-// the elementwise ops after it are its post-ops.
+// the elementwise ops after it are its post-ops; so is a FusedElementwise chain of them (SiLU).
 TEST(FastCpu, ElementwiseOpsOnTheirOwn) {
   if (!have_onednn()) return;
   const char* ops[] = {"Relu(%a)", "LeakyRelu(%a) {alpha = 0.2}", "Clip(%a, %lo, %hi)", "Sigmoid(%a)", "Tanh(%a)",
@@ -584,6 +584,32 @@ TEST(FastCpu, ElementwiseOpsOnTheirOwn) {
   %y = Pow(%t, %two) : f32[4,33]
   return %y
 })";
+  // SiLU as fuse-elementwise leaves it (a FusedElementwise of Mul(x, Sigmoid(x))) is one swish, with a
+  // Tanh chained in the body after it; a body that is not a chain (two inputs) stays on the host.
+  const char* fused = R"(graph main(%x: f32[2,8,5,5]) {
+  %a = Neg(%x) : f32[2,8,5,5]
+  %y = ai.kiln.FusedElementwise(%a) {body = graph b(%v: f32[2,8,5,5]) {
+    %s = Sigmoid(%v) : f32[2,8,5,5]
+    %m = Mul(%v, %s) : f32[2,8,5,5]
+    %t = Tanh(%m) : f32[2,8,5,5]
+    return %t
+  }} : f32[2,8,5,5]
+  return %y
+})";
+  Result fr = run_both(fused, 751);
+  ASSERT_EQ(primitives(fr.cp, CpuStepKind::kEltwise), 1u);
+  expect_close(fr, fused, 1e-5f, 1e-4f);
+  const char* two = R"(graph main(%x: f32[4,6], %z: f32[4,6]) {
+  %y = ai.kiln.FusedElementwise(%x, %z) {body = graph b(%v: f32[4,6], %w: f32[4,6]) {
+    %s = Sigmoid(%v) : f32[4,6]
+    %m = Mul(%w, %s) : f32[4,6]
+    return %m
+  }} : f32[4,6]
+  return %y
+})";
+  Result tr = run_both(two, 752);
+  EXPECT_EQ(primitives(tr.cp, CpuStepKind::kEltwise), 0u);
+  expect_close(tr, two, 1e-6f, 1e-6f);
   Result r = run_both(chain, 750);
   ASSERT_EQ(primitives(r.cp, CpuStepKind::kEltwise), 1u);
   for (const CpuStep& st : r.cp.steps) {

@@ -53,6 +53,7 @@ int64_t numel_of(const std::vector<int64_t>& d) {
 }
 
 std::optional<CpuPostOp> post_op(const Node& c, const Value* chained, size_t channel);
+std::vector<CpuPostOp> body_chain(const Node& n);
 
 // The kind of primitive n becomes, if oneDNN runs it.
 std::optional<CpuStepKind> primitive_kind(const Node& n) {
@@ -264,6 +265,7 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
     return CpuStepKind::kPool;
   }
   if (r >= 1 && r <= 6 && numel_of(dims_of(x)) > 0) {
+    if (n.op == OpKind::kFusedElementwise) return body_chain(n).empty() ? std::nullopt : std::optional(CpuStepKind::kEltwise);
     auto e = post_op(n, x, 1);
     if (e && e->kind != CpuPostKind::kAdd) return CpuStepKind::kEltwise;
   }
@@ -361,11 +363,50 @@ std::pair<const Node*, const Node*> silu(const Value* x, std::unordered_map<cons
 
 }  // namespace
 
-std::optional<CpuPostOp> eltwise_op(const Node& n) {
-  if (n.inputs.empty()) return std::nullopt;
+namespace {
+
+// A one-input FusedElementwise body as elementwise ops in turn (empty when it is not such a chain):
+// each node is a post-op-able unary op of the value so far, or Sigmoid(v) then Mul of v and it (a
+// swish), and the body returns the last.
+std::vector<CpuPostOp> body_chain(const Node& n) {
+  const Graph* body = n.attr_graph("body");
+  if (!body || n.inputs.size() != 1 || body->inputs.size() != 1 || body->outputs.size() != 1) return {};
+  std::vector<CpuPostOp> ops;
+  const Value* cur = body->inputs[0];
+  for (size_t k = 0; k < body->nodes.size(); ++k) {
+    const Node& b = *body->nodes[k];
+    if (b.op == OpKind::kSigmoid && k + 1 < body->nodes.size() && !b.inputs.empty() && b.inputs[0] == cur) {
+      const Node& m = *body->nodes[k + 1];
+      const Value* sig = b.outputs[0];
+      if (m.op == OpKind::kMul && m.inputs.size() == 2 &&
+          ((m.inputs[0] == cur && m.inputs[1] == sig) || (m.inputs[0] == sig && m.inputs[1] == cur)) &&
+          f32_static(m.outputs[0]) && f32_static(cur) && dims_of(m.outputs[0]) == dims_of(cur)) {
+        CpuPostOp p;
+        p.kind = CpuPostKind::kSwish;
+        p.alpha = 1;
+        ops.push_back(p);
+        cur = m.outputs[0];
+        ++k;
+        continue;
+      }
+    }
+    auto e = post_op(b, cur, 1);
+    if (!e || e->kind == CpuPostKind::kAdd) return {};
+    ops.push_back(*e);
+    cur = b.outputs[0];
+  }
+  if (ops.empty() || body->outputs[0] != cur) return {};
+  return ops;
+}
+
+}  // namespace
+
+std::vector<CpuPostOp> eltwise_ops(const Node& n) {
+  if (n.inputs.empty()) return {};
+  if (n.op == OpKind::kFusedElementwise) return body_chain(n);
   auto e = post_op(n, n.inputs[0], 1);
-  if (!e || e->kind == CpuPostKind::kAdd) return std::nullopt;
-  return e;
+  if (!e || e->kind == CpuPostKind::kAdd) return {};
+  return {*e};
 }
 
 Expected<CpuPlan> plan_fast_cpu(const Plan& p) {

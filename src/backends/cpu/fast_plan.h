@@ -47,8 +47,8 @@ enum class CpuStepKind : uint8_t {
   kDeconv,       // ConvTranspose (1-3 spatial dims, fp32, constant weight and bias, explicit pads)
   kStft,         // STFT of a real signal (fp32, constant frame step, length and window): one strided
                  // 1-D convolution by the DFT basis with the window in it
-  kEltwise,      // a unary elementwise op on its own (fp32; the ops post-ops take, and Pow by a
-                 // constant): oneDNN eltwise, row-major in and out
+  kEltwise,      // a unary elementwise op on its own, or a FusedElementwise chain of them (fp32; the
+                 // ops post-ops take, and Pow by a constant): oneDNN eltwise, row-major in and out
   kLstm,         // LSTM (fp32, constant weights, default activations, no clip, peepholes or
                  // sequence lengths, layout 0; Y_h and Y_c unread): oneDNN's LSTM
 };
@@ -102,9 +102,10 @@ std::string write_cpu_plan(const CpuPlan& cp);
 // another kiln, is an error before anything runs). `name` (the file) starts every error.
 Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std::string& name);
 
-// n as an elementwise op of its first input, as a post-op would apply it (not kAdd); nullopt when
-// oneDNN has no such op. The kEltwise step's own op.
-std::optional<CpuPostOp> eltwise_op(const Node& n);
+// n as elementwise ops applied in turn to its first input, as post-ops would apply them (never
+// kAdd): one op, or a FusedElementwise body that is a chain of them (SiLU, Mul(x, Sigmoid(x)), as
+// one swish); empty when oneDNN has no such ops. The kEltwise step's own ops.
+std::vector<CpuPostOp> eltwise_ops(const Node& n);
 
 // "Conv + clip + add" for the report.
 std::string describe_cpu_step(const CpuStep& s, const Plan& p);

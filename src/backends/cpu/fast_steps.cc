@@ -263,20 +263,22 @@ Status CpuRunner::Impl::prepare_stft(size_t i) {
   return Status::ok();
 }
 
-// A unary elementwise op on its own (after a host step, or reading a graph input): oneDNN's eltwise
-// over the row-major tensor, with the elementwise ops after it as its post-ops.
+// A unary elementwise op on its own (after a host step, or reading a graph input), or a fused chain
+// of them: oneDNN's eltwise over the row-major tensor, the chain's other ops and the elementwise ops
+// after it as its post-ops.
 Status CpuRunner::Impl::prepare_eltwise(size_t i) {
   const CpuStep& s = cp->steps[i];
   StepRun& run = runs[i];
   const Node& n = *plan->graph->nodes[s.index];
   const std::string at = n.describe();
   run.out_dims = static_dims(n.inputs[0]);
-  const std::optional<CpuPostOp> op = eltwise_op(n);
-  const std::optional<EltwiseAlg> e = op ? eltwise_alg(*op) : std::nullopt;
+  const std::vector<CpuPostOp> ops = eltwise_ops(n);  // the first is the primitive's, the rest its post-ops
+  const std::optional<EltwiseAlg> e = ops.empty() ? std::nullopt : eltwise_alg(ops[0]);
   if (!e) return KILN_ERROR(kInternal, "{}: not an elementwise op oneDNN runs", at);
   KILN_ASSIGN_OR_RETURN(Md md, make_md(at, run.out_dims, plain_tag(run.out_dims.size())));
   Attr attrs(d);
   KILN_RETURN_IF_ERROR(attrs.create(at));
+  for (size_t k = 1; k < ops.size(); ++k) KILN_RETURN_IF_ERROR(append_post_op(d, attrs.po, ops[k], nullptr, at));
   for (const CpuPostOp& p : s.post) KILN_RETURN_IF_ERROR(append_post_op(d, attrs.po, p, nullptr, at));
   KILN_DNNL(at, d->primitive_attr_set_post_ops(attrs.attr, attrs.po));
   Pd pd(d);

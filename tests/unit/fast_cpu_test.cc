@@ -664,6 +664,51 @@ TEST(FastCpu, LstmAsOneDnnsLstm) {
   }
 }
 
+// GroupNormalization (per-channel or per-group scale) and InstanceNormalization as batch norm
+// statistics and a binary affine, a SiLU after them as post-ops (raw Mul(x, Sigmoid(x)) or fused).
+TEST(FastCpu, GroupAndInstanceNormalization) {
+  if (!have_onednn()) return;
+  const char* cases[] = {
+      R"(graph main(%x: f32[2,12,5,7]) {
+  %s = const dense<f32[12]> [0.5]
+  %b = const dense<f32[12]> [0.5]
+  %y = GroupNormalization(%x, %s, %b) {num_groups = 3, epsilon = 0.001} : f32[2,12,5,7]
+  return %y
+})",
+      R"(graph main(%x: f32[1,8,33]) {
+  %s = const dense<f32[4]> [0.5]
+  %b = const dense<f32[4]> [0.5]
+  %y = GroupNormalization(%x, %s, %b) {num_groups = 4} : f32[1,8,33]
+  return %y
+})",
+      R"(graph main(%x: f32[2,6,4,4]) {
+  %s = const dense<f32[6]> [0.5]
+  %b = const dense<f32[6]> [0.5]
+  %n = InstanceNormalization(%x, %s, %b) : f32[2,6,4,4]
+  %g = Sigmoid(%n) : f32[2,6,4,4]
+  %y = Mul(%n, %g) : f32[2,6,4,4]
+  return %y
+})",
+      R"(graph main(%x: f32[1,16,8,8]) {
+  %s = const dense<f32[16]> [0.5]
+  %b = const dense<f32[16]> [0.5]
+  %n = GroupNormalization(%x, %s, %b) {num_groups = 4} : f32[1,16,8,8]
+  %y = ai.kiln.FusedElementwise(%n) {body = graph b(%v: f32[1,16,8,8]) {
+    %t = Sigmoid(%v) : f32[1,16,8,8]
+    %m = Mul(%v, %t) : f32[1,16,8,8]
+    return %m
+  }} : f32[1,16,8,8]
+  return %y
+})"};
+  int c = 0;
+  for (const char* text : cases) {
+    Result r = run_both(text, 780 + c++);
+    ASSERT_EQ(primitives(r.cp, CpuStepKind::kGroupNorm), 1u) << text;
+    ASSERT_EQ(r.cp.steps.size(), 1u) << text;  // the SiLU is the step's post-op
+    expect_close(r, text, 1e-4f, 1e-4f);
+  }
+}
+
 // Concat of convolutions' blocked results is a oneDNN concat that keeps the layout for the next
 // convolution; a graph input (row-major) among its parts, a part twice, an odd channel count, and
 // 20 parts (more arguments than one fixed list holds) all agree with the reference.

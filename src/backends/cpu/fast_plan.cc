@@ -28,6 +28,7 @@ std::string_view cpu_step_kind_name(CpuStepKind k) {
     case CpuStepKind::kStft: return "stft";
     case CpuStepKind::kEltwise: return "eltwise";
     case CpuStepKind::kLstm: return "lstm";
+    case CpuStepKind::kGroupNorm: return "group norm";
   }
   return "?";
 }
@@ -159,6 +160,20 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
     const int64_t bins = n.attr_int("onesided", 1) != 0 ? *flen / 2 + 1 : *flen;
     if (dims_of(n.outputs[0]) != std::vector<int64_t>{xd[0], (xd[1] - *flen) / *step + 1, bins, 2}) return std::nullopt;
     return CpuStepKind::kStft;
+  }
+  if (n.op == OpKind::kGroupNormalization || n.op == OpKind::kInstanceNormalization) {
+    // Scale and bias constant, per channel (or, GroupNormalization's opset-18 form, per group).
+    if (r < 2 || r > 6 || n.inputs.size() != 3 || !f32_constant(n.inputs[1]) || !f32_constant(n.inputs[2])) return std::nullopt;
+    const int64_t c = dims_of(x)[1];
+    const int64_t groups = n.op == OpKind::kInstanceNormalization ? c : n.attr_int("num_groups", 0);
+    if (groups < 1 || c % groups != 0 || numel_of(dims_of(x)) == 0) return std::nullopt;
+    for (size_t k = 1; k < 3; ++k) {
+      const Tensor& t = *n.inputs[k]->constant;
+      if (t.rank() != 1 || (t.numel() != c && (n.op == OpKind::kInstanceNormalization || t.numel() != groups))) {
+        return std::nullopt;
+      }
+    }
+    return CpuStepKind::kGroupNorm;
   }
   if (n.op == OpKind::kLSTM) {
     // What oneDNN's LSTM computes: layout 0 ([seq, batch, input]), constant W, R and B, no sequence
@@ -462,7 +477,8 @@ Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
     uint32_t last = st.index;
     group_of[st.index] = int64_t(groups.size());
     const bool batch_norm = *kind == CpuStepKind::kBatchNorm;
-    const bool stft = *kind == CpuStepKind::kStft || *kind == CpuStepKind::kEltwise;  // elementwise post-ops only
+    const bool stft = *kind == CpuStepKind::kStft || *kind == CpuStepKind::kEltwise ||
+                      *kind == CpuStepKind::kGroupNorm;  // elementwise post-ops only
     const bool epilogue = *kind == CpuStepKind::kConv || *kind == CpuStepKind::kMatMul || *kind == CpuStepKind::kPool ||
                           *kind == CpuStepKind::kBinary || *kind == CpuStepKind::kDeconv || batch_norm || stft;
     while (epilogue) {
@@ -496,6 +512,20 @@ Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
       if (readers[cur] != 1 || !direct_reader.count(cur)) break;
       const Node* c = direct_reader[cur];
       if (group_of[node_index.at(c)] >= 0) break;  // taken by an earlier primitive as its operand's reader
+      // A fused chain of unary ops (SiLU as fuse-elementwise leaves it): each of its ops a post-op.
+      if (c->op == OpKind::kFusedElementwise && c->inputs.size() == 1 && c->inputs[0] == cur && f32_static(c->outputs[0]) &&
+          dims_of(c->outputs[0]) == dims_of(cur)) {
+        std::vector<CpuPostOp> chain = body_chain(*c);
+        if (chain.empty()) break;
+        for (CpuPostOp& po : chain) {
+          po.node = node_index.at(c);
+          st.post.push_back(po);
+        }
+        group_of[node_index.at(c)] = int64_t(groups.size());
+        last = node_index.at(c);
+        cur = c->outputs[0];
+        continue;
+      }
       auto po = post_op(*c, cur, channel);
       if (!po || (stft && po->kind == CpuPostKind::kAdd)) break;
       po->node = node_index.at(c);
@@ -643,7 +673,7 @@ Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std
   const uint32_t n = r.count("the step count", 16);
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     CpuStep s;
-    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kLstm)));
+    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kGroupNorm)));
     s.index = r.get<uint32_t>("a step's index");
     const uint32_t npost = r.get_in<uint32_t>("the post-op count", 0, 64);
     for (uint32_t k = 0; k < npost && r.ok(); ++k) {

@@ -11,6 +11,7 @@
 //   STFT(signal, step, window)           one kStft step: a oneDNN strided convolution by the DFT basis
 //   Sigmoid(x) after a host step         one kEltwise step (oneDNN eltwise), its own eltwise epilogue
 //   LSTM(x, W, R, B, _, h0, c0)          one kLstm step (oneDNN's LSTM, weights in its gate order)
+//   GroupNormalization -> SiLU           one kGroupNorm step (batch norm statistics, binary affine, swish)
 //   anything else                        a kHost step: the plan's step on the reference kernels
 //
 // A step's epilogue nodes (post-ops) each had one reader, the node before them, and are not graph
@@ -51,6 +52,9 @@ enum class CpuStepKind : uint8_t {
                  // ops post-ops take, and Pow by a constant): oneDNN eltwise, row-major in and out
   kLstm,         // LSTM (fp32, constant weights, default activations, no clip, peepholes or
                  // sequence lengths, layout 0; Y_h and Y_c unread): oneDNN's LSTM
+  kGroupNorm,    // GroupNormalization or InstanceNormalization (fp32, constant scale and bias): oneDNN
+                 // batch norm over [1, batch x groups, group] for the statistics, then a binary for the
+                 // per-channel scale and bias, the elementwise ops after it (SiLU) as its post-ops
 };
 std::string_view cpu_step_kind_name(CpuStepKind k);
 // A kBinary node's input of the output's own dims, which oneDNN reads as src0 (in whatever layout

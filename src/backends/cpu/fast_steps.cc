@@ -1,7 +1,7 @@
 // The fast CPU runner's steps that are not one primitive with post-ops (fast_session.cc does
 // those): attention as two products and a softmax, LayerNormalization, Transpose as a reorder,
 // batched products of computed operands, Concat, BatchNormalization, STFT as a convolution,
-// elementwise ops on their own and LSTM.
+// elementwise ops on their own, LSTM and group normalization.
 #include <cmath>
 #include <numbers>
 #include <tuple>
@@ -451,6 +451,68 @@ Status CpuRunner::Impl::prepare_batch_norm(size_t i) {
     run.main.args.push_back({args[k - 1], m});
   }
   return place_result(at, s, run, src, plain.md);
+}
+
+// GroupNormalization (InstanceNormalization: a group per channel) in two primitives: oneDNN's batch
+// norm over the input viewed as [1, batch x groups, group's elements] computes each group's
+// statistics and normalizes (no scale or shift), into the step's scratch; then a binary multiply by
+// the per-channel scale, with the per-channel bias added and the elementwise ops after the node
+// (SiLU) as post-ops, writes the result.
+Status CpuRunner::Impl::prepare_group_norm(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  StepRun& run = runs[i];
+  const Node& n = *plan->graph->nodes[s.index];
+  const std::string at = n.describe();
+  const Dims x = static_dims(n.inputs[0]);
+  run.out_dims = x;
+  const int64_t c = x[1], total = numel(x);
+  const int64_t groups = n.op == OpKind::kInstanceNormalization ? c : n.attr_int("num_groups", 0);
+  const int64_t per_group = total / x[0] / groups;
+  // Scale and bias per channel (a per-group one repeated over its channels).
+  for (size_t k = 1; k < 3; ++k) {
+    const Tensor& t = *n.inputs[k]->constant;
+    Buffer b;
+    b.resize(size_t(c) * sizeof(float));
+    float* p = reinterpret_cast<float*>(b.p.get());
+    for (int64_t ch = 0; ch < c; ++ch) p[ch] = t.data<float>()[t.numel() == c ? ch : ch / (c / groups)];
+    weights.push_back(std::move(b));
+  }
+  float* scale = reinterpret_cast<float*>(weights[weights.size() - 2].p.get());
+  float* bias = reinterpret_cast<float*>(weights.back().p.get());
+  KILN_ASSIGN_OR_RETURN(Md grouped, make_md(at, {1, x[0] * groups, per_group}, dnnl_abc));
+  Pd bn(d);
+  KILN_DNNL(at, d->batch_normalization_forward_primitive_desc_create(&bn.p, engine, dnnl_forward_inference, grouped.md,
+                                                                     grouped.md, n.attr_float("epsilon", 1e-5f),
+                                                                     dnnl_normalization_flags_none, nullptr));
+  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, bn.p));
+  run.scratch.resize(size_t(total) * sizeof(float));
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t src_mem, memory(at, grouped.md));
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t normed, memory(at, grouped.md, run.scratch.p.get()));
+  run.main.args = {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_DST, normed}};
+  run.bind = {{src_mem, 0}};
+
+  Dims per_channel(x.size(), 1);
+  per_channel[1] = c;
+  KILN_ASSIGN_OR_RETURN(Md full, make_md(at, x, plain_tag(x.size())));
+  KILN_ASSIGN_OR_RETURN(Md channel, make_md(at, per_channel, plain_tag(x.size())));
+  Attr attrs(d);
+  KILN_RETURN_IF_ERROR(attrs.create(at));
+  KILN_DNNL(at, d->post_ops_append_binary(attrs.po, dnnl_binary_add, channel.md));
+  for (const CpuPostOp& op : s.post) KILN_RETURN_IF_ERROR(append_post_op(d, attrs.po, op, nullptr, at));
+  KILN_DNNL(at, d->primitive_attr_set_post_ops(attrs.attr, attrs.po));
+  Pd affine(d);
+  KILN_DNNL(at, d->binary_primitive_desc_create(&affine.p, engine, dnnl_binary_mul, full.md, channel.md, full.md, attrs.attr));
+  impls[i] = fmt::format("oneDNN {} + {}", impl_name(d, bn.p), impl_name(d, affine.p));
+  Prim a;
+  KILN_ASSIGN_OR_RETURN(a.p, primitive(at, affine.p));
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t normed_full, memory(at, full.md, run.scratch.p.get()));
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t scale_mem, memory(at, channel.md, scale));
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t bias_mem, memory(at, channel.md, bias));
+  KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, full.md));
+  a.args = {{DNNL_ARG_SRC_0, normed_full}, {DNNL_ARG_SRC_1, scale_mem},
+            {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, bias_mem}, {DNNL_ARG_DST, run.dst_mem}};
+  run.after.push_back(std::move(a));
+  return Status::ok();
 }
 
 #endif  // KILN_HAVE_DNNL

@@ -5,6 +5,7 @@
 // where they may not; the CPU plan survives its engine-file section and damage to it is named.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -27,7 +28,8 @@ std::unique_ptr<Graph> parse(const std::string& text) {
 void randomize_constants(Graph& g, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   for (const auto& v : g.values) {
-    if (v->constant && v->constant->dtype() == DType::kFloat32 && v->constant->numel() > 1) {
+    // A constant named keep... (a Resize's scales) stays as written.
+    if (v->constant && v->constant->dtype() == DType::kFloat32 && v->constant->numel() > 1 && v->name.rfind("keep", 0) != 0) {
       Tensor t = Tensor::create(DType::kFloat32, v->constant->dims()).value();
       // A variance (a constant named var...) stays positive.
       const bool positive = v->name.rfind("var", 0) == 0;
@@ -706,6 +708,49 @@ TEST(FastCpu, GroupAndInstanceNormalization) {
     ASSERT_EQ(primitives(r.cp, CpuStepKind::kGroupNorm), 1u) << text;
     ASSERT_EQ(r.cp.steps.size(), 1u) << text;  // the SiLU is the step's post-op
     expect_close(r, text, 1e-4f, 1e-4f);
+  }
+}
+
+// Resize as oneDNN resampling: linear with half-pixel centres by scales (up, down, not whole) or
+// by sizes, 1-D and 3-D spatial, nearest by whole factors with asymmetric floor; align_corners,
+// nearest by a factor that is not whole, and a scale whose product with the input is not the
+// output (ONNX maps back through the scale, oneDNN through the dims) stay on the reference kernels.
+TEST(FastCpu, ResizeAsResampling) {
+  if (!have_onednn()) return;
+  struct Case {
+    const char* x;
+    const char* y;
+    const char* scales;  // "" for sizes
+    const char* sizes;
+    const char* attrs;
+    bool fast;
+  };
+  const Case cases[] = {
+      {"f32[1,3,8,8]", "f32[1,3,16,16]", "[1, 1, 2, 2]", "", R"(mode = "linear")", true},
+      {"f32[2,2,8,6]", "f32[2,2,12,9]", "[1, 1, 1.5, 1.5]", "", R"(mode = "linear", coordinate_transformation_mode = "pytorch_half_pixel")", true},
+      {"f32[2,2,9,7]", "f32[2,2,13,10]", "[1, 1, 1.5, 1.5]", "", R"(mode = "linear")", false},
+      {"f32[1,4,10,10]", "f32[1,4,5,5]", "[1, 1, 0.5, 0.5]", "", R"(mode = "linear")", true},
+      {"f32[1,2,6,5]", "f32[1,2,11,7]", "", "[1, 2, 11, 7]", R"(mode = "linear")", true},
+      {"f32[1,3,17]", "f32[1,3,34]", "[1, 1, 2]", "", R"(mode = "linear")", true},
+      {"f32[1,2,4,4,4]", "f32[1,2,8,8,8]", "[1, 1, 2, 2, 2]", "", R"(mode = "linear")", true},
+      {"f32[1,3,5,6]", "f32[1,3,10,18]", "[1, 1, 2, 3]", "", R"(mode = "nearest", coordinate_transformation_mode = "asymmetric", nearest_mode = "floor")", true},
+      {"f32[1,3,8,8]", "f32[1,3,16,16]", "[1, 1, 2, 2]", "", R"(mode = "linear", coordinate_transformation_mode = "align_corners")", false},
+      {"f32[1,3,6,6]", "f32[1,3,9,9]", "[1, 1, 1.5, 1.5]", "", R"(mode = "nearest", coordinate_transformation_mode = "asymmetric", nearest_mode = "floor")", false},
+  };
+  int c = 0;
+  for (const Case& k : cases) {
+    const bool by_sizes = *k.scales == 0;
+    const std::string rank = std::to_string(std::count(k.x, k.x + std::strlen(k.x), ',') + 1);
+    const std::string text = fmt::format(R"(graph main(%x: {}) {{
+  %keep = const dense<{}> {}
+  %y = Resize(%x, _, {}) {{{}}} : {}
+  return %y
+}})",
+                                         k.x, by_sizes ? "i64[" + rank + "]" : "f32[" + rank + "]",
+                                         by_sizes ? k.sizes : k.scales, by_sizes ? "_, %keep" : "%keep", k.attrs, k.y);
+    Result r = run_both(text, 790 + c++);
+    ASSERT_EQ(primitives(r.cp, CpuStepKind::kResample), k.fast ? 1u : 0u) << text;
+    expect_close(r, text, 1e-5f, 1e-4f);
   }
 }
 

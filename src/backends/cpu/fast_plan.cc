@@ -29,6 +29,7 @@ std::string_view cpu_step_kind_name(CpuStepKind k) {
     case CpuStepKind::kEltwise: return "eltwise";
     case CpuStepKind::kLstm: return "lstm";
     case CpuStepKind::kGroupNorm: return "group norm";
+    case CpuStepKind::kResample: return "resample";
   }
   return "?";
 }
@@ -174,6 +175,43 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
       }
     }
     return CpuStepKind::kGroupNorm;
+  }
+  if (n.op == OpKind::kResize) {
+    // The spatial dims only (batch and channel kept), scales constant or absent (sizes: the output
+    // dims), no antialiasing; linear with half-pixel centres (oneDNN's), or nearest by whole factors
+    // with asymmetric floor (then oneDNN's rounding picks the same pixels).
+    if (r < 3 || r > 5 || n.has_attr("axes") || n.attr_int("antialias", 0) != 0 || n.attr_int("exclude_outside", 0) != 0) {
+      return std::nullopt;
+    }
+    const std::vector<int64_t> xd = dims_of(x), yd = dims_of(n.outputs[0]);
+    if (yd[0] != xd[0] || yd[1] != xd[1]) return std::nullopt;
+    const Value* scales = n.inputs.size() > 2 ? n.inputs[2] : nullptr;
+    if (scales && scales->constant && scales->constant->numel() > 0) {
+      // oneDNN maps pixels back through the ratio of the dims, ONNX through the given scale: the
+      // same only where the scale times the input is the output exactly.
+      if (scales->constant->dtype() != DType::kFloat32 || scales->constant->numel() != int64_t(r)) return std::nullopt;
+      for (size_t k = 0; k < r; ++k) {
+        if (scales->constant->as_double(int64_t(k)) * double(xd[k]) != double(yd[k])) return std::nullopt;
+      }
+    } else if (scales && !scales->constant) {
+      return std::nullopt;
+    }
+    const std::string mode = n.attr_string("mode", "nearest");
+    const std::string ctm = n.attr_string("coordinate_transformation_mode", "half_pixel");
+    if (mode == "linear") {
+      if (ctm != "half_pixel" && ctm != "pytorch_half_pixel") return std::nullopt;
+      for (size_t k = 2; k < r; ++k) {
+        if (ctm == "pytorch_half_pixel" && yd[k] <= 1) return std::nullopt;
+      }
+      return CpuStepKind::kResample;
+    }
+    if (mode == "nearest" && ctm == "asymmetric" && n.attr_string("nearest_mode", "round_prefer_floor") == "floor") {
+      for (size_t k = 2; k < r; ++k) {
+        if (yd[k] % xd[k] != 0) return std::nullopt;
+      }
+      return CpuStepKind::kResample;
+    }
+    return std::nullopt;
   }
   if (n.op == OpKind::kLSTM) {
     // What oneDNN's LSTM computes: layout 0 ([seq, batch, input]), constant W, R and B, no sequence
@@ -673,7 +711,7 @@ Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std
   const uint32_t n = r.count("the step count", 16);
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     CpuStep s;
-    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kGroupNorm)));
+    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kResample)));
     s.index = r.get<uint32_t>("a step's index");
     const uint32_t npost = r.get_in<uint32_t>("the post-op count", 0, 64);
     for (uint32_t k = 0; k < npost && r.ok(); ++k) {

@@ -55,6 +55,8 @@ enum class CpuStepKind : uint8_t {
   kGroupNorm,    // GroupNormalization or InstanceNormalization (fp32, constant scale and bias): oneDNN
                  // batch norm over [1, batch x groups, group] for the statistics, then a binary for the
                  // per-channel scale and bias, the elementwise ops after it (SiLU) as its post-ops
+  kResample,     // Resize (fp32): linear with half-pixel centres, or nearest by whole factors with
+                 // asymmetric floor (what PyTorch's interpolate exports): oneDNN resampling
 };
 std::string_view cpu_step_kind_name(CpuStepKind k);
 // A kBinary node's input of the output's own dims, which oneDNN reads as src0 (in whatever layout

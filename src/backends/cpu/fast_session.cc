@@ -132,6 +132,7 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
   if (s.kind == CpuStepKind::kEltwise) return prepare_eltwise(i);
   if (s.kind == CpuStepKind::kLstm) return prepare_lstm(i);
   if (s.kind == CpuStepKind::kGroupNorm) return prepare_group_norm(i);
+  if (s.kind == CpuStepKind::kResample) return prepare_resample(i);
   const Node& n = *g.nodes[s.index];
   const std::string at = n.describe();
   auto constant = [&](size_t k) -> const Tensor& { return *plan->constants[s.reads[k].index]->constant; };

@@ -260,6 +260,7 @@ struct CpuRunner::Impl {
   Status prepare_eltwise(size_t i);
   Status prepare_lstm(size_t i);
   Status prepare_group_norm(size_t i);
+  Status prepare_resample(size_t i);
   Expected<std::vector<Data>> run(std::vector<Data> inputs, std::vector<double>* step_ms);
 };
 

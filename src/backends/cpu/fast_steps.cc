@@ -1,7 +1,7 @@
 // The fast CPU runner's steps that are not one primitive with post-ops (fast_session.cc does
 // those): attention as two products and a softmax, LayerNormalization, Transpose as a reorder,
 // batched products of computed operands, Concat, BatchNormalization, STFT as a convolution,
-// elementwise ops on their own, LSTM and group normalization.
+// elementwise ops on their own, LSTM, group normalization and Resize.
 #include <cmath>
 #include <numbers>
 #include <tuple>
@@ -512,6 +512,34 @@ Status CpuRunner::Impl::prepare_group_norm(size_t i) {
   a.args = {{DNNL_ARG_SRC_0, normed_full}, {DNNL_ARG_SRC_1, scale_mem},
             {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, bias_mem}, {DNNL_ARG_DST, run.dst_mem}};
   run.after.push_back(std::move(a));
+  return Status::ok();
+}
+
+// Resize as oneDNN resampling over the spatial dims, which maps pixels back through the ratio of
+// the dims (the plan takes only scales that equal it).
+Status CpuRunner::Impl::prepare_resample(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  StepRun& run = runs[i];
+  const Node& n = *plan->graph->nodes[s.index];
+  const std::string at = n.describe();
+  const Dims x = static_dims(n.inputs[0]);
+  run.out_dims = static_dims(n.outputs[0]);
+  const dnnl_alg_kind_t alg = n.attr_string("mode", "nearest") == "linear" ? dnnl_resampling_linear : dnnl_resampling_nearest;
+  KILN_ASSIGN_OR_RETURN(Md src_md, make_md(at, x, plain_tag(x.size())));
+  KILN_ASSIGN_OR_RETURN(Md dst_md, make_md(at, run.out_dims, plain_tag(x.size())));
+  Attr attrs(d);
+  KILN_RETURN_IF_ERROR(attrs.create(at));
+  for (const CpuPostOp& op : s.post) KILN_RETURN_IF_ERROR(append_post_op(d, attrs.po, op, nullptr, at));
+  KILN_DNNL(at, d->primitive_attr_set_post_ops(attrs.attr, attrs.po));
+  Pd pd(d);
+  KILN_DNNL(at, d->resampling_forward_primitive_desc_create(&pd.p, engine, dnnl_forward_inference, alg, nullptr, src_md.md,
+                                                            dst_md.md, attrs.attr));
+  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd.p));
+  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd.p));
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t src_mem, memory(at, src_md.md));
+  KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, dst_md.md));
+  run.main.args = {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_DST, run.dst_mem}};
+  run.bind = {{src_mem, 0}};
   return Status::ok();
 }
 

@@ -12,6 +12,7 @@
 #include <random>
 #include <thread>
 
+#include "backends/cpu/fast_fused.h"
 #include "backends/cpu/fast_session.h"
 #include "ir/text.h"
 
@@ -752,6 +753,68 @@ TEST(FastCpu, ResizeAsResampling) {
     ASSERT_EQ(primitives(r.cp, CpuStepKind::kResample), k.fast ? 1u : 0u) << text;
     expect_close(r, text, 1e-5f, 1e-4f);
   }
+}
+
+// A FusedElementwise that is no chain of eltwise ops runs as kiln's blocked loop: rotary embedding
+// (four inputs, broadcast), SwiGLU (two inputs), GELU's erf form with scalar constants, a clip and
+// a power, a last dim longer than one block and one of 1; a body with a bool stays on the host.
+TEST(FastCpu, FusedElementwiseAsOneLoop) {
+  if (!have_onednn()) return;
+  const char* cases[] = {
+      R"(graph main(%x: f32[1,4,6,8], %c: f32[1,1,6,8], %r: f32[1,4,6,8], %s: f32[1,1,6,8]) {
+  %y = ai.kiln.FusedElementwise(%x, %c, %r, %s) {body = graph b(%a: f32[1,4,6,8], %b: f32[1,1,6,8], %d: f32[1,4,6,8], %e: f32[1,1,6,8]) {
+    %m = Mul(%a, %b) : f32[1,4,6,8]
+    %n = Mul(%d, %e) : f32[1,4,6,8]
+    %o = Add(%m, %n) : f32[1,4,6,8]
+    return %o
+  }} : f32[1,4,6,8]
+  return %y
+})",
+      R"(graph main(%g: f32[2,3,700], %u: f32[2,3,700]) {
+  %y = ai.kiln.FusedElementwise(%g, %u) {body = graph b(%a: f32[2,3,700], %b: f32[2,3,700]) {
+    %s = Sigmoid(%a) : f32[2,3,700]
+    %m = Mul(%a, %s) : f32[2,3,700]
+    %o = Mul(%m, %b) : f32[2,3,700]
+    return %o
+  }} : f32[2,3,700]
+  return %y
+})",
+      R"(graph main(%x: f32[3,5,1], %z: f32[5,1]) {
+  %y = ai.kiln.FusedElementwise(%x, %z) {body = graph b(%a: f32[3,5,1], %w: f32[5,1]) {
+    %k = const dense<f32[]> [1.4142135]
+    %one = const dense<f32[]> [1]
+    %half = const dense<f32[]> [0.5]
+    %lo = const dense<f32[]> [-0.3]
+    %two = const dense<f32[]> [2]
+    %d = Div(%a, %k) : f32[3,5,1]
+    %e = Erf(%d) : f32[3,5,1]
+    %p = Add(%e, %one) : f32[3,5,1]
+    %q = Mul(%a, %p) : f32[3,5,1]
+    %h = Mul(%q, %half) : f32[3,5,1]
+    %c = Clip(%h, %lo, _) : f32[3,5,1]
+    %s = Sub(%c, %w) : f32[3,5,1]
+    %o = Pow(%s, %two) : f32[3,5,1]
+    return %o
+  }} : f32[3,5,1]
+  return %y
+})"};
+  int c = 0;
+  for (const char* text : cases) {
+    Result r = run_both(text, 800 + c++);
+    ASSERT_EQ(primitives(r.cp, CpuStepKind::kFused), 1u) << text;
+    expect_close(r, text, 1e-5f, 1e-4f);
+  }
+  const char* boolean = R"(graph main(%x: f32[4,4], %m: bool[4,4]) {
+  %y = ai.kiln.FusedElementwise(%x, %m) {body = graph b(%a: f32[4,4], %k: bool[4,4]) {
+    %z = const dense<f32[]> [0]
+    %o = Where(%k, %a, %z) : f32[4,4]
+    return %o
+  }} : f32[4,4]
+  return %y
+})";
+  auto g = parse(boolean);
+  ASSERT_TRUE(g);
+  EXPECT_FALSE(FusedKernel::supported(*g->nodes[0]));
 }
 
 // Concat of convolutions' blocked results is a oneDNN concat that keeps the layout for the next

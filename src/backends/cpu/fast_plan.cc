@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "backends/cpu/fast_fused.h"
 #include "ops/op_kind.h"
 #include "runtime/bytes.h"
 
@@ -30,6 +31,7 @@ std::string_view cpu_step_kind_name(CpuStepKind k) {
     case CpuStepKind::kLstm: return "lstm";
     case CpuStepKind::kGroupNorm: return "group norm";
     case CpuStepKind::kResample: return "resample";
+    case CpuStepKind::kFused: return "fused loop";
   }
   return "?";
 }
@@ -318,7 +320,10 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
     return CpuStepKind::kPool;
   }
   if (r >= 1 && r <= 6 && numel_of(dims_of(x)) > 0) {
-    if (n.op == OpKind::kFusedElementwise) return body_chain(n).empty() ? std::nullopt : std::optional(CpuStepKind::kEltwise);
+    if (n.op == OpKind::kFusedElementwise) {
+      if (!body_chain(n).empty()) return CpuStepKind::kEltwise;
+      return FusedKernel::supported(n) ? std::optional(CpuStepKind::kFused) : std::nullopt;
+    }
     auto e = post_op(n, x, 1);
     if (e && e->kind != CpuPostKind::kAdd) return CpuStepKind::kEltwise;
   }
@@ -711,7 +716,7 @@ Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std
   const uint32_t n = r.count("the step count", 16);
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     CpuStep s;
-    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kResample)));
+    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kFused)));
     s.index = r.get<uint32_t>("a step's index");
     const uint32_t npost = r.get_in<uint32_t>("the post-op count", 0, 64);
     for (uint32_t k = 0; k < npost && r.ok(); ++k) {

@@ -57,6 +57,8 @@ enum class CpuStepKind : uint8_t {
                  // per-channel scale and bias, the elementwise ops after it (SiLU) as its post-ops
   kResample,     // Resize (fp32): linear with half-pixel centres, or nearest by whole factors with
                  // asymmetric floor (what PyTorch's interpolate exports): oneDNN resampling
+  kFused,        // a FusedElementwise that is no chain of eltwise ops (fp32 body, scalar constants):
+                 // one blocked loop over the output (fast_fused.h), not oneDNN
 };
 std::string_view cpu_step_kind_name(CpuStepKind k);
 // A kBinary node's input of the output's own dims, which oneDNN reads as src0 (in whatever layout

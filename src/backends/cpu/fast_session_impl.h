@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backends/cpu/dnnl_lib.h"
+#include "backends/cpu/fast_fused.h"
 #include "backends/cpu/fast_session.h"
 
 #if KILN_HAVE_DNNL
@@ -163,6 +164,7 @@ struct CpuRunner::Impl {
     std::vector<int64_t> out_dims;
     // (memory, index into reads) bound to each read's buffer; weights/bias are bound once.
     std::vector<std::pair<dnnl_memory_t, size_t>> bind;
+    std::shared_ptr<const FusedKernel> fused;  // kFused: its loop runs instead of a primitive
   };
   std::vector<StepRun> runs;
   // Per step, the buffer its result went to last run: written again when nothing else holds it

@@ -1,0 +1,259 @@
+#include "backends/cpu/fast_fused.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <unordered_map>
+
+#include "ops/op_registry.h"
+
+namespace kiln {
+
+enum class FusedKernel::Op : uint8_t {
+  kAdd, kSub, kMul, kDiv, kPow,  // binary
+  kNeg, kAbs, kRelu, kSigmoid, kTanh, kExp, kLog, kSqrt, kReciprocal, kErf, kSin, kCos, kFloor, kCeil,
+  kIdentity, kSoftplus, kLeakyRelu, kClip, kHardSigmoid, kGeluErf, kGeluTanh, kElu,
+};
+
+namespace {
+
+constexpr int64_t kBlock = 256;  // outputs per block (a row of the last dim, or part of one)
+
+using Op = FusedKernel::Op;
+
+std::optional<Op> op_of(const Node& n) {
+  switch (n.op) {
+    case OpKind::kAdd: return Op::kAdd;
+    case OpKind::kSub: return Op::kSub;
+    case OpKind::kMul: return Op::kMul;
+    case OpKind::kDiv: return Op::kDiv;
+    case OpKind::kPow: return Op::kPow;
+    case OpKind::kNeg: return Op::kNeg;
+    case OpKind::kAbs: return Op::kAbs;
+    case OpKind::kRelu: return Op::kRelu;
+    case OpKind::kSigmoid: return Op::kSigmoid;
+    case OpKind::kTanh: return Op::kTanh;
+    case OpKind::kExp: return Op::kExp;
+    case OpKind::kLog: return Op::kLog;
+    case OpKind::kSqrt: return Op::kSqrt;
+    case OpKind::kReciprocal: return Op::kReciprocal;
+    case OpKind::kErf: return Op::kErf;
+    case OpKind::kSin: return Op::kSin;
+    case OpKind::kCos: return Op::kCos;
+    case OpKind::kFloor: return Op::kFloor;
+    case OpKind::kCeil: return Op::kCeil;
+    case OpKind::kIdentity: return Op::kIdentity;
+    case OpKind::kSoftplus: return Op::kSoftplus;
+    case OpKind::kLeakyRelu: return Op::kLeakyRelu;
+    case OpKind::kClip: return Op::kClip;
+    case OpKind::kHardSigmoid: return Op::kHardSigmoid;
+    case OpKind::kElu: return Op::kElu;
+    case OpKind::kGelu: {
+      const std::string a = n.attr_string("approximate", "none");
+      if (a == "none") return Op::kGeluErf;
+      if (a == "tanh") return Op::kGeluTanh;
+      return std::nullopt;
+    }
+    default: return std::nullopt;
+  }
+}
+
+bool binary(Op op) { return op <= Op::kPow; }
+
+bool f32_static(const Value* v) {
+  return v && v->type.kind == Type::Kind::kTensor && v->type.dtype == DType::kFloat32 && v->type.shape &&
+         v->type.shape->is_static();
+}
+
+bool scalar_constant(const Value* v) { return v && v->constant && v->constant->dtype() == DType::kFloat32 && v->constant->numel() == 1; }
+
+// Element strides of a row-major tensor of dims `in` read at the output's dims `out` (numpy
+// broadcasting, right-aligned: 0 where `in` has 1 or lacks the dim); empty when it does not fit.
+std::vector<int64_t> broadcast_strides(const std::vector<int64_t>& in, const std::vector<int64_t>& out) {
+  if (in.size() > out.size()) return {};
+  std::vector<int64_t> s(out.size(), 0);
+  int64_t step = 1;
+  for (size_t k = 0; k < in.size(); ++k) {
+    const size_t i = in.size() - 1 - k, o = out.size() - 1 - k;
+    if (in[i] != 1 && in[i] != out[o]) return {};
+    s[o] = in[i] == 1 ? 0 : step;
+    step *= in[i];
+  }
+  return s;
+}
+
+// The instructions of the body (`regs`: the number of registers they use), or an error naming what
+// the loop does not evaluate.
+Status translate(const Node& n, std::vector<FusedKernel::Instr>& code, int& regs, int& result) {
+  const Graph* body = n.attr_graph("body");
+  if (!body || body->outputs.size() != 1 || body->inputs.size() != n.inputs.size()) return KILN_ERROR(kUnsupported, "no body");
+  std::unordered_map<const Value*, int> reg;
+  for (size_t i = 0; i < body->inputs.size(); ++i) {
+    if (!f32_static(body->inputs[i])) return KILN_ERROR(kUnsupported, "a body input that is not fp32");
+    reg[body->inputs[i]] = int(i);
+  }
+  regs = int(body->inputs.size());
+  for (const auto& np : body->nodes) {
+    const Node& b = *np;
+    auto op = op_of(b);
+    if (!op || b.outputs.size() != 1 || !f32_static(b.outputs[0]) || b.inputs.empty()) {
+      return KILN_ERROR(kUnsupported, "{} in the body", b.describe());
+    }
+    FusedKernel::Instr in;
+    in.op = *op;
+    auto operand = [&](size_t k, int& r, float& imm) -> Status {
+      const Value* v = k < b.inputs.size() ? b.inputs[k] : nullptr;
+      if (!v) return KILN_ERROR(kUnsupported, "{}: a missing operand", b.describe());
+      if (auto it = reg.find(v); it != reg.end()) {
+        r = it->second;
+        return Status::ok();
+      }
+      if (!scalar_constant(v)) return KILN_ERROR(kUnsupported, "{}: reads a constant that is not one fp32 value", b.describe());
+      r = -1;
+      imm = float(v->constant->as_double(0));
+      return Status::ok();
+    };
+    KILN_RETURN_IF_ERROR(operand(0, in.a, in.ia));
+    if (in.a < 0) return KILN_ERROR(kUnsupported, "{}: a constant first operand", b.describe());
+    if (binary(*op)) {
+      if (b.inputs.size() != 2) return KILN_ERROR(kUnsupported, "{}: not two operands", b.describe());
+      KILN_RETURN_IF_ERROR(operand(1, in.b, in.ib));
+    } else if (*op == Op::kClip) {
+      // Bounds: scalar constants, or absent (no bound).
+      in.alpha = -std::numeric_limits<float>::infinity();
+      in.beta = std::numeric_limits<float>::infinity();
+      for (size_t k = 1; k < 3 && k < b.inputs.size(); ++k) {
+        if (!b.inputs[k]) continue;
+        if (!scalar_constant(b.inputs[k])) return KILN_ERROR(kUnsupported, "{}: a bound that is not constant", b.describe());
+        (k == 1 ? in.alpha : in.beta) = float(b.inputs[k]->constant->as_double(0));
+      }
+    } else if (b.inputs.size() != 1) {
+      return KILN_ERROR(kUnsupported, "{}: more operands than it reads", b.describe());
+    }
+    if (*op == Op::kLeakyRelu) in.alpha = b.attr_float("alpha", 0.01f);
+    if (*op == Op::kElu) in.alpha = b.attr_float("alpha", 1.f);
+    if (*op == Op::kHardSigmoid) {
+      in.alpha = b.attr_float("alpha", 0.2f);
+      in.beta = b.attr_float("beta", 0.5f);
+    }
+    in.out = regs++;
+    reg[b.outputs[0]] = in.out;
+    code.push_back(in);
+  }
+  auto it = reg.find(body->outputs[0]);
+  if (it == reg.end() || it->second < int(body->inputs.size())) return KILN_ERROR(kUnsupported, "a body that returns an input");
+  result = it->second;
+  return Status::ok();
+}
+
+template <typename F>
+void unary(float* o, const float* a, int64_t len, F f) {
+  for (int64_t j = 0; j < len; ++j) o[j] = f(a[j]);
+}
+
+template <typename F>
+void binary_op(float* o, const float* a, const float* b, float ib, int64_t len, F f) {
+  if (b) {
+    for (int64_t j = 0; j < len; ++j) o[j] = f(a[j], b[j]);
+  } else {
+    for (int64_t j = 0; j < len; ++j) o[j] = f(a[j], ib);
+  }
+}
+
+void execute(const FusedKernel::Instr& in, float* regs, int64_t len) {
+  float* o = regs + in.out * kBlock;
+  const float* a = regs + in.a * kBlock;
+  const float* b = in.b >= 0 ? regs + in.b * kBlock : nullptr;
+  const float al = in.alpha, be = in.beta;
+  switch (in.op) {
+    case Op::kAdd: return binary_op(o, a, b, in.ib, len, [](float x, float y) { return x + y; });
+    case Op::kSub: return binary_op(o, a, b, in.ib, len, [](float x, float y) { return x - y; });
+    case Op::kMul: return binary_op(o, a, b, in.ib, len, [](float x, float y) { return x * y; });
+    case Op::kDiv: return binary_op(o, a, b, in.ib, len, [](float x, float y) { return x / y; });
+    case Op::kPow: return binary_op(o, a, b, in.ib, len, [](float x, float y) { return std::pow(x, y); });
+    case Op::kNeg: return unary(o, a, len, [](float x) { return -x; });
+    case Op::kAbs: return unary(o, a, len, [](float x) { return std::fabs(x); });
+    case Op::kRelu: return unary(o, a, len, [](float x) { return x > 0 ? x : 0.f; });
+    case Op::kSigmoid: return unary(o, a, len, [](float x) { return 1.f / (1.f + std::exp(-x)); });
+    case Op::kTanh: return unary(o, a, len, [](float x) { return std::tanh(x); });
+    case Op::kExp: return unary(o, a, len, [](float x) { return std::exp(x); });
+    case Op::kLog: return unary(o, a, len, [](float x) { return std::log(x); });
+    case Op::kSqrt: return unary(o, a, len, [](float x) { return std::sqrt(x); });
+    case Op::kReciprocal: return unary(o, a, len, [](float x) { return 1.f / x; });
+    case Op::kErf: return unary(o, a, len, [](float x) { return std::erf(x); });
+    case Op::kSin: return unary(o, a, len, [](float x) { return std::sin(x); });
+    case Op::kCos: return unary(o, a, len, [](float x) { return std::cos(x); });
+    case Op::kFloor: return unary(o, a, len, [](float x) { return std::floor(x); });
+    case Op::kCeil: return unary(o, a, len, [](float x) { return std::ceil(x); });
+    case Op::kIdentity: return unary(o, a, len, [](float x) { return x; });
+    case Op::kSoftplus: return unary(o, a, len, [](float x) { return x > 20.f ? x : std::log1p(std::exp(x)); });
+    case Op::kLeakyRelu: return unary(o, a, len, [al](float x) { return x >= 0 ? x : al * x; });
+    case Op::kClip: return unary(o, a, len, [al, be](float x) { return std::min(std::max(x, al), be); });
+    case Op::kHardSigmoid: return unary(o, a, len, [al, be](float x) { return std::clamp(al * x + be, 0.f, 1.f); });
+    case Op::kElu: return unary(o, a, len, [al](float x) { return x >= 0 ? x : al * (std::exp(x) - 1.f); });
+    case Op::kGeluErf:
+      return unary(o, a, len, [](float x) { return 0.5f * x * (1.f + std::erf(x * 0.70710678118654752f)); });
+    case Op::kGeluTanh:
+      return unary(o, a, len, [](float x) {
+        return 0.5f * x * (1.f + std::tanh(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+      });
+  }
+}
+
+}  // namespace
+
+bool FusedKernel::supported(const Node& n) {
+  if (n.op != OpKind::kFusedElementwise || n.outputs.size() != 1 || !f32_static(n.outputs[0])) return false;
+  const std::vector<int64_t> y = *n.outputs[0]->type.shape->static_dims();
+  if (y.empty() || y.size() > 6) return false;
+  for (const Value* v : n.inputs) {
+    if (!f32_static(v) || broadcast_strides(*v->type.shape->static_dims(), y).empty()) return false;
+  }
+  std::vector<Instr> code;
+  int regs = 0, result = 0;
+  return bool(translate(n, code, regs, result));
+}
+
+Expected<FusedKernel> FusedKernel::compile(const Node& n) {
+  if (!supported(n)) return KILN_ERROR(kUnsupported, "{}: not a body the fused loop evaluates", n.describe());
+  FusedKernel k;
+  k.dims_ = *n.outputs[0]->type.shape->static_dims();
+  for (const Value* v : n.inputs) k.strides_.push_back(broadcast_strides(*v->type.shape->static_dims(), k.dims_));
+  KILN_RETURN_IF_ERROR(translate(n, k.code_, k.regs_, k.result_));
+  return k;
+}
+
+void FusedKernel::run(const std::vector<const float*>& inputs, float* out) const {
+  const size_t rank = dims_.size();
+  const int64_t last = dims_.back();
+  int64_t rows = 1;
+  for (size_t d = 0; d + 1 < rank; ++d) rows *= dims_[d];
+  const int64_t chunks = (last + kBlock - 1) / kBlock;  // blocks per row
+  parallel_for(rows * chunks, std::max<int64_t>(1, 4096 / std::min(last, kBlock)), [&](int64_t b0, int64_t b1) {
+    std::vector<float> regs(size_t(regs_) * kBlock);
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t row = blk / chunks, c0 = (blk % chunks) * kBlock, len = std::min(kBlock, last - c0);
+      // Each input's offset of this row's first element.
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        const std::vector<int64_t>& s = strides_[i];
+        int64_t off = 0, rem = row;
+        for (size_t d = rank - 1; d-- > 0;) {
+          off += (rem % dims_[d]) * s[d];
+          rem /= dims_[d];
+        }
+        float* r = regs.data() + i * kBlock;
+        const float* src = inputs[i] + off;
+        if (s[rank - 1] == 0) {
+          std::fill(r, r + len, src[0]);
+        } else {
+          std::copy(src + c0, src + c0 + len, r);
+        }
+      }
+      for (const Instr& in : code_) execute(in, regs.data(), len);
+      std::copy(regs.data() + result_ * kBlock, regs.data() + result_ * kBlock + len, out + row * last + c0);
+    }
+  });
+}
+
+}  // namespace kiln

@@ -817,6 +817,27 @@ TEST(FastCpu, FusedElementwiseAsOneLoop) {
   EXPECT_FALSE(FusedKernel::supported(*g->nodes[0]));
 }
 
+// RMSNormalization over the last axis as kiln's row loop, a [hidden] and a [1, hidden] scale; over
+// another axis it stays on the reference kernels.
+TEST(FastCpu, RmsNormalizationAsARowLoop) {
+  if (!have_onednn()) return;
+  const char* cases[][3] = {{"f32[2,5,64]", "f32[64]", ""}, {"f32[3,1000]", "f32[1,1000]", "{epsilon = 0.001}"},
+                            {"f32[4,6]", "f32[4,6]", "{axis = 0}"}};
+  int c = 0;
+  for (const auto& k : cases) {
+    const std::string text = fmt::format(R"(graph main(%x: {}) {{
+  %s = const dense<{}> [0.5]
+  %y = RMSNormalization(%x, %s) {} : {}
+  return %y
+}})",
+                                         k[0], k[1], k[2], k[0]);
+    Result r = run_both(text, 820 + c);
+    ASSERT_EQ(primitives(r.cp, CpuStepKind::kRmsNorm), c < 2 ? 1u : 0u) << text;
+    expect_close(r, text, 1e-5f, 1e-4f);
+    ++c;
+  }
+}
+
 // Concat of convolutions' blocked results is a oneDNN concat that keeps the layout for the next
 // convolution; a graph input (row-major) among its parts, a part twice, an odd channel count, and
 // 20 parts (more arguments than one fixed list holds) all agree with the reference.

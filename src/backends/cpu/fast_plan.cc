@@ -32,6 +32,7 @@ std::string_view cpu_step_kind_name(CpuStepKind k) {
     case CpuStepKind::kGroupNorm: return "group norm";
     case CpuStepKind::kResample: return "resample";
     case CpuStepKind::kFused: return "fused loop";
+    case CpuStepKind::kRmsNorm: return "rms norm";
   }
   return "?";
 }
@@ -177,6 +178,14 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
       }
     }
     return CpuStepKind::kGroupNorm;
+  }
+  if (n.op == OpKind::kRMSNormalization) {
+    // Over the last axis, by a constant scale of that axis (an LLM's [hidden]).
+    const int64_t axis = n.attr_int("axis", -1);
+    if (r < 1 || (axis != -1 && axis != int64_t(r) - 1) || n.inputs.size() != 2 || !f32_constant(n.inputs[1])) return std::nullopt;
+    const std::vector<int64_t>& sd = n.inputs[1]->constant->dims();
+    if (sd.empty() || sd.back() != dims_of(x).back() || numel_of(sd) != sd.back() || numel_of(dims_of(x)) == 0) return std::nullopt;
+    return CpuStepKind::kRmsNorm;
   }
   if (n.op == OpKind::kResize) {
     // The spatial dims only (batch and channel kept), scales constant or absent (sizes: the output
@@ -716,7 +725,7 @@ Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std
   const uint32_t n = r.count("the step count", 16);
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     CpuStep s;
-    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kFused)));
+    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kRmsNorm)));
     s.index = r.get<uint32_t>("a step's index");
     const uint32_t npost = r.get_in<uint32_t>("the post-op count", 0, 64);
     for (uint32_t k = 0; k < npost && r.ok(); ++k) {

@@ -59,6 +59,8 @@ enum class CpuStepKind : uint8_t {
                  // asymmetric floor (what PyTorch's interpolate exports): oneDNN resampling
   kFused,        // a FusedElementwise that is no chain of eltwise ops (fp32 body, scalar constants):
                  // one blocked loop over the output (fast_fused.h), not oneDNN
+  kRmsNorm,      // RMSNormalization over the last axis (fp32, constant scale of that axis): kiln's
+                 // loop (oneDNN 3.2 has no RMS norm)
 };
 std::string_view cpu_step_kind_name(CpuStepKind k);
 // A kBinary node's input of the output's own dims, which oneDNN reads as src0 (in whatever layout

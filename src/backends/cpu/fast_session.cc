@@ -133,10 +133,11 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
   if (s.kind == CpuStepKind::kLstm) return prepare_lstm(i);
   if (s.kind == CpuStepKind::kGroupNorm) return prepare_group_norm(i);
   if (s.kind == CpuStepKind::kResample) return prepare_resample(i);
+  if (s.kind == CpuStepKind::kRmsNorm) return prepare_rms_norm(i);
   if (s.kind == CpuStepKind::kFused) {
     const Node& fn = *g.nodes[s.index];
     KILN_ASSIGN_OR_RETURN(FusedKernel k, FusedKernel::compile(fn));
-    run.fused = std::make_shared<const FusedKernel>(std::move(k));
+    run.loop = [k = std::move(k)](const std::vector<const float*>& reads, float* out) { k.run(reads, out); };
     run.out_dims = static_dims(fn.outputs[0]);
     impls[i] = "kiln's fused loop";
     return Status::ok();
@@ -499,14 +500,14 @@ Expected<std::vector<Data>> CpuRunner::Impl::run(std::vector<Data> inputs, std::
         buf->resize(out_bytes);
       }
       Tensor out = Tensor::view(library ? DType::kUInt8 : DType::kFloat32, out_dims, buf, buf->p.get());
-      if (run.fused) {
+      if (run.loop) {
         std::vector<const float*> ins;
         for (const ValueRef& r : s.reads) {
           const Data* v = at(r);
           if (!v || !v->is_tensor()) return KILN_ERROR(kInternal, "step {}: an operand is missing", i);
           ins.push_back(static_cast<const float*>(v->tensor.raw()));
         }
-        run.fused->run(ins, static_cast<float*>(out.raw()));
+        run.loop(ins, static_cast<float*>(out.raw()));
         slots[s.out.index] = Data(std::move(out));
         for (uint32_t f : s.frees) slots[f] = Data();
         if (step_ms) (*step_ms)[i] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -164,7 +164,8 @@ struct CpuRunner::Impl {
     std::vector<int64_t> out_dims;
     // (memory, index into reads) bound to each read's buffer; weights/bias are bound once.
     std::vector<std::pair<dnnl_memory_t, size_t>> bind;
-    std::shared_ptr<const FusedKernel> fused;  // kFused: its loop runs instead of a primitive
+    // kFused, kRmsNorm: kiln's own loop, run instead of a primitive on the reads' row-major buffers.
+    std::function<void(const std::vector<const float*>& reads, float* out)> loop;
   };
   std::vector<StepRun> runs;
   // Per step, the buffer its result went to last run: written again when nothing else holds it
@@ -263,6 +264,7 @@ struct CpuRunner::Impl {
   Status prepare_lstm(size_t i);
   Status prepare_group_norm(size_t i);
   Status prepare_resample(size_t i);
+  Status prepare_rms_norm(size_t i);
   Expected<std::vector<Data>> run(std::vector<Data> inputs, std::vector<double>* step_ms);
 };
 

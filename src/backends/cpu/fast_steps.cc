@@ -1,12 +1,13 @@
 // The fast CPU runner's steps that are not one primitive with post-ops (fast_session.cc does
 // those): attention as two products and a softmax, LayerNormalization, Transpose as a reorder,
 // batched products of computed operands, Concat, BatchNormalization, STFT as a convolution,
-// elementwise ops on their own, LSTM, group normalization and Resize.
+// elementwise ops on their own, LSTM, group normalization, Resize and RMS normalization.
 #include <cmath>
 #include <numbers>
 #include <tuple>
 
 #include "backends/cpu/fast_session_impl.h"
+#include "ops/op_registry.h"
 
 namespace kiln {
 
@@ -540,6 +541,34 @@ Status CpuRunner::Impl::prepare_resample(size_t i) {
   KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, dst_md.md));
   run.main.args = {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_DST, run.dst_mem}};
   run.bind = {{src_mem, 0}};
+  return Status::ok();
+}
+
+// RMSNormalization over the last axis as kiln's own loop (oneDNN 3.2 has no RMS norm): per row the
+// sum of squares in double, then each element times the row's inverse root mean square and the
+// scale; rows spread over the threads.
+Status CpuRunner::Impl::prepare_rms_norm(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  StepRun& run = runs[i];
+  const Node& n = *plan->graph->nodes[s.index];
+  run.out_dims = static_dims(n.inputs[0]);
+  const int64_t cols = run.out_dims.back(), rows = numel(run.out_dims) / cols;
+  const double eps = n.attr_float("epsilon", 1e-5f);
+  impls[i] = "kiln's row loop";
+  run.loop = [cols, rows, eps](const std::vector<const float*>& reads, float* out) {
+    const float* x = reads[0];
+    const float* scale = reads[1];
+    parallel_for(rows, std::max<int64_t>(1, 8192 / cols), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* row = x + r * cols;
+        double sq = 0;
+        for (int64_t j = 0; j < cols; ++j) sq += double(row[j]) * double(row[j]);
+        const float inv = float(1 / std::sqrt(sq / double(cols) + eps));
+        float* y = out + r * cols;
+        for (int64_t j = 0; j < cols; ++j) y[j] = row[j] * inv * scale[j];
+      }
+    });
+  };
   return Status::ok();
 }
 

@@ -838,6 +838,51 @@ TEST(FastCpu, RmsNormalizationAsARowLoop) {
   }
 }
 
+// Softmax and LogSoftmax on their own as oneDNN softmax over any axis; Slice with steps of 1 as a
+// reorder of the sub-block (negative and clamped starts, listed and default axes); a Slice with a
+// step of 2 stays on the reference kernels.
+TEST(FastCpu, SoftmaxAndSlice) {
+  if (!have_onednn()) return;
+  const char* cases[][2] = {
+      {R"(graph main(%x: f32[2,3,7]) {
+  %y = Softmax(%x) : f32[2,3,7]
+  return %y
+})", "softmax"},
+      {R"(graph main(%x: f32[2,3,7]) {
+  %y = LogSoftmax(%x) {axis = 1} : f32[2,3,7]
+  return %y
+})", "softmax"},
+      {R"(graph main(%x: f32[4,10,6]) {
+  %s = const dense<i64[2]> [1, -4]
+  %e = const dense<i64[2]> [3, 100]
+  %a = const dense<i64[2]> [0, -2]
+  %y = Slice(%x, %s, %e, %a) : f32[2,4,6]
+  return %y
+})", "slice"},
+      {R"(graph main(%x: f32[5,8]) {
+  %s = const dense<i64[1]> [-100]
+  %e = const dense<i64[1]> [2]
+  %y = Slice(%x, %s, %e) : f32[2,8]
+  return %y
+})", "slice"},
+      {R"(graph main(%x: f32[5,8]) {
+  %s = const dense<i64[1]> [0]
+  %e = const dense<i64[1]> [8]
+  %a = const dense<i64[1]> [1]
+  %t = const dense<i64[1]> [2]
+  %y = Slice(%x, %s, %e, %a, %t) : f32[5,4]
+  return %y
+})", "none"}};
+  int c = 0;
+  for (const auto& k : cases) {
+    Result r = run_both(k[0], 840 + c++);
+    const std::string want = k[1];
+    EXPECT_EQ(primitives(r.cp, CpuStepKind::kSoftmax), want == "softmax" ? 1u : 0u) << k[0];
+    EXPECT_EQ(primitives(r.cp, CpuStepKind::kSlice), want == "slice" ? 1u : 0u) << k[0];
+    expect_close(r, k[0], 1e-6f, 1e-5f);
+  }
+}
+
 // Concat of convolutions' blocked results is a oneDNN concat that keeps the layout for the next
 // convolution; a graph input (row-major) among its parts, a part twice, an odd channel count, and
 // 20 parts (more arguments than one fixed list holds) all agree with the reference.

@@ -33,6 +33,8 @@ std::string_view cpu_step_kind_name(CpuStepKind k) {
     case CpuStepKind::kResample: return "resample";
     case CpuStepKind::kFused: return "fused loop";
     case CpuStepKind::kRmsNorm: return "rms norm";
+    case CpuStepKind::kSoftmax: return "softmax";
+    case CpuStepKind::kSlice: return "slice";
   }
   return "?";
 }
@@ -178,6 +180,25 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
       }
     }
     return CpuStepKind::kGroupNorm;
+  }
+  if (n.op == OpKind::kSoftmax || n.op == OpKind::kLogSoftmax) {
+    const int64_t axis = n.attr_int("axis", -1);
+    if (r < 1 || r > 6 || axis < -int64_t(r) || axis >= int64_t(r) || numel_of(dims_of(x)) == 0) return std::nullopt;
+    return CpuStepKind::kSoftmax;
+  }
+  if (n.op == OpKind::kSlice) {
+    if (r < 1 || r > 6 || n.inputs.size() < 3 || numel_of(dims_of(n.outputs[0])) == 0) return std::nullopt;
+    for (size_t k = 1; k < n.inputs.size(); ++k) {
+      const Value* v = n.inputs[k];
+      if (k >= 3 && !v) continue;
+      if (!v || !v->constant || (v->constant->dtype() != DType::kInt64 && v->constant->dtype() != DType::kInt32)) return std::nullopt;
+      if (k == 4) {
+        for (int64_t i = 0; i < v->constant->numel(); ++i) {
+          if (v->constant->as_int(i) != 1) return std::nullopt;
+        }
+      }
+    }
+    return CpuStepKind::kSlice;
   }
   if (n.op == OpKind::kRMSNormalization) {
     // Over the last axis, by a constant scale of that axis (an LLM's [hidden]).
@@ -725,7 +746,7 @@ Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std
   const uint32_t n = r.count("the step count", 16);
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     CpuStep s;
-    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kRmsNorm)));
+    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kSlice)));
     s.index = r.get<uint32_t>("a step's index");
     const uint32_t npost = r.get_in<uint32_t>("the post-op count", 0, 64);
     for (uint32_t k = 0; k < npost && r.ok(); ++k) {

@@ -61,6 +61,9 @@ enum class CpuStepKind : uint8_t {
                  // one blocked loop over the output (fast_fused.h), not oneDNN
   kRmsNorm,      // RMSNormalization over the last axis (fp32, constant scale of that axis): kiln's
                  // loop (oneDNN 3.2 has no RMS norm)
+  kSoftmax,      // Softmax or LogSoftmax on its own (fp32): oneDNN softmax
+  kSlice,        // Slice (fp32, constant starts, ends and axes, steps of 1): a oneDNN reorder from the
+                 // sub-block of its input
 };
 std::string_view cpu_step_kind_name(CpuStepKind k);
 // A kBinary node's input of the output's own dims, which oneDNN reads as src0 (in whatever layout

@@ -134,6 +134,8 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
   if (s.kind == CpuStepKind::kGroupNorm) return prepare_group_norm(i);
   if (s.kind == CpuStepKind::kResample) return prepare_resample(i);
   if (s.kind == CpuStepKind::kRmsNorm) return prepare_rms_norm(i);
+  if (s.kind == CpuStepKind::kSoftmax) return prepare_softmax(i);
+  if (s.kind == CpuStepKind::kSlice) return prepare_slice(i);
   if (s.kind == CpuStepKind::kFused) {
     const Node& fn = *g.nodes[s.index];
     KILN_ASSIGN_OR_RETURN(FusedKernel k, FusedKernel::compile(fn));

@@ -265,6 +265,8 @@ struct CpuRunner::Impl {
   Status prepare_group_norm(size_t i);
   Status prepare_resample(size_t i);
   Status prepare_rms_norm(size_t i);
+  Status prepare_softmax(size_t i);
+  Status prepare_slice(size_t i);
   Expected<std::vector<Data>> run(std::vector<Data> inputs, std::vector<double>* step_ms);
 };
 

@@ -1,7 +1,9 @@
 // The fast CPU runner's steps that are not one primitive with post-ops (fast_session.cc does
 // those): attention as two products and a softmax, LayerNormalization, Transpose as a reorder,
 // batched products of computed operands, Concat, BatchNormalization, STFT as a convolution,
-// elementwise ops on their own, LSTM, group normalization, Resize and RMS normalization.
+// elementwise ops on their own, LSTM, group normalization, Resize, RMS normalization, Softmax and
+// Slice.
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <tuple>
@@ -569,6 +571,62 @@ Status CpuRunner::Impl::prepare_rms_norm(size_t i) {
       }
     });
   };
+  return Status::ok();
+}
+
+// Softmax / LogSoftmax on its own (attention's is part of kAttention): oneDNN's over the axis.
+Status CpuRunner::Impl::prepare_softmax(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  StepRun& run = runs[i];
+  const Node& n = *plan->graph->nodes[s.index];
+  const std::string at = n.describe();
+  run.out_dims = static_dims(n.inputs[0]);
+  int64_t axis = n.attr_int("axis", -1);
+  if (axis < 0) axis += int64_t(run.out_dims.size());
+  KILN_ASSIGN_OR_RETURN(Md md, make_md(at, run.out_dims, plain_tag(run.out_dims.size())));
+  Pd pd(d);
+  KILN_DNNL(at, d->softmax_forward_primitive_desc_create(&pd.p, engine, dnnl_forward_inference,
+                                                         n.op == OpKind::kLogSoftmax ? dnnl_softmax_log : dnnl_softmax_accurate,
+                                                         md.md, md.md, int(axis), nullptr));
+  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd.p));
+  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd.p));
+  KILN_ASSIGN_OR_RETURN(dnnl_memory_t src_mem, memory(at, md.md));
+  KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, md.md));
+  run.main.args = {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_DST, run.dst_mem}};
+  run.bind = {{src_mem, 0}};
+  return Status::ok();
+}
+
+// Slice with steps of 1: a reorder from the input's sub-block (a oneDNN sub-memory descriptor: the
+// output's dims at the clamped starts) into the row-major output.
+Status CpuRunner::Impl::prepare_slice(size_t i) {
+  const CpuStep& s = cp->steps[i];
+  StepRun& run = runs[i];
+  const Node& n = *plan->graph->nodes[s.index];
+  const std::string at = n.describe();
+  const Dims x = static_dims(n.inputs[0]);
+  run.out_dims = static_dims(n.outputs[0]);
+  const int64_t rank = int64_t(x.size());
+  const Tensor& starts = *n.inputs[1]->constant;
+  const Tensor* axes = n.inputs.size() > 3 && n.inputs[3] ? &*n.inputs[3]->constant : nullptr;
+  Dims offsets(x.size(), 0);
+  for (int64_t k = 0; k < starts.numel(); ++k) {
+    int64_t ax = axes ? axes->as_int(k) : k;
+    if (ax < 0) ax += rank;
+    if (ax < 0 || ax >= rank) return KILN_ERROR(kInternal, "{}: axis out of range", at);
+    int64_t start = starts.as_int(k);
+    if (start < 0) start += x[size_t(ax)];
+    offsets[size_t(ax)] = std::clamp<int64_t>(start, 0, x[size_t(ax)]);  // ONNX's clamping (slice.cc)
+  }
+  KILN_ASSIGN_OR_RETURN(Md whole, make_md(at, x, plain_tag(x.size())));
+  dnnl_memory_desc_t sub = nullptr;
+  KILN_DNNL(at, d->memory_desc_create_submemory(&sub, whole.md, run.out_dims.data(), offsets.data()));
+  Md sub_md(d, sub);
+  KILN_ASSIGN_OR_RETURN(Md dst, make_md(at, run.out_dims, plain_tag(x.size())));
+  dnnl_memory_t src_mem = nullptr;
+  KILN_ASSIGN_OR_RETURN(run.main, reorder(at, sub_md.md, dst.md, &src_mem, &run.dst_mem));
+  impls[i] = "oneDNN reorder (a sub-block)";
+  run.bind = {{src_mem, 0}};
   return Status::ok();
 }
 

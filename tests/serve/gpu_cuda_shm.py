@@ -11,10 +11,7 @@ same; status, unregister, and a handle of the wrong size are checked.
 """
 import json
 import os
-import signal
-import subprocess
 import threading
-import time
 import urllib.request
 
 import numpy as np
@@ -24,7 +21,8 @@ import tritonclient.utils.cuda_shared_memory as cudashm
 from tritonclient.utils import InferenceServerException
 
 from test_grpc import counters
-from test_http import KILN, free_port, mlp_ref, write_mlp
+import server_util
+from test_http import KILN, mlp_ref, write_mlp
 
 CONFIG = """
 max_batch_size: 8
@@ -40,29 +38,9 @@ def server(tmp_path_factory):
         write_mlp(os.path.join(repo, name, "1", "model.onnx"), 1)
         with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
             f.write(CONFIG + extra)
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    log = open(os.path.join(repo, "serve.log"), "w+")
-    proc = subprocess.Popen([KILN, "serve", "--model-repository", repo, "--http-port", str(http_port), "--grpc-port",
-                             str(grpc_port), "--metrics-port", str(metrics_port), "--host", "127.0.0.1", "--device", "cuda"],
-                            stdout=log, stderr=subprocess.STDOUT, text=True)
-    proc.http, proc.grpc, proc.metrics_port = f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", metrics_port
-    deadline = time.time() + 120
-    while True:
-        try:
-            if tg.InferenceServerClient(proc.grpc).is_model_ready("mlp"):
-                break
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            log.seek(0)
-            raise RuntimeError("kiln serve did not become ready: " + log.read()[-3000:])
-        time.sleep(0.5)
+    proc = server_util.start(KILN, repo, device="cuda", ready_model="mlp", timeout=180)
     yield proc
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-    log.seek(0)
-    print("kiln serve's log:\n" + log.read()[-3000:])
+    print("kiln serve's log:\n" + server_util.stop(proc))
 
 
 @pytest.fixture()

@@ -11,9 +11,6 @@ load leaving the serving versions in place.
 import contextlib
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import threading
 import time
 import urllib.request
@@ -25,6 +22,7 @@ import tritonclient.grpc as tg
 from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
+import server_util
 from test_http import KILN, MODEL_DIR, mlp_ref, write_mlp
 
 MLP_CONFIG = """
@@ -80,12 +78,6 @@ def write_slow(path):
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = str(tmp_path_factory.mktemp("grepo"))
@@ -103,28 +95,9 @@ def server(tmp_path_factory):
     shutil.copy(os.path.join(MODEL_DIR, "model.onnx"), os.path.join(repo, "effnet", "1", "model.onnx"))
     with open(os.path.join(repo, "effnet", "config.pbtxt"), "w") as f:
         f.write("max_batch_size: 8\n")
-    port, http_port, metrics_port = free_port(), free_port(), free_port()
-    proc = subprocess.Popen([KILN, "serve", "--model-repository", repo, "--grpc-port", str(port), "--http-port",
-                             str(http_port), "--metrics-port", str(metrics_port), "--host", "127.0.0.1", "--device", "cpu"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            if tg.InferenceServerClient(url).is_server_ready():
-                break
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError("kiln serve exited: " + proc.stdout.read())
-        if time.time() > deadline:
-            raise RuntimeError("kiln serve did not become ready")
-        time.sleep(0.2)
-    proc.url, proc.repo, proc.metrics_port = url, repo, metrics_port
+    proc = server_util.start(KILN, repo)
     yield proc
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+    server_util.stop(proc)
 
 
 def mlp_input(x, typed=False):

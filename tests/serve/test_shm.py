@@ -10,10 +10,7 @@ tests/serve/gpu_cuda_shm.py; here a server without a GPU refuses them with a rea
 import base64
 import os
 import shutil
-import signal
-import subprocess
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -23,7 +20,8 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from test_grpc import counters
-from test_http import KILN, MODEL_DIR, free_port, mlp_ref, write_mlp
+import server_util
+from test_http import KILN, MODEL_DIR, mlp_ref, write_mlp
 
 MLP_CONFIG = """
 max_batch_size: 8
@@ -40,27 +38,9 @@ def server(tmp_path_factory):
         f.write(MLP_CONFIG)
     os.makedirs(os.path.join(repo, "effnet", "1"))
     shutil.copy(os.path.join(MODEL_DIR, "model.onnx"), os.path.join(repo, "effnet", "1", "model.onnx"))
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    proc = subprocess.Popen([KILN, "serve", "--model-repository", repo, "--http-port", str(http_port), "--grpc-port",
-                             str(grpc_port), "--metrics-port", str(metrics_port), "--host", "127.0.0.1", "--device", "cpu"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    proc.http, proc.grpc, proc.metrics_port = f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", metrics_port
-    deadline = time.time() + 120
-    while True:
-        try:
-            if th.InferenceServerClient(proc.http).is_server_ready():
-                break
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError("kiln serve exited: " + proc.stdout.read())
-        if time.time() > deadline:
-            raise RuntimeError("kiln serve did not become ready")
-        time.sleep(0.2)
+    proc = server_util.start(KILN, repo)
     yield proc
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+    server_util.stop(proc)
 
 
 @pytest.fixture()

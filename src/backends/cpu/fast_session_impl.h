@@ -251,6 +251,27 @@ struct CpuRunner::Impl {
     return Status::ok();
   }
 
+  // `attrs` made with `ops` (elementwise post-ops, no operands) in order.
+  Status eltwise_attr(Attr& attrs, const std::vector<CpuPostOp>& ops, const std::string& at) {
+    KILN_RETURN_IF_ERROR(attrs.create(at));
+    for (const CpuPostOp& op : ops) KILN_RETURN_IF_ERROR(cpu_detail::append_post_op(d, attrs.po, op, nullptr, at));
+    KILN_DNNL(at, d->primitive_attr_set_post_ops(attrs.attr, attrs.po));
+    return Status::ok();
+  }
+  // Step i as the one primitive of `pd` reading its first read through `src` and writing `dst`
+  // (the step's output): its implementation named, its memories made and the read bound.
+  Status one_source_step(size_t i, const_dnnl_primitive_desc_t pd, const_dnnl_memory_desc_t src,
+                         const_dnnl_memory_desc_t dst, const std::string& at) {
+    StepRun& run = runs[i];
+    impls[i] = fmt::format("oneDNN {}", cpu_detail::impl_name(d, pd));
+    KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd));
+    KILN_ASSIGN_OR_RETURN(dnnl_memory_t src_mem, memory(at, src));
+    KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, dst));
+    run.main.args = {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_DST, run.dst_mem}};
+    run.bind = {{src_mem, 0}};
+    return Status::ok();
+  }
+
   Status prepare();
   Status prepare_step(size_t i);
   Status prepare_attention(size_t i);

@@ -246,9 +246,7 @@ Status CpuRunner::Impl::prepare_stft(size_t i) {
   KILN_ASSIGN_OR_RETURN(Md dst_plain, make_md(at, {batch, 2 * bins, frames}, dnnl_acb));
   const Dims strides = {step}, dil = {0}, pad = {0}, pad_r = {(frames - 1) * step + flen - len};
   Attr attrs(d);  // its elementwise epilogue (a power spectrum's Pow)
-  KILN_RETURN_IF_ERROR(attrs.create(at));
-  for (const CpuPostOp& op : s.post) KILN_RETURN_IF_ERROR(append_post_op(d, attrs.po, op, nullptr, at));
-  KILN_DNNL(at, d->primitive_attr_set_post_ops(attrs.attr, attrs.po));
+  KILN_RETURN_IF_ERROR(eltwise_attr(attrs, s.post, at));
   Pd pd(d);
   KILN_DNNL(at, d->convolution_forward_primitive_desc_create(&pd.p, engine, dnnl_forward_inference, dnnl_convolution_direct,
                                                              src_md.md, w_any.md, nullptr, dst_md.md, strides.data(),
@@ -279,21 +277,14 @@ Status CpuRunner::Impl::prepare_eltwise(size_t i) {
   const std::optional<EltwiseAlg> e = ops.empty() ? std::nullopt : eltwise_alg(ops[0]);
   if (!e) return KILN_ERROR(kInternal, "{}: not an elementwise op oneDNN runs", at);
   KILN_ASSIGN_OR_RETURN(Md md, make_md(at, run.out_dims, plain_tag(run.out_dims.size())));
+  std::vector<CpuPostOp> post(ops.begin() + 1, ops.end());
+  post.insert(post.end(), s.post.begin(), s.post.end());
   Attr attrs(d);
-  KILN_RETURN_IF_ERROR(attrs.create(at));
-  for (size_t k = 1; k < ops.size(); ++k) KILN_RETURN_IF_ERROR(append_post_op(d, attrs.po, ops[k], nullptr, at));
-  for (const CpuPostOp& p : s.post) KILN_RETURN_IF_ERROR(append_post_op(d, attrs.po, p, nullptr, at));
-  KILN_DNNL(at, d->primitive_attr_set_post_ops(attrs.attr, attrs.po));
+  KILN_RETURN_IF_ERROR(eltwise_attr(attrs, post, at));
   Pd pd(d);
   KILN_DNNL(at, d->eltwise_forward_primitive_desc_create(&pd.p, engine, dnnl_forward_inference, e->alg, md.md, md.md, e->alpha,
                                                          e->beta, attrs.attr));
-  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd.p));
-  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd.p));
-  KILN_ASSIGN_OR_RETURN(dnnl_memory_t src_mem, memory(at, md.md));
-  KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, md.md));
-  run.main.args = {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_DST, run.dst_mem}};
-  run.bind = {{src_mem, 0}};
-  return Status::ok();
+  return one_source_step(i, pd.p, md.md, md.md, at);
 }
 
 // ONNX LSTM as oneDNN's: W, R and B rearranged once into its layout and gate order (i, f, c~, o
@@ -530,20 +521,10 @@ Status CpuRunner::Impl::prepare_resample(size_t i) {
   const dnnl_alg_kind_t alg = n.attr_string("mode", "nearest") == "linear" ? dnnl_resampling_linear : dnnl_resampling_nearest;
   KILN_ASSIGN_OR_RETURN(Md src_md, make_md(at, x, plain_tag(x.size())));
   KILN_ASSIGN_OR_RETURN(Md dst_md, make_md(at, run.out_dims, plain_tag(x.size())));
-  Attr attrs(d);
-  KILN_RETURN_IF_ERROR(attrs.create(at));
-  for (const CpuPostOp& op : s.post) KILN_RETURN_IF_ERROR(append_post_op(d, attrs.po, op, nullptr, at));
-  KILN_DNNL(at, d->primitive_attr_set_post_ops(attrs.attr, attrs.po));
   Pd pd(d);
   KILN_DNNL(at, d->resampling_forward_primitive_desc_create(&pd.p, engine, dnnl_forward_inference, alg, nullptr, src_md.md,
-                                                            dst_md.md, attrs.attr));
-  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd.p));
-  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd.p));
-  KILN_ASSIGN_OR_RETURN(dnnl_memory_t src_mem, memory(at, src_md.md));
-  KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, dst_md.md));
-  run.main.args = {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_DST, run.dst_mem}};
-  run.bind = {{src_mem, 0}};
-  return Status::ok();
+                                                            dst_md.md, nullptr));
+  return one_source_step(i, pd.p, src_md.md, dst_md.md, at);
 }
 
 // RMSNormalization over the last axis as kiln's own loop (oneDNN 3.2 has no RMS norm): per row the
@@ -588,13 +569,7 @@ Status CpuRunner::Impl::prepare_softmax(size_t i) {
   KILN_DNNL(at, d->softmax_forward_primitive_desc_create(&pd.p, engine, dnnl_forward_inference,
                                                          n.op == OpKind::kLogSoftmax ? dnnl_softmax_log : dnnl_softmax_accurate,
                                                          md.md, md.md, int(axis), nullptr));
-  impls[i] = fmt::format("oneDNN {}", impl_name(d, pd.p));
-  KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd.p));
-  KILN_ASSIGN_OR_RETURN(dnnl_memory_t src_mem, memory(at, md.md));
-  KILN_ASSIGN_OR_RETURN(run.dst_mem, memory(at, md.md));
-  run.main.args = {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_DST, run.dst_mem}};
-  run.bind = {{src_mem, 0}};
-  return Status::ok();
+  return one_source_step(i, pd.p, md.md, md.md, at);
 }
 
 // Slice with steps of 1: a reorder from the input's sub-block (a oneDNN sub-memory descriptor: the

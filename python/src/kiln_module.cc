@@ -224,6 +224,15 @@ std::vector<kiln::TensorView> views(const kiln::Engine& e, const std::vector<nb:
       throw KilnError("input '" + ins[i].name + "' is on the GPU, but this engine runs on the " +
                       std::string(kiln::device_name(e.device())) + ": pass host arrays");
     }
+    if (on_gpu) {
+#ifdef KILN_HAVE_CUDA
+      int current = 0;
+      if (cudaGetDevice(&current) != cudaSuccess || a.device_id() != current) {
+        throw KilnError("input '" + ins[i].name + "' is on GPU " + std::to_string(a.device_id()) + "; the engine runs on GPU " +
+                        std::to_string(current));
+      }
+#endif
+    }
     device |= on_gpu;
     auto dt = from_dlpack(a.dtype());
     if (!dt) throw KilnError("input '" + ins[i].name + "' has a dtype kiln does not take");

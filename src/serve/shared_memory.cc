@@ -134,17 +134,20 @@ void SharedMemory::register_cuda(const std::string& name, const std::string& raw
     cuda_try(cudaIpcOpenMemHandle(&r->ipc, h, cudaIpcMemLazyEnablePeerAccess), what + ": cannot open its IPC handle");
   }
   // The allocation behind the handle must hold byte_size (the driver knows its extent).
+  // A region larger than its allocation would let requests read and write past it: refused, as is
+  // one whose extent the driver does not tell.
   using GetRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult q{};
-  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess && fn) {
-    CUdeviceptr base = 0;
-    size_t size = 0;
-    if (reinterpret_cast<GetRange>(fn)(&base, &size, CUdeviceptr(r->ipc)) == CUDA_SUCCESS &&
-        byte_size > size - (CUdeviceptr(r->ipc) - base)) {
-      throw HttpError{400, what + ": byte_size " + std::to_string(byte_size) + " is past the allocation's " +
-                               std::to_string(size - (CUdeviceptr(r->ipc) - base)) + " bytes"};
-    }
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess || !fn ||
+      reinterpret_cast<GetRange>(fn)(&base, &size, CUdeviceptr(r->ipc)) != CUDA_SUCCESS) {
+    throw HttpError{400, what + ": the driver does not tell the allocation's size, so byte_size cannot be checked"};
+  }
+  if (byte_size > size - (CUdeviceptr(r->ipc) - base)) {
+    throw HttpError{400, what + ": byte_size " + std::to_string(byte_size) + " is past the allocation's " +
+                             std::to_string(size - (CUdeviceptr(r->ipc) - base)) + " bytes"};
   }
   r->base = static_cast<unsigned char*>(r->ipc);
   r->kind = Kind::kCuda;

@@ -883,6 +883,45 @@ TEST(FastCpu, SoftmaxAndSlice) {
   }
 }
 
+// Empty tensors, and the Resize forms oneDNN's pixel mapping does not share, stay on the reference
+// kernels (a zero dim once divided by zero while planning).
+TEST(FastCpu, EmptyTensorsAndOtherResizesStayOnTheReference) {
+  if (!have_onednn()) return;
+  const char* cases[] = {R"(graph main(%x: f32[1,3,0,4]) {
+  %keep = const dense<f32[4]> [1, 1, 2, 2]
+  %y = Resize(%x, _, %keep) {mode = "nearest", coordinate_transformation_mode = "asymmetric", nearest_mode = "floor"} : f32[1,3,0,8]
+  return %y
+})",
+                         R"(graph main(%a: f32[4,1], %b: f32[4,0]) {
+  %y = ai.kiln.FusedElementwise(%a, %b) {body = graph g(%p: f32[4,1], %q: f32[4,0]) {
+    %m = Mul(%p, %q) : f32[4,0]
+    %o = Add(%m, %p) : f32[4,0]
+    return %o
+  }} : f32[4,0]
+  return %y
+})"};
+  int c = 0;
+  for (const char* text : cases) {
+    Result r = run_both(text, 860 + c++);
+    EXPECT_EQ(primitives(r.cp, CpuStepKind::kResample) + primitives(r.cp, CpuStepKind::kFused), 0u) << text;
+    ASSERT_EQ(r.fast.size(), r.ref.size()) << text;
+    for (size_t k = 0; k < r.ref.size(); ++k) EXPECT_EQ(r.fast[k].tensor.summary(), r.ref[k].tensor.summary()) << text;
+    expect_close(r, text, 1e-5f, 1e-4f);
+  }
+  // keep_aspect_ratio_policy maps every axis through one shared scale: planned for the host.
+  auto g = parse(R"(graph main(%x: f32[1,2,6,4]) {
+  %keep = const dense<i64[4]> [1, 2, 12, 12]
+  %y = Resize(%x, _, _, %keep) {mode = "linear", keep_aspect_ratio_policy = "not_larger"} : f32[1,2,12,8]
+  return %y
+})");
+  ASSERT_TRUE(g);
+  auto plan = plan_host(std::move(g));
+  ASSERT_TRUE(plan) << plan.status().message();
+  auto cp = plan_fast_cpu(*plan);
+  ASSERT_TRUE(cp);
+  EXPECT_EQ(primitives(*cp, CpuStepKind::kResample), 0u);
+}
+
 // Concat of convolutions' blocked results is a oneDNN concat that keeps the layout for the next
 // convolution; a graph input (row-major) among its parts, a part twice, an odd channel count, and
 // 20 parts (more arguments than one fixed list holds) all agree with the reference.

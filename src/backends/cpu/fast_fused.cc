@@ -207,6 +207,9 @@ bool FusedKernel::supported(const Node& n) {
   if (n.op != OpKind::kFusedElementwise || n.outputs.size() != 1 || !f32_static(n.outputs[0])) return false;
   const std::vector<int64_t> y = *n.outputs[0]->type.shape->static_dims();
   if (y.empty() || y.size() > 6) return false;
+  for (int64_t d : y) {
+    if (d <= 0) return false;  // an empty output: nothing to loop over (the reference makes it)
+  }
   for (const Value* v : n.inputs) {
     if (!f32_static(v) || broadcast_strides(*v->type.shape->static_dims(), y).empty()) return false;
   }

@@ -165,6 +165,8 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
     if (!flen || *flen <= 0 || *flen > xd[1] || (w && w->constant->numel() != *flen)) return std::nullopt;
     const int64_t bins = n.attr_int("onesided", 1) != 0 ? *flen / 2 + 1 : *flen;
     if (dims_of(n.outputs[0]) != std::vector<int64_t>{xd[0], (xd[1] - *flen) / *step + 1, bins, 2}) return std::nullopt;
+    // The basis is 2 x bins x frame_length floats: a frame of a whole long signal stays on the host.
+    if (xd[0] == 0 || 2 * bins * *flen > (int64_t(1) << 26)) return std::nullopt;
     return CpuStepKind::kStft;
   }
   if (n.op == OpKind::kGroupNormalization || n.op == OpKind::kInstanceNormalization) {
@@ -212,11 +214,12 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
     // The spatial dims only (batch and channel kept), scales constant or absent (sizes: the output
     // dims), no antialiasing; linear with half-pixel centres (oneDNN's), or nearest by whole factors
     // with asymmetric floor (then oneDNN's rounding picks the same pixels).
-    if (r < 3 || r > 5 || n.has_attr("axes") || n.attr_int("antialias", 0) != 0 || n.attr_int("exclude_outside", 0) != 0) {
+    if (r < 3 || r > 5 || n.has_attr("axes") || n.attr_int("antialias", 0) != 0 || n.attr_int("exclude_outside", 0) != 0 ||
+        n.attr_string("keep_aspect_ratio_policy", "stretch") != "stretch") {  // others map through one shared scale
       return std::nullopt;
     }
     const std::vector<int64_t> xd = dims_of(x), yd = dims_of(n.outputs[0]);
-    if (yd[0] != xd[0] || yd[1] != xd[1]) return std::nullopt;
+    if (yd[0] != xd[0] || yd[1] != xd[1] || numel_of(xd) == 0 || numel_of(yd) == 0) return std::nullopt;
     const Value* scales = n.inputs.size() > 2 ? n.inputs[2] : nullptr;
     if (scales && scales->constant && scales->constant->numel() > 0) {
       // oneDNN maps pixels back through the ratio of the dims, ONNX through the given scale: the
@@ -253,7 +256,7 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
     if (dir != "forward" && dir != "reverse" && dir != "bidirectional") return std::nullopt;
     const int64_t dirs = dir == "bidirectional" ? 2 : 1, h = n.attr_int("hidden_size", 0);
     const std::vector<int64_t> xd = dims_of(x);
-    if (h <= 0 || n.inputs[1]->constant->dims() != std::vector<int64_t>{dirs, 4 * h, xd[2]} ||
+    if (h <= 0 || numel_of(xd) == 0 || n.inputs[1]->constant->dims() != std::vector<int64_t>{dirs, 4 * h, xd[2]} ||
         n.inputs[2]->constant->dims() != std::vector<int64_t>{dirs, 4 * h, h}) {
       return std::nullopt;
     }

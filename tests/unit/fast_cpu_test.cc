@@ -922,6 +922,47 @@ TEST(FastCpu, EmptyTensorsAndOtherResizesStayOnTheReference) {
   EXPECT_EQ(primitives(*cp, CpuStepKind::kResample), 0u);
 }
 
+// GRU as oneDNN's: both linear_before_reset forms, every direction, with and without biases and an
+// initial state; one whose Y_h is read stays on the reference kernels.
+TEST(FastCpu, GruAsOneDnnsGru) {
+  if (!have_onednn()) return;
+  struct Case {
+    const char* dir;
+    int dirs, lbr;
+    bool bias, state;
+  };
+  const Case cases[] = {{"forward", 1, 0, true, true},        {"forward", 1, 1, true, true},
+                        {"reverse", 1, 1, false, true},       {"bidirectional", 2, 1, true, false},
+                        {"bidirectional", 2, 0, true, true}, {"forward", 1, 0, false, false}};
+  int c = 0;
+  for (const Case& k : cases) {
+    const int T = 4, N = 3, I = 5, H = 6;
+    const std::string text = fmt::format(R"(graph main(%x: f32[{T},{N},{I}], %h0: f32[{D},{N},{H}]) {{
+  %w = const dense<f32[{D},{G},{I}]> [0.1]
+  %r = const dense<f32[{D},{G},{H}]> [0.1]
+  %b = const dense<f32[{D},{B}]> [0.1]
+  %y, _ = GRU(%x, %w, %r, {bias}, _, {h0}) {{direction = "{dir}", hidden_size = {H}, linear_before_reset = {lbr}}} : f32[{T},{D},{N},{H}]
+  return %y
+}})",
+                                         fmt::arg("T", T), fmt::arg("N", N), fmt::arg("I", I), fmt::arg("H", H),
+                                         fmt::arg("D", k.dirs), fmt::arg("G", 3 * H), fmt::arg("B", 6 * H),
+                                         fmt::arg("bias", k.bias ? "%b" : "_"), fmt::arg("h0", k.state ? "%h0" : "_"),
+                                         fmt::arg("dir", k.dir), fmt::arg("lbr", k.lbr));
+    Result r = run_both(text, 870 + c++);
+    ASSERT_EQ(primitives(r.cp, CpuStepKind::kGru), 1u) << text;
+    expect_close(r, text, 1e-5f, 1e-4f);
+  }
+  const char* read_state = R"(graph main(%x: f32[4,2,3]) {
+  %w = const dense<f32[1,6,3]> [0.1]
+  %r = const dense<f32[1,6,2]> [0.1]
+  %y, %yh = GRU(%x, %w, %r) {hidden_size = 2} : f32[4,1,2,2], f32[1,2,2]
+  return %y, %yh
+})";
+  Result r = run_both(read_state, 880);
+  EXPECT_EQ(primitives(r.cp, CpuStepKind::kGru), 0u);
+  expect_close(r, read_state, 1e-6f, 1e-6f);
+}
+
 // Concat of convolutions' blocked results is a oneDNN concat that keeps the layout for the next
 // convolution; a graph input (row-major) among its parts, a part twice, an odd channel count, and
 // 20 parts (more arguments than one fixed list holds) all agree with the reference.

@@ -30,7 +30,7 @@ namespace kiln {
   X(binary_primitive_desc_create) X(concat_primitive_desc_create) X(batch_normalization_forward_primitive_desc_create) \
   X(deconvolution_forward_primitive_desc_create) X(eltwise_forward_primitive_desc_create)                      \
   X(lstm_forward_primitive_desc_create) X(resampling_forward_primitive_desc_create)                           \
-  X(memory_desc_create_submemory)                                                                               \
+  X(memory_desc_create_submemory) X(gru_forward_primitive_desc_create) X(lbr_gru_forward_primitive_desc_create) \
   X(softmax_forward_primitive_desc_create) X(layer_normalization_forward_primitive_desc_create)                 \
   X(primitive_desc_query) X(primitive_desc_destroy) X(primitive_create) X(primitive_destroy)                    \
   X(primitive_execute)

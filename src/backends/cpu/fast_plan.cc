@@ -35,6 +35,7 @@ std::string_view cpu_step_kind_name(CpuStepKind k) {
     case CpuStepKind::kRmsNorm: return "rms norm";
     case CpuStepKind::kSoftmax: return "softmax";
     case CpuStepKind::kSlice: return "slice";
+    case CpuStepKind::kGru: return "gru";
   }
   return "?";
 }
@@ -248,24 +249,29 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
     }
     return std::nullopt;
   }
-  if (n.op == OpKind::kLSTM) {
-    // What oneDNN's LSTM computes: layout 0 ([seq, batch, input]), constant W, R and B, no sequence
-    // lengths or peepholes, the default activations, no clip, uncoupled gates.
+  if (n.op == OpKind::kLSTM || n.op == OpKind::kGRU) {
+    // What oneDNN's LSTM and GRU compute: layout 0 ([seq, batch, input]), constant W, R and B, no
+    // sequence lengths or peepholes, the default activations, no clip, uncoupled gates.
+    const bool lstm = n.op == OpKind::kLSTM;
+    const int64_t gates = lstm ? 4 : 3, states = lstm ? 2 : 1;
     if (r != 3 || n.inputs.size() < 3 || !f32_constant(n.inputs[1]) || !f32_constant(n.inputs[2])) return std::nullopt;
     const std::string dir = n.attr_string("direction", "forward");
     if (dir != "forward" && dir != "reverse" && dir != "bidirectional") return std::nullopt;
     const int64_t dirs = dir == "bidirectional" ? 2 : 1, h = n.attr_int("hidden_size", 0);
     const std::vector<int64_t> xd = dims_of(x);
-    if (h <= 0 || numel_of(xd) == 0 || n.inputs[1]->constant->dims() != std::vector<int64_t>{dirs, 4 * h, xd[2]} ||
-        n.inputs[2]->constant->dims() != std::vector<int64_t>{dirs, 4 * h, h}) {
+    if (h <= 0 || numel_of(xd) == 0 || n.inputs[1]->constant->dims() != std::vector<int64_t>{dirs, gates * h, xd[2]} ||
+        n.inputs[2]->constant->dims() != std::vector<int64_t>{dirs, gates * h, h}) {
       return std::nullopt;
     }
     if (n.inputs.size() > 3 && n.inputs[3] &&
-        (!f32_constant(n.inputs[3]) || n.inputs[3]->constant->dims() != std::vector<int64_t>{dirs, 8 * h})) {
+        (!f32_constant(n.inputs[3]) || n.inputs[3]->constant->dims() != std::vector<int64_t>{dirs, 2 * gates * h})) {
       return std::nullopt;
     }
-    if ((n.inputs.size() > 4 && n.inputs[4]) || (n.inputs.size() > 7 && n.inputs[7])) return std::nullopt;
-    for (size_t k = 5; k < 7 && k < n.inputs.size(); ++k) {
+    if ((n.inputs.size() > 4 && n.inputs[4]) || n.inputs.size() > size_t(5 + states + (lstm ? 1 : 0)) ||
+        (lstm && n.inputs.size() > 7 && n.inputs[7])) {
+      return std::nullopt;
+    }
+    for (size_t k = 5; k < size_t(5 + states) && k < n.inputs.size(); ++k) {
       if (n.inputs[k] && (!f32_static(n.inputs[k]) || dims_of(n.inputs[k]) != std::vector<int64_t>{dirs, xd[1], h})) {
         return std::nullopt;
       }
@@ -273,14 +279,14 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
     if (n.has_attr("activations")) {
       const std::vector<std::string> a = n.attr_strings("activations");
       for (size_t k = 0; k < a.size(); ++k) {
-        if (a[k] != (k % 3 == 0 ? "Sigmoid" : "Tanh")) return std::nullopt;
+        if (a[k] != (k % size_t(lstm ? 3 : 2) == 0 ? "Sigmoid" : "Tanh")) return std::nullopt;
       }
     }
     if (n.attr_float("clip", 0.f) != 0.f || n.attr_int("input_forget", 0) != 0 || n.attr_int("layout", 0) != 0) {
       return std::nullopt;
     }
     if (dims_of(n.outputs[0]) != std::vector<int64_t>{xd[0], dirs, xd[1], h}) return std::nullopt;
-    return CpuStepKind::kLstm;
+    return lstm ? CpuStepKind::kLstm : CpuStepKind::kGru;
   }
   if (n.op == OpKind::kConvTranspose) {
     // Explicit pads (no auto_pad, no output_shape); oneDNN's end padding is the node's less its
@@ -539,7 +545,7 @@ Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
     if (group_of[p.steps[i].node] >= 0) continue;
     auto kind = primitive_kind(n);
     if (!kind) continue;
-    if (*kind == CpuStepKind::kLstm) {  // oneDNN's LSTM here writes Y alone: Y_h and Y_c must go unread
+    if (*kind == CpuStepKind::kLstm || *kind == CpuStepKind::kGru) {  // it writes Y alone: Y_h and Y_c unread
       bool states_read = false;
       for (size_t k = 1; k < n.outputs.size(); ++k) states_read |= n.outputs[k] && readers[n.outputs[k]] > 0;
       if (states_read) continue;
@@ -749,7 +755,7 @@ Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std
   const uint32_t n = r.count("the step count", 16);
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     CpuStep s;
-    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kSlice)));
+    s.kind = CpuStepKind(r.get_in<uint8_t>("a step kind", 0, uint8_t(CpuStepKind::kGru)));
     s.index = r.get<uint32_t>("a step's index");
     const uint32_t npost = r.get_in<uint32_t>("the post-op count", 0, 64);
     for (uint32_t k = 0; k < npost && r.ok(); ++k) {

@@ -64,6 +64,7 @@ enum class CpuStepKind : uint8_t {
   kSoftmax,      // Softmax or LogSoftmax on its own (fp32): oneDNN softmax
   kSlice,        // Slice (fp32, constant starts, ends and axes, steps of 1): a oneDNN reorder from the
                  // sub-block of its input
+  kGru,          // GRU under kLstm's conditions (either linear_before_reset): oneDNN's GRU
 };
 std::string_view cpu_step_kind_name(CpuStepKind k);
 // A kBinary node's input of the output's own dims, which oneDNN reads as src0 (in whatever layout

@@ -130,7 +130,7 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
   if (s.kind == CpuStepKind::kBatchNorm) return prepare_batch_norm(i);
   if (s.kind == CpuStepKind::kStft) return prepare_stft(i);
   if (s.kind == CpuStepKind::kEltwise) return prepare_eltwise(i);
-  if (s.kind == CpuStepKind::kLstm) return prepare_lstm(i);
+  if (s.kind == CpuStepKind::kLstm || s.kind == CpuStepKind::kGru) return prepare_rnn(i);
   if (s.kind == CpuStepKind::kGroupNorm) return prepare_group_norm(i);
   if (s.kind == CpuStepKind::kResample) return prepare_resample(i);
   if (s.kind == CpuStepKind::kRmsNorm) return prepare_rms_norm(i);

@@ -282,7 +282,7 @@ struct CpuRunner::Impl {
   Status prepare_batch_norm(size_t i);
   Status prepare_stft(size_t i);
   Status prepare_eltwise(size_t i);
-  Status prepare_lstm(size_t i);
+  Status prepare_rnn(size_t i);
   Status prepare_group_norm(size_t i);
   Status prepare_resample(size_t i);
   Status prepare_rms_norm(size_t i);

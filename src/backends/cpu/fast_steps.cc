@@ -287,16 +287,19 @@ Status CpuRunner::Impl::prepare_eltwise(size_t i) {
   return one_source_step(i, pd.p, md.md, md.md, at);
 }
 
-// ONNX LSTM as oneDNN's: W, R and B rearranged once into its layout and gate order (i, f, c~, o
-// from ONNX's i, o, f, c; the two biases summed) and reordered into the layouts it prefers; X read
-// where it lies as [seq, batch, input], the initial states too ([dirs, batch, hidden] is oneDNN's
-// [1, dirs, batch, hidden]). A bidirectional result, which oneDNN writes per step as [seq, batch,
-// 2 x hidden], is reordered into ONNX's [seq, 2, batch, hidden].
-Status CpuRunner::Impl::prepare_lstm(size_t i) {
+// ONNX LSTM and GRU as oneDNN's: W, R and B rearranged once into its layout and gate order (LSTM
+// i, f, c~, o from ONNX's i, o, f, c; GRU u, r, o is ONNX's z, r, h) with the biases summed (a
+// linear-before-reset GRU keeps R's h bias as oneDNN's fourth), and reordered into the layouts it
+// prefers; X read where it lies as [seq, batch, input], the initial states too ([dirs, batch,
+// hidden] is oneDNN's [1, dirs, batch, hidden]). A bidirectional result, which oneDNN writes per
+// step as [seq, batch, 2 x hidden], is reordered into ONNX's [seq, 2, batch, hidden].
+Status CpuRunner::Impl::prepare_rnn(size_t i) {
   const CpuStep& s = cp->steps[i];
   StepRun& run = runs[i];
   const Node& n = *plan->graph->nodes[s.index];
   const std::string at = n.describe();
+  const bool lstm = n.op == OpKind::kLSTM, lbr = !lstm && n.attr_int("linear_before_reset", 0) != 0;
+  const int64_t gates = lstm ? 4 : 3, bias_gates = lstm || lbr ? 4 : 3;
   const Dims x = static_dims(n.inputs[0]);
   const int64_t steps = x[0], batch = x[1], in = x[2], h = n.attr_int("hidden_size", 0);
   const std::string dir = n.attr_string("direction", "forward");
@@ -305,42 +308,55 @@ Status CpuRunner::Impl::prepare_lstm(size_t i) {
   const Tensor& w = *n.inputs[1]->constant;
   const Tensor& r = *n.inputs[2]->constant;
   const Tensor* b = n.inputs.size() > 3 && n.inputs[3] ? &*n.inputs[3]->constant : nullptr;
-  constexpr int64_t kOnnxGate[4] = {0, 2, 3, 1};  // oneDNN's gate g is ONNX's gate kOnnxGate[g]
-  KILN_ASSIGN_OR_RETURN(Tensor wl, Tensor::create(DType::kFloat32, {1, dirs, in, 4, h}));
-  KILN_ASSIGN_OR_RETURN(Tensor wi, Tensor::create(DType::kFloat32, {1, dirs, h, 4, h}));
-  KILN_ASSIGN_OR_RETURN(Tensor bias, Tensor::create(DType::kFloat32, {1, dirs, 4, h}));
+  constexpr int64_t kLstmGate[4] = {0, 2, 3, 1};  // oneDNN's LSTM gate g is ONNX's gate kLstmGate[g]
+  auto onnx_gate = [&](int64_t g) { return lstm ? kLstmGate[g] : g; };
+  KILN_ASSIGN_OR_RETURN(Tensor wl, Tensor::create(DType::kFloat32, {1, dirs, in, gates, h}));
+  KILN_ASSIGN_OR_RETURN(Tensor wi, Tensor::create(DType::kFloat32, {1, dirs, h, gates, h}));
+  KILN_ASSIGN_OR_RETURN(Tensor bias, Tensor::create(DType::kFloat32, {1, dirs, bias_gates, h}));
   const float* wp = w.data<float>();
   const float* rp = r.data<float>();
+  float* bp = bias.data<float>();
   for (int64_t d = 0; d < dirs; ++d) {
-    for (int64_t g = 0; g < 4; ++g) {
+    const float* wb = b ? b->data<float>() + d * 2 * gates * h : nullptr;  // W's biases, then R's
+    const float* rb = wb ? wb + gates * h : nullptr;
+    for (int64_t g = 0; g < gates; ++g) {
       for (int64_t o = 0; o < h; ++o) {
-        const int64_t row = d * 4 * h + kOnnxGate[g] * h + o;  // the gate row in W, R and each half of B
-        for (int64_t k = 0; k < in; ++k) wl.data<float>()[((d * in + k) * 4 + g) * h + o] = wp[row * in + k];
-        for (int64_t k = 0; k < h; ++k) wi.data<float>()[((d * h + k) * 4 + g) * h + o] = rp[row * h + k];
-        bias.data<float>()[(d * 4 + g) * h + o] =
-            b ? b->data<float>()[d * 8 * h + kOnnxGate[g] * h + o] + b->data<float>()[d * 8 * h + 4 * h + kOnnxGate[g] * h + o]
-              : 0.f;
+        const int64_t row = onnx_gate(g) * h + o;  // the gate row in W, R and each half of B
+        for (int64_t k = 0; k < in; ++k) wl.data<float>()[((d * in + k) * gates + g) * h + o] = wp[(d * gates * h + row) * in + k];
+        for (int64_t k = 0; k < h; ++k) wi.data<float>()[((d * h + k) * gates + g) * h + o] = rp[(d * gates * h + row) * h + k];
+        // A linear-before-reset GRU adds R's h bias inside the reset product: oneDNN's fourth bias.
+        const bool split = lbr && g == 2;
+        bp[(d * bias_gates + g) * h + o] = wb ? wb[row] + (split ? 0.f : rb[row]) : 0.f;
+        if (split) bp[(d * bias_gates + 3) * h + o] = rb ? rb[row] : 0.f;
       }
     }
   }
   const bool h0 = s.reads.size() > 5 && s.reads[5].kind != ValueRef::Kind::kNone;
-  const bool c0 = s.reads.size() > 6 && s.reads[6].kind != ValueRef::Kind::kNone;
+  const bool c0 = lstm && s.reads.size() > 6 && s.reads[6].kind != ValueRef::Kind::kNone;
   KILN_ASSIGN_OR_RETURN(Md src_md, make_md(at, x, dnnl_abc));
   KILN_ASSIGN_OR_RETURN(Md state_md, make_md(at, {1, dirs, batch, h}, dnnl_abcd));
-  KILN_ASSIGN_OR_RETURN(Md wl_plain, make_md(at, {1, dirs, in, 4, h}, dnnl_abcde));
-  KILN_ASSIGN_OR_RETURN(Md wi_plain, make_md(at, {1, dirs, h, 4, h}, dnnl_abcde));
-  KILN_ASSIGN_OR_RETURN(Md wl_any, make_md(at, {1, dirs, in, 4, h}, dnnl_format_tag_any));
-  KILN_ASSIGN_OR_RETURN(Md wi_any, make_md(at, {1, dirs, h, 4, h}, dnnl_format_tag_any));
-  KILN_ASSIGN_OR_RETURN(Md bias_md, make_md(at, {1, dirs, 4, h}, dnnl_abcd));
+  KILN_ASSIGN_OR_RETURN(Md wl_plain, make_md(at, {1, dirs, in, gates, h}, dnnl_abcde));
+  KILN_ASSIGN_OR_RETURN(Md wi_plain, make_md(at, {1, dirs, h, gates, h}, dnnl_abcde));
+  KILN_ASSIGN_OR_RETURN(Md wl_any, make_md(at, {1, dirs, in, gates, h}, dnnl_format_tag_any));
+  KILN_ASSIGN_OR_RETURN(Md wi_any, make_md(at, {1, dirs, h, gates, h}, dnnl_format_tag_any));
+  KILN_ASSIGN_OR_RETURN(Md bias_md, make_md(at, {1, dirs, bias_gates, h}, dnnl_abcd));
   KILN_ASSIGN_OR_RETURN(Md dst_md, make_md(at, {steps, batch, dirs * h}, dnnl_abc));
   const dnnl_rnn_direction_t direction = dir == "bidirectional" ? dnnl_bidirectional_concat
                                          : dir == "reverse"     ? dnnl_unidirectional_right2left
                                                                 : dnnl_unidirectional_left2right;
+  const_dnnl_memory_desc_t hmd = h0 ? state_md.md : nullptr;
   Pd pd(d);
-  KILN_DNNL(at, d->lstm_forward_primitive_desc_create(&pd.p, engine, dnnl_forward_inference, direction, src_md.md,
-                                                      h0 ? state_md.md : nullptr, c0 ? state_md.md : nullptr, wl_any.md,
-                                                      wi_any.md, nullptr, nullptr, bias_md.md, dst_md.md, nullptr, nullptr, 0,
-                                                      nullptr));
+  if (lstm) {
+    KILN_DNNL(at, d->lstm_forward_primitive_desc_create(&pd.p, engine, dnnl_forward_inference, direction, src_md.md, hmd,
+                                                        c0 ? state_md.md : nullptr, wl_any.md, wi_any.md, nullptr, nullptr,
+                                                        bias_md.md, dst_md.md, nullptr, nullptr, 0, nullptr));
+  } else if (lbr) {
+    KILN_DNNL(at, d->lbr_gru_forward_primitive_desc_create(&pd.p, engine, dnnl_forward_inference, direction, src_md.md, hmd,
+                                                           wl_any.md, wi_any.md, bias_md.md, dst_md.md, nullptr, 0, nullptr));
+  } else {
+    KILN_DNNL(at, d->gru_forward_primitive_desc_create(&pd.p, engine, dnnl_forward_inference, direction, src_md.md, hmd,
+                                                       wl_any.md, wi_any.md, bias_md.md, dst_md.md, nullptr, 0, nullptr));
+  }
   impls[i] = fmt::format("oneDNN {}", impl_name(d, pd.p));
   KILN_ASSIGN_OR_RETURN(run.main.p, primitive(at, pd.p));
   auto want = [&](int arg) { return d->primitive_desc_query_md(pd.p, dnnl_query_exec_arg_md, arg); };

@@ -116,7 +116,8 @@ class FastCpuEngine : public DeviceEngine {
   // Makes a runner to name each step's implementation in the report (kept for the first session,
   // so its primitives and reordered weights are not made twice); without oneDNN the report says
   // why every step runs on the reference kernels.
-  void describe() {
+  // `note` starts the report (how the plan came to be, when not as usual).
+  void describe(const std::string& note = "") {
     auto r = CpuRunner::create(plan_, cp_);
     std::string lib;
     fast_cpu_available(&lib);
@@ -133,7 +134,7 @@ class FastCpuEngine : public DeviceEngine {
       fused += s.post.size();
       prims[fmt::format("{} [{}]", what, r ? (*r)->impls()[i] : std::string("reference kernels"))]++;
     }
-    report_ = fmt::format("device: cpu ({})\n", r ? lib : "reference kernels: " + r.status().message());
+    report_ = note + fmt::format("device: cpu ({})\n", r ? lib : "reference kernels: " + r.status().message());
     if (r) spare_ = std::move(*r);
     if (has_symbolic_inputs(*plan_->graph)) {
       report_ += "symbolic input dims: each input shape runs on a plan of its own, made at its first run; the steps "
@@ -211,11 +212,20 @@ Expected<std::shared_ptr<DeviceEngine>> build_fast_cpu_engine(std::shared_ptr<co
   return std::shared_ptr<DeviceEngine>(e);
 }
 
+// The file's CPU plan when it is the one this kiln makes for the graph; otherwise (a file from a
+// kiln whose fast backend claimed other ops: the whole file passed its checksum, so not damage) the
+// plan is made again from the graph, which it is a function of, and the report says so.
 Expected<std::shared_ptr<DeviceEngine>> load_fast_cpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config,
                                                              std::string_view cpuf, const std::string& name) {
-  KILN_ASSIGN_OR_RETURN(CpuPlan cp, read_cpu_plan(cpuf, *plan, name));
-  auto e = std::make_shared<FastCpuEngine>(plan, std::make_shared<const CpuPlan>(std::move(cp)), config);
-  e->describe();
+  Expected<CpuPlan> cp = read_cpu_plan(cpuf, *plan, name);
+  std::string note;
+  if (!cp) {
+    note = fmt::format("CPU plan made again at load ({})\n", cp.status().message());
+    cp = plan_fast_cpu(*plan);
+    if (!cp) return cp.status();
+  }
+  auto e = std::make_shared<FastCpuEngine>(plan, std::make_shared<const CpuPlan>(std::move(*cp)), config);
+  e->describe(note);
   return std::shared_ptr<DeviceEngine>(e);
 }
 

@@ -12,6 +12,7 @@
 #include <random>
 #include <thread>
 
+#include "api/engine_impl.h"
 #include "backends/cpu/fast_fused.h"
 #include "backends/cpu/fast_session.h"
 #include "ir/text.h"
@@ -961,6 +962,32 @@ TEST(FastCpu, GruAsOneDnnsGru) {
   Result r = run_both(read_state, 880);
   EXPECT_EQ(primitives(r.cp, CpuStepKind::kGru), 0u);
   expect_close(r, read_state, 1e-6f, 1e-6f);
+}
+
+// An engine file whose CPU plan is not the one this kiln makes for its graph (a file from a kiln
+// whose fast backend claimed other ops) loads with the plan made again, and the report says so.
+TEST(FastCpu, AForeignCpuPlanIsMadeAgainAtLoad) {
+  if (!have_onednn()) return;
+  auto g = parse(R"(graph main(%x: f32[2,8]) {
+  %a = Neg(%x) : f32[2,8]
+  %y = Sigmoid(%a) : f32[2,8]
+  return %y
+})");
+  ASSERT_TRUE(g);
+  auto plan = plan_host(std::move(g));
+  ASSERT_TRUE(plan);
+  auto p = std::make_shared<const Plan>(std::move(*plan));
+  CpuPlan all_host;  // what a kiln without the eltwise step planned: every step on the host
+  for (size_t i = 0; i < p->steps.size(); ++i) {
+    CpuStep st;
+    st.index = uint32_t(i);
+    all_host.steps.push_back(st);
+  }
+  EXPECT_FALSE(read_cpu_plan(write_cpu_plan(all_host), *p, "m.kiln"));
+  auto e = load_fast_cpu_engine(p, BuildConfig{}, write_cpu_plan(all_host), "m.kiln");
+  ASSERT_TRUE(e) << e.status().message();
+  EXPECT_NE((*e)->report().find("CPU plan made again at load"), std::string::npos) << (*e)->report();
+  EXPECT_NE((*e)->report().find("1 oneDNN primitives"), std::string::npos) << (*e)->report();  // the Sigmoid
 }
 
 // Concat of convolutions' blocked results is a oneDNN concat that keeps the layout for the next

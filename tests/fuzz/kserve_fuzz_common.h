@@ -31,8 +31,10 @@ inline void check_decoded(const std::vector<serve::Input>& inputs, const char* t
     if (!in.info) continue;
     int64_t n = 1;
     for (int64_t d : in.shape) n *= d;
-    const bool ok = in.info->dtype == DType::kString ? int64_t(in.strings.size()) == n
-                                                     : in.bytes.size() == size_t(n) * dtype_size(in.info->dtype);
+    // An input in a shared memory region carries no bytes here (the server attaches the region).
+    const bool ok = in.shm ? in.bytes.empty() && in.strings.empty()
+                    : in.info->dtype == DType::kString ? int64_t(in.strings.size()) == n
+                                                       : in.bytes.size() == size_t(n) * dtype_size(in.info->dtype);
     if (!ok || n != in.count) {
       std::fprintf(stderr, "%s: input '%s' decoded to the wrong number of elements\n", target, in.info->name.c_str());
       std::abort();

@@ -203,26 +203,22 @@ void execute(const FusedKernel::Instr& in, float* regs, int64_t len) {
 
 }  // namespace
 
-bool FusedKernel::supported(const Node& n) {
-  if (n.op != OpKind::kFusedElementwise || n.outputs.size() != 1 || !f32_static(n.outputs[0])) return false;
-  const std::vector<int64_t> y = *n.outputs[0]->type.shape->static_dims();
-  if (y.empty() || y.size() > 6) return false;
-  for (int64_t d : y) {
-    if (d <= 0) return false;  // an empty output: nothing to loop over (the reference makes it)
-  }
-  for (const Value* v : n.inputs) {
-    if (!f32_static(v) || broadcast_strides(*v->type.shape->static_dims(), y).empty()) return false;
-  }
-  std::vector<Instr> code;
-  int regs = 0, result = 0;
-  return bool(translate(n, code, regs, result));
-}
+bool FusedKernel::supported(const Node& n) { return bool(compile(n)); }
 
 Expected<FusedKernel> FusedKernel::compile(const Node& n) {
-  if (!supported(n)) return KILN_ERROR(kUnsupported, "{}: not a body the fused loop evaluates", n.describe());
+  auto no = [&] { return KILN_ERROR(kUnsupported, "{}: not a body the fused loop evaluates", n.describe()); };
+  if (n.op != OpKind::kFusedElementwise || n.outputs.size() != 1 || !f32_static(n.outputs[0])) return no();
   FusedKernel k;
   k.dims_ = *n.outputs[0]->type.shape->static_dims();
-  for (const Value* v : n.inputs) k.strides_.push_back(broadcast_strides(*v->type.shape->static_dims(), k.dims_));
+  if (k.dims_.empty() || k.dims_.size() > 6) return no();
+  for (int64_t d : k.dims_) {
+    if (d <= 0) return no();  // an empty output: nothing to loop over (the reference makes it)
+  }
+  for (const Value* v : n.inputs) {
+    if (!f32_static(v)) return no();
+    k.strides_.push_back(broadcast_strides(*v->type.shape->static_dims(), k.dims_));
+    if (k.strides_.back().empty()) return no();
+  }
   KILN_RETURN_IF_ERROR(translate(n, k.code_, k.regs_, k.result_));
   return k;
 }

@@ -559,10 +559,10 @@ Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
     uint32_t last = st.index;
     group_of[st.index] = int64_t(groups.size());
     const bool batch_norm = *kind == CpuStepKind::kBatchNorm;
-    const bool stft = *kind == CpuStepKind::kStft || *kind == CpuStepKind::kEltwise ||
-                      *kind == CpuStepKind::kGroupNorm;  // elementwise post-ops only
+    const bool eltwise_only = *kind == CpuStepKind::kStft || *kind == CpuStepKind::kEltwise ||
+                              *kind == CpuStepKind::kGroupNorm;  // post-ops without operands
     const bool epilogue = *kind == CpuStepKind::kConv || *kind == CpuStepKind::kMatMul || *kind == CpuStepKind::kPool ||
-                          *kind == CpuStepKind::kBinary || *kind == CpuStepKind::kDeconv || batch_norm || stft;
+                          *kind == CpuStepKind::kBinary || *kind == CpuStepKind::kDeconv || batch_norm || eltwise_only;
     while (epilogue) {
       // A batch norm takes one Relu (its fuse-relu flag), nothing else.
       if (batch_norm) {
@@ -609,7 +609,7 @@ Expected<CpuPlan> plan_fast_cpu(const Plan& p) {
         continue;
       }
       auto po = post_op(*c, cur, channel);
-      if (!po || (stft && po->kind == CpuPostKind::kAdd)) break;
+      if (!po || (eltwise_only && po->kind == CpuPostKind::kAdd)) break;
       po->node = node_index.at(c);
       if (po->kind == CpuPostKind::kAdd) {
         const Value* other = c->inputs[0] == cur ? c->inputs[1] : c->inputs[0];

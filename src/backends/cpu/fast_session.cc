@@ -502,7 +502,7 @@ Expected<std::vector<Data>> CpuRunner::Impl::run(std::vector<Data> inputs, std::
         buf->resize(out_bytes);
       }
       Tensor out = Tensor::view(library ? DType::kUInt8 : DType::kFloat32, out_dims, buf, buf->p.get());
-      if (run.loop) {
+      if (run.loop) {  // kiln's own loop over the reads' row-major buffers
         std::vector<const float*> ins;
         for (const ValueRef& r : s.reads) {
           const Data* v = at(r);
@@ -510,27 +510,24 @@ Expected<std::vector<Data>> CpuRunner::Impl::run(std::vector<Data> inputs, std::
           ins.push_back(static_cast<const float*>(v->tensor.raw()));
         }
         run.loop(ins, static_cast<float*>(out.raw()));
-        slots[s.out.index] = Data(std::move(out));
-        for (uint32_t f : s.frees) slots[f] = Data();
-        if (step_ms) (*step_ms)[i] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        continue;
-      }
-      if (run.src_reorder.p) {
-        KILN_DNNL(where, d->memory_set_data_handle(run.src_reorder_out, src_scratch.p.get()));
-        KILN_RETURN_IF_ERROR(execute(d, stream, run.src_reorder, where));
-      }
-      for (const Prim& b : run.before) KILN_RETURN_IF_ERROR(execute(d, stream, b, where));
-      if (run.dst_reorder.p) {
-        KILN_DNNL(where, d->memory_set_data_handle(run.dst_mem, dst_scratch.p.get()));
-        KILN_DNNL(where, d->memory_set_data_handle(run.dst_reorder_in, dst_scratch.p.get()));
-        KILN_DNNL(where, d->memory_set_data_handle(run.dst_user, out.raw()));
       } else {
-        KILN_DNNL(where, d->memory_set_data_handle(run.dst_mem, out.raw()));
+        if (run.src_reorder.p) {
+          KILN_DNNL(where, d->memory_set_data_handle(run.src_reorder_out, src_scratch.p.get()));
+          KILN_RETURN_IF_ERROR(execute(d, stream, run.src_reorder, where));
+        }
+        for (const Prim& b : run.before) KILN_RETURN_IF_ERROR(execute(d, stream, b, where));
+        if (run.dst_reorder.p) {
+          KILN_DNNL(where, d->memory_set_data_handle(run.dst_mem, dst_scratch.p.get()));
+          KILN_DNNL(where, d->memory_set_data_handle(run.dst_reorder_in, dst_scratch.p.get()));
+          KILN_DNNL(where, d->memory_set_data_handle(run.dst_user, out.raw()));
+        } else {
+          KILN_DNNL(where, d->memory_set_data_handle(run.dst_mem, out.raw()));
+        }
+        KILN_RETURN_IF_ERROR(execute(d, stream, run.main, where));
+        for (const Prim& a : run.after) KILN_RETURN_IF_ERROR(execute(d, stream, a, where));
+        if (run.dst_reorder.p) KILN_RETURN_IF_ERROR(execute(d, stream, run.dst_reorder, where));
+        KILN_DNNL(where, d->stream_wait(stream));
       }
-      KILN_RETURN_IF_ERROR(execute(d, stream, run.main, where));
-      for (const Prim& a : run.after) KILN_RETURN_IF_ERROR(execute(d, stream, a, where));
-      if (run.dst_reorder.p) KILN_RETURN_IF_ERROR(execute(d, stream, run.dst_reorder, where));
-      KILN_DNNL(where, d->stream_wait(stream));
       slots[s.out.index] = Data(std::move(out));
     }
     for (uint32_t f : s.frees) slots[f] = Data();

@@ -234,6 +234,23 @@ bool match_unsqueeze_squeeze(const UseMap& u, const Node& n) {
 }
 void apply_inner_input0(UseMap& u, Node& n) { bypass(u, n, n.inputs[0]->producer->inputs[0]); }
 
+// Pad with every pad 0 (exporters pad to a multiple of a window size that already divides the
+// image: Swin's 56 by 7) copies its input, whatever the mode.
+bool match_pad_zero(const UseMap& u, const Node& n) {
+  // Opset 11 on: pads is an input; before, an attribute.
+  auto pads = n.inputs.size() > 1 ? constant_ints(u, n.inputs[1]) : std::make_optional(n.attr_ints("pads", {1}));
+  return pads && std::all_of(pads->begin(), pads->end(), [](int64_t p) { return p == 0; }) && match_input0(u, n);
+}
+
+// Slice with unit steps whose result has its input's static shape takes every element in order.
+bool match_slice_whole(const UseMap& u, const Node& n) {
+  if (n.inputs.size() > 4 && n.inputs[4]) {
+    auto steps = constant_ints(u, n.inputs[4]);
+    if (!steps || !std::all_of(steps->begin(), steps->end(), [](int64_t s) { return s == 1; })) return false;
+  }
+  return n.inputs.size() >= 3 && match_same_shape(u, n);
+}
+
 // Sum of one input is that input; of two, an Add (same broadcasting): ONNX's expanded function
 // bodies write Sum, and the fusions (fuse-gelu) and backends match Add.
 bool match_sum1(const UseMap& u, const Node& n) {
@@ -319,6 +336,8 @@ const Rule kRules[] = {
      apply_transpose_pair},
     {OpKind::kSqueeze, "Squeeze(Unsqueeze(x, a), a) -> x", match_squeeze_unsqueeze, apply_inner_input0},
     {OpKind::kUnsqueeze, "Unsqueeze(Squeeze(x, a), a) -> x", match_unsqueeze_squeeze, apply_inner_input0},
+    {OpKind::kPad, "Pad(x, all pads 0) -> x", match_pad_zero, apply_input0},
+    {OpKind::kSlice, "Slice(x) -> x when unit steps keep its static shape", match_slice_whole, apply_input0},
     {OpKind::kSum, "Sum(x) -> x", match_sum1, apply_input0},
     {OpKind::kSum, "Sum(a, b) -> Add(a, b)", match_sum2, apply_sum2},
     {OpKind::kGather, "Gather(x, [0, 1, .., n-1] along an axis of n) -> Reshape(x, result shape)", match_gather_arange,

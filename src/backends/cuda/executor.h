@@ -136,6 +136,7 @@ class Params {
   float f32() { return r_.get<float>("a number"); }
   double f64() { return r_.get<double>("a number"); }
   bool flag() { return r_.get_in<uint8_t>("a flag", 0, 1) != 0; }
+  int u8_in(uint8_t hi) { return r_.get_in<uint8_t>("a small integer", 0, hi); }
   k::DT dt();
   template <typename E>
   E en(E last) {  // an enum in [0, last]

@@ -261,17 +261,25 @@ bool is_silu(const Node& n) {
 // or per-channel values computed at run time),
 // and the output's only reader fused in when it is Relu or SiLU (diffusion UNets' GroupNorm ->
 // SiLU). NCHW x, or NHWC straight from a convolution; statistics scratch in the arena.
+// The current GPU's SMs (132 on an H100 SXM when the driver cannot say).
+int sm_count() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      sms < 1) {
+    return 132;
+  }
+  return sms;
+}
+
 Status lower_group_norm(Lowering& L, const Node& n) {
   const bool instance = n.op == OpKind::kInstanceNormalization;
-  // A convolution's NHWC output is normalized in place of layout (no round trip through NCHW) when
-  // the NHWC statistics kernel has blocks enough to fill the GPU (two per H100 SM); a small batch
-  // takes the round trip, whose row kernel spreads wider (bench/RESULTS.md, fifteenth session:
-  // unet_block b1 0.22 ms in NHWC vs 0.17 through NCHW; b64 4.42 vs 5.19).
+  // A convolution's NHWC output is normalized in its layout (no round trip through NCHW), its
+  // statistics split over about two blocks per SM whatever the batch (bench/RESULTS.md, twenty-eighth
+  // session: the UNet's round trips at batch 1 and 16).
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
   const int64_t groups_attr = instance ? (x->dims.size() > 1 ? x->dims[1] : 0) : n.attr_int("num_groups", 0);
   const bool nhwc = x->layout == Layout::kNHWC && x->dims.size() == 4 && groups_attr >= 1 &&
-                    k::group_norm_nhwc_blocks(x->dims[0], x->dims[2] * x->dims[3]) >= 264 &&
-                    k::group_norm_nhwc_smem(x->dims[1], groups_attr) <= 48 * 1024;
+                    k::group_norm_nhwc_smem(x->dt, x->dims[1]) <= 48 * 1024;
   if (!nhwc) {
     KILN_ASSIGN_OR_RETURN(x, L.rowmajor(n.inputs[0]));
   }
@@ -311,7 +319,8 @@ Status lower_group_norm(Lowering& L, const Node& n) {
   if (next && next->op == OpKind::kRelu) act = 1;
   else if (next && is_silu(*next)) act = 2;
   if (act) out = next->outputs[0];
-  const int scratch = L.scratch(nhwc ? k::group_norm_nhwc_scratch_bytes(nb, c, groups, spatial)
+  const int64_t pixels = nhwc ? k::group_norm_nhwc_pixels(nb, spatial, 2 * int64_t(sm_count())) : 0;
+  const int scratch = L.scratch(nhwc ? k::group_norm_nhwc_scratch_bytes(nb, groups, spatial, pixels)
                                      : k::group_norm_scratch_bytes(nb, c, groups, spatial));
   const DevValue& y = L.define(out, nhwc ? Layout::kNHWC : Layout::kRowMajor);
   const float eps = n.attr_float("epsilon", 1e-5f);
@@ -325,7 +334,10 @@ Status lower_group_norm(Lowering& L, const Node& n) {
   for (int64_t v : {nb, c, groups, spatial}) w.i64(v);
   w.put(eps);
   w.put(int32_t(act));
-  w.u8(nhwc);
+  // Layout: 0 NCHW, 1 NHWC in 256-pixel blocks (engines from before the split was chosen), 2 NHWC
+  // with the pixels per block recorded after it.
+  w.u8(nhwc ? 2 : 0);
+  if (nhwc) w.i64(pixels);
   if (act) L.mark_fused(next, &n);
   std::vector<int> reads = {read_id(x), scratch};
   reads.insert(reads.end(), param_reads.begin(), param_reads.end());
@@ -341,16 +353,19 @@ Expected<StepFn> bind_group_norm(Params& in, BindCtx&) {
   const int64_t nb = in.i64(), c = in.i64(), groups = in.i64(), spatial = in.i64();
   const float eps = in.f32();
   const int32_t act = in.i32();
-  const bool nhwc = in.flag();
+  const int layout = in.u8_in(2);
+  const bool nhwc = layout != 0;
+  const int64_t pixels = layout == 2 ? in.i64() : 256;
   KILN_RETURN_IF_ERROR(in.done());
-  if (nb < 0 || c < 1 || groups < 1 || c % groups != 0 || spatial < 0 || act < 0 || act > 2 || scr.weight) {
+  if (nb < 0 || c < 1 || groups < 1 || c % groups != 0 || spatial < 0 || act < 0 || act > 2 || scr.weight ||
+      layout < 0 || layout > 2 || pixels < 1) {
     return KILN_ERROR(kInvalidModel, "{}: malformed group_norm parameters", in.step().label);
   }
   return StepFn([=](const RunCtx& cx) {
     if (nhwc) {
       return cuda_status(k::group_norm_nhwc(dt, cx.ptr(xr), static_cast<const float*>(cx.ptr(sr)),
-                                            static_cast<const float*>(cx.ptr(tr)), cx.ptr(yr), nb, c, groups, spatial, eps,
-                                            act, cx.ptr(scr), cx.stream),
+                                            static_cast<const float*>(cx.ptr(tr)), cx.ptr(yr), nb, c, groups, spatial, pixels,
+                                            eps, act, cx.ptr(scr), cx.stream),
                          "group_norm_nhwc");
     }
     return cuda_status(k::group_norm(dt, cx.ptr(xr), static_cast<const float*>(cx.ptr(sr)),

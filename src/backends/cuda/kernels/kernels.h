@@ -172,13 +172,15 @@ cudaError_t channel_affine(DT dt, const void* x, const float* scale, const float
 size_t group_norm_scratch_bytes(int64_t n, int64_t c, int64_t groups, int64_t spatial);
 cudaError_t group_norm(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t n, int64_t c,
                        int64_t groups, int64_t spatial, float eps, int act, void* scratch, cudaStream_t s);
-// The same for x in NHWC ([n, spatial, c]); y in NHWC too. Its statistics run one block per 256
-// pixels of an image: group_norm_nhwc_blocks of them.
-int64_t group_norm_nhwc_blocks(int64_t n, int64_t spatial);
-size_t group_norm_nhwc_smem(int64_t c, int64_t groups);  // shared memory its statistics kernel needs
-size_t group_norm_nhwc_scratch_bytes(int64_t n, int64_t c, int64_t groups, int64_t spatial);
+// The same for x in NHWC ([n, spatial, c]); y in NHWC too. Its statistics run one block per
+// `pixels` pixels of an image; group_norm_nhwc_pixels picks 256, or fewer (down to 8) so that
+// about target_blocks blocks run (a small batch would leave most SMs idle with 256).
+int64_t group_norm_nhwc_pixels(int64_t n, int64_t spatial, int64_t target_blocks);
+size_t group_norm_nhwc_smem(DT dt, int64_t c);  // shared memory its statistics kernel needs
+size_t group_norm_nhwc_scratch_bytes(int64_t n, int64_t groups, int64_t spatial, int64_t pixels);
 cudaError_t group_norm_nhwc(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t n, int64_t c,
-                            int64_t groups, int64_t spatial, float eps, int act, void* scratch, cudaStream_t s);
+                            int64_t groups, int64_t spatial, int64_t pixels, float eps, int act, void* scratch,
+                            cudaStream_t s);
 
 // Pad of x (dims in_dims) into y (out_dims), rank <= kMaxRank, any element width up to 8 bytes:
 // y[o] = x[src(o - begin)] per dim, where a coordinate outside x is the constant `value_bits`

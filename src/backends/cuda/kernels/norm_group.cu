@@ -41,21 +41,38 @@ __global__ void group_stats_kernel(const T* __restrict__ x, int64_t row_len, int
   if (threadIdx.x == 0) out[row * chunks + chunk] = Partial{cnt, mean, m2};
 }
 
-// stats[row] = (mean, 1 / sqrt(var + eps)).
+// Chan et al.'s pairwise update of (count, mean, M2) a with b; empty parts leave a as it is.
+__device__ __forceinline__ Partial chan_merge(Partial a, Partial b) {
+  const float tot = a.n + b.n;
+  if (b.n == 0.f) return a;
+  if (a.n == 0.f) return b;
+  const float d = b.mean - a.mean;
+  return Partial{tot, a.mean + d * (b.n / tot), a.m2 + b.m2 + d * d * (a.n * b.n / tot)};
+}
+
+// stats[row] = (mean, 1 / sqrt(var + eps)): a warp per row, lane l merging chunks l, l + 32, ...,
+// then the lanes' results in a butterfly. Fixed order, so a forward gives the same bits every run.
 __global__ void group_merge_kernel(const Partial* __restrict__ parts, int64_t rows, int64_t chunks, float eps,
                                    float2* __restrict__ stats) {
-  for (int64_t r = global_tid(); r < rows; r += global_threads()) {
-    float n = 0.f, mean = 0.f, m2 = 0.f;
-    for (int64_t c = 0; c < chunks; ++c) {
-      const Partial p = parts[r * chunks + c];
-      const float tot = n + p.n, d = p.mean - mean;
-      mean += d * (p.n / tot);
-      m2 += p.m2 + d * d * (n * p.n / tot);
-      n = tot;
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
+    Partial acc{0.f, 0.f, 0.f};
+    for (int64_t c = lane; c < chunks; c += 32) acc = chan_merge(acc, parts[r * chunks + c]);
+    for (int off = 16; off > 0; off /= 2) {
+      const Partial o{__shfl_xor_sync(0xffffffffu, acc.n, off), __shfl_xor_sync(0xffffffffu, acc.mean, off),
+                      __shfl_xor_sync(0xffffffffu, acc.m2, off)};
+      // Both lanes of a pair merge in the same order (lower lane first): identical results.
+      acc = (lane & off) ? chan_merge(o, acc) : chan_merge(acc, o);
     }
-    const float var = fmaxf(m2 / n, 0.f);
-    stats[r] = make_float2(mean, rsqrtf(var + eps));
+    if (lane == 0) stats[r] = make_float2(acc.mean, rsqrtf(fmaxf(acc.m2 / acc.n, 0.f) + eps));
   }
+}
+
+// Enough warps for `rows` rows (one each), in kBlock-thread blocks.
+unsigned merge_blocks(int64_t rows) {
+  const int64_t per_block = kBlock / 32, blocks = (rows + per_block - 1) / per_block;
+  return static_cast<unsigned>(blocks < 1 ? 1 : blocks > 65535 ? 65535 : blocks);
 }
 
 __device__ __forceinline__ float activate(float v, int act) {
@@ -80,110 +97,197 @@ __global__ void group_apply_kernel(const T* __restrict__ x, const float2* __rest
 }
 
 // NHWC: x is [n, spatial, c], a group's values are strided runs of c / groups channels. A block takes
-// `pixels` pixels of one image: threadIdx.x walks channels (coalesced), threadIdx.y pixels; the
-// per-channel sums land in shared memory and fold into per-group (count, mean, M2) partials,
-// stored where the NCHW kernel stores them (row = image * groups + group), so one merge serves both.
-constexpr int64_t kPixels = 256;  // pixels per statistics block
+// `pixels` pixels of one image (group_norm_nhwc_pixels: 256, fewer where that would leave SMs idle).
+// Its threads form rows of `slots` threads, each thread a vector of V channels (16 bytes where c
+// allows), each row every rows-th pixel: one pass, coalesced 16-byte loads. A thread keeps a sum and
+// sum of squares per channel shifted by the first value it read (the shifted-data algorithm: no
+// cancellation when the mean is far from zero), turns them into (mean, M2) in shared memory, and
+// the block folds rows into channels and channels into groups: the group's partial, stored where
+// the NCHW kernel stores them (row = image * groups + group), so one merge serves both. Fixed order throughout (no atomics): a forward gives the same bits every run.
+constexpr int64_t kPixels = 256, kMinPixels = 32;  // pixels per statistics block
+constexpr int kNhwcThreads = 256;
 
 template <class T>
-__global__ void group_stats_nhwc_kernel(const T* __restrict__ x, int64_t spatial, int64_t c, int64_t groups,
-                                        int64_t chunks, int64_t pixels, Partial* __restrict__ out) {
-  // [blockDim.y * c] per-thread-row sums, [c] per-channel sums, [groups] group means. The sums are
-  // folded in a fixed order (no atomics), so a forward gives the same bits every run.
-  extern __shared__ float sh[];
-  const int64_t rows = blockDim.y;
-  float* part = sh;
-  float* ch = sh + rows * c;
-  float* gmean = ch + c;
-  const int64_t nb = blockIdx.y, chunk = blockIdx.x;
-  const int64_t p0 = chunk * pixels, p1 = p0 + pixels < spatial ? p0 + pixels : spatial;
-  const T* xb = x + nb * spatial * c;
-  const int64_t per = c / groups;
-  const float cnt = static_cast<float>((p1 - p0) * per);
-  const int64_t tid = threadIdx.y * blockDim.x + threadIdx.x, nthreads = int64_t(blockDim.x) * blockDim.y;
-  for (int pass = 0; pass < 2; ++pass) {
-    for (int64_t k = threadIdx.x; k < c; k += blockDim.x) {
-      const float m = pass == 0 ? 0.f : gmean[k / per];
-      float acc = 0.f;
-      for (int64_t p = p0 + threadIdx.y; p < p1; p += blockDim.y) {
-        const float v = to_f(xb[p * c + k]);
-        acc += pass == 0 ? v : (v - m) * (v - m);
-      }
-      part[threadIdx.y * c + k] = acc;
-    }
-    __syncthreads();
-    for (int64_t k = tid; k < c; k += nthreads) {
-      float sum = 0.f;
-      for (int64_t r = 0; r < rows; ++r) sum += part[r * c + k];
-      ch[k] = sum;
-    }
-    __syncthreads();
-    for (int64_t g = tid; g < groups; g += nthreads) {
-      float sum = 0.f;
-      for (int64_t k = g * per; k < (g + 1) * per; ++k) sum += ch[k];
-      if (pass == 0) {
-        gmean[g] = sum / cnt;
-      } else {
-        out[(nb * groups + g) * chunks + chunk] = Partial{cnt, gmean[g], sum};
-      }
-    }
-    __syncthreads();
+constexpr int vec_width() { return int(16 / sizeof(T)); }
+
+// Threads per pixel row of a statistics block, and rows per block.
+__host__ __device__ inline int nhwc_slots(int64_t vectors) { return vectors < kNhwcThreads ? int(vectors) : kNhwcThreads; }
+
+template <class T, int V>
+__device__ __forceinline__ void load_vec(const T* p, float (&f)[V]) {
+  if constexpr (V * sizeof(T) == 16) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int j = 0; j < V; ++j) f[j] = to_f(e[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) f[j] = to_f(p[j]);
   }
 }
 
-template <class U, class T>
+template <class T, int V>
+__device__ __forceinline__ void store_vec(T* p, const float (&f)[V]) {
+  if constexpr (V * sizeof(T) == 16) {
+    uint4 u;
+    T* e = reinterpret_cast<T*>(&u);
+#pragma unroll
+    for (int j = 0; j < V; ++j) e[j] = from_f<T>(f[j]);
+    *reinterpret_cast<uint4*>(p) = u;
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) p[j] = from_f<T>(f[j]);
+  }
+}
+
+template <class T, int V>
+__global__ void __launch_bounds__(kNhwcThreads) group_stats_nhwc_kernel(const T* __restrict__ x, int64_t spatial,
+                                                                        int64_t c, int64_t groups, int64_t chunks,
+                                                                        int64_t pixels, Partial* __restrict__ out) {
+  extern __shared__ float sh[];  // [rows][c] means, then [rows][c] M2s
+  const int64_t vectors = c / V;
+  const int slots = nhwc_slots(vectors), rows = kNhwcThreads / slots;
+  const int row = int(threadIdx.x) / slots, slot0 = int(threadIdx.x) % slots;
+  const int64_t nb = blockIdx.y, chunk = blockIdx.x;
+  const int64_t p0 = chunk * pixels, p1 = p0 + pixels < spatial ? p0 + pixels : spatial;
+  const T* xb = x + nb * spatial * c;
+  float* smean = sh;
+  float* sm2 = sh + int64_t(rows) * c;
+  // Row r takes pixels p0 + r, p0 + r + rows, ...: q of them, one more for the first rem rows.
+  const int q = int((p1 - p0) / rows), rem = int((p1 - p0) % rows);
+  auto row_count = [&](int r) { return float(q + (r < rem ? 1 : 0)); };
+  if (row < rows) {
+    const float cnt = row_count(row);
+    for (int64_t s = slot0; s < vectors; s += slots) {
+      float k[V], sum[V], sq[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) k[j] = sum[j] = sq[j] = 0.f;
+      if (p0 + row < p1) load_vec<T, V>(xb + (p0 + row) * c + s * V, k);
+      for (int64_t p = p0 + row; p < p1; p += rows) {
+        float v[V];
+        load_vec<T, V>(xb + p * c + s * V, v);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const float d = v[j] - k[j];
+          sum[j] += d;
+          sq[j] += d * d;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const int64_t ch = s * V + j;
+        smean[row * c + ch] = cnt > 0.f ? k[j] + sum[j] / cnt : 0.f;
+        sm2[row * c + ch] = cnt > 0.f ? fmaxf(sq[j] - sum[j] * sum[j] / cnt, 0.f) : 0.f;
+      }
+    }
+  }
+  __syncthreads();
+  // Rows into channels, then channels into groups, each as a sum over equal-weight parts: the mean
+  // of the parts' means weighted by their counts, and M2 = sum of (M2_i + n_i (mean_i - mean)^2),
+  // deviations from the merged mean (no cancellation), one division per merge.
+  const float block_n = float(p1 - p0);
+  for (int64_t ch = threadIdx.x; ch < c; ch += blockDim.x) {
+    float sum = 0.f;
+    for (int r = 0; r < rows; ++r) sum += row_count(r) * smean[r * c + ch];
+    const float mean = sum / block_n;
+    float m2 = 0.f;
+    for (int r = 0; r < rows; ++r) {
+      const float d = smean[r * c + ch] - mean;
+      m2 += sm2[r * c + ch] + row_count(r) * d * d;
+    }
+    smean[ch] = mean;  // row 0's slots: only this thread reads channel ch's
+    sm2[ch] = m2;
+  }
+  __syncthreads();
+  const int64_t per = c / groups;
+  for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
+    float sum = 0.f;
+    for (int64_t ch = g * per; ch < (g + 1) * per; ++ch) sum += smean[ch];
+    const float mean = sum / float(per);
+    float m2 = 0.f;
+    for (int64_t ch = g * per; ch < (g + 1) * per; ++ch) {
+      const float d = smean[ch] - mean;
+      m2 += sm2[ch] + block_n * d * d;
+    }
+    out[(nb * groups + g) * chunks + chunk] = Partial{block_n * float(per), mean, m2};
+  }
+}
+
+// y = act((x - mean) * inv_std * scale + shift), a vector of V channels per thread.
+template <class U, class T, int V>
 __global__ void group_apply_nhwc_kernel(const T* __restrict__ x, const float2* __restrict__ stats,
                                         const float* __restrict__ scale, const float* __restrict__ shift, T* __restrict__ y,
-                                        int64_t c, int64_t per_group, int64_t image, int64_t total, int act) {
-  for (int64_t i = global_tid(); i < total; i += global_threads()) {
-    const U ch = static_cast<U>(i) % static_cast<U>(c), nb = static_cast<U>(i) / static_cast<U>(image);
-    const float2 s = stats[static_cast<int64_t>(nb) * (c / per_group) + static_cast<int64_t>(ch / static_cast<U>(per_group))];
-    const float v = (to_f(x[i]) - s.x) * s.y * scale[ch] + shift[ch];
-    y[i] = from_f<T>(activate(v, act));
+                                        int64_t c, int64_t per_group, int64_t spatial, int64_t vectors_total, int act) {
+  const U vectors = static_cast<U>(c / V), per = static_cast<U>(per_group);
+  for (int64_t i = global_tid(); i < vectors_total; i += global_threads()) {
+    const U slot = static_cast<U>(i) % vectors, nb = static_cast<U>(i) / vectors / static_cast<U>(spatial);
+    const float2* st = stats + static_cast<int64_t>(nb) * (c / per_group);
+    float v[V];
+    load_vec<T, V>(x + i * V, v);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const U ch = slot * V + j;
+      const float2 s = st[ch / per];
+      v[j] = activate((v[j] - s.x) * s.y * scale[ch] + shift[ch], act);
+    }
+    store_vec<T, V>(y + i * V, v);
   }
 }
 
 }  // namespace
 
-int64_t group_norm_nhwc_blocks(int64_t n, int64_t spatial) { return n * ((spatial + kPixels - 1) / kPixels); }
-
-size_t group_norm_nhwc_smem(int64_t c, int64_t groups) {
-  const int64_t rows = 256 / (c >= 128 ? 128 : (c >= 64 ? 64 : 32));
-  return size_t((rows + 1) * c + groups) * sizeof(float);
+int64_t group_norm_nhwc_pixels(int64_t n, int64_t spatial, int64_t target_blocks) {
+  if (n < 1 || spatial < 1 || target_blocks < 1) return kPixels;
+  const int64_t want = (n * spatial + target_blocks - 1) / target_blocks;
+  return want < kMinPixels ? kMinPixels : want > kPixels ? kPixels : want;
 }
 
-size_t group_norm_nhwc_scratch_bytes(int64_t n, int64_t c, int64_t groups, int64_t spatial) {
-  if (groups <= 0) return 0;
-  const int64_t chunks = (spatial + kPixels - 1) / kPixels;
+size_t group_norm_nhwc_smem(DT dt, int64_t c) {
+  const int v = dt == DT::kF32 ? vec_width<float>() : vec_width<__half>();
+  const int64_t vectors = c % v == 0 ? c / v : c;
+  return size_t(2 * (kNhwcThreads / nhwc_slots(vectors)) * c) * sizeof(float);
+}
+
+size_t group_norm_nhwc_scratch_bytes(int64_t n, int64_t groups, int64_t spatial, int64_t pixels) {
+  if (groups <= 0 || pixels < 1) return 0;
+  const int64_t chunks = (spatial + pixels - 1) / pixels;
   return size_t(n * groups) * (sizeof(float2) + size_t(chunks < 1 ? 1 : chunks) * sizeof(Partial));
 }
 
 cudaError_t group_norm_nhwc(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t n, int64_t c,
-                            int64_t groups, int64_t spatial, float eps, int act, void* scratch, cudaStream_t s) {
-  if (n < 0 || c < 1 || spatial < 0 || groups <= 0 || c % groups != 0 || act < 0 || act > 2) return cudaErrorInvalidValue;
+                            int64_t groups, int64_t spatial, int64_t pixels, float eps, int act, void* scratch,
+                            cudaStream_t s) {
+  if (n < 0 || c < 1 || spatial < 0 || groups <= 0 || c % groups != 0 || act < 0 || act > 2 || pixels < 1) {
+    return cudaErrorInvalidValue;
+  }
   if (n == 0 || spatial == 0) return cudaSuccess;
-  const int64_t px = kPixels, chunks = (spatial + px - 1) / px, rows = n * groups;
-  const unsigned bx = c >= 128 ? 128u : (c >= 64 ? 64u : 32u);
-  const dim3 block(bx, 256u / bx);
-  const size_t smem = group_norm_nhwc_smem(c, groups);
+  const int64_t chunks = (spatial + pixels - 1) / pixels, rows = n * groups;
+  const size_t smem = group_norm_nhwc_smem(dt, c);
   if (chunks > 0x7fffffff || n > 65535 || smem > 48 * 1024) return cudaErrorInvalidValue;
   auto* stats = static_cast<float2*>(scratch);
   auto* parts = reinterpret_cast<Partial*>(stats + rows);
   return dispatch_f32ish(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const auto* xt = static_cast<const T*>(x);
-    group_stats_nhwc_kernel<T><<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(n)), block, smem, s>>>(
-        xt, spatial, c, groups, chunks, px, parts);
-    group_merge_kernel<<<grid_for(rows), kBlock, 0, s>>>(parts, rows, chunks, eps, stats);
-    const int64_t total = n * spatial * c;
-    if (fits_u32(total)) {
-      group_apply_nhwc_kernel<uint32_t, T><<<grid_for(total), kBlock, 0, s>>>(xt, stats, scale, shift, static_cast<T*>(y), c,
-                                                                             c / groups, spatial * c, total, act);
-    } else {
-      group_apply_nhwc_kernel<uint64_t, T><<<grid_for(total), kBlock, 0, s>>>(xt, stats, scale, shift, static_cast<T*>(y), c,
-                                                                             c / groups, spatial * c, total, act);
-    }
-    return cudaGetLastError();
+    auto run = [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      const auto* xt = static_cast<const T*>(x);
+      group_stats_nhwc_kernel<T, V><<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(n)), kNhwcThreads, smem, s>>>(
+          xt, spatial, c, groups, chunks, pixels, parts);
+      group_merge_kernel<<<merge_blocks(rows), kBlock, 0, s>>>(parts, rows, chunks, eps, stats);
+      const int64_t vectors = n * spatial * (c / V);
+      if (fits_u32(vectors * V)) {
+        group_apply_nhwc_kernel<uint32_t, T, V><<<grid_for(vectors), kBlock, 0, s>>>(
+            xt, stats, scale, shift, static_cast<T*>(y), c, c / groups, spatial, vectors, act);
+      } else {
+        group_apply_nhwc_kernel<uint64_t, T, V><<<grid_for(vectors), kBlock, 0, s>>>(
+            xt, stats, scale, shift, static_cast<T*>(y), c, c / groups, spatial, vectors, act);
+      }
+      return cudaGetLastError();
+    };
+    // 16-byte vectors where every pixel's channels start on a 16-byte boundary.
+    constexpr int kV = vec_width<T>();
+    const bool aligned = c % kV == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+    return aligned ? run(std::integral_constant<int, kV>{}) : run(std::integral_constant<int, 1>{});
   });
 }
 
@@ -208,7 +312,7 @@ cudaError_t group_norm(DT dt, const void* x, const float* scale, const float* sh
     const auto* xt = static_cast<const T*>(x);
     group_stats_kernel<T><<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(chunks)), kStatBlock, 0, s>>>(
         xt, row_len, chunks, parts);
-    group_merge_kernel<<<grid_for(rows), kBlock, 0, s>>>(parts, rows, chunks, eps, stats);
+    group_merge_kernel<<<merge_blocks(rows), kBlock, 0, s>>>(parts, rows, chunks, eps, stats);
     const int64_t total = rows * row_len;
     if (fits_u32(total)) {
       group_apply_kernel<uint32_t, T><<<grid_for(total), kBlock, 0, s>>>(xt, stats, scale, shift, static_cast<T*>(y), c,

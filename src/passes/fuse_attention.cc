@@ -25,6 +25,12 @@
 // perm is changed to give K directly (BERT: [0,2,3,1] -> [0,2,1,3]), otherwise a Transpose of
 // K^T is added. The P.V MatMul becomes the Attention node, keeping its name and output value.
 //
+// Shifted-window attention (Swin, torchvision and transformers): scores [B,H,S,S] (+ a bias) ->
+// Reshape [B/W,W,H,S,S] -> Add(constant per-window mask) -> Reshape [B,H,S,S] -> Softmax. Seen as
+// [B/W, W*H, S, S], both masks are one constant [1, W*H, S, S] broadcast over B/W: Q, K and V are
+// reshaped to [B/W, W*H, S, D], one Attention node takes the summed mask, and the P.V MatMul becomes
+// the Reshape back to [B,H,S,Dv]. Needs static dims, f32 masks that do not vary along B/W.
+//
 // 3-D attention (torch.bmm exports, nn.MultiheadAttention: [B*H,S,D]) becomes the same node over
 // one batch: Unsqueeze(axis 0) of Q, K and V, Attention, and the P.V MatMul turned into the
 // Squeeze back to 3-D (keeping its name and output value).
@@ -85,7 +91,53 @@ struct Sdpa {
   const Node* where = nullptr;  // Where(cond, scores, fill) or Where(cond, fill, scores): a constant mask
   bool keep_if = true;          // the cond value that keeps a score
   double fill = 0;
+  // Shifted windows (Swin): the scores viewed as [B/W, W, H, Sq, Sk] take a constant f32 mask per
+  // window, then go back to [B, H, Sq, Sk]. windows = W, 0 without.
+  int64_t windows = 0;
+  const Value* window_mask = nullptr;
 };
+
+// ... -> Reshape [B/W, W, H, Sq, Sk] -> Add(constant [1|.., W|1, H|1, Sq|1, Sk]) -> Reshape [B, H, Sq, Sk]
+// ending at the 4-D scores s: returns the scores before the first Reshape and records the window
+// count and mask (Swin's shifted windows: torchvision and transformers both write it so).
+const Value* through_window_mask(const UseMap& u, const Value* s, Sdpa& m) {
+  Node* back = sole_producer(u, s, OpKind::kReshape);
+  Node* add = back ? sole_producer(u, back->inputs[0], OpKind::kAdd) : nullptr;
+  if (!add || add->inputs.size() != 2 || !add->inputs[0] || !add->inputs[1]) return nullptr;
+  auto sd = s->type.shape ? s->type.shape->static_dims() : std::nullopt;
+  if (!sd || sd->size() != 4) return nullptr;
+  for (size_t side = 0; side < 2; ++side) {
+    Node* split = sole_producer(u, add->inputs[side], OpKind::kReshape);
+    const Value* mask = add->inputs[1 - side];
+    const Tensor* mt = constant_of(u.graph(), mask);
+    if (!split || !mt || !(split->inputs[0]->type == s->type) || mt->dtype() != DType::kFloat32 ||
+        s->type.dtype != DType::kFloat32) {
+      continue;
+    }
+    auto fd = add->inputs[side]->type.shape ? add->inputs[side]->type.shape->static_dims() : std::nullopt;
+    const std::vector<int64_t>& d = *sd;
+    if (!fd || fd->size() != 5 || (*fd)[1] < 1 || (*fd)[0] * (*fd)[1] != d[0] || (*fd)[2] != d[1] ||
+        (*fd)[3] != d[2] || (*fd)[4] != d[3] || !(add->outputs[0]->type == add->inputs[side]->type)) {
+      continue;
+    }
+    // The mask may vary along windows, heads and positions, never along B/W; keys not broadcast.
+    const std::vector<int64_t> md = mt->dims();
+    if (md.size() > 5 || md.empty() || md.back() != d[3]) continue;
+    bool fits = true;
+    for (size_t i = 0; i < md.size(); ++i) {
+      const int64_t full = (*fd)[5 - md.size() + i];
+      fits = fits && (md[i] == 1 || md[i] == full) && !(5 - md.size() + i == 0 && md[i] != 1);
+    }
+    if (!fits) continue;
+    m.windows = (*fd)[1];
+    m.window_mask = mask;
+    m.absorbed.push_back(back);
+    m.absorbed.push_back(add);
+    m.absorbed.push_back(split);
+    return split->inputs[0];
+  }
+  return nullptr;
+}
 
 // Where(cond, scores, fill) (or with the two swapped) on the scores with a constant bool cond that
 // leaves every row at least one key, and a scalar fill of at most -1e4 (HF GPT-2's causal mask
@@ -161,6 +213,9 @@ std::optional<Sdpa> match(const UseMap& u, const Node& pv) {
     m.absorbed.push_back(up);
     s = up->inputs[0];
   }
+  if (r == 4) {
+    if (const Value* w = through_window_mask(u, s, m)) s = w;
+  }
   const Type scores = s->type;
   if (Node* add = sole_producer(u, s, OpKind::kAdd); add && add->inputs.size() == 2) {
     // The operand reached from a MatMul (through scalars) is the scores; the other, the mask.
@@ -220,6 +275,10 @@ std::optional<Sdpa> match(const UseMap& u, const Node& pv) {
       return std::nullopt;
     }
   }
+  if (m.windows) {  // both masks fold into one constant per (window, head): neither may vary along B
+    const Tensor* inner = m.mask ? constant_of(u.graph(), m.mask) : nullptr;
+    if (m.where || (m.mask && (!inner || (inner->rank() == 4 && inner->dim(0) != 1)))) return std::nullopt;
+  }
   return m;
 }
 
@@ -249,6 +308,53 @@ Expected<Value*> where_mask(Graph& g, UseMap& u, const Sdpa& m, const std::strin
   add->outputs[0]->type.shape = Shape(out);
   u.add_node(add);
   return add->outputs[0];
+}
+
+// The one mask of a windowed attention seen as [B/W, W*H, Sq, Sk]: [1, W*H, Sq, Sk] with entry
+// (w*H + h, i, j) = window_mask[.., w, h, i, j] + mask[.., h, i, j] (broadcast dims read at 0).
+Expected<Value*> window_heads_mask(Graph& g, const Sdpa& m, int64_t heads, int64_t sq, int64_t sk, const std::string& name) {
+  const Tensor* wm = constant_of(g, m.window_mask);
+  const Tensor* bm = m.mask ? constant_of(g, m.mask) : nullptr;
+  const int64_t w = m.windows;
+  KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(DType::kFloat32, {1, w * heads, sq, sk}));
+  // Element (idx over full dims `full`) of a tensor broadcast right-aligned into them.
+  auto at = [](const Tensor& x, const std::vector<int64_t>& full, const std::vector<int64_t>& idx) {
+    const std::vector<int64_t> xd = x.dims();
+    int64_t off = 0;
+    for (size_t i = 0; i < xd.size(); ++i) {
+      const size_t fi = full.size() - xd.size() + i;
+      off = off * xd[i] + (xd[i] == 1 ? 0 : idx[fi]);
+    }
+    return x.as_double(off);
+  };
+  const std::vector<int64_t> full5 = {1, w, heads, sq, sk}, full4 = {1, heads, sq, sk};
+  int64_t o = 0;
+  for (int64_t wi = 0; wi < w; ++wi) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < sq; ++i) {
+        for (int64_t j = 0; j < sk; ++j, ++o) {
+          double v = at(*wm, full5, {0, wi, h, i, j});
+          if (bm) v += at(*bm, full4, {0, h, i, j});
+          t.data<float>()[o] = float(v);
+        }
+      }
+    }
+  }
+  return g.add_constant(g.unique_name(name + "_window_mask"), std::move(t));
+}
+
+// x [B, H, S, D] viewed as [B/W, W*H, S, D] (or back): a Reshape by a constant shape.
+Expected<Value*> reshape_to(Graph& g, UseMap& u, Value* x, const std::vector<int64_t>& dims, const std::string& name) {
+  KILN_ASSIGN_OR_RETURN(Tensor shape, Tensor::create(DType::kInt64, {int64_t(dims.size())}));
+  for (size_t i = 0; i < dims.size(); ++i) shape.data<int64_t>()[i] = dims[i];
+  Value* sv = g.add_constant(g.unique_name(name + "_shape"), std::move(shape));
+  Node* r = g.add_node(OpKind::kReshape, {x, sv}, 1, g.unique_name(name));
+  r->outputs[0]->type = x->type;
+  std::vector<Dim> d;
+  for (int64_t v : dims) d.push_back(Dim(v));
+  r->outputs[0]->type.shape = Shape(d);
+  u.add_node(r);
+  return r->outputs[0];
 }
 
 }  // namespace
@@ -298,6 +404,20 @@ Expected<bool> fuse_attention(Graph& g) {
       KILN_ASSIGN_OR_RETURN(m->mask, where_mask(g, uses, *m, base));
     }
     std::vector<Value*> ins = {m->q, k, m->v};
+    // Shifted windows: Q, K, V as [B/W, W*H, S, D], one constant mask per (window, head) broadcast
+    // over B/W; a new Attention node, and pv the Reshape back to [B, H, Sq, Dv].
+    std::vector<int64_t> out4;
+    if (m->windows) {
+      const std::vector<int64_t> od = *pv->outputs[0]->type.shape->static_dims();
+      const std::vector<int64_t> qd = *m->q->type.shape->static_dims();
+      const int64_t w = m->windows, groups = od[0] / w, heads = od[1];
+      KILN_ASSIGN_OR_RETURN(m->mask, window_heads_mask(g, *m, heads, qd[2], k->type.shape->dims[2].value(), base));
+      for (Value*& x : ins) {
+        const std::vector<int64_t> xd = *x->type.shape->static_dims();
+        KILN_ASSIGN_OR_RETURN(x, reshape_to(g, uses, x, {groups, w * heads, xd[2], xd[3]}, x->name + "_windows"));
+      }
+      out4 = od;
+    }
     // 3-D (bmm) attention: Attention's 4-D form with one batch, the B*H matrices as its heads; a
     // mask broadcasts the same way right-aligned.
     Value* axis0 = nullptr;
@@ -315,7 +435,15 @@ Expected<bool> fuse_attention(Graph& g) {
     }
     if (m->mask) ins.push_back(m->mask);
     Node* att = pv;
-    if (r == 3) {  // a new Attention node; pv becomes the Squeeze back to 3-D, keeping its output
+    if (m->windows) {
+      att = g.add_node(OpKind::kAttention, ins, 1, g.unique_name(base + "_attention"));
+      att->outputs[0]->type = pv->outputs[0]->type;
+      att->outputs[0]->type.shape = Shape({Dim(out4[0] / m->windows), Dim(m->windows * out4[1]), Dim(out4[2]), Dim(out4[3])});
+      uses.add_node(att);
+      KILN_ASSIGN_OR_RETURN(Tensor shape, Tensor::create(DType::kInt64, {4}));
+      for (size_t i = 0; i < 4; ++i) shape.data<int64_t>()[i] = out4[i];
+      ins = {att->outputs[0], g.add_constant(g.unique_name(base + "_heads_shape"), std::move(shape))};
+    } else if (r == 3) {  // a new Attention node; pv becomes the Squeeze back to 3-D, keeping its output
       att = g.add_node(OpKind::kAttention, ins, 1, g.unique_name(base + "_attention"));
       att->outputs[0]->type = pv->outputs[0]->type;
       att->outputs[0]->type.shape->dims.insert(att->outputs[0]->type.shape->dims.begin(), Dim(1));
@@ -327,7 +455,7 @@ Expected<bool> fuse_attention(Graph& g) {
     pv->inputs.resize(ins.size(), nullptr);
     for (size_t i = 0; i < ins.size(); ++i) uses.set_input(pv, i, ins[i]);
     pv->attrs.clear();
-    pv->op = r == 3 ? OpKind::kSqueeze : OpKind::kAttention;
+    pv->op = m->windows ? OpKind::kReshape : r == 3 ? OpKind::kSqueeze : OpKind::kAttention;
     att->attrs["scale"] = Attribute::of_float(float(m->scale));
     for (Node* a : m->absorbed) g.note_absorbed(*a, *att);
     dead.insert(dead.end(), m->absorbed.begin(), m->absorbed.end());

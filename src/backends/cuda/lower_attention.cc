@@ -7,7 +7,7 @@
 // that is a strided view of its source (StridedView): BERT's head transposes, GPT-2's Split of the
 // packed QKV, ViT's unbind of it. O is written straight into a following head transpose; the
 // chains are skipped once nothing else reads them. Half-precision builds only (the kernel is
-// fp16/bf16, head_dim 64).
+// fp16/bf16, head dim 32 or 64).
 //
 // An Attention node the kernel cannot take (fp32/tf32 builds, other head sizes) but that has
 // nothing beyond Q, K, V and an additive mask still runs on the GPU, unfused: two batched cuBLASLt GEMMs around a mask add and a softmax. Only past K/V, causal,
@@ -394,7 +394,7 @@ void register_attention_binders(std::map<StepOp, BindFn>& t) { t[StepOp::kAttent
 
 // ONNX Attention (opset 23+) on the fused kernel: Q, K, V as 4-D [B, H, S, D] or 3-D [B, S, H*D]
 // (q_num_heads / kv_num_heads), as many K/V heads as Q heads, an additive float mask or none, no
-// past K/V, causal flag, softcap, sliding window or extra outputs; half precision, head dim 64.
+// past K/V, causal flag, softcap, sliding window or extra outputs; half precision, head dim 32 or 64.
 // through_views: Q, K and V are read in place through the data-movement chains that produced
 // them (find_attention, for the nodes fuse-attention makes); else from their own buffers.
 Expected<AttentionMatch> match_attention_node(Lowering& L, const Node& n, bool through_views) {
@@ -446,7 +446,7 @@ Expected<AttentionMatch> match_attention_node(Lowering& L, const Node& n, bool t
   }
   auto dt = L.device_dt(n.outputs[0]->type.dtype);
   if (!dt || !k::attention_supported(*dt, int(m.d))) {
-    KILN_UNSUPPORTED("the fused attention kernel is fp16/bf16 with head dim 64 (head dim {})", m.d);
+    KILN_UNSUPPORTED("the fused attention kernel is fp16/bf16 with head dim 32 or 64 (head dim {})", m.d);
   }
   if (three_d) {  // Y [B, Sq, H*D]
     m.o_strides = std::array<int64_t, 3>{m.sq * m.h * m.d, m.d, m.h * m.d};

@@ -5,9 +5,10 @@
 // spread over one quad of lanes; the probabilities are repacked in registers as the A operand of
 // O += P.V. K and V are staged in shared memory as [key][d] by cp.async, double buffered so the
 // next 64 keys stream in while this tile computes; K's fragments come from ldmatrix, V's
-// (transposed) from ldmatrix.trans; a 72-element pitch keeps both conflict-free. A query block is
-// 64 rows (a warp's 16 each) when the grid has at least a CTA per SM, else 16 rows with each key
-// tile split over the four warps, whose softmax states merge at the end (attention_kernel).
+// (transposed) from ldmatrix.trans; a pitch of head dim + 8 elements keeps both conflict-free. Head
+// dims 32 and 64 (a template parameter). A query block is 64 rows (a warp's 16 each) when the grid
+// has at least a CTA per SM, else 16 rows with each key tile split over the four warps, whose
+// softmax states merge at the end (attention_kernel).
 // Nothing of size S x S reaches global memory; Q, K, V, O are addressed through strides, so
 // [B,S,H,D] projection outputs are consumed in place.
 // (Fragment layouts: mma.cuh.)
@@ -20,11 +21,16 @@ namespace kiln::cuda::k {
 
 namespace {
 
-constexpr int kD = 64;              // head dim
 constexpr int kTile = 64;           // queries per CTA, keys per step
 constexpr int kWarps = kTile / 16;  // 16 query rows per warp
 constexpr int kThreads = kWarps * 32;
-constexpr int kLd = kD + 8;         // shared pitch in elements (144 bytes: 36 words, conflict-free)
+// Per head dim D (32 or 64): shared pitch D + 8 elements (144 bytes, 36 words, at 64; 80 bytes, 20
+// words, at 32: 8 rows of ldmatrix land on distinct banks either way), D / 8 16-byte chunks per row.
+template <int D>
+struct Head {
+  static constexpr int kLd = D + 8, kChunks = D / 8;
+  static constexpr int kRowsPerPass = kThreads / kChunks;  // rows one pass of the CTA covers
+};
 
 struct NoMask {};  // the mask type of a launch without one
 
@@ -39,14 +45,13 @@ __device__ __forceinline__ uint32_t pack(float lo, float hi, __nv_bfloat16) {
 
 __device__ __forceinline__ uint32_t ld32(const void* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-// Copies of 64 rows x kD into a [row][d] tile: thread x moves the 16-byte chunk x % 8 of rows
-// x / 8 + 16 i (i < 4), so consecutive threads take consecutive chunks of a row (coalesced). `src`
-// is this thread's first chunk (row x / 8 of the tile's first row), `stride` the source's row
-// stride; rows past `count` are zero-filled (their source address is never read).
-constexpr int kChunks = kD / 8;                   // 16-byte chunks per row
-constexpr int kRowsPerPass = kThreads / kChunks;  // rows one pass of the CTA covers
-template <class T>
+// Copies of 64 rows x D into a [row][d] tile: thread x moves the 16-byte chunk x % (D / 8) of rows
+// x / (D / 8) + i * rows-per-pass, so consecutive threads take consecutive chunks of a row
+// (coalesced). `src` is this thread's first chunk (row x / (D / 8) of the tile's first row), `stride`
+// the source's row stride; rows past `count` are zero-filled (their source address is never read).
+template <int D, class T>
 __device__ __forceinline__ void load_rows_async(T* tile, const T* src, int64_t stride, int count) {
+  constexpr int kLd = Head<D>::kLd, kChunks = Head<D>::kChunks, kRowsPerPass = Head<D>::kRowsPerPass;
   const int r0 = int(threadIdx.x) / kChunks;
   T* dst = tile + r0 * kLd + (int(threadIdx.x) % kChunks) * 8;
 #pragma unroll
@@ -163,10 +168,11 @@ __device__ __forceinline__ void load_mask(MaskPair<M> (&mk)[N][2], const M* cons
 // element-wise masks, which spill 88 bytes at 4 (on the earlier kernel masked layers were faster at
 // 3 and unmasked ones at 4: bench/RESULTS.md, "(third session) — all five models ahead of eager and
 // torch.compile (issues 3, 4)").
-template <class T, class M, bool kPairs, int kQW, bool kRow>
+template <class T, class M, bool kPairs, int kQW, bool kRow, int D>
 __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> || kPairs ? 4 : 3)
     attention_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                      const void* __restrict__ mask, T* __restrict__ o, AttentionShape sh, float scale) {
+  constexpr int kD = D, kLd = Head<D>::kLd, kChunks = Head<D>::kChunks;
   constexpr bool kMasked = !std::is_same_v<M, NoMask>;
   constexpr int kKW = kWarps / kQW;         // warps sharing a query row block, each on its own keys
   constexpr int kNT = kTile / 8 / kKW;      // groups of 8 keys per warp per tile
@@ -187,10 +193,10 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> || kPairs 
   const int r0 = int(threadIdx.x) / kChunks, c0 = (int(threadIdx.x) % kChunks) * 8;
   const T* kp = k + b * sh.k[0] + h * sh.k[1] + r0 * sh.k[2] + c0;
   const T* vp = v + b * sh.v[0] + h * sh.v[1] + r0 * sh.v[2] + c0;
-  load_rows_async(qs, q + b * sh.q[0] + h * sh.q[1] + (q0 + r0) * sh.q[2] + c0, sh.q[2],
+  load_rows_async<D>(qs, q + b * sh.q[0] + h * sh.q[1] + (q0 + r0) * sh.q[2] + c0, sh.q[2],
                   min(kQRows, sh.sq - q0));
-  load_rows_async(ks[0], kp, sh.k[2], min(kTile, sh.sk));
-  load_rows_async(vs[0], vp, sh.v[2], min(kTile, sh.sk));
+  load_rows_async<D>(ks[0], kp, sh.k[2], min(kTile, sh.sk));
+  load_rows_async<D>(vs[0], vp, sh.v[2], min(kTile, sh.sk));
   // kRow: the mask's 16-byte chunks of keys [key0, key0 + kTile), those at or past `lim` keys zero-filled.
   const M* mrow = nullptr;
   auto load_mask_row = [&](unsigned char* dst, int key0, int lim) {
@@ -229,8 +235,8 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> || kPairs 
     if (j + 1 < tiles) {  // the next tile into the other buffer, freed by the last iteration's barrier
       kp += kTile * sh.k[2];
       vp += kTile * sh.v[2];
-      load_rows_async(ks[buf ^ 1], kp, sh.k[2], min(kTile, lim - kTile));
-      load_rows_async(vs[buf ^ 1], vp, sh.v[2], min(kTile, lim - kTile));
+      load_rows_async<D>(ks[buf ^ 1], kp, sh.k[2], min(kTile, lim - kTile));
+      load_rows_async<D>(vs[buf ^ 1], vp, sh.v[2], min(kTile, lim - kTile));
       load_mask_row(ms[buf ^ 1], j0 + kTile, lim - kTile);
       cp_async_commit();
       cp_async_wait<1>();  // everything but that newest group has landed
@@ -425,23 +431,23 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> || kPairs 
   }
 }
 
-template <class T, class M, bool kPairs, int kQW, bool kRow>
+template <class T, class M, bool kPairs, int kQW, bool kRow, int D>
 cudaError_t launch_qw(const void* q, const void* k, const void* v, const void* mask, void* o, const AttentionShape& sh,
                       float scale, cudaStream_t s) {
   constexpr int rows = 16 * kQW;
   dim3 grid(unsigned((sh.sq + rows - 1) / rows), unsigned(sh.h), unsigned(sh.b));
-  return launch_pdl(sh.pdl, attention_kernel<T, M, kPairs, kQW, kRow>, grid, dim3(kThreads), s, static_cast<const T*>(q),
+  return launch_pdl(sh.pdl, attention_kernel<T, M, kPairs, kQW, kRow, D>, grid, dim3(kThreads), s, static_cast<const T*>(q),
                     static_cast<const T*>(k), static_cast<const T*>(v), mask, static_cast<T*>(o), sh, scale);
 }
 
 // 64 queries per CTA when that gives at least one CTA per SM, else 16 with the keys split four ways.
 bool few_ctas(const AttentionShape& sh) { return int64_t(sh.b) * sh.h * ((sh.sq + kTile - 1) / kTile) < sm_count(); }
 
-template <class T, class M, bool kPairs, bool kRow = false>
+template <class T, class M, int D, bool kPairs, bool kRow = false>
 cudaError_t launch_pairs(const void* q, const void* k, const void* v, const void* mask, void* o, const AttentionShape& sh,
                          float scale, cudaStream_t s) {
-  if (few_ctas(sh)) return launch_qw<T, M, kPairs, 1, kRow>(q, k, v, mask, o, sh, scale, s);
-  return launch_qw<T, M, kPairs, kWarps, kRow>(q, k, v, mask, o, sh, scale, s);
+  if (few_ctas(sh)) return launch_qw<T, M, kPairs, 1, kRow, D>(q, k, v, mask, o, sh, scale, s);
+  return launch_qw<T, M, kPairs, kWarps, kRow, D>(q, k, v, mask, o, sh, scale, s);
 }
 
 // A mask broadcast over the queries with contiguous keys, its (batch, head) rows 16-byte multiples apart.
@@ -450,7 +456,7 @@ bool row_mask_strides(const AttentionShape& sh, size_t elem_bytes) {
   return sh.m[3] == 1 && sh.m[2] == 0 && sh.sk % 2 == 0 && (sh.m[0] * e) % 16 == 0 && (sh.m[1] * e) % 16 == 0;
 }
 
-template <class T, class M>
+template <class T, class M, int D>
 cudaError_t launch(const void* q, const void* k, const void* v, const void* mask, void* o, const AttentionShape& sh,
                    float scale, cudaStream_t s) {
   if constexpr (!std::is_same_v<M, NoMask>) {
@@ -458,27 +464,29 @@ cudaError_t launch(const void* q, const void* k, const void* v, const void* mask
                        reinterpret_cast<uintptr_t>(mask) % (2 * sizeof(M)) == 0;
     // One row per (batch, head) whose 16-byte chunks can be copied as they are: staged (kRow). Implies `pairs`.
     const bool row = row_mask_strides(sh, sizeof(M)) && reinterpret_cast<uintptr_t>(mask) % 16 == 0;
-    if (row) return launch_pairs<T, M, true, true>(q, k, v, mask, o, sh, scale, s);
-    if (pairs) return launch_pairs<T, M, true>(q, k, v, mask, o, sh, scale, s);
+    if (row) return launch_pairs<T, M, D, true, true>(q, k, v, mask, o, sh, scale, s);
+    if (pairs) return launch_pairs<T, M, D, true>(q, k, v, mask, o, sh, scale, s);
   }
-  return launch_pairs<T, M, false>(q, k, v, mask, o, sh, scale, s);
+  return launch_pairs<T, M, D, false>(q, k, v, mask, o, sh, scale, s);
 }
 
-template <class T>
+template <class T, int D>
 cudaError_t launch_masked(const void* q, const void* k, const void* v, const void* mask, DT mask_dt, void* o,
                           const AttentionShape& sh, float scale, cudaStream_t s) {
-  if (!mask) return launch<T, NoMask>(q, k, v, mask, o, sh, scale, s);
+  if (!mask) return launch<T, NoMask, D>(q, k, v, mask, o, sh, scale, s);
   switch (mask_dt) {
-    case DT::kF16: return launch<T, __half>(q, k, v, mask, o, sh, scale, s);
-    case DT::kBF16: return launch<T, __nv_bfloat16>(q, k, v, mask, o, sh, scale, s);
-    case DT::kF32: return launch<T, float>(q, k, v, mask, o, sh, scale, s);
+    case DT::kF16: return launch<T, __half, D>(q, k, v, mask, o, sh, scale, s);
+    case DT::kBF16: return launch<T, __nv_bfloat16, D>(q, k, v, mask, o, sh, scale, s);
+    case DT::kF32: return launch<T, float, D>(q, k, v, mask, o, sh, scale, s);
     default: return cudaErrorInvalidValue;
   }
 }
 
 }  // namespace
 
-bool attention_supported(DT dt, int head_dim) { return (dt == DT::kF16 || dt == DT::kBF16) && head_dim == kD; }
+bool attention_supported(DT dt, int head_dim) {
+  return (dt == DT::kF16 || dt == DT::kBF16) && (head_dim == 64 || head_dim == 32);
+}
 
 bool attention_row_mask(const AttentionShape& sh, DT mask_dt) {
   return (mask_dt == DT::kF16 || mask_dt == DT::kBF16 || mask_dt == DT::kF32) && row_mask_strides(sh, size_t(dt_size(mask_dt)));
@@ -493,8 +501,12 @@ cudaError_t attention(DT dt, const void* q, const void* k, const void* v, const 
   if (reinterpret_cast<uintptr_t>(o) % 16 != 0 || sh.o[0] % 8 != 0 || sh.o[1] % 8 != 0 || sh.o[2] % 8 != 0) {
     return cudaErrorInvalidValue;
   }
-  if (dt == DT::kF16) return launch_masked<__half>(q, k, v, mask, mask_dt, o, sh, scale, s);
-  return launch_masked<__nv_bfloat16>(q, k, v, mask, mask_dt, o, sh, scale, s);
+  if (sh.d == 32) {
+    if (dt == DT::kF16) return launch_masked<__half, 32>(q, k, v, mask, mask_dt, o, sh, scale, s);
+    return launch_masked<__nv_bfloat16, 32>(q, k, v, mask, mask_dt, o, sh, scale, s);
+  }
+  if (dt == DT::kF16) return launch_masked<__half, 64>(q, k, v, mask, mask_dt, o, sh, scale, s);
+  return launch_masked<__nv_bfloat16, 64>(q, k, v, mask, mask_dt, o, sh, scale, s);
 }
 
 }  // namespace kiln::cuda::k

@@ -302,7 +302,7 @@ cudaError_t max_pool_nhwc(DT dt, const void* x, const PoolShape& s, void* y, cud
 // Q, K, V, O are addressed through per-tensor strides {b, h, s} in elements (the head-dim stride
 // is 1), so [B,S,H,D] projections are read in place, without transposes. mask (may be null) is
 // additive, dtype mask_dt (kF32/kF16/kBF16), broadcast through its strides {b, h, i, j} (0 where
-// broadcast). dt kF16 or kBF16, head_dim 64; accumulation and softmax statistics in f32. All
+// broadcast). dt kF16 or kBF16, head_dim 32 or 64; accumulation and softmax statistics in f32. All
 // strides and base pointers must allow 16-byte vector access (strides multiples of 8).
 struct AttentionShape {
   int b, h, sq, sk, d;

@@ -230,6 +230,49 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// inner > 1 with inner a multiple of V and 16-byte rows (an NHWC global pool: inner = channels):
+// each thread reduces V consecutive outputs from one 16-byte load per step along n, a block holding
+// BX such vectors by 256 / BX strands of n, combined in shared memory in strand order. One
+// element-wide load per output per step (the kernel above) reaches about a quarter of the memory
+// bandwidth at these shapes (bench/RESULTS.md, twenty-eighth session).
+template <class R, class T, int V, int BX>
+__global__ void __launch_bounds__(256)
+    reduce_cols_vec_kernel(const T* __restrict__ x, typename R::Out* __restrict__ y, int64_t vectors, int64_t n,
+                           int64_t inner) {
+  using Acc = typename R::Acc;
+  constexpr int kTY = 256 / BX;
+  __shared__ Acc smem[kTY][BX][V];
+  const int64_t inner_v = inner / V;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * BX;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * BX; base < vectors; base += step) {
+    const int64_t vo = base + threadIdx.x;
+    Acc a[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) a[j] = R::init();
+    if (vo < vectors) {
+      const int64_t o = vo / inner_v, i = (vo - o * inner_v) * V;
+      const T* xo = x + o * n * inner + i;
+      for (int64_t k = threadIdx.y; k < n; k += kTY) {
+        const Pack<T, V> p = *reinterpret_cast<const Pack<T, V>*>(xo + k * inner);
+#pragma unroll
+        for (int j = 0; j < V; ++j) a[j] = R::add(a[j], p.v[j], k);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) smem[threadIdx.y][threadIdx.x][j] = a[j];
+    __syncthreads();
+    if (threadIdx.y == 0 && vo < vectors) {
+      for (int t = 1; t < kTY; ++t) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) a[j] = R::combine(a[j], smem[t][threadIdx.x][j]);
+      }
+#pragma unroll
+      for (int j = 0; j < V; ++j) y[vo * V + j] = R::finish(a[j], n);
+    }
+    __syncthreads();
+  }
+}
+
 // inner > 1 with few outputs and a long axis (a global average pool of NHWC at batch 1: 32 outputs
 // over 12544 pixels): grid.y splits n in chunks, each block writing its outputs' partial
 // accumulators to `part` ([splits, outputs]); reduce_parts_kernel then combines them in order.
@@ -286,6 +329,24 @@ cudaError_t launch_reduce(const void* xv, void* yv, int64_t outer, int64_t n, in
     else
       reduce_rows_kernel<kRowBlock, 1, R><<<grid, kRowBlock, 0, s>>>(x, y, outer, n);
     return cudaGetLastError();
+  }
+  // Vectors of outputs where rows allow 16-byte loads and there are blocks enough for every SM:
+  // 32 vectors by 8 strands, or 8 by 32 when fewer (128-byte runs either way).
+  if constexpr (sizeof(typename R::Acc) <= 8 && sizeof(T) <= 4) {
+    constexpr int kV = 16 / sizeof(T);
+    const int64_t vectors = outputs / kV, sms = sm_count();
+    if (inner % kV == 0 && aligned_to(x, 16) && vectors >= 8 * sms) {
+      if (vectors >= 32 * 2 * sms) {
+        const int64_t g = (vectors + 31) / 32;
+        reduce_cols_vec_kernel<R, T, kV, 32><<<static_cast<unsigned>(g < kMaxGrid ? g : kMaxGrid), dim3(32, 8), 0, s>>>(
+            x, y, vectors, n, inner);
+      } else {
+        const int64_t g = (vectors + 7) / 8;
+        reduce_cols_vec_kernel<R, T, kV, 8><<<static_cast<unsigned>(g < kMaxGrid ? g : kMaxGrid), dim3(8, 32), 0, s>>>(
+            x, y, vectors, n, inner);
+      }
+      return cudaGetLastError();
+    }
   }
   // Split n over more strands the fewer outputs there are, aiming at ~512k threads in flight (one
   // load each per step). At least 16 consecutive outputs per block keep reads in whole sectors.

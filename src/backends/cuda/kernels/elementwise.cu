@@ -163,7 +163,10 @@ __device__ __forceinline__ float unary_f32(float x, UnaryParams p) {
   else if constexpr (OP == Unary::kElu) return x >= 0.f ? x : p.a * expm1f(x);
   else if constexpr (OP == Unary::kHardSigmoid) return fmaxf(0.f, fminf(1.f, p.a * x + p.b));
   else if constexpr (OP == Unary::kHardSwish) return x * fmaxf(0.f, fminf(1.f, x * (1.f / 6.f) + 0.5f));
-  else if constexpr (OP == Unary::kSilu) return x / (1.f + expf(-x));
+  // SiLU follows most convolutions of EfficientNet/YOLO-style nets over whole feature maps: the
+  // fast exponential and division (a few ulp in f32; 1 + e^-x past 2^126 gives 0 as x / inf
+  // does) keep it a memory-bound pass (bench/RESULTS.md, twenty-eighth session).
+  else if constexpr (OP == Unary::kSilu) return __fdividef(x, 1.f + __expf(-x));
   else if constexpr (OP == Unary::kSelu) return p.b * (x > 0.f ? x : p.a * expm1f(x));
   else if constexpr (OP == Unary::kCelu) return fmaxf(0.f, x) + fminf(0.f, p.a * expm1f(x / p.a));
   else if constexpr (OP == Unary::kThresholdedRelu) return x > p.a ? x : 0.f;

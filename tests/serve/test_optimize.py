@@ -125,3 +125,33 @@ def _input(x):
     i = th.InferInput("x", list(x.shape), "FP32")
     i.set_data_from_numpy(x)
     return i
+
+
+def test_quantized_candidates_need_calibration_and_are_validated(repo, tmp_path):
+    """With --calib (samples apart from the validation set) the int8 and fp8 candidates are built as
+    `kiln build --int8|--fp8 --calib` builds them, judged on the validation samples like the others, and
+    reported; without --calib, naming them is an error."""
+    rng = np.random.default_rng(1)
+    cal = tmp_path / "cal"
+    for k in range(8):
+        (cal / f"c{k}").mkdir(parents=True)
+        np.save(cal / f"c{k}" / "x.npy", rng.standard_normal((3, 4)).astype(np.float32))
+    qrepo = str(tmp_path / "qrepo")
+    model = str(repo["root"] / "mlp2.onnx")
+    r = kiln("optimize", model, "--repo", qrepo, "--name", "q", "--validation", repo["val"], "--device", "cpu",
+             "--candidates", "int8")
+    assert r.returncode != 0 and "candidate int8 needs --calib DIR" in r.stderr, r.stdout + r.stderr
+    assert not os.path.exists(os.path.join(qrepo, "q", "1"))
+    r = kiln("optimize", model, "--repo", qrepo, "--name", "q", "--validation", repo["val"], "--device", "cpu",
+             "--iterations", "5", "--calib", str(cal), "--accuracy-budget", "20")
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.load(open(os.path.join(qrepo, "q", "1", "report.json")))
+    by = {c["precision"]: c for c in report["candidates"]}
+    assert list(by) == ["fp32", "int8", "fp8"], list(by)
+    # 8-bit products are further from fp32 than fp32 is, yet close: each validated and timed.
+    for name in ("int8", "fp8"):
+        c = by[name]
+        assert by["fp32"]["error_percent"] < c["error_percent"] < 20, (name, c)
+        assert c["median_ms"] > 0 and c["meets_budget"], c
+        assert c["quantization"]["method"] == "minmax" and c["quantization"]["calib"].endswith("cal"), c
+    assert report["chosen"] in by

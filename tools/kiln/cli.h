@@ -140,6 +140,11 @@ struct OptimizeCliOptions {
   size_t max_samples = 0;
   bool promote = false;
   std::string server;                // HOST:PORT of a kiln serve to reload on promote
+  // Calibration samples for the int8 and fp8 candidates (kiln quantize's layouts; kept apart from
+  // the validation samples, which judge them): without them those candidates are not built.
+  std::string calib;
+  std::string calib_method = "minmax";
+  size_t max_calib = 0;
 };
 
 // `kiln repo list|promote|rollback` (repo.cc).

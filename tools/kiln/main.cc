@@ -230,7 +230,12 @@ int main(int argc, char** argv) {
   oz->add_option("--accuracy-budget", optz.budget, "percent of --metric a candidate may lose against fp32")->default_val(0.5)
       ->check(CLI::Range(0.0, 100.0));
   oz->add_option("--metric", optz.metric, "top1, rel-l2, cosine or auto (as kiln quantize)")->default_val("auto");
-  oz->add_option("--candidates", optz.candidates, "precisions to try, e.g. fp16,bf16 (default: every one the device runs)");
+  oz->add_option("--candidates", optz.candidates, "precisions to try, e.g. fp16,bf16,int8 (default: every one the device "
+                                                  "runs, int8 and fp8 too with --calib)");
+  oz->add_option("--calib", optz.calib, "calibration samples for the int8/fp8 candidates (kiln quantize's layouts; not "
+                                        "the validation samples)");
+  oz->add_option("--calib-method", optz.calib_method, "with --calib: minmax, percentile or entropy")->default_val("minmax");
+  oz->add_option("--max-calib", optz.max_calib, "with --calib: use at most N calibration samples");
   oz->add_option("--reference", optz.reference, "device of the fp32 reference: cpu-ref (default), cpu or cuda")
       ->default_val("cpu-ref");
   oz->add_option("--iterations", optz.iterations, "timed forwards per candidate")->default_val(50)->check(kPositiveInt);

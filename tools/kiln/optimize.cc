@@ -1,6 +1,8 @@
-// `kiln optimize model.onnx --repo DIR --name M --validation DIR [--accuracy-budget 0.5]`: builds the
-// candidate engines of a model (each precision the device runs: fp16, bf16, tf32, fp32 on the GPU;
-// fp32 on the CPU), validates each against the fp32 reference on the validation samples, times it,
+// `kiln optimize model.onnx --repo DIR --name M --validation DIR [--accuracy-budget 0.5] [--calib DIR]`:
+// builds the candidate engines of a model (each precision the device runs: fp16, bf16, tf32, fp32 on
+// the GPU; fp32 on the CPU; with calibration samples, int8 and fp8 as `kiln build --int8|--fp8 --calib`
+// makes them: quantized products, the rest fp16 on the GPU and fp32 on the CPU), validates each
+// against the fp32 reference on the validation samples, times it,
 // and registers the fastest that meets the budget as the next version of DIR/M (model.kiln and
 // report.json: accuracy, latency, throughput, memory, build config, the source model's SHA-256).
 // When none meets it, the version is recorded as failed (report.json and candidate.kiln, which no
@@ -30,8 +32,8 @@ namespace fs = std::filesystem;
 namespace {
 
 struct Candidate {
-  std::string name;  // "fp16"
-  Precision precision;
+  std::string name;  // "fp16", "int8"
+  Precision precision;  // of the build (an int8/fp8 candidate's unquantized parts)
   std::optional<Engine> engine;
   std::vector<quant::OutputAccuracy> accuracy;
   double error = 0;  // percent, by the metric
@@ -130,14 +132,29 @@ int optimize_main(const LoadOptions& load, const EngineOptions& eng, const Optim
       at = end + 1;
     }
     std::vector<Candidate> cands;
+    const auto is_quantized = [](const std::string& n) { return n == "int8" || n == "fp8"; };
+    bool gpu = false;  // set by the fp32 candidate, built first
     auto measure = [&](const std::string& n) -> Status {
       Candidate c;
       c.name = n;
-      KILN_ASSIGN_OR_RETURN(c.precision, parse_precision(n));
       BuildConfig bc = base;
-      bc.precision = c.precision;
+      Expected<Engine> e = KILN_ERROR(kInternal, "not built");
       const auto t0 = std::chrono::steady_clock::now();
-      auto e = build(load.model, bc);
+      if (is_quantized(n)) {
+        QuantizeCliOptions q;
+        q.precision = n;
+        q.method = opt.calib_method;
+        q.calib = opt.calib;
+        q.max_calib = opt.max_calib;
+        KILN_ASSIGN_OR_RETURN(QuantizeConfig qc, quantize_config(q));
+        c.precision = gpu ? Precision::kFp16 : Precision::kFp32;
+        bc.precision = c.precision;
+        e = build_quantized(load.model, qc, bc);
+      } else {
+        KILN_ASSIGN_OR_RETURN(c.precision, parse_precision(n));
+        bc.precision = c.precision;
+        e = build(load.model, bc);
+      }
       c.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (!e) {
         c.why = "build failed: " + e.status().message();
@@ -182,12 +199,24 @@ int optimize_main(const LoadOptions& load, const EngineOptions& eng, const Optim
       cands.push_back(std::move(c));
       return Status::ok();
     };
+    for (const std::string& n : names) {
+      if (is_quantized(n) && opt.calib.empty()) {
+        return KILN_ERROR(kInvalidArgument, "candidate {} needs --calib DIR: calibration samples, apart from the "
+                          "validation samples", n);
+      }
+    }
+    if (opt.calib.empty() && (opt.max_calib || opt.calib_method != "minmax")) {
+      return KILN_ERROR(kInvalidArgument, "--calib-method and --max-calib go with --calib");
+    }
     KILN_RETURN_IF_ERROR(measure("fp32"));
-    const bool gpu = cands[0].engine && cands[0].engine->device() == Device::kCuda;
-    if (names.empty()) names = gpu ? std::vector<std::string>{"fp16", "bf16", "tf32"} : std::vector<std::string>{};
+    gpu = cands[0].engine && cands[0].engine->device() == Device::kCuda;
+    if (names.empty()) {
+      if (gpu) names = {"fp16", "bf16", "tf32"};
+      if (!opt.calib.empty()) names.insert(names.end(), {"int8", "fp8"});
+    }
     for (const std::string& n : names) {
       if (n == "fp32") continue;
-      if (!gpu) {
+      if (!gpu && !is_quantized(n)) {
         std::fprintf(stderr, "kiln: warning: candidate %s skipped: the CPU backend computes in fp32\n", n.c_str());
         continue;
       }
@@ -237,6 +266,10 @@ int optimize_main(const LoadOptions& load, const EngineOptions& eng, const Optim
                           {"session_device_bytes", c.device_bytes}, {"build_ms", c.build_ms},
                           {"meets_budget", c.why.empty()}, {"outputs", nlohmann::json::array()}};
       if (!c.why.empty()) j["why"] = c.why;
+      if (is_quantized(c.name)) {
+        j["quantization"] = {{"calib", fs::absolute(opt.calib).string()}, {"method", opt.calib_method},
+                             {"max_calib", opt.max_calib}};
+      }
       if (c.engine && !samples[0].inputs.empty() && !samples[0].inputs[0].dims().empty() && c.median_ms > 0) {
         j["throughput_rows_per_s"] = double(samples[0].inputs[0].dims()[0]) * 1000.0 / c.median_ms;
       }

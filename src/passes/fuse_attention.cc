@@ -15,7 +15,8 @@
 // any number of scalar Mul/Div by constants between the score MatMul and the mask Add
 // (the mask is added after the scaling, as every exporter does; the scale is their product),
 // scalar Muls applied to Q or K^T right before the score MatMul (the scale split over both), a
-// mask Add in either operand order or none. Causal masks come as additive constants (GPT-2's
+// mask Add in either operand order, two mask Adds in a row (their sum, computed once, is the mask),
+// or none. Causal masks come as additive constants (GPT-2's
 // [1,1,S,S] of 0 / -1e4 after fold-constants) and stay masks, or as Where(cond, scores, fill)
 // with a constant bool cond and a fill <= -1e4 (HF GPT-2 before transformers 4.36: the causal
 // `bias` buffer sliced, finfo.min), which becomes the constant mask where(cond, 0, fill), added to
@@ -47,6 +48,7 @@
 // decomposed graph (0 / 0) and zeros in ONNX Attention (the CPU kernel follows the spec). Masks
 // of finite large negatives (HF's finfo.min, -1e4) are not affected.
 #include <algorithm>
+#include <map>
 #include <optional>
 
 #include "passes/passes.h"
@@ -95,6 +97,9 @@ struct Sdpa {
   // window, then go back to [B, H, Sq, Sk]. windows = W, 0 without.
   int64_t windows = 0;
   const Value* window_mask = nullptr;
+  // Two additive masks added one after the other (the dynamo exporter's T5: the position bias, then
+  // the padding mask): mask + mask2 becomes the Attention's one mask.
+  Value* mask2 = nullptr;
 };
 
 // ... -> Reshape [B/W, W, H, Sq, Sk] -> Add(constant [1|.., W|1, H|1, Sq|1, Sk]) -> Reshape [B, H, Sq, Sk]
@@ -231,6 +236,22 @@ std::optional<Sdpa> match(const UseMap& u, const Node& pv) {
       m.where = trial.where, m.keep_if = trial.keep_if, m.fill = trial.fill;
       s = t;
     }
+    for (size_t side = 0; side < 2 && !m.mask; ++side) {  // Add(Add(scores, m1), m2), either order
+      Node* inner = sole_producer(u, add->inputs[side], OpKind::kAdd);
+      for (size_t is = 0; inner && inner->inputs.size() == 2 && is < 2 && !m.mask; ++is) {
+        Sdpa trial;
+        double sc = 1.0;
+        const Value* t = through_scores(u, inner->inputs[is], sc, trial);
+        if (trial.where || !sole_producer(u, t, OpKind::kMatMul) || !(t->type == scores)) continue;
+        m.mask = inner->inputs[1 - is];
+        m.mask2 = add->inputs[1 - side];
+        m.scale = sc;
+        m.absorbed.push_back(add);
+        m.absorbed.push_back(inner);
+        m.absorbed.insert(m.absorbed.end(), trial.absorbed.begin(), trial.absorbed.end());
+        s = t;
+      }
+    }
     if (!m.mask) return std::nullopt;
   } else {
     s = through_scores(u, s, m.scale, m);
@@ -268,18 +289,39 @@ std::optional<Sdpa> match(const UseMap& u, const Node& pv) {
     const Type& ct = m.where->inputs[0]->type;
     if (dt != DType::kFloat32 || !ct.has_rank() || !same(ct.shape->dims.back(), (*kt)[b])) return std::nullopt;
   }
-  if (m.mask) {
-    const Type& mt = m.mask->type;
+  for (const Value* mv : {static_cast<const Value*>(m.mask), static_cast<const Value*>(m.mask2)}) {
+    if (!mv) continue;
+    const Type& mt = mv->type;
     if (mt.dtype != dt || !mt.has_rank() || mt.shape->dims.empty() || mt.shape->dims.size() > r ||
         !same(mt.shape->dims.back(), (*kt)[b])) {
       return std::nullopt;
     }
   }
+  if (m.mask2 && m.windows) return std::nullopt;
   if (m.windows) {  // both masks fold into one constant per (window, head): neither may vary along B
     const Tensor* inner = m.mask ? constant_of(u.graph(), m.mask) : nullptr;
     if (m.where || (m.mask && (!inner || (inner->rank() == 4 && inner->dim(0) != 1)))) return std::nullopt;
   }
   return m;
+}
+
+// a + b for two additive masks that both broadcast into the scores (so where neither dim is 1 they
+// agree): a new Add node, its dims the two broadcast right-aligned.
+Value* add_masks(Graph& g, UseMap& u, Value* a, Value* b, const std::string& name) {
+  const std::vector<Dim>& da = a->type.shape->dims;
+  const std::vector<Dim>& db = b->type.shape->dims;
+  const size_t r = std::max(da.size(), db.size());
+  std::vector<Dim> out(r);
+  for (size_t i = 0; i < r; ++i) {
+    const Dim x = i + da.size() >= r ? da[i + da.size() - r] : Dim(1);
+    const Dim y = i + db.size() >= r ? db[i + db.size() - r] : Dim(1);
+    out[i] = x.is_static() && x.value() == 1 ? y : x;
+  }
+  Node* add = g.add_node(OpKind::kAdd, {a, b}, 1, g.unique_name(name));
+  add->outputs[0]->type = b->type;
+  add->outputs[0]->type.shape = Shape(out);
+  u.add_node(add);
+  return add->outputs[0];
 }
 
 // The additive mask a matched Where stands for, where(cond, 0, fill) (a constant, f32), plus the
@@ -292,22 +334,7 @@ Expected<Value*> where_mask(Graph& g, UseMap& u, const Sdpa& m, const std::strin
   for (int64_t i = 0; i < t.numel(); ++i) o[i] = c[i] == m.keep_if ? 0.0f : float(m.fill);
   Value* mask = g.add_constant(g.unique_name(name + "_mask"), std::move(t));
   if (!m.mask) return mask;
-  // Broadcast dims of the two, right-aligned; both broadcast into the scores, so where neither is
-  // 1 they agree.
-  const std::vector<Dim>& a = mask->type.shape->dims;
-  const std::vector<Dim>& b = m.mask->type.shape->dims;
-  const size_t r = std::max(a.size(), b.size());
-  std::vector<Dim> out(r);
-  for (size_t i = 0; i < r; ++i) {
-    const Dim da = i + a.size() >= r ? a[i + a.size() - r] : Dim(1);
-    const Dim db = i + b.size() >= r ? b[i + b.size() - r] : Dim(1);
-    out[i] = da.is_static() && da.value() == 1 ? db : da;
-  }
-  Node* add = g.add_node(OpKind::kAdd, {mask, m.mask}, 1, g.unique_name(name + "_mask_add"));
-  add->outputs[0]->type = m.mask->type;
-  add->outputs[0]->type.shape = Shape(out);
-  u.add_node(add);
-  return add->outputs[0];
+  return add_masks(g, u, mask, m.mask, name + "_mask_add");
 }
 
 // The one mask of a windowed attention seen as [B/W, W*H, Sq, Sk]: [1, W*H, Sq, Sk] with entry
@@ -363,6 +390,7 @@ Expected<bool> fuse_attention(Graph& g) {
   UseMap uses(g);
   std::vector<Node*> dead;
   std::vector<Node*> roots;
+  std::map<std::pair<const Value*, const Value*>, Value*> mask_sums;
   for (const auto& np : g.nodes) {
     if (np->op == OpKind::kMatMul) roots.push_back(np.get());
   }
@@ -402,6 +430,11 @@ Expected<bool> fuse_attention(Graph& g) {
     const std::string base = pv->name.empty() ? pv->outputs[0]->name : pv->name;
     if (m->where) {
       KILN_ASSIGN_OR_RETURN(m->mask, where_mask(g, uses, *m, base));
+    }
+    if (m->mask2) {  // every layer adds the same two masks: one sum serves them all
+      Value*& sum = mask_sums[{m->mask, m->mask2}];
+      if (!sum) sum = add_masks(g, uses, m->mask, m->mask2, base + "_mask_sum");
+      m->mask = sum;
     }
     std::vector<Value*> ins = {m->q, k, m->v};
     // Shifted windows: Q, K, V as [B/W, W*H, S, D], one constant mask per (window, head) broadcast

@@ -251,6 +251,26 @@ bool match_slice_whole(const UseMap& u, const Node& n) {
   return n.inputs.size() >= 3 && match_same_shape(u, n);
 }
 
+// Concat's empty inputs (a KV cache that starts empty: transformers' DynamicCache exported with its
+// first step) add nothing: they are dropped, and a Concat left with one input is that input.
+bool is_empty_static(const Value* v) {
+  auto d = v ? static_dims(v) : std::nullopt;
+  return d && std::find(d->begin(), d->end(), 0) != d->end();
+}
+bool match_concat_empty(const UseMap&, const Node& n) {
+  const size_t empty = size_t(std::count_if(n.inputs.begin(), n.inputs.end(), is_empty_static));
+  return n.inputs.size() >= 2 && empty > 0 && empty < n.inputs.size();
+}
+void apply_concat_empty(UseMap& u, Node& n) {
+  std::vector<Value*> keep, dropped;
+  for (Value* v : n.inputs) (is_empty_static(v) ? dropped : keep).push_back(v);
+  for (size_t i = 0; i < n.inputs.size(); ++i) u.set_input(&n, i, nullptr);
+  n.inputs.assign(keep.size(), nullptr);
+  for (size_t i = 0; i < keep.size(); ++i) u.set_input(&n, i, keep[i]);
+  erase_unused_constants(u, dropped);
+}
+bool match_concat1(const UseMap& u, const Node& n) { return n.inputs.size() == 1 && n.inputs[0] && match_input0(u, n); }
+
 // Sum of one input is that input; of two, an Add (same broadcasting): ONNX's expanded function
 // bodies write Sum, and the fusions (fuse-gelu) and backends match Add.
 bool match_sum1(const UseMap& u, const Node& n) {
@@ -338,6 +358,8 @@ const Rule kRules[] = {
     {OpKind::kUnsqueeze, "Unsqueeze(Squeeze(x, a), a) -> x", match_unsqueeze_squeeze, apply_inner_input0},
     {OpKind::kPad, "Pad(x, all pads 0) -> x", match_pad_zero, apply_input0},
     {OpKind::kSlice, "Slice(x) -> x when unit steps keep its static shape", match_slice_whole, apply_input0},
+    {OpKind::kConcat, "Concat(.., empty, ..) -> Concat without the empty inputs", match_concat_empty, apply_concat_empty},
+    {OpKind::kConcat, "Concat(x) -> x", match_concat1, apply_input0},
     {OpKind::kSum, "Sum(x) -> x", match_sum1, apply_input0},
     {OpKind::kSum, "Sum(a, b) -> Add(a, b)", match_sum2, apply_sum2},
     {OpKind::kGather, "Gather(x, [0, 1, .., n-1] along an axis of n) -> Reshape(x, result shape)", match_gather_arange,

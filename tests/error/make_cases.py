@@ -438,6 +438,17 @@ def quant_cases():
     add("quant_bad_precision", q + ["{T}/qm/good", "--precision", "int4"], "int8 or fp8", check=gone)
     add("quant_bad_percentile", q + ["{T}/qm/good", "--method", "percentile", "--percentile", "120"], "percentile 120",
         check=gone)
+    # kiln optimize's int8/fp8 candidates (issue 26): misuse and bad calibration folders stop it
+    # before any version folder is made.
+    o = ["optimize", "{T}/qm/model.onnx", "--repo", "{D}/repo", "--name", "m", "--validation", "{T}/qm/good",
+         "--device", "cpu", "--iterations", "2"]
+    none = "absent:{D}/repo/m/1"
+    for case in ("opt_int8_no_calib", "opt_calib_empty", "opt_calib_shape", "opt_max_calib_alone"):
+        cdir(case)
+    add("opt_int8_no_calib", o + ["--candidates", "int8"], "candidate int8 needs --calib", check=none)
+    add("opt_calib_empty", o + ["--calib", "{T}/qm/empty"], "qm/empty: no samples", check=none)
+    add("opt_calib_shape", o + ["--calib", "{T}/qm/shape"], "0.npy;expects shape", check=none)
+    add("opt_max_calib_alone", o + ["--max-calib", "3"], "--max-calib go with --calib", check=none)
     # QDQ models with scales no quantizer writes: each names the node.
     for case, scale in (("zero", 0.0), ("negative", -0.5), ("nan", np.nan)):
         dq = h.make_node("DequantizeLinear", ["wq", "s", "z"], ["w"], name="dq_w")

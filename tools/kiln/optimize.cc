@@ -208,6 +208,10 @@ int optimize_main(const LoadOptions& load, const EngineOptions& eng, const Optim
     if (opt.calib.empty() && (opt.max_calib || opt.calib_method != "minmax")) {
       return KILN_ERROR(kInvalidArgument, "--calib-method and --max-calib go with --calib");
     }
+    if (!opt.calib.empty()) {  // a bad calibration folder is the user's error, not a candidate that failed
+      KILN_ASSIGN_OR_RETURN(std::vector<quant::Sample> calib, quant::load_samples(*model.graph, opt.calib, opt.max_calib));
+      if (calib.empty()) return KILN_ERROR(kInvalidArgument, "{}: no calibration samples", opt.calib);
+    }
     KILN_RETURN_IF_ERROR(measure("fp32"));
     gpu = cands[0].engine && cands[0].engine->device() == Device::kCuda;
     if (names.empty()) {

@@ -371,10 +371,8 @@ Expected<Value*> window_heads_mask(Graph& g, const Sdpa& m, int64_t heads, int64
 }
 
 // x [B, H, S, D] viewed as [B/W, W*H, S, D] (or back): a Reshape by a constant shape.
-Expected<Value*> reshape_to(Graph& g, UseMap& u, Value* x, const std::vector<int64_t>& dims, const std::string& name) {
-  KILN_ASSIGN_OR_RETURN(Tensor shape, Tensor::create(DType::kInt64, {int64_t(dims.size())}));
-  for (size_t i = 0; i < dims.size(); ++i) shape.data<int64_t>()[i] = dims[i];
-  Value* sv = g.add_constant(g.unique_name(name + "_shape"), std::move(shape));
+Value* reshape_to(Graph& g, UseMap& u, Value* x, const std::vector<int64_t>& dims, const std::string& name) {
+  Value* sv = add_i64_constant(g, name + "_shape", dims);
   Node* r = g.add_node(OpKind::kReshape, {x, sv}, 1, g.unique_name(name));
   r->outputs[0]->type = x->type;
   std::vector<Dim> d;
@@ -447,7 +445,7 @@ Expected<bool> fuse_attention(Graph& g) {
       KILN_ASSIGN_OR_RETURN(m->mask, window_heads_mask(g, *m, heads, qd[2], k->type.shape->dims[2].value(), base));
       for (Value*& x : ins) {
         const std::vector<int64_t> xd = *x->type.shape->static_dims();
-        KILN_ASSIGN_OR_RETURN(x, reshape_to(g, uses, x, {groups, w * heads, xd[2], xd[3]}, x->name + "_windows"));
+        x = reshape_to(g, uses, x, {groups, w * heads, xd[2], xd[3]}, x->name + "_windows");
       }
       out4 = od;
     }
@@ -473,9 +471,7 @@ Expected<bool> fuse_attention(Graph& g) {
       att->outputs[0]->type = pv->outputs[0]->type;
       att->outputs[0]->type.shape = Shape({Dim(out4[0] / m->windows), Dim(m->windows * out4[1]), Dim(out4[2]), Dim(out4[3])});
       uses.add_node(att);
-      KILN_ASSIGN_OR_RETURN(Tensor shape, Tensor::create(DType::kInt64, {4}));
-      for (size_t i = 0; i < 4; ++i) shape.data<int64_t>()[i] = out4[i];
-      ins = {att->outputs[0], g.add_constant(g.unique_name(base + "_heads_shape"), std::move(shape))};
+      ins = {att->outputs[0], add_i64_constant(g, base + "_heads_shape", out4)};
     } else if (r == 3) {  // a new Attention node; pv becomes the Squeeze back to 3-D, keeping its output
       att = g.add_node(OpKind::kAttention, ins, 1, g.unique_name(base + "_attention"));
       att->outputs[0]->type = pv->outputs[0]->type;

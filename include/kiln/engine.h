@@ -75,6 +75,12 @@ struct BuildConfig {
   // rank r on GPU r of this process with NCCL between them; on the CPU, threads (a correctness
   // reference). Needs fixed input shapes. The report shows what split and each rank's weights.
   int tensor_parallel = 1;
+  // A tensor-parallel engine built for a batch (`batch`): run it as this many micro-batches at once,
+  // lanes of each rank's CUDA graph, so one micro-batch's all-reduces overlap another's products.
+  // 0: 2 where the graph computes each batch row on its own, the batch divides and each
+  // micro-batch's all-reduces are large enough for the overlap to pay (the build report says so or
+  // why not); 1: one batch.
+  int micro_batches = 0;
 
   bool autotune = true;      // time library algorithms and kiln's kernels at build (else heuristics)
   bool cuda_graph = true;    // replay each forward as one CUDA graph

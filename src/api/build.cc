@@ -108,8 +108,22 @@ Expected<Engine> build_model(Model m, const BuildConfig& config, double import_m
   auto t0 = std::chrono::steady_clock::now();
   KILN_RETURN_IF_ERROR(validate_config(config));
   Graph& g = *m.graph;
+  // A tensor-parallel build for a batch may run it as micro-batches: it keeps the graph as it was
+  // to bind for a micro-batch, and which inputs the batch binds.
+  std::unique_ptr<Graph> unbound;
+  std::vector<bool> batched;
+  if (config.tensor_parallel > 1 && config.batch > 1 && config.micro_batches != 1) {
+    KILN_ASSIGN_OR_RETURN(unbound, clone_graph(g));
+    for (const Value* v : g.inputs) {
+      batched.push_back(!config.shapes.count(v->name) && !v->constant && v->type.shape && v->type.shape->rank() > 0 &&
+                        !v->type.shape->dims[0].is_static());
+    }
+  }
   KILN_ASSIGN_OR_RETURN(auto ranges, bind_config_shapes(g, config));
-  if (config.tensor_parallel > 1) return build_tensor_parallel(std::move(m.graph), config, import_ms + ms_since(t0));
+  if (config.tensor_parallel > 1) {
+    return build_tensor_parallel(std::move(m.graph), std::move(unbound), std::move(batched), config,
+                                 import_ms + ms_since(t0));
+  }
   // A dynamic GPU engine (ranged dims or value inputs) optimizes each exact shape from the graph as it
   // is before the passes, as a static build of that shape would (fusions that need static shapes
   // happen there).
@@ -138,6 +152,14 @@ Status validate_config(const BuildConfig& c) {
   }
   if (c.tensor_parallel < 1 || c.tensor_parallel > 64) {
     return KILN_ERROR(kInvalidArgument, "tensor_parallel {}: expected 1 (no split) to 64 ranks", c.tensor_parallel);
+  }
+  if (c.micro_batches < 0 || c.micro_batches > 64) {
+    return KILN_ERROR(kInvalidArgument, "micro_batches {}: expected 0 (where it applies), 1 (off) or up to 64",
+                      c.micro_batches);
+  }
+  if (c.micro_batches > 1 && (c.tensor_parallel < 2 || c.batch < 2)) {
+    return KILN_ERROR(kInvalidArgument, "micro_batches {}: needs tensor_parallel above 1 and a batch (--batch) to split",
+                      c.micro_batches);
   }
   if (c.tensor_parallel > 1 && !c.shape_ranges.empty()) {
     return KILN_ERROR(kInvalidArgument, "tensor_parallel {}: needs fixed input shapes; give shapes, not shape ranges",

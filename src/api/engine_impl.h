@@ -38,6 +38,10 @@ class DeviceEngine {
   virtual Expected<std::map<std::string, std::string>> sections() const = 0;
   // `comm`: the rank's communicator when the engine is one rank of a tensor-parallel engine.
   virtual Expected<std::unique_ptr<Session::Impl>> create_session(void* comm = nullptr) const = 0;
+  // A tensor-parallel rank's session that runs micro-batches at once (cuda::Engine::new_lanes_session).
+  virtual Expected<std::unique_ptr<Session::Impl>> create_lanes_session(void*, int, std::vector<bool>) const {
+    return KILN_ERROR(kUnsupported, "micro-batches at once run on the GPU");
+  }
 };
 
 struct Engine::Impl {
@@ -56,6 +60,10 @@ struct Engine::Impl {
   // one describes the whole (inputs and outputs are rank 0's, which every rank shares).
   std::vector<Engine> ranks;
   std::string tp_report;  // what the split did, for report()
+  // Micro-batches (BuildConfig::micro_batches): the ranks' engines are built for batch / this, and
+  // a session runs that many at once; the inputs that carry the batch (axis 0), split among them.
+  int micro_batches = 1;
+  std::vector<bool> batched;
 };
 
 struct Session::Impl {
@@ -105,7 +113,10 @@ Expected<Engine> engine_from_graph(std::unique_ptr<Graph> g, const BuildConfig& 
 
 // Tensor parallelism (tensor_parallel.cc): a graph with bound, inferred shapes -> one engine per
 // rank behind one Engine; its sessions run the ranks together; its engine file holds the ranks'.
-Expected<Engine> build_tensor_parallel(std::unique_ptr<Graph> g, const BuildConfig& config, double import_ms);
+// `unbound`: the graph before its shapes were bound, to build micro-batches from (or null), and
+// `batched`: which inputs carry the batch (their leading dim was bound by config.batch).
+Expected<Engine> build_tensor_parallel(std::unique_ptr<Graph> g, std::unique_ptr<Graph> unbound, std::vector<bool> batched,
+                                       const BuildConfig& config, double import_ms);
 Expected<std::unique_ptr<Session::Impl>> tensor_parallel_session(const Engine::Impl& e);
 Expected<std::string> serialize_tensor_parallel(const Engine::Impl& e);
 bool is_tensor_parallel_file(std::string_view bytes);

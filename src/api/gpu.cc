@@ -96,6 +96,10 @@ class GpuEngine : public DeviceEngine {
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<cuda::Session> s, e_->new_session(comm));
     return std::unique_ptr<Session::Impl>(new GpuSession(plan_, e_->report(), std::move(s)));
   }
+  Expected<std::unique_ptr<Session::Impl>> create_lanes_session(void* comm, int micro, std::vector<bool> batched) const override {
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<cuda::Session> s, e_->new_lanes_session(comm, micro, std::move(batched)));
+    return std::unique_ptr<Session::Impl>(new GpuSession(plan_, e_->report(), std::move(s)));
+  }
 
  private:
   std::shared_ptr<const Plan> plan_;

@@ -5,6 +5,12 @@
 // CUDA graph); on the CPU the ranks are threads joined by the reference collective
 // (ops/collective.h). Every rank computes the whole output; a session returns rank 0's.
 //
+// Micro-batches (BuildConfig::micro_batches): where the graph computes each batch row on its own
+// (passes/batch_rows.h), the ranks are built for batch / M rows and each rank's GPU session runs the
+// M micro-batches at once, as lanes of one CUDA graph with a stream and an arena each, so the GPU
+// runs one micro-batch's products while another's all-reduce is in flight; every lane's collectives
+// go through the rank's one communicator on one stream, in the same order on every rank.
+//
 // The engine file: "KILNTP01", the rank count, a JSON header (the build configuration and the
 // split's report), then each rank's own engine file at a 4 KiB boundary, loaded as it is.
 #include <algorithm>
@@ -18,6 +24,7 @@
 
 #include "api/engine_impl.h"
 #include "ops/collective.h"
+#include "passes/batch_rows.h"
 #include "passes/pipeline.h"
 #include "passes/tensor_parallel.h"
 #include "runtime/engine_file.h"
@@ -28,6 +35,11 @@ namespace {
 
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'T', 'P', '0', '1'};
 constexpr size_t kAlign = 4096;
+// The default turns micro-batches on where each micro-batch's all-reduces average at least this
+// many bytes: below it the lanes' smaller products and the collectives' share of the SMs cost more
+// than the overlap saves (bench/RESULTS.md, twenty-ninth session: Llama-7B-shaped layers on 4 GPUs
+// lost at 4 MiB, tied at 8, won at 16).
+constexpr size_t kMicroAllReduceBytes = size_t(16) << 20;
 
 // Where the ranks run: every rank on its own GPU, or every rank on the CPU.
 Expected<Device> rank_device(const BuildConfig& c) {
@@ -45,7 +57,9 @@ Expected<Device> rank_device(const BuildConfig& c) {
   return Device::kCpuRef;
 }
 
-Engine::Impl whole_of(const std::vector<Engine>& ranks, const BuildConfig& config) {
+// The whole engine: its ranks' inputs and outputs, with `micro` times the rows of each that carries
+// the batch (every output does).
+Engine::Impl whole_of(const std::vector<Engine>& ranks, const BuildConfig& config, int micro, const std::vector<bool>& batched) {
   Engine::Impl w;
   w.config = config;
   w.device = ranks[0].device();
@@ -53,6 +67,16 @@ Engine::Impl whole_of(const std::vector<Engine>& ranks, const BuildConfig& confi
   w.outputs = ranks[0].outputs();
   w.plan = ranks[0].impl()->plan;
   w.ranks = ranks;
+  w.micro_batches = micro;
+  w.batched = batched;
+  if (micro > 1) {
+    for (size_t i = 0; i < w.inputs.size(); ++i) {
+      if (i < batched.size() && batched[i] && !w.inputs[i].shape.empty()) w.inputs[i].shape[0] *= micro;
+    }
+    for (TensorInfo& t : w.outputs) {
+      if (!t.shape.empty()) t.shape[0] *= micro;
+    }
+  }
   return w;
 }
 
@@ -115,10 +139,44 @@ class RankThreads {
   std::vector<std::thread> threads_;
 };
 
+// Rows [k * rows, (k + 1) * rows) of a tensor's axis 0.
+Expected<Tensor> rows_of(const Tensor& t, int64_t k, int64_t rows) {
+  if (t.dtype() == DType::kString || t.rank() == 0 || t.dim(0) < (k + 1) * rows) {
+    return KILN_ERROR(kInvalidArgument, "cannot take rows {}..{} of a {} input", k * rows, (k + 1) * rows, t.summary());
+  }
+  std::vector<int64_t> dims = t.dims();
+  dims[0] = rows;
+  KILN_ASSIGN_OR_RETURN(Tensor out, Tensor::create(t.dtype(), dims));
+  if (out.nbytes()) std::memcpy(out.raw(), static_cast<const char*>(t.raw()) + size_t(k) * out.nbytes(), out.nbytes());
+  return out;
+}
+
+// The parts' tensors one after another along axis 0.
+Expected<Tensor> stack_rows(const std::vector<const Tensor*>& parts) {
+  std::vector<int64_t> dims = parts[0]->dims();
+  if (parts[0]->dtype() == DType::kString || dims.empty()) {
+    return KILN_ERROR(kInternal, "a micro-batched output {} has no rows to join", parts[0]->summary());
+  }
+  dims[0] *= int64_t(parts.size());
+  KILN_ASSIGN_OR_RETURN(Tensor out, Tensor::create(parts[0]->dtype(), dims));
+  size_t at = 0;
+  for (const Tensor* p : parts) {
+    if (p->dtype() != out.dtype() || p->nbytes() * parts.size() != out.nbytes()) {
+      return KILN_ERROR(kInternal, "micro-batch outputs differ in type or size");
+    }
+    if (p->nbytes()) std::memcpy(static_cast<char*>(out.raw()) + at, p->raw(), p->nbytes());
+    at += p->nbytes();
+  }
+  return out;
+}
+
+// One thread per rank. With micro-batches, a GPU rank's session runs them itself, as lanes of one
+// CUDA graph over the rank's one communicator (cuda::Engine::new_lanes_session), while a CPU rank
+// runs them one after another (its collectives in the same order as its peers').
 class TensorParallelSession : public Session::Impl {
  public:
-  TensorParallelSession(int n, bool gpu, std::vector<std::shared_ptr<void>> comms)
-      : gpu_(gpu), comms_(std::move(comms)), threads_(n) {}
+  TensorParallelSession(int n, int micro, bool gpu, std::vector<bool> batched, std::vector<std::shared_ptr<void>> comms)
+      : micro_(micro), gpu_(gpu), batched_(std::move(batched)), comms_(std::move(comms)), threads_(n) {}
   std::vector<std::unique_ptr<Session::Impl>> ranks;
 
   // Runs f(r) on every rank at once, rank 0 on the calling thread; the first rank's error (in rank
@@ -162,21 +220,79 @@ class TensorParallelSession : public Session::Impl {
     return std::move(*res[0]);
   }
 
+  // Each micro-batch's inputs: its rows of the inputs that carry the batch, the others whole.
+  Expected<std::vector<std::vector<Data>>> parts(const std::vector<Data>& inputs) const {
+    std::vector<std::vector<Data>> p(static_cast<size_t>(micro_));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const bool split = i < batched_.size() && batched_[i];
+      if (split && !inputs[i].is_tensor()) return KILN_ERROR(kInvalidArgument, "input {} is not a tensor", i);
+      const int64_t rows = split && inputs[i].tensor.rank() > 0 ? inputs[i].tensor.dim(0) / micro_ : 0;
+      for (int k = 0; k < micro_; ++k) {
+        if (!split) {
+          p[size_t(k)].push_back(inputs[i]);
+          continue;
+        }
+        KILN_ASSIGN_OR_RETURN(Tensor t, rows_of(inputs[i].tensor, k, rows));
+        p[size_t(k)].push_back(Data(std::move(t)));
+      }
+    }
+    return p;
+  }
+
+  // Whether the ranks' sessions take the whole batch (one batch, or GPU lanes).
+  bool whole() const { return gpu_ || micro_ == 1; }
+
   Expected<std::vector<Data>> run(std::vector<Data> inputs) override {
-    return on_ranks<std::vector<Data>>([&](int r) { return ranks[size_t(r)]->run(inputs); });
+    if (whole()) return on_ranks<std::vector<Data>>([&](int r) { return ranks[size_t(r)]->run(inputs); });
+    KILN_ASSIGN_OR_RETURN(auto p, parts(inputs));
+    using Outs = std::vector<std::vector<Data>>;
+    KILN_ASSIGN_OR_RETURN(Outs outs, on_ranks<Outs>([&](int r) -> Expected<Outs> {
+                            Outs o;
+                            for (const auto& in : p) {
+                              KILN_ASSIGN_OR_RETURN(auto out, ranks[size_t(r)]->run(in));
+                              o.push_back(std::move(out));
+                            }
+                            return o;
+                          }));
+    std::vector<Data> joined;
+    for (size_t o = 0; o < outs[0].size(); ++o) {
+      std::vector<const Tensor*> rows;
+      for (const auto& out : outs) {
+        if (o >= out.size() || !out[o].is_tensor()) return KILN_ERROR(kInternal, "micro-batch output {} is not a tensor", o);
+        rows.push_back(&out[o].tensor);
+      }
+      KILN_ASSIGN_OR_RETURN(Tensor t, stack_rows(rows));
+      joined.push_back(Data(std::move(t)));
+    }
+    return joined;
   }
   Status run_device(const std::vector<TensorView>&, const std::vector<TensorView>&, void*) override {
     return KILN_ERROR(kUnsupported, "a tensor-parallel engine takes host tensors (Session::run(inputs)): its ranks "
                       "each read them on their own GPU");
   }
   Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) override {
-    return on_ranks<std::vector<double>>([&](int r) { return ranks[size_t(r)]->benchmark(inputs, warmup, iterations); });
+    if (whole()) {
+      return on_ranks<std::vector<double>>([&](int r) { return ranks[size_t(r)]->benchmark(inputs, warmup, iterations); });
+    }
+    std::vector<double> t;
+    for (int i = 0; i < warmup + iterations; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      KILN_RETURN_IF_ERROR(run(inputs).status());
+      if (i >= warmup) t.push_back(ms_since(t0));
+    }
+    return t;
   }
+  // With micro-batches, the first one's steps.
   Expected<std::vector<StepTime>> profile(const std::vector<Data>& inputs) override {
-    return on_ranks<std::vector<StepTime>>([&](int r) { return ranks[size_t(r)]->profile(inputs); });
+    if (whole()) return on_ranks<std::vector<StepTime>>([&](int r) { return ranks[size_t(r)]->profile(inputs); });
+    KILN_ASSIGN_OR_RETURN(auto p, parts(inputs));
+    return on_ranks<std::vector<StepTime>>([&](int r) { return ranks[size_t(r)]->profile(p[0]); });
   }
+  // With micro-batches, the first one's values.
   Expected<std::vector<NonFiniteStep>> check_finite(const std::vector<Data>& inputs) override {
-    return on_ranks<std::vector<NonFiniteStep>>([&](int r) { return ranks[size_t(r)]->check_finite(inputs); });
+    if (whole()) return on_ranks<std::vector<NonFiniteStep>>([&](int r) { return ranks[size_t(r)]->check_finite(inputs); });
+    KILN_ASSIGN_OR_RETURN(auto p, parts(inputs));
+    return on_ranks<std::vector<NonFiniteStep>>([&](int r) { return ranks[size_t(r)]->check_finite(p[0]); });
   }
   size_t device_bytes() const override {
     size_t b = 0;
@@ -194,7 +310,9 @@ class TensorParallelSession : public Session::Impl {
   }
 
  private:
+  int micro_;
   bool gpu_;
+  std::vector<bool> batched_;
   std::vector<std::shared_ptr<void>> comms_;  // one NCCL communicator per GPU (GPU sessions)
   RankThreads threads_;
   std::mutex mu_;
@@ -220,7 +338,8 @@ PassOptions part_options(const BuildConfig& config, const std::vector<Pass>& par
 
 }  // namespace
 
-Expected<Engine> build_tensor_parallel(std::unique_ptr<Graph> g, const BuildConfig& config, double import_ms) {
+Expected<Engine> build_tensor_parallel(std::unique_ptr<Graph> g, std::unique_ptr<Graph> unbound, std::vector<bool> batched,
+                                       const BuildConfig& config, double import_ms) {
   const int n = config.tensor_parallel;
   KILN_ASSIGN_OR_RETURN(Device device, rank_device(config));
   BuildConfig rc = config;
@@ -228,26 +347,80 @@ Expected<Engine> build_tensor_parallel(std::unique_ptr<Graph> g, const BuildConf
   std::vector<Engine> ranks;
   std::string report;
   auto t_prefix = std::chrono::steady_clock::now();
+  std::vector<Pass> prefix;
   {
     std::vector<Pass> all = tensor_parallel_pipeline(n, 0, nullptr);
     auto split = std::find_if(all.begin(), all.end(), [](const Pass& p) { return p.name == "tensor-parallel"; });
-    std::vector<Pass> prefix(all.begin(), split);
+    prefix.assign(all.begin(), split);
     KILN_ASSIGN_OR_RETURN(PassReport pr, run_passes(*g, prefix, part_options(config, prefix, true)));
     if (config.print_pass_report) std::fprintf(stderr, "%s", pr.to_text().c_str());
   }
-  double passes_total = ms_since(t_prefix);
-  for (int r = 0; r < n; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> rg, clone_graph(*g));
-    TensorParallelReport rep;
-    std::vector<Pass> all = tensor_parallel_pipeline(n, r, &rep);
+  // Rank r's share: the split and the passes after it, on a copy of the graph.
+  auto split_rank = [&](const Graph& whole, int r, TensorParallelReport* rep) -> Expected<std::unique_ptr<Graph>> {
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> rg, clone_graph(whole));
+    std::vector<Pass> all = tensor_parallel_pipeline(n, r, rep);
     std::vector<Pass> suffix(std::find_if(all.begin(), all.end(), [](const Pass& p) { return p.name == "tensor-parallel"; }),
                              all.end());
     // Rank 0's IR stands for every rank's.
     KILN_ASSIGN_OR_RETURN(PassReport pr, run_passes(*rg, suffix, part_options(config, suffix, r == 0)));
     if (config.print_pass_report && r == 0) std::fprintf(stderr, "%s", pr.to_text().c_str());
+    return rg;
+  };
+  // Micro-batches: the ranks are built for batch / micro from the unbound graph, when the whole
+  // batch's graph computes each row on its own (asked for explicitly, a graph that does not is an
+  // error). By default (micro_batches 0) two micro-batches where their all-reduces are large enough
+  // for the overlap to pay (kMicroAllReduceBytes), else one batch; the report says which and why.
+  int micro = 1;
+  std::string micro_note;
+  std::unique_ptr<Graph> rank0;  // rank 0's share of the whole batch, when the default looked at it
+  TensorParallelReport rep0;
+  double rank0_ms = 0;
+  if (unbound) {
+    const int want = config.micro_batches > 1 ? config.micro_batches : 2;
+    Status ok = config.batch % want ? KILN_ERROR(kUnsupported, "batch {} does not divide into {} micro-batches",
+                                                 config.batch, want)
+                                    : check_rows_independent(*g, batched);
+    if (ok && config.micro_batches == 0) {
+      auto t0 = std::chrono::steady_clock::now();
+      KILN_ASSIGN_OR_RETURN(rank0, split_rank(*g, 0, &rep0));
+      rank0_ms = ms_since(t0);
+      // The split's sizes are the graph's (float values in fp32); a 16-bit build carries half.
+      const bool half = config.precision == Precision::kFp16 || config.precision == Precision::kBf16;
+      const size_t each = rep0.all_reduces ? rep0.all_reduce_bytes / size_t(rep0.all_reduces) / size_t(want) / (half ? 2 : 1) : 0;
+      if (each < kMicroAllReduceBytes) {
+        ok = KILN_ERROR(kUnsupported, "a micro-batch's all-reduces would carry {:.1f} MiB each, under the {} MiB where "
+                        "overlapping them pays; --micro-batches {} asks anyway", double(each) / (1 << 20),
+                        kMicroAllReduceBytes >> 20, want);
+      }
+    }
+    if (ok) {
+      BuildConfig mc = config;
+      mc.batch = config.batch / want;
+      KILN_RETURN_IF_ERROR(bind_config_shapes(*unbound, mc).status());
+      KILN_RETURN_IF_ERROR(run_passes(*unbound, prefix, part_options(config, prefix, false)).status());
+      g = std::move(unbound);
+      rank0.reset();
+      micro = want;
+      micro_note = fmt::format("micro-batches: {} of {} rows, run at once\n", micro, config.batch / micro);
+    } else if (config.micro_batches > 1) {
+      return make_error(ok.code(), "micro_batches {}: {}", config.micro_batches, ok.message());
+    } else {
+      micro_note = fmt::format("micro-batches: 1 ({})\n", ok.message());
+    }
+  }
+  double passes_total = ms_since(t_prefix) - rank0_ms;
+  for (int r = 0; r < n; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    TensorParallelReport rep;
+    std::unique_ptr<Graph> rg;
+    if (r == 0 && rank0) {
+      rg = std::move(rank0);
+      rep = rep0;
+    } else {
+      KILN_ASSIGN_OR_RETURN(rg, split_rank(*g, r, &rep));
+    }
     if (r == 0) report = rep.to_text();
-    const double passes_ms = ms_since(t0);
+    const double passes_ms = ms_since(t0) + (r == 0 ? rank0_ms : 0);
     passes_total += passes_ms;
     if (device == Device::kCuda) KILN_RETURN_IF_ERROR(gpu_select(r));
     auto e = engine_from_graph(std::move(rg), rc, {}, nullptr, {r == 0 ? import_ms : 0, passes_ms});
@@ -255,8 +428,8 @@ Expected<Engine> build_tensor_parallel(std::unique_ptr<Graph> g, const BuildConf
     if (!e) return make_error(e.status().code(), "rank {}: {}", r, e.status().message());
     ranks.push_back(std::move(*e));
   }
-  auto impl = std::make_shared<Engine::Impl>(whole_of(ranks, config));
-  impl->tp_report = report;
+  auto impl = std::make_shared<Engine::Impl>(whole_of(ranks, config, micro, batched));
+  impl->tp_report = report + micro_note;
   for (const Engine& e : ranks) impl->build_ms += e.build_ms();
   impl->build_note = fmt::format("build: {} ranks on {} in {:.1f} ms (graph passes {:.1f})\n", n, device_name(device),
                                  impl->build_ms, passes_total);
@@ -264,19 +437,21 @@ Expected<Engine> build_tensor_parallel(std::unique_ptr<Graph> g, const BuildConf
 }
 
 Expected<std::unique_ptr<Session::Impl>> tensor_parallel_session(const Engine::Impl& e) {
-  const int n = int(e.ranks.size());
+  const int n = int(e.ranks.size()), micro = std::max(1, e.micro_batches);
   const bool gpu = e.device == Device::kCuda;
   std::vector<std::shared_ptr<void>> comms;
   if (gpu) {
     KILN_ASSIGN_OR_RETURN(comms, gpu_communicators(n));
   }
-  auto s = std::make_unique<TensorParallelSession>(n, gpu, comms);
+  auto s = std::make_unique<TensorParallelSession>(n, micro, gpu, e.batched, comms);
   s->ranks.resize(size_t(n));
   // GPU ranks start together: each session's first forward (before its graph capture) already
   // runs the collectives, which wait for every rank.
   Expected<bool> made = s->on_ranks<bool>([&](int r) -> Expected<bool> {
     const Engine::Impl& ri = *e.ranks[size_t(r)].impl();
-    if (ri.gpu) {
+    if (ri.gpu && micro > 1) {
+      KILN_ASSIGN_OR_RETURN(s->ranks[size_t(r)], ri.gpu->create_lanes_session(comms[size_t(r)].get(), micro, e.batched));
+    } else if (ri.gpu) {
       KILN_ASSIGN_OR_RETURN(s->ranks[size_t(r)], ri.gpu->create_session(comms[size_t(r)].get()));
     } else {
       KILN_RETURN_IF_ERROR(verify_cpu_kernels(*ri.plan));
@@ -290,7 +465,8 @@ Expected<std::unique_ptr<Session::Impl>> tensor_parallel_session(const Engine::I
 
 Expected<std::string> serialize_tensor_parallel(const Engine::Impl& e) {
   nlohmann::json meta = {{"config", config_to_json(e.config)}, {"report", e.tp_report},
-                         {"device", std::string(device_name(e.device))}};
+                         {"device", std::string(device_name(e.device))}, {"micro_batches", e.micro_batches},
+                         {"batched", e.batched}};
   std::string head = meta.dump();
   std::string out(kMagic, sizeof kMagic);
   put_u64(out, e.ranks.size());
@@ -368,7 +544,17 @@ Expected<Engine> load_tensor_parallel(std::string_view bytes, std::shared_ptr<co
     }
     ranks.push_back(std::move(*e));
   }
-  auto impl = std::make_shared<Engine::Impl>(whole_of(ranks, config));
+  const nlohmann::json& mj = meta.contains("micro_batches") ? meta["micro_batches"] : nlohmann::json(1);
+  const int micro = mj.is_number_integer() ? mj.get<int>() : 0;
+  std::vector<bool> batched;
+  if (meta.contains("batched") && meta["batched"].is_array()) {
+    for (const auto& b : meta["batched"]) batched.push_back(b.is_boolean() && b.get<bool>());
+  }
+  if (micro < 1 || micro > 64 || (micro > 1 && batched.size() != ranks[0].inputs().size())) {
+    return KILN_ERROR(kInvalidModel, "{}: a corrupted tensor-parallel header (micro-batches {}, {} batch flags for {} "
+                      "inputs)", name, micro, batched.size(), ranks[0].inputs().size());
+  }
+  auto impl = std::make_shared<Engine::Impl>(whole_of(ranks, config, micro, batched));
   impl->tp_report = meta.value("report", "");
   impl->load_note = fmt::format("loaded {} ranks in {:.1f} ms\n", n, ms_since(t0));
   return Engine(std::move(impl));

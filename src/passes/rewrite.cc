@@ -293,4 +293,34 @@ std::optional<double> scalar_of(const Graph& g, const Value* v) {
   return t->as_double(0);
 }
 
+bool is_elementwise(OpKind op) {
+  switch (op) {
+    case OpKind::kAdd: case OpKind::kSub: case OpKind::kMul: case OpKind::kDiv: case OpKind::kPow:
+    case OpKind::kMod: case OpKind::kMax: case OpKind::kMin: case OpKind::kSum: case OpKind::kMean:
+    case OpKind::kEqual: case OpKind::kLess: case OpKind::kLessOrEqual: case OpKind::kGreater:
+    case OpKind::kGreaterOrEqual: case OpKind::kAnd: case OpKind::kOr: case OpKind::kXor: case OpKind::kNot:
+    case OpKind::kWhere: case OpKind::kCast: case OpKind::kIdentity: case OpKind::kDropout: case OpKind::kRelu:
+    case OpKind::kNeg: case OpKind::kAbs: case OpKind::kSign: case OpKind::kSigmoid: case OpKind::kTanh:
+    case OpKind::kExp: case OpKind::kLog: case OpKind::kSqrt: case OpKind::kReciprocal: case OpKind::kErf:
+    case OpKind::kFloor: case OpKind::kCeil: case OpKind::kSin: case OpKind::kCos: case OpKind::kSoftplus:
+    case OpKind::kGelu: case OpKind::kLeakyRelu: case OpKind::kElu: case OpKind::kSelu: case OpKind::kCelu:
+    case OpKind::kHardSigmoid: case OpKind::kHardSwish: case OpKind::kMish: case OpKind::kSwish:
+    case OpKind::kSoftsign: case OpKind::kThresholdedRelu: case OpKind::kClip: case OpKind::kIsNaN:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool is_reduce(OpKind op) {
+  switch (op) {
+    case OpKind::kReduceSum: case OpKind::kReduceMean: case OpKind::kReduceMax: case OpKind::kReduceMin:
+    case OpKind::kReduceProd: case OpKind::kReduceL1: case OpKind::kReduceL2: case OpKind::kReduceLogSum:
+    case OpKind::kReduceLogSumExp: case OpKind::kReduceSumSquare:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace kiln

@@ -38,6 +38,10 @@ bool is_graph_output(const Graph& g, const Value* v);
 const Tensor* constant_of(const Graph& g, const Value* v);
 // Ops whose outputs differ from run to run: never merged or folded.
 bool is_random_op(OpKind op);
+// Ops that compute each output element from the same element of their (numpy-broadcast) inputs.
+bool is_elementwise(OpKind op);
+// ReduceSum, ReduceMean and the other Reduce* ops.
+bool is_reduce(OpKind op);
 // AllReduce/AllGather: their result depends on the other ranks' values, so never folded even when
 // this rank's input is a constant.
 bool is_collective(OpKind op);

@@ -29,17 +29,6 @@ void parameter_reads(const Graph& g, std::vector<const Value*>& out) {
   }
 }
 
-bool is_reduce(OpKind op) {
-  switch (op) {
-    case OpKind::kReduceL1: case OpKind::kReduceL2: case OpKind::kReduceLogSum: case OpKind::kReduceLogSumExp:
-    case OpKind::kReduceMax: case OpKind::kReduceMean: case OpKind::kReduceMin: case OpKind::kReduceProd:
-    case OpKind::kReduceSum: case OpKind::kReduceSumSquare:
-      return true;
-    default:
-      return false;
-  }
-}
-
 }  // namespace
 
 bool is_parameter_input(const Node& n, size_t slot) {

@@ -94,6 +94,38 @@ for kind, make, layers in (("gpt2", models.gpt2, 2), ("llama", models.llama, 2))
             check(r.returncode != 0 and damaged in msg and len(msg.splitlines()) == 1,
                   f"{kind}: an engine file cut at {cut} of {len(data)} bytes is a one-line error naming it: {msg[:150]}")
 
+    # Micro-batches: a batch of 4 as 2 micro-batches of 2 rows at once (asked for: by default they
+    # need all-reduces of 16 MiB, and this model's are a few KiB), as 1, and through an engine file;
+    # each against onnxruntime at batch 4.
+    n = max(RANKS)
+    if n > 1:
+        ids4 = np.random.default_rng(8).integers(0, 50, size=(4, 8)).astype(np.int64)
+        ids4_file = os.path.join(TMP, f"{kind}_ids4.npy")
+        np.save(ids4_file, ids4)
+        ref4 = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]).run(None, {"input_ids": ids4})[0]
+        r = kiln("build", path, "--device", DEVICE, "--batch", "4", "--tensor-parallel", str(n), "--report")
+        out = r.stdout + r.stderr
+        check("micro-batches: 1 (a micro-batch's all-reduces would carry" in out and "under the 16 MiB" in out,
+              f"{kind}: by default small all-reduces keep one batch, and the report says why")
+        engine = os.path.join(TMP, f"{kind}_micro.kiln")
+        r = kiln("build", path, "--device", DEVICE, "--batch", "4", "--tensor-parallel", str(n), "--micro-batches", "2",
+                 "-o", engine, "--report")
+        check("micro-batches: 2 of 2 rows" in r.stdout + r.stderr, f"{kind}: the report says the batch of 4 runs as 2 "
+              "micro-batches")
+        micro = run(engine, ids4_file, os.path.join(TMP, f"{kind}_micro"))
+        one = run(path, ids4_file, os.path.join(TMP, f"{kind}_one"), "--batch", "4", "--tensor-parallel", str(n),
+                  "--micro-batches", "1")
+        check(micro.shape == ref4.shape and rel(micro, ref4) < tol and rel(one, ref4) < tol,
+              f"{kind}, {n} ranks, batch 4: 2 micro-batches (rel-L2 {rel(micro, ref4):.2e}) and one batch "
+              f"({rel(one, ref4):.2e}) match onnxruntime")
+        r = kiln("inspect", engine)
+        check("micro-batches: 2" in r.stdout, f"{kind}: kiln inspect shows the micro-batches")
+        r = kiln("run", path, "--device", DEVICE, "--batch", "4", "--tensor-parallel", str(n), "--micro-batches", "3",
+                 "--input", f"input_ids={ids4_file}", expect_ok=False)
+        msg = r.stderr.strip()
+        check(r.returncode != 0 and "does not divide into 3" in msg and len(msg.splitlines()) == 1,
+              f"{kind}: 3 micro-batches of a batch of 4 is a one-line error: {msg}")
+
     # The estimator: per-GPU weights shrink with the ranks; the collectives the split needs.
     est_file = os.path.join(TMP, f"{kind}_est.json")
     kiln("plan-parallel", path, *shapes, "--gpus", "1,2,4", "--no-measure", "--json", est_file)

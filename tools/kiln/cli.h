@@ -65,6 +65,7 @@ struct EngineOptions {
   std::string timing_cache;          // --timing-cache FILE|none ("": the kiln cache folder's)
   int64_t memory_budget_mib = 0;     // --memory-budget: GPU memory one session may hold (0: no limit)
   int tensor_parallel = 1;           // --tensor-parallel N: split the model over N ranks (GPUs)
+  int micro_batches = 0;             // --micro-batches M: a tensor-parallel batch as M micro-batches at once
 };
 
 struct BuildCliOptions {

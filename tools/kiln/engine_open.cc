@@ -82,6 +82,7 @@ Expected<BuildConfig> build_config(const LoadOptions& load, const EngineOptions&
   }
   c.batch = batch;
   c.tensor_parallel = eng.tensor_parallel;
+  c.micro_batches = eng.micro_batches;
   c.cuda_graph = !eng.no_cuda_graph;
   c.autotune = !eng.no_autotune;
   c.timing_cache = eng.timing_cache;

@@ -63,6 +63,10 @@ int inspect_engine(const std::string& path) {
     if (!ranks) return fail(ranks.status());
     file = ranks->front();
     std::printf("tensor parallel: %zu ranks, each an engine file of its own (rank 0's below)\n", ranks->size());
+    const nlohmann::json mb = tp.contains("micro_batches") ? tp["micro_batches"] : nlohmann::json(1);
+    if (mb.is_number_integer() && mb.get<int>() > 1) {
+      std::printf("micro-batches: %d at once (the ranks' inputs and outputs below are one micro-batch's)\n", mb.get<int>());
+    }
   }
   auto meta = read_engine_meta(file, path);
   if (!meta) return fail(meta.status());

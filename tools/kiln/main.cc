@@ -89,6 +89,11 @@ void add_engine_options(CLI::App* app, kiln::cli::EngineOptions& eng) {
                   "split the model over N ranks, Megatron style: GPUs 0..N-1 with NCCL (or CPU threads); needs fixed "
                   "shapes")
       ->check(kPositiveInt);
+  app->add_option("--micro-batches", eng.micro_batches,
+                  "with --tensor-parallel and --batch: run the batch as M micro-batches at once, one's all-reduces "
+                  "beside another's products (default 0: 2 where each row is computed on its own and the "
+                  "all-reduces are large enough to pay; 1: off)")
+      ->check(CLI::Range(0, 64));
   app->add_option("--disable-pass", eng.optimize.disabled, "skip a graph pass by name, e.g. cse (repeatable)")
       ->check(pass_name(false));
   app->add_option("--dump-ir-after", eng.optimize.dump_ir_after, "print the IR to stderr after PASS, or after all")

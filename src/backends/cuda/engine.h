@@ -108,6 +108,13 @@ class Engine {
   // `comm`: the rank's ncclComm_t when the engine is one rank of a tensor-parallel engine (its
   // collectives run on it); such an engine refuses a session without one.
   virtual Expected<std::unique_ptr<Session>> new_session(void* comm = nullptr) = 0;
+  // A tensor-parallel rank's session that runs `micro_batches` copies of the engine's batch at once
+  // (lanes: an arena and a stream each, one CUDA graph), so one lane's products run while another's
+  // collectives are in flight. Its inputs and outputs hold the lanes' rows one after another along
+  // axis 0: `batched[i]` says input i does (the others are the same for every lane); every output
+  // does. Every lane's collectives go through `comm` on one stream, in one order on every rank.
+  virtual Expected<std::unique_ptr<Session>> new_lanes_session(void* comm, int micro_batches,
+                                                               std::vector<bool> batched) = 0;
 };
 
 class Session {

@@ -89,12 +89,25 @@ class DnnPool {
 
 class CudaSession : public Session {
  public:
-  CudaSession(std::shared_ptr<EngineImpl> e, void* comm) : e_(std::move(e)) { ctx_.comm = comm; }
+  // `lanes` > 1: micro-batches (Engine::new_lanes_session), `batched` per input.
+  CudaSession(std::shared_ptr<EngineImpl> e, void* comm, int lanes = 1, std::vector<bool> batched = {})
+      : e_(std::move(e)), lanes_(lanes), batched_(std::move(batched)) {
+    ctx_.comm = comm;
+    batched_.resize(e_->plan.inputs.size(), false);
+  }
   ~CudaSession() override {
     std::lock_guard<std::recursive_mutex> lock(device_mutation_mutex());
     for (const Segment& g : segments_) {
       if (g.exec) cudaGraphExecDestroy(g.exec);
     }
+    for (Lane& l : lanes_extra_) {
+      if (l.dnn) DnnPool::get().give_back(l.dnn);
+      if (l.ctx.stream) cudaStreamDestroy(l.ctx.stream);
+    }
+    for (cudaEvent_t ev : lane_events_) {
+      if (ev) cudaEventDestroy(ev);
+    }
+    if (comm_stream_) cudaStreamDestroy(comm_stream_);
     if (dnn_) DnnPool::get().give_back(dnn_);
     if (lt_) cublasLtDestroy(lt_);
     if (io_event_) cudaEventDestroy(io_event_);
@@ -104,7 +117,7 @@ class CudaSession : public Session {
   }
 
   Status init() {
-    std::lock_guard<std::recursive_mutex> lock(device_mutation_mutex());
+    std::unique_lock<std::recursive_mutex> lock(device_mutation_mutex());
     const DevicePlan& P = e_->plan;
     if (e_->uses_comm && !ctx_.comm) {
       return KILN_ERROR(kInvalidArgument, "this engine is one rank of a tensor-parallel engine: it runs in the whole "
@@ -120,43 +133,46 @@ class CudaSession : public Session {
       KILN_CUDA_TRY(cudnnSetStream(dnn_, stream_));
     }
     const size_t slots = size_t(std::max(1, P.bad_index_slots));
-    bytes_ = align_up(e_->rep.arena_peak) + align_up(e_->opt.workspace_bytes) + align_up(sizeof(int) * slots) +
-             align_up(sizeof(unsigned long long) * slots);
+    // Each lane's block: arena, workspace, bad-index slots, counters.
+    lane_bytes_ = align_up(e_->rep.arena_peak) + align_up(e_->opt.workspace_bytes) + align_up(sizeof(int) * slots) +
+                  align_up(sizeof(unsigned long long) * slots);
+    bytes_ = lane_bytes_ * size_t(lanes_);
     KILN_CUDA_TRY(cudaMalloc(&mem_.p, bytes_));
-    char* base = static_cast<char*>(mem_.p);
     ctx_.stream = stream_;
     ctx_.lt = lt_;
     ctx_.dnn = dnn_;
-    ctx_.arena = base;
     ctx_.offsets = &P.offsets;
     ctx_.weights = &e_->weight_ptrs;
-    ctx_.workspace = base + align_up(e_->rep.arena_peak);
     ctx_.workspace_bytes = e_->opt.workspace_bytes;
-    ctx_.bad_index = reinterpret_cast<int*>(base + align_up(e_->rep.arena_peak) + align_up(e_->opt.workspace_bytes));
-    ctx_.counters = reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(ctx_.bad_index) +
-                                                          align_up(sizeof(int) * slots));
+    place_lane(ctx_, 0);
+    KILN_RETURN_IF_ERROR(init_lanes());
     size_t host = 0;
-    for (const DeviceIo& d : P.inputs) host += align_up(io_bytes(d));
-    for (const DeviceIo& d : P.outputs) host += align_up(io_bytes(d));
-    host += sizeof(int) * size_t(std::max(1, P.bad_index_slots));
+    for (size_t i = 0; i < P.inputs.size(); ++i) host += align_up(io_bytes(P.inputs[i]) * lanes_of(i));
+    for (const DeviceIo& d : P.outputs) host += align_up(io_bytes(d) * size_t(lanes_));
+    host += sizeof(int) * slots * size_t(lanes_);
     KILN_CUDA_TRY(cudaMallocHost(&pinned_.p, std::max<size_t>(host, 1)));
     char* h = static_cast<char*>(pinned_.p);
-    for (const DeviceIo& d : P.inputs) { in_host_.push_back(h); h += align_up(io_bytes(d)); }
-    for (const DeviceIo& d : P.outputs) { out_host_.push_back(h); h += align_up(io_bytes(d)); }
+    for (size_t i = 0; i < P.inputs.size(); ++i) { in_host_.push_back(h); h += align_up(io_bytes(P.inputs[i]) * lanes_of(i)); }
+    for (const DeviceIo& d : P.outputs) { out_host_.push_back(h); h += align_up(io_bytes(d) * size_t(lanes_)); }
     bad_host_ = reinterpret_cast<int*>(h);
     KILN_CUDA_TRY(cudaMemsetAsync(mem_.p, 0, bytes_, stream_));
+    lock.unlock();
+    std::unique_lock<std::recursive_mutex> forward_lock = capture_lock();
     if (e_->rep.cuda_graph) {
       // One eager pass initializes the libraries' lazy state (capture forbids it), then capture.
-      KILN_RETURN_IF_ERROR(run_steps());
+      KILN_RETURN_IF_ERROR(lanes_ > 1 ? enqueue_lanes() : run_steps());
       KILN_CUDA_TRY(cudaStreamSynchronize(stream_));
-      KILN_RETURN_IF_ERROR(capture());
+      KILN_RETURN_IF_ERROR(lanes_ > 1 ? capture_lanes() : capture());
     }
-    if (e_->opt.poison) {
-      // 0xFF bytes are NaN in every float dtype: an output element no kernel wrote stays NaN.
-      KILN_CUDA_TRY(cudaMemsetAsync(mem_.p, 0xFF, align_up(e_->rep.arena_peak), stream_));
+    for (int k = 0; k < lanes_; ++k) {
+      const RunCtx& c = lane(k);
+      if (e_->opt.poison) {
+        // 0xFF bytes are NaN in every float dtype: an output element no kernel wrote stays NaN.
+        KILN_CUDA_TRY(cudaMemsetAsync(c.arena, 0xFF, align_up(e_->rep.arena_peak), stream_));
+      }
+      // The first run the caller makes is run 0 of the session's random steps, warm-up or not.
+      KILN_CUDA_TRY(cudaMemsetAsync(c.counters, 0, sizeof(unsigned long long) * slots, stream_));
     }
-    // The first run the caller makes is run 0 of the session's random steps, warm-up or not.
-    KILN_CUDA_TRY(cudaMemsetAsync(ctx_.counters, 0, sizeof(unsigned long long) * slots, stream_));
     KILN_CUDA_TRY(cudaStreamSynchronize(stream_));
     return Status::ok();
   }
@@ -169,8 +185,8 @@ class CudaSession : public Session {
     std::vector<Data> outs;
     for (size_t i = 0; i < e_->plan.outputs.size(); ++i) {
       const DeviceIo& d = e_->plan.outputs[i];
-      KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(ir_dtype_of(k::DT(d.device_dtype)), d.dims));
-      std::memcpy(t.raw(), out_host_[i], io_bytes(d));
+      KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(ir_dtype_of(k::DT(d.device_dtype)), lane_dims(d, true)));
+      std::memcpy(t.raw(), out_host_[i], io_bytes(d) * size_t(lanes_));
       KILN_ASSIGN_OR_RETURN(Tensor ir, convert_tensor(t, DType(d.ir_dtype)));
       outs.emplace_back(std::move(ir));
     }
@@ -296,13 +312,14 @@ class CudaSession : public Session {
                                     cudaMemcpyDeviceToHost, stream_));
       KILN_CUDA_TRY(cudaStreamSynchronize(stream_));
     }
-    KILN_RETURN_IF_ERROR(check_bad_indices());
+    KILN_RETURN_IF_ERROR(check_bad_indices(1));
     return found;
   }
 
   size_t device_bytes() const override { return bytes_; }
 
   Status run_buffers(const std::vector<IoBuffer>& inputs, const std::vector<IoBuffer>& outputs, void* stream) override {
+    if (lanes_ > 1) return KILN_ERROR(kUnsupported, "a micro-batched session takes host tensors");
     const Graph& g = *e_->graph;
     const DevicePlan& P = e_->plan;
     auto check = [](const char* what, size_t i, const Value* v, const DeviceIo& d, const IoBuffer& b) -> Status {
@@ -353,15 +370,131 @@ class CudaSession : public Session {
     return Status::ok();
   }
 
-  Status run_step(size_t i) {
-    Status st = e_->fns[i](ctx_);
+  Status run_step(size_t i, const RunCtx& c) {
+    Status st = e_->fns[i](c);
     return st ? st : st.with_context(e_->plan.steps[i].label);
+  }
+  Status run_step(size_t i) { return run_step(i, ctx_); }
+
+  // ---- lanes (micro-batches) ----
+
+  const RunCtx& lane(int k) const { return k == 0 ? ctx_ : lanes_extra_[size_t(k - 1)].ctx; }
+  size_t lanes_of(size_t input) const { return batched_[input] ? size_t(lanes_) : 1; }
+  // An input's or output's dims as the caller sees them: every lane's rows where it is batched.
+  std::vector<int64_t> lane_dims(const DeviceIo& d, bool batched) const {
+    std::vector<int64_t> dims = d.dims;
+    if (batched && !dims.empty()) dims[0] *= lanes_;
+    return dims;
+  }
+
+  // Points c's memory at lane k's block of the session's allocation.
+  void place_lane(RunCtx& c, int k) {
+    const size_t slots = size_t(std::max(1, e_->plan.bad_index_slots));
+    char* base = static_cast<char*>(mem_.p) + size_t(k) * lane_bytes_;
+    c.arena = base;
+    c.workspace = base + align_up(e_->rep.arena_peak);
+    c.bad_index = reinterpret_cast<int*>(base + align_up(e_->rep.arena_peak) + align_up(e_->opt.workspace_bytes));
+    c.counters = reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(c.bad_index) + align_up(sizeof(int) * slots));
+  }
+
+  // Lanes 1.. get a stream, memory and (where steps use one) a cuDNN handle of their own; the
+  // collectives of every lane share one more stream.
+  Status init_lanes() {
+    if (lanes_ == 1) return Status::ok();
+    for (const DeviceStep& s : e_->plan.steps) {
+      if (s.host) return KILN_ERROR(kUnsupported, "micro-batches need every step on the GPU; '{}' runs on the host", s.label);
+    }
+    KILN_CUDA_TRY(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+    lanes_extra_.resize(size_t(lanes_ - 1));
+    for (int k = 1; k < lanes_; ++k) {
+      Lane& l = lanes_extra_[size_t(k - 1)];
+      l.ctx = ctx_;
+      l.ctx.stream = nullptr;
+      place_lane(l.ctx, k);
+      KILN_CUDA_TRY(cudaStreamCreateWithFlags(&l.ctx.stream, cudaStreamNonBlocking));
+      if (e_->uses_dnn) {
+        KILN_ASSIGN_OR_RETURN(l.dnn, DnnPool::get().take());
+        KILN_CUDA_TRY(cudnnSetStream(l.dnn, l.ctx.stream));
+        l.ctx.dnn = l.dnn;
+      }
+    }
+    lane_events_.assign(size_t(2 * lanes_ + 1), nullptr);
+    for (cudaEvent_t& ev : lane_events_) KILN_CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    return Status::ok();
+  }
+
+  // Every lane's forward, interleaved: a lane runs its steps up to its next collective on its own
+  // stream, the collective runs on the shared stream once the lane is there, and the lane goes on
+  // after it. The shared stream takes lane 0's collective, then lane 1's, and so on, phase by
+  // phase: the same order on every rank, so no rank waits in one collective while its peer is in
+  // another. While lane 0's all-reduce is in flight, lane 1 computes. Forks from and joins back to
+  // the session's stream (lane 0's), so it captures as one graph.
+  Status enqueue_lanes() {
+    const auto& steps = e_->plan.steps;
+    auto collective = [&](size_t i) {
+      return steps[i].kind == uint16_t(StepOp::kAllReduce) || steps[i].kind == uint16_t(StepOp::kAllGather);
+    };
+    cudaEvent_t fork = lane_events_.back();
+    KILN_CUDA_TRY(cudaEventRecord(fork, stream_));
+    KILN_CUDA_TRY(cudaStreamWaitEvent(comm_stream_, fork));
+    for (int k = 1; k < lanes_; ++k) KILN_CUDA_TRY(cudaStreamWaitEvent(lane(k).stream, fork));
+    std::vector<size_t> at(size_t(lanes_), 0);
+    while (at.back() < steps.size()) {
+      for (int k = 0; k < lanes_; ++k) {
+        size_t& i = at[size_t(k)];
+        const RunCtx& c = lane(k);
+        while (i < steps.size() && !collective(i)) KILN_RETURN_IF_ERROR(run_step(i++, c));
+        if (i == steps.size()) continue;
+        cudaEvent_t ready = lane_events_[size_t(2 * k)], done = lane_events_[size_t(2 * k + 1)];
+        KILN_CUDA_TRY(cudaEventRecord(ready, c.stream));
+        KILN_CUDA_TRY(cudaStreamWaitEvent(comm_stream_, ready));
+        RunCtx on_comm = c;
+        on_comm.stream = comm_stream_;
+        KILN_RETURN_IF_ERROR(run_step(i++, on_comm));
+        KILN_CUDA_TRY(cudaEventRecord(done, comm_stream_));
+        KILN_CUDA_TRY(cudaStreamWaitEvent(c.stream, done));
+      }
+    }
+    for (int k = 1; k < lanes_; ++k) {
+      KILN_CUDA_TRY(cudaEventRecord(lane_events_[size_t(2 * k)], lane(k).stream));
+      KILN_CUDA_TRY(cudaStreamWaitEvent(stream_, lane_events_[size_t(2 * k)]));
+    }
+    KILN_CUDA_TRY(cudaEventRecord(fork, comm_stream_));
+    KILN_CUDA_TRY(cudaStreamWaitEvent(stream_, fork));
+    return Status::ok();
+  }
+
+  Status capture_lanes() {
+    std::unique_lock<std::recursive_mutex> lock = capture_lock();
+    cudaGraph_t graph = nullptr;
+    KILN_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    Status st = enqueue_lanes();
+    cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    KILN_RETURN_IF_ERROR(st);
+    KILN_CUDA_TRY(e);
+    Segment seg{0, e_->plan.steps.size(), nullptr};
+    cudaError_t inst = cudaGraphInstantiate(&seg.exec, graph, 0);
+    cudaGraphDestroy(graph);
+    KILN_CUDA_TRY(inst);
+    segments_.push_back(seg);
+    return Status::ok();
+  }
+
+  // The process-wide lock (device.h) for a session's first forward and its capture, except in a
+  // tensor-parallel rank's session: its forward waits in collectives for its peers (and NCCL may
+  // connect to them while a capture records its first use of a path), so a rank holding the lock
+  // there keeps the peers that wait for the lock from ever arriving. Its peers' sessions are made
+  // together, their allocations done before any of them reaches its first collective; the ranks'
+  // captures may still overlap another thread's allocation in the same process.
+  std::unique_lock<std::recursive_mutex> capture_lock() {
+    if (ctx_.comm) return std::unique_lock<std::recursive_mutex>();
+    return std::unique_lock<std::recursive_mutex>(device_mutation_mutex());
   }
 
   // One CUDA graph per run of device steps between host steps (a CPU node costs its round trip,
   // not the graph for the whole forward); host steps stay out of every graph and run in order.
   Status capture() {
-    std::lock_guard<std::recursive_mutex> lock(device_mutation_mutex());
+    std::unique_lock<std::recursive_mutex> lock = capture_lock();
     const auto& steps = e_->plan.steps;
     for (size_t i = 0; i < steps.size();) {
       if (steps[i].host) {
@@ -391,7 +524,7 @@ class CudaSession : public Session {
   // The forward: the captured segments replayed and the host steps run between them, or every
   // step launched one by one when nothing was captured.
   Status forward() {
-    if (segments_.empty()) return run_steps();
+    if (segments_.empty()) return lanes_ > 1 ? enqueue_lanes() : run_steps();
     for (const Segment& g : segments_) {
       if (g.exec) {
         KILN_CUDA_TRY(cudaGraphLaunch(g.exec, stream_));
@@ -403,13 +536,18 @@ class CudaSession : public Session {
   }
 
   Status stage_inputs(const std::vector<Data>& inputs) {
-    KILN_RETURN_IF_ERROR(check_inputs(*e_->graph, inputs));
+    if (lanes_ == 1) {
+      KILN_RETURN_IF_ERROR(check_inputs(*e_->graph, inputs));
+    } else if (inputs.size() != e_->plan.inputs.size()) {
+      return KILN_ERROR(kInvalidArgument, "expected {} inputs, got {}", e_->plan.inputs.size(), inputs.size());
+    }
     for (size_t i = 0; i < e_->plan.inputs.size(); ++i) {
       const DeviceIo& d = e_->plan.inputs[i];
+      if (!inputs[i].is_tensor()) return KILN_ERROR(kInvalidArgument, "input '{}' is not a tensor", e_->graph->inputs[i]->name);
       const Tensor& t = inputs[i].tensor;
-      if (t.nbytes() != io_bytes(d) || DType(d.ir_dtype) != t.dtype()) {
+      if (t.dims() != lane_dims(d, batched_[i]) || DType(d.ir_dtype) != t.dtype()) {
         return KILN_ERROR(kInvalidArgument, "input '{}': {} does not match the engine's {}", e_->graph->inputs[i]->name,
-                          t.summary(), dims_to_string(d.dims));
+                          t.summary(), dims_to_string(lane_dims(d, batched_[i])));
       }
       std::memcpy(in_host_[i], t.raw(), t.nbytes());
     }
@@ -419,46 +557,64 @@ class CudaSession : public Session {
   // with_io: copy staged inputs in and outputs out around the forward.
   Status enqueue(bool with_io) {
     const DevicePlan& P = e_->plan;
-    if (with_io) {
+    // Lane k reads and writes its rows of the batched inputs and of every output.
+    const size_t slots = size_t(P.bad_index_slots);
+    for (int k = 0; with_io && k < lanes_; ++k) {
+      const RunCtx& c = lane(k);
       for (size_t i = 0; i < P.inputs.size(); ++i) {
         const DeviceIo& d = P.inputs[i];
-        KILN_CUDA_TRY(cudaMemcpyAsync(ctx_.ptr(d.ref), in_host_[i], io_bytes(d), cudaMemcpyHostToDevice, stream_));
+        const size_t at = batched_[i] ? size_t(k) * io_bytes(d) : 0;
+        KILN_CUDA_TRY(cudaMemcpyAsync(c.ptr(d.ref), in_host_[i] + at, io_bytes(d), cudaMemcpyHostToDevice, stream_));
       }
-      if (P.bad_index_slots) {
-        KILN_CUDA_TRY(cudaMemsetAsync(ctx_.bad_index, 0, sizeof(int) * size_t(P.bad_index_slots), stream_));
-      }
+      if (slots) KILN_CUDA_TRY(cudaMemsetAsync(c.bad_index, 0, sizeof(int) * slots, stream_));
     }
     KILN_RETURN_IF_ERROR(forward());
-    if (with_io) {
+    for (int k = 0; with_io && k < lanes_; ++k) {
+      const RunCtx& c = lane(k);
       for (size_t i = 0; i < P.outputs.size(); ++i) {
         const DeviceIo& d = P.outputs[i];
-        KILN_CUDA_TRY(cudaMemcpyAsync(out_host_[i], ctx_.ptr(d.ref), io_bytes(d), cudaMemcpyDeviceToHost, stream_));
+        KILN_CUDA_TRY(cudaMemcpyAsync(out_host_[i] + size_t(k) * io_bytes(d), c.ptr(d.ref), io_bytes(d),
+                                      cudaMemcpyDeviceToHost, stream_));
       }
-      if (P.bad_index_slots) {
-        KILN_CUDA_TRY(cudaMemcpyAsync(bad_host_, ctx_.bad_index, sizeof(int) * size_t(P.bad_index_slots),
+      if (slots) {
+        KILN_CUDA_TRY(cudaMemcpyAsync(bad_host_ + size_t(k) * slots, c.bad_index, sizeof(int) * slots,
                                       cudaMemcpyDeviceToHost, stream_));
       }
     }
     return Status::ok();
   }
 
-  Status check_bad_indices() {
+  // `lanes`: how many lanes' counts the last copy brought back.
+  Status check_bad_indices(int lanes = 0) {
     const DevicePlan& P = e_->plan;
     if (!P.bad_index_slots) return Status::ok();
     for (const DeviceStep& s : P.steps) {
-      if (s.bad_index_slot >= 0 && bad_host_[s.bad_index_slot] > 0) {
+      if (s.bad_index_slot < 0) continue;
+      int bad = 0;
+      for (int k = 0; k < (lanes ? lanes : lanes_); ++k) bad += bad_host_[size_t(k) * size_t(P.bad_index_slots) + size_t(s.bad_index_slot)];
+      if (bad > 0) {
         // What the step's kernel counted: out-of-range indices, or the values its kind refuses.
         const StepOp kind = StepOp(s.kind);
         const char* what = kind == StepOp::kRoiAlign       ? "roi(s) with a batch index out of range or not finite"
                            : kind == StepOp::kDropoutTrain ? "run(s) with a training ratio outside [0, 1)"
                                                            : "index value(s) out of range";
-        return KILN_ERROR(kInvalidArgument, "{}: {} {}", s.node.empty() ? s.label : s.node, bad_host_[s.bad_index_slot], what);
+        return KILN_ERROR(kInvalidArgument, "{}: {} {}", s.node.empty() ? s.label : s.node, bad, what);
       }
     }
     return Status::ok();
   }
 
   std::shared_ptr<EngineImpl> e_;
+  int lanes_ = 1;              // micro-batches run at once (new_lanes_session), 1 otherwise
+  std::vector<bool> batched_;  // per input: lanes take their rows of it (else all read it whole)
+  struct Lane {
+    RunCtx ctx;                   // its stream and its block of mem_
+    cudnnHandle_t dnn = nullptr;  // its own, on its stream, where steps use cuDNN
+  };
+  std::vector<Lane> lanes_extra_;        // lanes 1.. (lane 0 is ctx_ on stream_)
+  cudaStream_t comm_stream_ = nullptr;   // every lane's collectives, in one order
+  std::vector<cudaEvent_t> lane_events_; // per lane: ready for its collective, collective done; one to fork and join
+  size_t lane_bytes_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t io_event_ = nullptr;  // orders run_buffers after the caller's stream
   cublasLtHandle_t lt_ = nullptr;
@@ -611,6 +767,16 @@ Expected<std::pair<std::string, std::string>> EngineImpl::serialize() const {
 
 Expected<std::unique_ptr<Session>> EngineImpl::new_session(void* comm) {
   auto s = std::make_unique<CudaSession>(shared_from_this(), comm);
+  KILN_RETURN_IF_ERROR(s->init());
+  return std::unique_ptr<Session>(std::move(s));
+}
+
+Expected<std::unique_ptr<Session>> EngineImpl::new_lanes_session(void* comm, int micro_batches, std::vector<bool> batched) {
+  if (micro_batches < 1 || micro_batches > 64 || batched.size() != plan.inputs.size()) {
+    return KILN_ERROR(kInvalidArgument, "micro-batches: {} lanes over {} batch flags for {} inputs", micro_batches,
+                      batched.size(), plan.inputs.size());
+  }
+  auto s = std::make_unique<CudaSession>(shared_from_this(), comm, micro_batches, std::move(batched));
   KILN_RETURN_IF_ERROR(s->init());
   return std::unique_ptr<Session>(std::move(s));
 }

@@ -751,6 +751,7 @@ class Rewriter {
     redirect(v, ar->outputs[0], rd);
     ++rep.all_reduces;
     rep.all_reduce_bytes += value_bytes(v);
+    rep.max_all_reduce_bytes = std::max(rep.max_all_reduce_bytes, value_bytes(v));
     return ar;
   }
 

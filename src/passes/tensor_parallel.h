@@ -28,6 +28,7 @@ struct TensorParallelReport {
   size_t weight_bytes_rank = 0;   // this rank's after it
   // Per forward, the bytes each collective carries (its tensor's size), for the estimator.
   size_t all_reduce_bytes = 0, all_gather_bytes = 0;
+  size_t max_all_reduce_bytes = 0;  // the largest one's
   std::string to_text() const;
 };
 

@@ -105,7 +105,7 @@ for kind, make, layers in (("gpt2", models.gpt2, 2), ("llama", models.llama, 2))
         ref4 = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]).run(None, {"input_ids": ids4})[0]
         r = kiln("build", path, "--device", DEVICE, "--batch", "4", "--tensor-parallel", str(n), "--report")
         out = r.stdout + r.stderr
-        check("micro-batches: 1 (a micro-batch's all-reduces would carry" in out and "under the 16 MiB" in out,
+        check("micro-batches: 1 (a micro-batch's largest all-reduce would carry" in out and "under the 16 MiB" in out,
               f"{kind}: by default small all-reduces keep one batch, and the report says why")
         engine = os.path.join(TMP, f"{kind}_micro.kiln")
         r = kiln("build", path, "--device", DEVICE, "--batch", "4", "--tensor-parallel", str(n), "--micro-batches", "2",

@@ -744,14 +744,16 @@ class Rewriter {
     return g_.add_node(op, std::move(in), 1, g_.unique_name(name));
   }
 
-  Node* all_reduce(Value* v, TensorParallelReport& rep) {
+  // `like`: a typed value of v's type and shape, when v is new (its type is inferred later).
+  Node* all_reduce(Value* v, TensorParallelReport& rep, const Value* like = nullptr) {
     std::vector<Use> rd = readers(v);
     Node* ar = node(OpKind::kAllReduce, {v}, v->name + "_allreduce");
     ar->attrs["ranks"] = Attribute::of_int(n_);
     redirect(v, ar->outputs[0], rd);
     ++rep.all_reduces;
-    rep.all_reduce_bytes += value_bytes(v);
-    rep.max_all_reduce_bytes = std::max(rep.max_all_reduce_bytes, value_bytes(v));
+    const size_t bytes = value_bytes(like ? like : v);
+    rep.all_reduce_bytes += bytes;
+    rep.max_all_reduce_bytes = std::max(rep.max_all_reduce_bytes, bytes);
     return ar;
   }
 
@@ -816,7 +818,7 @@ class Rewriter {
     Tensor z = Tensor::create(t.dtype(), {}).value();
     Value* picked = node(OpKind::kWhere, {m, n.outputs[0], constant(b + "_fill", std::move(z))}, b + "_picked")->outputs[0];
     redirect(n.outputs[0], picked, rd);
-    all_reduce(picked, rep);
+    all_reduce(picked, rep, n.outputs[0]);
   }
 
 

@@ -136,6 +136,13 @@ for kind, make, layers in (("gpt2", models.gpt2, 2), ("llama", models.llama, 2))
     check(est[2]["all_reduces"] == 2 * layers + 1 and est[2]["all_gathers"] == 1,
           f"{kind}: 2 ranks: {est[2]['all_reduces']} AllReduce (2 per layer + the embedding), {est[2]['all_gathers']} "
           "AllGather (the logits)")
+    # Every collective's tensor counts: an all-reduce carries the fp32 hidden state of every token
+    # (32 wide in both models), the gather the logits (vocabulary 50 and 64).
+    vocab = 50 if kind == "gpt2" else 64
+    for g in (2, 4):
+        want = (est[g]["all_reduces"] * 32 + est[g]["all_gathers"] * vocab) * 4 * est[g]["tokens"]
+        check(est[g]["payload_bytes"] == want, f"{kind}, {g} GPUs: {est[g]['payload_bytes']} bytes per forward through "
+              f"the collectives, the embedding's all-reduce included (expected {want:.0f})")
     check(est[2]["bus_bytes"] > 0 and est[2]["kv_bytes_per_token"] < est[1]["kv_bytes_per_token"],
           f"{kind}: 2 GPUs: KV per token {est[2]['kv_bytes_per_token']:.0f} B (1 GPU: {est[1]['kv_bytes_per_token']:.0f})")
     if kind == "llama":  # 2 KV heads over 4 ranks: attention stays whole, the MLP still splits

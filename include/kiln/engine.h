@@ -82,6 +82,12 @@ struct BuildConfig {
   // why not); 1: one batch.
   int micro_batches = 0;
 
+  // Bit-identical outputs run to run and whatever the number of CPU threads: the fast CPU backend
+  // keeps off the oneDNN steps whose sums depend on how work splits across threads (the statistics
+  // of GroupNormalization and InstanceNormalization run on the reference kernels instead). GPU
+  // engines are deterministic run to run without it (docs/determinism.md says why).
+  bool deterministic = false;
+
   bool autotune = true;      // time library algorithms and kiln's kernels at build (else heuristics)
   bool cuda_graph = true;    // replay each forward as one CUDA graph
   size_t workspace_bytes = size_t(64) << 20;  // scratch shared by cuBLASLt and cuDNN per session

@@ -26,6 +26,7 @@ nlohmann::json config_to_json(const BuildConfig& c) {
   j["memory_budget_bytes"] = c.memory_budget_bytes;
   j["tensor_parallel"] = c.tensor_parallel;
   j["micro_batches"] = c.micro_batches;
+  j["deterministic"] = c.deterministic;
   j["timing_cache"] = c.timing_cache;
   j["gemm_sm90"] = c.gemm_sm90;
   j["gemm_sm90_tile"] = c.gemm_sm90_tile;
@@ -36,7 +37,8 @@ Expected<BuildConfig> config_from_json(const nlohmann::json& j) {
   if (!j.is_object()) return KILN_ERROR(kInvalidModel, "build configuration is not a JSON object");
   static const std::set<std::string> kKeys = {"device", "precision", "shapes", "batch", "shape_ranges", "disabled_passes", "autotune",
                                               "cuda_graph", "workspace_bytes", "memory_budget_bytes", "timing_cache", "gemm_sm90",
-                                              "gemm_sm90_tile", "tensor_parallel", "micro_batches"};
+                                              "gemm_sm90_tile", "tensor_parallel", "micro_batches",
+                                              "deterministic"};
   for (const auto& [k, v] : j.items()) {
     if (!kKeys.count(k)) return KILN_ERROR(kInvalidModel, "build configuration has an unknown field '{}'", k);
   }
@@ -73,6 +75,7 @@ Expected<BuildConfig> config_from_json(const nlohmann::json& j) {
     c.gemm_sm90_tile = j.at("gemm_sm90_tile").get<int>();
     c.tensor_parallel = j.value("tensor_parallel", 1);  // absent in engine files of one rank before it existed
     c.micro_batches = j.value("micro_batches", 1);       // absent before micro-batches existed
+    c.deterministic = j.value("deterministic", false);   // absent before it existed
   } catch (const nlohmann::json::exception& e) {
     return KILN_ERROR(kInvalidModel, "build configuration: {}", e.what());
   }

@@ -90,7 +90,7 @@ class DynamicFastCpuSession : public HostSession {
     KILN_ASSIGN_OR_RETURN(Plan p, plan_host(std::move(g)));
     ShapePlan sp;
     sp.plan = std::make_shared<const Plan>(std::move(p));
-    KILN_ASSIGN_OR_RETURN(CpuPlan cp, plan_fast_cpu(*sp.plan));
+    KILN_ASSIGN_OR_RETURN(CpuPlan cp, plan_fast_cpu(*sp.plan, config_.deterministic));
     auto r = CpuRunner::create(sp.plan, std::make_shared<const CpuPlan>(std::move(cp)));
     if (r) {
       sp.runner = std::move(*r);
@@ -145,6 +145,10 @@ class FastCpuEngine : public DeviceEngine {
     report_ += fmt::format("steps: {} ({} oneDNN primitives with {} fused post-ops, {} on the reference kernels), {} value slots\n",
                            cp_->steps.size(), nprim, fused, cp_->steps.size() - nprim, plan_->slots);
     report_ += fmt::format("weights: {:.1f} MiB\n", double(weight_bytes) / (1 << 20));
+    if (config_.deterministic) {
+      report_ += "deterministic: yes (the same bits whatever the thread count; group and instance normalization "
+                 "statistics on the reference kernels)\n";
+    }
     if (!prims.empty()) {
       report_ += "oneDNN:";
       for (const auto& [k, c] : prims) report_ += fmt::format(" {} x{};", k, c);
@@ -206,7 +210,7 @@ class FastCpuEngine : public DeviceEngine {
 }  // namespace
 
 Expected<std::shared_ptr<DeviceEngine>> build_fast_cpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config) {
-  KILN_ASSIGN_OR_RETURN(CpuPlan cp, plan_fast_cpu(*plan));
+  KILN_ASSIGN_OR_RETURN(CpuPlan cp, plan_fast_cpu(*plan, config.deterministic));
   auto e = std::make_shared<FastCpuEngine>(plan, std::make_shared<const CpuPlan>(std::move(cp)), config);
   e->describe();
   return std::shared_ptr<DeviceEngine>(e);
@@ -217,11 +221,11 @@ Expected<std::shared_ptr<DeviceEngine>> build_fast_cpu_engine(std::shared_ptr<co
 // plan is made again from the graph, which it is a function of, and the report says so.
 Expected<std::shared_ptr<DeviceEngine>> load_fast_cpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& config,
                                                              std::string_view cpuf, const std::string& name) {
-  Expected<CpuPlan> cp = read_cpu_plan(cpuf, *plan, name);
+  Expected<CpuPlan> cp = read_cpu_plan(cpuf, *plan, name, config.deterministic);
   std::string note;
   if (!cp) {
     note = fmt::format("CPU plan made again at load ({})\n", cp.status().message());
-    cp = plan_fast_cpu(*plan);
+    cp = plan_fast_cpu(*plan, config.deterministic);
     if (!cp) return cp.status();
   }
   auto e = std::make_shared<FastCpuEngine>(plan, std::make_shared<const CpuPlan>(std::move(*cp)), config);

@@ -226,5 +226,41 @@ expect_err build_from_engine "not the engine file" "$KILN" build "$E" -o "$TMP/a
 expect_err build_unwritable "cannot write" "$KILN" build "$TMP/small.onnx" --device cpu -o "$TMP/no/such/dir/m.kiln"
 if [[ -e "$TMP/no" ]]; then bad build_unwritable_leaves_nothing "$TMP/no exists"; else ok build_unwritable_leaves_nothing; fi
 
+# --deterministic (docs/determinism.md): the same bits at any thread count and on every run, for a
+# model of one-group GroupNormalization (whose oneDNN statistics split one group across threads),
+# InstanceNormalization, a convolution, a product with a long reduction and a softmax. The engine
+# file records it; an engine built without it is refused when it is asked for.
+python3 - "$TMP" <<'PY' || bad det_model "python could not write the model"
+import sys, numpy as np, onnx
+from onnx import helper as h, TensorProto as T, numpy_helper as nh
+out = sys.argv[1]
+r = np.random.default_rng(5)
+c = lambda a, n: nh.from_array(np.asarray(a, np.float32), n)
+nodes = [h.make_node("GroupNormalization", ["x", "gs", "gb"], ["g"], num_groups=1, epsilon=1e-5),
+         h.make_node("Conv", ["g", "w"], ["cv"], pads=[1, 1, 1, 1]),
+         h.make_node("InstanceNormalization", ["cv", "is", "ib"], ["n"]),
+         h.make_node("Reshape", ["n", "shape"], ["flat"]),
+         h.make_node("MatMul", ["flat", "m"], ["p"]),
+         h.make_node("Softmax", ["p"], ["y"], axis=-1)]
+g = h.make_graph(nodes, "det", [h.make_tensor_value_info("x", T.FLOAT, [1, 8, 32, 32])],
+                 [h.make_tensor_value_info("y", T.FLOAT, [1, 10])],
+                 [c(r.standard_normal(8), "gs"), c(r.standard_normal(8), "gb"), c(r.standard_normal((8, 8, 3, 3)) * 0.2, "w"),
+                  c(r.standard_normal(8), "is"), c(r.standard_normal(8), "ib"),
+                  nh.from_array(np.array([1, 8 * 32 * 32], np.int64), "shape"), c(r.standard_normal((8192, 10)) * 0.02, "m")])
+onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 21)]), f"{out}/det.onnx")
+np.save(f"{out}/det-x.npy", r.standard_normal((1, 8, 32, 32)).astype(np.float32) * 3 + 1)
+PY
+expect_ok det_build "$KILN" build "$TMP/det.onnx" --device cpu --deterministic --report -o "$TMP/det.kiln"
+if grep -q "^deterministic: yes" "$TMP/det_build.out"; then ok det_report; else bad det_report "the build report does not say deterministic"; fi
+for t in 1 2 3 5; do
+  expect_ok "det_run_t$t" env OMP_NUM_THREADS=$t "$KILN" run "$TMP/det.kiln" --input "x=$TMP/det-x.npy" --output-dir "$TMP/det-$t"
+  [[ $t == 1 ]] || same_outputs "det_threads_1_vs_$t" "$TMP/det-1" "$TMP/det-$t"
+done
+expect_ok det_run_again "$KILN" run "$TMP/det.kiln" --input "x=$TMP/det-x.npy" --output-dir "$TMP/det-again"
+same_outputs det_run_to_run "$TMP/det-1" "$TMP/det-again"
+expect_ok det_inspect "$KILN" inspect "$TMP/det.kiln"
+if grep -q '"deterministic":true' "$TMP/det_inspect.out"; then ok det_recorded; else bad det_recorded "inspect shows no deterministic: true"; fi
+expect_err det_engine_without_it "--deterministic: the engine was built without it" "$KILN" run "$E" --deterministic --random-inputs
+
 echo "engines: $passed passed, $failed failed"
 (( failed == 0 ))

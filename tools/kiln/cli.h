@@ -66,6 +66,7 @@ struct EngineOptions {
   int64_t memory_budget_mib = 0;     // --memory-budget: GPU memory one session may hold (0: no limit)
   int tensor_parallel = 1;           // --tensor-parallel N: split the model over N ranks (GPUs)
   int micro_batches = 0;             // --micro-batches M: a tensor-parallel batch as M micro-batches at once
+  bool deterministic = false;        // --deterministic: bit-identical outputs whatever the CPU threads
 };
 
 struct BuildCliOptions {

@@ -53,6 +53,7 @@ Status check_loaded(const Engine& e, const std::string& path, const LoadOptions&
     return rebuild(fmt::format("--tensor-parallel {}: the engine was built for {} rank(s)", eng.tensor_parallel,
                                e.config().tensor_parallel));
   }
+  if (eng.deterministic && !e.config().deterministic) return rebuild("--deterministic: the engine was built without it");
   return Status::ok();
 }
 
@@ -83,6 +84,7 @@ Expected<BuildConfig> build_config(const LoadOptions& load, const EngineOptions&
   c.batch = batch;
   c.tensor_parallel = eng.tensor_parallel;
   c.micro_batches = eng.micro_batches;
+  c.deterministic = eng.deterministic;
   c.cuda_graph = !eng.no_cuda_graph;
   c.autotune = !eng.no_autotune;
   c.timing_cache = eng.timing_cache;

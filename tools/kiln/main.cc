@@ -94,6 +94,9 @@ void add_engine_options(CLI::App* app, kiln::cli::EngineOptions& eng) {
                   "beside another's products (default 0: 2 where each row is computed on its own and the "
                   "all-reduces are large enough to pay; 1: off)")
       ->check(CLI::Range(0, 64));
+  app->add_flag("--deterministic", eng.deterministic,
+               "bit-identical outputs run to run and whatever the number of CPU threads (OMP_NUM_THREADS): CPU "
+               "steps whose sums depend on the thread split run on the reference kernels");
   app->add_option("--disable-pass", eng.optimize.disabled, "skip a graph pass by name, e.g. cse (repeatable)")
       ->check(pass_name(false));
   app->add_option("--dump-ir-after", eng.optimize.dump_ir_after, "print the IR to stderr after PASS, or after all")

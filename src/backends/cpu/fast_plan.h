@@ -108,13 +108,14 @@ struct CpuPlan {
 };
 
 // Decides the steps over a host plan (whose graph must have static shapes where a primitive is
-// chosen; anything else stays a host step).
-Expected<CpuPlan> plan_fast_cpu(const Plan& p);
+// chosen; anything else stays a host step). `deterministic` (BuildConfig::deterministic): no step
+// whose result depends on how oneDNN splits it across threads (kGroupNorm's statistics).
+Expected<CpuPlan> plan_fast_cpu(const Plan& p, bool deterministic = false);
 
 std::string write_cpu_plan(const CpuPlan& cp);
 // Reads it and checks it is the plan plan_fast_cpu makes for `p` (a damaged section, or one from
 // another kiln, is an error before anything runs). `name` (the file) starts every error.
-Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std::string& name);
+Expected<CpuPlan> read_cpu_plan(std::string_view bytes, const Plan& p, const std::string& name, bool deterministic = false);
 
 // n as elementwise ops applied in turn to its first input, as post-ops would apply them (never
 // kAdd): one op, or a FusedElementwise body that is a chain of them (SiLU, Mul(x, Sigmoid(x)), as

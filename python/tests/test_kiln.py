@@ -200,6 +200,25 @@ def test_tensor_parallel(tmp_path):
     np.testing.assert_array_equal(y, y2)
     with pytest.raises(kiln.KilnError, match="fixed input shapes"):
         kiln.build(path, device="cpu", tensor_parallel=2)
+    # A batch of 4 as 2 micro-batches of 2 rows (asked for: the default keeps one batch this small).
+    x4 = np.random.default_rng(4).standard_normal((4, 4)).astype(np.float32)
+    e = kiln.build(path, device="cpu", batch=4, tensor_parallel=2, micro_batches=2)
+    assert "micro-batches: 2 of 2 rows" in e.report()
+    y, = e.create_session().run(None, {"x": x4})
+    np.testing.assert_allclose(y, np.maximum(x4 @ w0, 0) @ w1, rtol=1e-5, atol=1e-5)
+    assert "micro-batches: 1 (" in kiln.build(path, device="cpu", batch=4, tensor_parallel=2).report()
+    with pytest.raises(kiln.KilnError, match="does not divide into 3"):
+        kiln.build(path, device="cpu", batch=4, tensor_parallel=2, micro_batches=3)
+
+
+def test_deterministic(tmp_path):
+    path = str(tmp_path / "mlp.onnx")
+    mlp(path)
+    e = kiln.build(path, device="cpu", shapes={"x": [2, 4]}, deterministic=True)
+    assert "deterministic: yes" in e.report()
+    e.save(str(tmp_path / "det.kiln"))
+    assert "deterministic: yes" in kiln.Engine.load(str(tmp_path / "det.kiln")).report()
+    assert "deterministic" not in kiln.build(path, device="cpu", shapes={"x": [2, 4]}).report()
 
 
 def aligned(shape, align=64):

@@ -40,6 +40,13 @@ enum class Device {
 };
 std::string_view device_name(Device d);  // "auto", "cpu", "cuda", "cpu-ref"
 
+// What a build optimizes for.
+enum class Target {
+  kServer,  // the device asked for (the GPU when usable), any batch the shapes give
+  kEdge,    // batch-1 latency on the CPU (unless a device is named), within memory_budget_bytes
+};
+std::string_view target_name(Target t);  // "server", "edge"
+
 enum class Precision {
   kFp32,
   kTf32,  // fp32 storage, tf32 tensor-core products
@@ -91,9 +98,14 @@ struct BuildConfig {
   bool autotune = true;      // time library algorithms and kiln's kernels at build (else heuristics)
   bool cuda_graph = true;    // replay each forward as one CUDA graph
   size_t workspace_bytes = size_t(64) << 20;  // scratch shared by cuBLASLt and cuDNN per session
-  // The GPU memory one session of this engine may hold (weights + arena + workspace); 0: no limit.
-  // A plan over it fails at build, before anything large is allocated.
+  // The memory one session of this engine may hold, 0: no limit. On the GPU: weights + arena +
+  // workspace. On the CPU: the weights, the copies the fast backend reorders and the activations
+  // live at once at their peak. A plan over it fails at build, before anything large is allocated.
   size_t memory_budget_bytes = 0;
+  // kEdge (`kiln build --target edge`): device auto means the CPU, and each input's leading
+  // symbolic dim is bound to 1 unless `batch` or `shapes` says otherwise; the report states the
+  // session's memory against the budget.
+  Target target = Target::kServer;
   // Where autotuning results persist between builds (any model, same GPU and library versions):
   // "" the kiln cache folder's timing.cache ($KILN_CACHE_DIR, else ~/.cache/kiln), "none" no file.
   // Either way the choices an engine uses travel in its engine file.

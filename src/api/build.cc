@@ -1,7 +1,9 @@
 // kiln::build: import, bind shapes, optimize, then plan for the chosen device. The CLI, the
 // examples and (later) the Python package and the server all build through here.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 
 #include "api/engine_impl.h"
 #include "frontend/onnx/importer.h"
@@ -15,14 +17,21 @@ namespace kiln {
 namespace {
 
 // BuildConfig::batch: binds the leading dim of every input whose leading dim is symbolic (an input
-// with a fixed, different batch, or with other symbolic dims, is an error naming it).
+// with a fixed, different batch, or with other symbolic dims, is an error naming it). An edge build
+// with no batch, shapes ranges aside, binds what a batch of 1 can: the leading symbolic dim of each
+// input whose other dims are fixed; the rest stays as the model has it.
 Status add_batch_bindings(const Graph& g, const BuildConfig& c, std::map<std::string, std::vector<int64_t>>& shapes) {
-  const int64_t batch = c.batch;
+  const bool edge = c.target == Target::kEdge && c.batch == 0 && c.shape_ranges.empty();
+  const int64_t batch = edge ? 1 : c.batch;
   if (batch == 0) return Status::ok();
   if (batch < 0) return KILN_ERROR(kInvalidArgument, "batch {}: expected a positive number", batch);
   for (const Value* v : g.inputs) {
     if (shapes.count(v->name) || c.shape_ranges.count(v->name) || v->constant || !v->type.shape || v->type.shape->rank() == 0) continue;
     const auto& dims = v->type.shape->dims;
+    if (edge && (dims[0].is_static() ||
+                 std::any_of(dims.begin() + 1, dims.end(), [](const auto& d) { return !d.is_static(); }))) {
+      continue;
+    }
     if (dims[0].is_static()) {
       if (dims[0].value() != batch) {
         return KILN_ERROR(kInvalidArgument, "batch {}: input '{}' has a fixed batch of {} ({})", batch, v->name,
@@ -53,6 +62,65 @@ Expected<std::map<std::string, DimRange>> bind_config_shapes(Graph& g, const Bui
   KILN_RETURN_IF_ERROR(infer_types(g));
   return ranges;
 }
+
+namespace {
+
+// The bytes of the host plan's values live at once at their peak (a fused CPU plan holds fewer);
+// nullopt while a value's size is not fixed (symbolic dims).
+std::optional<size_t> activation_peak(const Plan& p) {
+  const Graph& g = *p.graph;
+  std::vector<size_t> bytes(p.slots, 0);
+  auto set = [&](const ValueRef& r, const Value* v) -> bool {
+    if (r.kind != ValueRef::Kind::kSlot || !v) return true;
+    if (!v->type.shape || v->type.dtype == DType::kString) return false;
+    size_t n = dtype_size(v->type.dtype);
+    for (const auto& d : v->type.shape->dims) {
+      if (!d.is_static()) return false;
+      n *= size_t(d.value());
+    }
+    bytes[r.index] = n;
+    return true;
+  };
+  size_t live = 0;
+  for (size_t i = 0; i < g.inputs.size() && i < p.inputs.size(); ++i) {
+    if (!set(p.inputs[i], g.inputs[i])) return std::nullopt;
+    if (p.inputs[i].kind == ValueRef::Kind::kSlot) live += bytes[p.inputs[i].index];
+  }
+  size_t peak = live;
+  for (const PlanStep& s : p.steps) {
+    const Node& n = *g.nodes[s.node];
+    for (size_t k = 0; k < s.outputs.size() && k < n.outputs.size(); ++k) {
+      if (!set(s.outputs[k], n.outputs[k])) return std::nullopt;
+      if (s.outputs[k].kind == ValueRef::Kind::kSlot) live += bytes[s.outputs[k].index];
+    }
+    peak = std::max(peak, live);
+    for (uint32_t f : s.frees) live -= std::min(live, bytes[f]);
+  }
+  return peak;
+}
+
+// A CPU engine's memory per session against BuildConfig::memory_budget_bytes (an error over it), and
+// the report's line on it when there is a budget or the target is the edge.
+Status cpu_memory(const Engine::Impl& e, const BuildConfig& config, std::string* note) {
+  size_t weights = 0;
+  for (const Value* c : e.plan->constants) weights += c->constant->nbytes();
+  const size_t copies = e.fast_cpu ? e.fast_cpu->reordered_weight_bytes() : 0;
+  const std::optional<size_t> peak = activation_peak(*e.plan);
+  auto mib = [](size_t b) { return double(b) / (1 << 20); };
+  const size_t budget = config.memory_budget_bytes;
+  if (budget && peak && weights + copies + *peak > budget) {
+    return KILN_ERROR(kOutOfMemory, "the engine needs {:.1f} MiB per session on the CPU (weights {:.1f}, reordered copies "
+                      "{:.1f}, activations at their peak {:.1f}), over the memory budget of {:.1f} MiB",
+                      mib(weights + copies + *peak), mib(weights), mib(copies), mib(*peak), mib(budget));
+  }
+  if (!budget && config.target != Target::kEdge) return Status::ok();
+  *note += fmt::format("memory per session: weights {:.1f} MiB, reordered copies {:.1f} MiB, activations {}{}\n", mib(weights),
+                       mib(copies), peak ? fmt::format("{:.1f} MiB at their peak", mib(*peak)) : "not known until the input shapes are",
+                       budget ? fmt::format(" (budget {:.1f} MiB)", mib(budget)) : "");
+  return Status::ok();
+}
+
+}  // namespace
 
 Expected<Engine> engine_from_graph(std::unique_ptr<Graph> g, const BuildConfig& config, std::map<std::string, DimRange> ranges,
                                    std::unique_ptr<Graph> unoptimized, BuildPhases phases) {
@@ -95,18 +163,24 @@ Expected<Engine> engine_from_graph(std::unique_ptr<Graph> g, const BuildConfig& 
     impl->device = Device::kCpu;
     KILN_ASSIGN_OR_RETURN(impl->fast_cpu, build_fast_cpu_engine(impl->plan, config));
   }
+  std::string memory;
+  KILN_RETURN_IF_ERROR(cpu_memory(*impl, config, &memory));
   impl->build_ms = before + ms_since(t0);
   impl->build_note = fmt::format("build phases: import {:.1f} ms, shapes and passes {:.1f}, plan {:.1f}\n", phases.import_ms,
                                  phases.passes_ms, ms_since(t0));
+  if (config.target == Target::kEdge) impl->build_note += "target: edge (batch-1 latency: leading symbolic dims bound to 1)\n";
+  impl->build_note += memory;
   return Engine(std::move(impl));
 }
 
 namespace {
 
 // import_ms: what reading the model took (its own clock), for the report's phase line.
-Expected<Engine> build_model(Model m, const BuildConfig& config, double import_ms) {
+Expected<Engine> build_model(Model m, const BuildConfig& asked, double import_ms) {
   auto t0 = std::chrono::steady_clock::now();
-  KILN_RETURN_IF_ERROR(validate_config(config));
+  KILN_RETURN_IF_ERROR(validate_config(asked));
+  BuildConfig config = asked;
+  if (config.target == Target::kEdge && config.device == Device::kAuto) config.device = Device::kCpu;
   Graph& g = *m.graph;
   // A tensor-parallel build for a batch may run it as micro-batches: it keeps the graph as it was
   // to bind for a micro-batch, and which inputs the batch binds.
@@ -163,6 +237,10 @@ Status validate_config(const BuildConfig& c) {
   }
   if (c.tensor_parallel > 1 && !c.shape_ranges.empty()) {
     return KILN_ERROR(kInvalidArgument, "tensor_parallel {}: needs fixed input shapes; give shapes, not shape ranges",
+                      c.tensor_parallel);
+  }
+  if (c.target == Target::kEdge && c.tensor_parallel > 1) {
+    return KILN_ERROR(kInvalidArgument, "target edge runs on one device; tensor_parallel {} splits over several",
                       c.tensor_parallel);
   }
   if (c.workspace_bytes == 0) return KILN_ERROR(kInvalidArgument, "workspace_bytes must be positive");

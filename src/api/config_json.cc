@@ -27,6 +27,7 @@ nlohmann::json config_to_json(const BuildConfig& c) {
   j["tensor_parallel"] = c.tensor_parallel;
   j["micro_batches"] = c.micro_batches;
   j["deterministic"] = c.deterministic;
+  j["target"] = std::string(target_name(c.target));
   j["timing_cache"] = c.timing_cache;
   j["gemm_sm90"] = c.gemm_sm90;
   j["gemm_sm90_tile"] = c.gemm_sm90_tile;
@@ -38,7 +39,7 @@ Expected<BuildConfig> config_from_json(const nlohmann::json& j) {
   static const std::set<std::string> kKeys = {"device", "precision", "shapes", "batch", "shape_ranges", "disabled_passes", "autotune",
                                               "cuda_graph", "workspace_bytes", "memory_budget_bytes", "timing_cache", "gemm_sm90",
                                               "gemm_sm90_tile", "tensor_parallel", "micro_batches",
-                                              "deterministic"};
+                                              "deterministic", "target"};
   for (const auto& [k, v] : j.items()) {
     if (!kKeys.count(k)) return KILN_ERROR(kInvalidModel, "build configuration has an unknown field '{}'", k);
   }
@@ -76,6 +77,9 @@ Expected<BuildConfig> config_from_json(const nlohmann::json& j) {
     c.tensor_parallel = j.value("tensor_parallel", 1);  // absent in engine files of one rank before it existed
     c.micro_batches = j.value("micro_batches", 1);       // absent before micro-batches existed
     c.deterministic = j.value("deterministic", false);   // absent before it existed
+    const std::string target = j.value("target", "server");
+    if (target == "edge") c.target = Target::kEdge;
+    else if (target != "server") return KILN_ERROR(kInvalidModel, "build configuration: unknown target '{}'", target);
   } catch (const nlohmann::json::exception& e) {
     return KILN_ERROR(kInvalidModel, "build configuration: {}", e.what());
   }

@@ -135,7 +135,10 @@ class FastCpuEngine : public DeviceEngine {
       prims[fmt::format("{} [{}]", what, r ? (*r)->impls()[i] : std::string("reference kernels"))]++;
     }
     report_ = note + fmt::format("device: cpu ({})\n", r ? lib : "reference kernels: " + r.status().message());
-    if (r) spare_ = std::move(*r);
+    if (r) {
+      reordered_ = (*r)->weight_bytes();
+      spare_ = std::move(*r);
+    }
     if (has_symbolic_inputs(*plan_->graph)) {
       report_ += "symbolic input dims: each input shape runs on a plan of its own, made at its first run; the steps "
                  "below are the symbolic plan's\n";
@@ -162,6 +165,7 @@ class FastCpuEngine : public DeviceEngine {
   }
 
   std::string report() const override { return report_; }
+  size_t reordered_weight_bytes() const override { return reordered_; }
   size_t weight_bytes() const override {
     size_t b = 0;
     for (const Value* c : plan_->constants) b += c->constant->nbytes();
@@ -205,6 +209,7 @@ class FastCpuEngine : public DeviceEngine {
   std::string report_;
   mutable std::mutex spare_mu_;
   mutable std::unique_ptr<CpuRunner> spare_;  // describe()'s runner, until the first session takes it
+  size_t reordered_ = 0;                      // its reordered weights' bytes (each session has its own)
 };
 
 }  // namespace

@@ -27,6 +27,8 @@ class DeviceEngine {
   virtual size_t arena_bytes() const { return 0; }
   virtual double build_ms() const = 0;
   virtual std::string load_phases() const { return ""; }  // a loaded engine: where its load time went
+  // Bytes a session holds beside the plan's weights: the weights reordered into a library's layout.
+  virtual size_t reordered_weight_bytes() const { return 0; }
   // Whether the engine file carries the graph's weights (a dynamic engine lowers shape plans from
   // the graph as it runs) rather than only the device plan's.
   virtual bool graph_weights() const { return false; }

@@ -14,6 +14,14 @@ std::string_view device_name(Device d) {
   return "?";
 }
 
+std::string_view target_name(Target t) {
+  switch (t) {
+    case Target::kServer: return "server";
+    case Target::kEdge: return "edge";
+  }
+  return "?";
+}
+
 std::string_view precision_name(Precision p) {
   switch (p) {
     case Precision::kFp32: return "fp32";

@@ -262,5 +262,28 @@ expect_ok det_inspect "$KILN" inspect "$TMP/det.kiln"
 if grep -q '"deterministic":true' "$TMP/det_inspect.out"; then ok det_recorded; else bad det_recorded "inspect shows no deterministic: true"; fi
 expect_err det_engine_without_it "--deterministic: the engine was built without it" "$KILN" run "$E" --deterministic --random-inputs
 
+# --target edge: the CPU, a leading symbolic dim bound to 1, the session's memory in the report and
+# held to --memory-budget (an engine over it is a one-line error before anything runs).
+python3 - "$TMP" <<'PY' || bad edge_model "python could not write the model"
+import sys, numpy as np, onnx
+from onnx import helper as h, TensorProto as T, numpy_helper as nh
+w = nh.from_array(np.random.default_rng(6).standard_normal((256, 1024)).astype(np.float32), "w")
+g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"]), h.make_node("Relu", ["y"], ["z"])], "edge",
+                 [h.make_tensor_value_info("x", T.FLOAT, ["N", 256])], [h.make_tensor_value_info("z", T.FLOAT, ["N", 1024])], [w])
+onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), f"{sys.argv[1]}/edge.onnx")
+PY
+expect_ok edge_build "$KILN" build "$TMP/edge.onnx" --target edge --memory-budget 3 --report -o "$TMP/edge.kiln"
+if grep -q "^target: edge" "$TMP/edge_build.out" && grep -q "^device: cpu" "$TMP/edge_build.out" &&
+   grep -q "^memory per session: weights 1.0 MiB, reordered copies .* MiB, activations 0.0 MiB at their peak (budget 3.0 MiB)" "$TMP/edge_build.out"; then
+  ok edge_report
+else
+  bad edge_report "$(grep -E '^(target|device|memory)' "$TMP/edge_build.out" | tr '\n' ' ')"
+fi
+expect_ok edge_inspect "$KILN" inspect "$TMP/edge.kiln"
+if grep -q "f32\[1,256\]" "$TMP/edge_inspect.out" && grep -q '"target":"edge"' "$TMP/edge_inspect.out"; then ok edge_batch_1; else bad edge_batch_1 "$(head -c 600 "$TMP/edge_inspect.out" | tr '\n' ' ')"; fi
+expect_err edge_over_budget "over the memory budget of 1.0 MiB" "$KILN" build "$TMP/edge.onnx" --target edge --memory-budget 1 -o "$TMP/edge-big.kiln"
+if [[ -e "$TMP/edge-big.kiln" ]]; then bad edge_over_budget_leaves_nothing "the engine file was written"; else ok edge_over_budget_leaves_nothing; fi
+expect_err edge_tensor_parallel "target edge runs on one device" "$KILN" build "$TMP/edge.onnx" --target edge --tensor-parallel 2 --batch 2
+
 echo "engines: $passed passed, $failed failed"
 (( failed == 0 ))

@@ -67,6 +67,7 @@ struct EngineOptions {
   int tensor_parallel = 1;           // --tensor-parallel N: split the model over N ranks (GPUs)
   int micro_batches = 0;             // --micro-batches M: a tensor-parallel batch as M micro-batches at once
   bool deterministic = false;        // --deterministic: bit-identical outputs whatever the CPU threads
+  std::string target = "server";     // --target server|edge
 };
 
 struct BuildCliOptions {

@@ -85,6 +85,7 @@ Expected<BuildConfig> build_config(const LoadOptions& load, const EngineOptions&
   c.tensor_parallel = eng.tensor_parallel;
   c.micro_batches = eng.micro_batches;
   c.deterministic = eng.deterministic;
+  c.target = eng.target == "edge" ? Target::kEdge : Target::kServer;
   c.cuda_graph = !eng.no_cuda_graph;
   c.autotune = !eng.no_autotune;
   c.timing_cache = eng.timing_cache;

@@ -83,7 +83,8 @@ void add_engine_options(CLI::App* app, kiln::cli::EngineOptions& eng) {
                   "GPU: autotuning results kept between builds in FILE (default: the kiln cache folder's "
                   "timing.cache; none: no file)");
   app->add_option("--memory-budget", eng.memory_budget_mib,
-                  "GPU: MiB one session may hold with the weights; a plan over it fails before allocating")
+                  "MiB one session may hold (GPU: weights, arena, workspace; CPU: weights, reordered copies, peak "
+                  "activations); a plan over it fails at build")
       ->check(kPositiveInt);
   app->add_option("--tensor-parallel", eng.tensor_parallel,
                   "split the model over N ranks, Megatron style: GPUs 0..N-1 with NCCL (or CPU threads); needs fixed "
@@ -94,6 +95,10 @@ void add_engine_options(CLI::App* app, kiln::cli::EngineOptions& eng) {
                   "beside another's products (default 0: 2 where each row is computed on its own and the "
                   "all-reduces are large enough to pay; 1: off)")
       ->check(CLI::Range(0, 64));
+  app->add_option("--target", eng.target,
+                  "server (default) or edge: batch-1 latency on the CPU (unless --device names one), leading "
+                  "symbolic dims bound to 1, the session's memory reported against --memory-budget")
+      ->check(CLI::IsMember({"server", "edge"}));
   app->add_flag("--deterministic", eng.deterministic,
                "bit-identical outputs run to run and whatever the number of CPU threads (OMP_NUM_THREADS): CPU "
                "steps whose sums depend on the thread split run on the reference kernels");

@@ -122,7 +122,8 @@ def build(path: str | os.PathLike, *, device: str = "auto", precision: str = "fp
           shapes: Optional[Mapping[str, Sequence[int]]] = None, batch: int = 0,
           shape_ranges: Optional[Mapping[str, Sequence]] = None, disabled_passes: Sequence[str] = (),
           autotune: bool = True, cuda_graph: bool = True, memory_budget_mib: int = 0, timing_cache: str = "",
-          tensor_parallel: int = 1, micro_batches: int = 0, deterministic: bool = False) -> Engine:
+          tensor_parallel: int = 1, micro_batches: int = 0, deterministic: bool = False,
+          target: str = "server") -> Engine:
     """Imports and optimizes an ONNX model and builds an engine (BuildConfig's fields, by name).
 
     shapes binds inputs' symbolic dims ({"input_ids": [1, 128]}); shape_ranges gives ranges for a
@@ -130,10 +131,11 @@ def build(path: str | os.PathLike, *, device: str = "auto", precision: str = "fp
     ({"input_ids": [(1, 64), (16, 512)]}). tensor_parallel > 1 splits the model over that many GPUs
     (CPU threads on the CPU); it needs fixed shapes, and with a batch runs micro_batches at once where
     that pays (0) or as asked (docs/tensor-parallel.md). deterministic: the same output bits at any
-    CPU thread count (docs/determinism.md)."""
+    CPU thread count (docs/determinism.md). target="edge": batch-1 latency on the CPU, the session's
+    memory in the report and held to memory_budget_mib."""
     return Engine(_kiln.build(os.fspath(path), device, precision, {k: list(v) for k, v in (shapes or {}).items()},
                               batch, dict(shape_ranges or {}), list(disabled_passes), autotune, cuda_graph,
-                              memory_budget_mib, timing_cache, tensor_parallel, micro_batches, deterministic))
+                              memory_budget_mib, timing_cache, tensor_parallel, micro_batches, deterministic, target))
 
 
 def quantize(path: str | os.PathLike, out: str | os.PathLike, *, calib_dir: str, precision: str = "int8",

@@ -174,7 +174,7 @@ kiln::BuildConfig make_config(const std::string& device, const std::string& prec
                               const std::map<std::string, std::vector<int64_t>>& shapes, int64_t batch,
                               const nb::dict& shape_ranges, const std::vector<std::string>& disabled_passes,
                               bool autotune, bool cuda_graph, int64_t memory_budget_mib, const std::string& timing_cache,
-                              int tensor_parallel, int micro_batches, bool deterministic) {
+                              int tensor_parallel, int micro_batches, bool deterministic, const std::string& target) {
   kiln::BuildConfig c;
   if (device == "auto") c.device = kiln::Device::kAuto;
   else if (device == "cpu") c.device = kiln::Device::kCpu;
@@ -202,6 +202,8 @@ kiln::BuildConfig make_config(const std::string& device, const std::string& prec
   c.tensor_parallel = tensor_parallel;
   c.micro_batches = micro_batches;
   c.deterministic = deterministic;
+  if (target == "edge") c.target = kiln::Target::kEdge;
+  else if (target != "server") throw KilnError("target is 'server' or 'edge', not '" + target + "'");
   return c;
 }
 
@@ -377,13 +379,14 @@ NB_MODULE(_kiln, m) {
                     const std::map<std::string, std::vector<int64_t>>& shapes, int64_t batch, const nb::dict& shape_ranges,
                     const std::vector<std::string>& disabled_passes, bool autotune, bool cuda_graph,
                     int64_t memory_budget_mib, const std::string& timing_cache, int tensor_parallel, int micro_batches,
-                    bool deterministic) {
+                    bool deterministic, const std::string& target) {
     kiln::BuildConfig c = make_config(device, precision, shapes, batch, shape_ranges, disabled_passes, autotune, cuda_graph,
-                                      memory_budget_mib, timing_cache, tensor_parallel, micro_batches, deterministic);
+                                      memory_budget_mib, timing_cache, tensor_parallel, micro_batches, deterministic, target);
     nb::gil_scoped_release release;
     return take(kiln::build(path, c));
   }, "path"_a, "device"_a, "precision"_a, "shapes"_a, "batch"_a, "shape_ranges"_a, "disabled_passes"_a, "autotune"_a,
-     "cuda_graph"_a, "memory_budget_mib"_a, "timing_cache"_a, "tensor_parallel"_a, "micro_batches"_a, "deterministic"_a);
+     "cuda_graph"_a, "memory_budget_mib"_a, "timing_cache"_a, "tensor_parallel"_a, "micro_batches"_a, "deterministic"_a,
+     "target"_a);
 
   m.def("quantize", [](const std::string& path, const std::string& out, const std::string& precision,
                        const std::string& method, const std::string& calib_dir, const std::string& eval_dir,

@@ -221,6 +221,16 @@ def test_deterministic(tmp_path):
     assert "deterministic" not in kiln.build(path, device="cpu", shapes={"x": [2, 4]}).report()
 
 
+def test_edge_target(tmp_path):
+    path = str(tmp_path / "mlp.onnx")
+    mlp(path)
+    e = kiln.build(path, target="edge", memory_budget_mib=1)
+    assert e.device == "cpu" and e.inputs[0].shape == [1, 4]
+    assert "target: edge" in e.report() and "memory per session:" in e.report()
+    with pytest.raises(kiln.KilnError, match="target is 'server' or 'edge'"):
+        kiln.build(path, target="phone")
+
+
 def aligned(shape, align=64):
     """A float32 array whose data starts on an `align`-byte boundary (numpy's own may not)."""
     n = int(np.prod(shape))

@@ -206,6 +206,8 @@ def test_tensor_parallel(tmp_path):
     assert "micro-batches: 2 of 2 rows" in e.report()
     y, = e.create_session().run(None, {"x": x4})
     np.testing.assert_allclose(y, np.maximum(x4 @ w0, 0) @ w1, rtol=1e-5, atol=1e-5)
+    with pytest.raises(kiln.KilnError, match="input 'x'"):  # 3 rows: never a silent partial batch
+        e.create_session().run(None, {"x": x4[:3]})
     assert "micro-batches: 1 (" in kiln.build(path, device="cpu", batch=4, tensor_parallel=2).report()
     with pytest.raises(kiln.KilnError, match="does not divide into 3"):
         kiln.build(path, device="cpu", batch=4, tensor_parallel=2, micro_batches=3)

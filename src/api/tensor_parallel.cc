@@ -175,8 +175,10 @@ Expected<Tensor> stack_rows(const std::vector<const Tensor*>& parts) {
 // runs them one after another (its collectives in the same order as its peers').
 class TensorParallelSession : public Session::Impl {
  public:
-  TensorParallelSession(int n, int micro, bool gpu, std::vector<bool> batched, std::vector<std::shared_ptr<void>> comms)
-      : micro_(micro), gpu_(gpu), batched_(std::move(batched)), comms_(std::move(comms)), threads_(n) {}
+  TensorParallelSession(int n, int micro, bool gpu, std::vector<bool> batched, std::vector<TensorInfo> whole,
+                        std::vector<std::shared_ptr<void>> comms)
+      : micro_(micro), gpu_(gpu), batched_(std::move(batched)), whole_(std::move(whole)), comms_(std::move(comms)),
+        threads_(n) {}
   std::vector<std::unique_ptr<Session::Impl>> ranks;
 
   // Runs f(r) on every rank at once, rank 0 on the calling thread; the first rank's error (in rank
@@ -226,7 +228,12 @@ class TensorParallelSession : public Session::Impl {
     for (size_t i = 0; i < inputs.size(); ++i) {
       const bool split = i < batched_.size() && batched_[i];
       if (split && !inputs[i].is_tensor()) return KILN_ERROR(kInvalidArgument, "input {} is not a tensor", i);
-      const int64_t rows = split && inputs[i].tensor.rank() > 0 ? inputs[i].tensor.dim(0) / micro_ : 0;
+      if (split && (i >= whole_.size() || inputs[i].tensor.dims() != whole_[i].shape)) {
+        return KILN_ERROR(kInvalidArgument, "input '{}': {} does not match the engine's {}",
+                          i < whole_.size() ? whole_[i].name : std::to_string(i), inputs[i].tensor.summary(),
+                          i < whole_.size() ? dims_to_string(whole_[i].shape) : std::string("inputs"));
+      }
+      const int64_t rows = split ? inputs[i].tensor.dim(0) / micro_ : 0;
       for (int k = 0; k < micro_; ++k) {
         if (!split) {
           p[size_t(k)].push_back(inputs[i]);
@@ -313,6 +320,7 @@ class TensorParallelSession : public Session::Impl {
   int micro_;
   bool gpu_;
   std::vector<bool> batched_;
+  std::vector<TensorInfo> whole_;             // the engine's inputs (every micro-batch's rows)
   std::vector<std::shared_ptr<void>> comms_;  // one NCCL communicator per GPU (GPU sessions)
   RankThreads threads_;
   std::mutex mu_;
@@ -377,9 +385,14 @@ Expected<Engine> build_tensor_parallel(std::unique_ptr<Graph> g, std::unique_ptr
   double rank0_ms = 0;
   if (unbound) {
     const int want = config.micro_batches > 1 ? config.micro_batches : 2;
+    std::map<std::string, int64_t> axes;
     Status ok = config.batch % want ? KILN_ERROR(kUnsupported, "batch {} does not divide into {} micro-batches",
                                                  config.batch, want)
-                                    : check_rows_independent(*g, batched);
+                                    : check_rows_independent(*g, batched, &axes);
+    // On the CPU the ranks run micro-batches one after another: nothing overlaps.
+    if (ok && config.micro_batches == 0 && device != Device::kCuda) {
+      ok = KILN_ERROR(kUnsupported, "the ranks run on the CPU, where micro-batches would run one after another");
+    }
     if (ok && config.micro_batches == 0) {
       auto t0 = std::chrono::steady_clock::now();
       KILN_ASSIGN_OR_RETURN(rank0, split_rank(*g, 0, &rep0));
@@ -394,10 +407,14 @@ Expected<Engine> build_tensor_parallel(std::unique_ptr<Graph> g, std::unique_ptr
       }
     }
     if (ok) {
+      // The graph bound for a micro-batch, checked value by value against the whole batch's.
       BuildConfig mc = config;
       mc.batch = config.batch / want;
-      KILN_RETURN_IF_ERROR(bind_config_shapes(*unbound, mc).status());
-      KILN_RETURN_IF_ERROR(run_passes(*unbound, prefix, part_options(config, prefix, false)).status());
+      ok = bind_config_shapes(*unbound, mc).status();
+      if (ok) ok = run_passes(*unbound, prefix, part_options(config, prefix, false)).status();
+      if (ok) ok = check_micro_shapes(*g, *unbound, axes, want);
+    }
+    if (ok) {
       g = std::move(unbound);
       rank0.reset();
       micro = want;
@@ -443,7 +460,7 @@ Expected<std::unique_ptr<Session::Impl>> tensor_parallel_session(const Engine::I
   if (gpu) {
     KILN_ASSIGN_OR_RETURN(comms, gpu_communicators(n));
   }
-  auto s = std::make_unique<TensorParallelSession>(n, micro, gpu, e.batched, comms);
+  auto s = std::make_unique<TensorParallelSession>(n, micro, gpu, e.batched, e.inputs, comms);
   s->ranks.resize(size_t(n));
   // GPU ranks start together: each session's first forward (before its graph capture) already
   // runs the collectives, which wait for every rank.

@@ -57,6 +57,14 @@ class Rows {
     for (const Value* v : n.inputs) any = any || axis(v) >= 0;
     if (!any) return Status::ok();  // the same for every row: so are its results
     if (has_subgraph(n)) return fail(n, "runs a subgraph on batched values");
+    if (is_random_op(n.op)) return fail(n, "draws random numbers, the same for each micro-batch");
+    if (n.op == OpKind::kDropout && n.has_input(2)) {
+      const Tensor* t = constant_of(g_, n.inputs[2]);
+      if (!t || t->numel() != 1 || t->as_int(0) != 0) return fail(n, "may run in training mode (a random mask)");
+    }
+    if (n.op == OpKind::kMaxPool && n.outputs.size() > 1 && n.outputs[1]) {
+      return fail(n, "gives indices into the whole batch");
+    }
     switch (n.op) {
       case OpKind::kSoftmax: case OpKind::kLogSoftmax: case OpKind::kHardmax:
         return along(n, norm_axis(n.attr_int("axis", -1), rank(n)), false);
@@ -348,7 +356,7 @@ class Rows {
 
 }  // namespace
 
-Status check_rows_independent(const Graph& g, const std::vector<bool>& batched) {
+Status check_rows_independent(const Graph& g, const std::vector<bool>& batched, std::map<std::string, int64_t>* axes) {
   if (batched.size() != g.inputs.size()) return KILN_ERROR(kInternal, "{} batch flags for {} inputs", batched.size(), g.inputs.size());
   int64_t b = 0;
   for (size_t i = 0; i < g.inputs.size(); ++i) {
@@ -366,6 +374,29 @@ Status check_rows_independent(const Graph& g, const std::vector<bool>& batched) 
   }
   for (const auto& n : g.nodes) KILN_RETURN_IF_ERROR(rows.visit(*n));
   for (const Value* v : g.outputs) KILN_RETURN_IF_ERROR(rows.output(v));
+  if (axes) {
+    for (const auto& v : g.values) axes->emplace(v->name, rows.axis(v.get()));
+  }
+  return Status::ok();
+}
+
+Status check_micro_shapes(const Graph& whole, const Graph& micro, const std::map<std::string, int64_t>& axes, int64_t m) {
+  for (const auto& v : micro.values) {
+    auto it = axes.find(v->name);
+    const Value* w = it == axes.end() ? nullptr : whole.lookup(v->name);
+    // Constants the analysis read as the same for every row (a folded mask) may be sized by the batch.
+    if (!w || w->constant || v->constant) continue;
+    const std::vector<int64_t> dw = dims_of(w), dm = dims_of(v.get());
+    if (dw.empty() && dm.empty()) continue;
+    bool ok = dw.size() == dm.size();
+    for (size_t i = 0; ok && i < dw.size(); ++i) {
+      ok = int64_t(i) == it->second ? dw[i] == dm[i] * m : dw[i] == dm[i];
+    }
+    if (!ok) {
+      return KILN_ERROR(kUnsupported, "'{}' is {} in a micro-batch but {} in the whole batch: a shape in the model does "
+                        "not follow the batch", v->name, dims_to_string(dm), dims_to_string(dw));
+    }
+  }
   return Status::ok();
 }
 

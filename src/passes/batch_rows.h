@@ -12,6 +12,8 @@
 // answers no.
 #pragma once
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include "ir/graph.h"
@@ -22,6 +24,13 @@ namespace kiln {
 // `batched[i]`: graph input i carries the batch on its axis 0 (of static size B >= 2, the same for
 // each); the others are the same for every row. Static shapes. ok, or an error naming the first
 // node (or output) that mixes the rows and why.
-Status check_rows_independent(const Graph& g, const std::vector<bool>& batched);
+// `axes`, when given: each value's name -> the axis carrying the batch, or -1.
+Status check_rows_independent(const Graph& g, const std::vector<bool>& batched,
+                              std::map<std::string, int64_t>* axes = nullptr);
+
+// The same graph bound for a micro-batch of 1/m the rows, checked value by value (by name) against
+// the whole batch's `axes`: the batch axis is 1/m as large, every other axis the same. A shape the
+// analysis could not see through (a reshape to a literal batch size) fails here, naming the value.
+Status check_micro_shapes(const Graph& whole, const Graph& micro, const std::map<std::string, int64_t>& axes, int64_t m);
 
 }  // namespace kiln

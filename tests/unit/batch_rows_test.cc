@@ -115,5 +115,63 @@ TEST(BatchRows, OutputsAndInputsMustCarryTheBatchOnAxisZero) {
   EXPECT_FALSE(s);  // one row: nothing to split
 }
 
+TEST(BatchRows, RandomOpsAndPoolIndicesAreRefused) {
+  // Each micro-batch would draw the same numbers; MaxPool's indices count across the whole batch.
+  Status s = check(R"(graph g(%x: f32[2,8]) {
+  %r = RandomUniformLike(%x) : f32[2,8]
+  %y = Add(%x, %r) : f32[2,8]
+  return %y
+})");
+  EXPECT_FALSE(s);
+  EXPECT_NE(s.message().find("random"), std::string::npos) << s.message();
+  s = check(R"(graph g(%x: f32[2,1,4,4]) {
+  %y, %i = MaxPool(%x) {kernel_shape = [2, 2], strides = [2, 2]} : f32[2,1,2,2], i64[2,1,2,2]
+  return %y, %i
+})");
+  EXPECT_FALSE(s);
+  EXPECT_NE(s.message().find("indices"), std::string::npos) << s.message();
+}
+
+TEST(BatchRows, AMicroBatchWhoseShapesDoNotFollowTheBatchIsNamed) {
+  // A reshape to a literal [2, -1] looks batched at 2 rows, but a 1-row micro-batch makes it [2, 8]:
+  // the softmax would run over 8 values instead of 16.
+  const char* whole = R"(graph g(%x: f32[2,16]) {
+  %s = const dense<i64[2]> [2, -1]
+  %r = Reshape(%x, %s) : f32[2,16]
+  %y = Softmax(%r) {axis = 1} : f32[2,16]
+  return %y
+})";
+  const char* micro = R"(graph g(%x: f32[1,16]) {
+  %s = const dense<i64[2]> [2, -1]
+  %r = Reshape(%x, %s) : f32[2,8]
+  %y = Softmax(%r) {axis = 1} : f32[2,8]
+  return %y
+})";
+  auto w = parse_graph(whole);
+  auto m = parse_graph(micro);
+  ASSERT_TRUE(w && m);
+  std::map<std::string, int64_t> axes;
+  ASSERT_TRUE(check_rows_independent(**w, {true}, &axes));
+  EXPECT_EQ(axes["r"], 0);
+  Status s = check_micro_shapes(**w, **m, axes, 2);
+  EXPECT_FALSE(s);
+  EXPECT_NE(s.message().find("'r'"), std::string::npos) << s.message();
+  // The same model with the batch followed (-1 first) passes.
+  auto w2 = parse_graph(R"(graph g(%x: f32[2,16]) {
+  %s = const dense<i64[2]> [-1, 16]
+  %r = Reshape(%x, %s) : f32[2,16]
+  return %r
+})");
+  auto m2 = parse_graph(R"(graph g(%x: f32[1,16]) {
+  %s = const dense<i64[2]> [-1, 16]
+  %r = Reshape(%x, %s) : f32[1,16]
+  return %r
+})");
+  ASSERT_TRUE(w2 && m2);
+  axes.clear();
+  ASSERT_TRUE(check_rows_independent(**w2, {true}, &axes));
+  EXPECT_TRUE(check_micro_shapes(**w2, **m2, axes, 2));
+}
+
 }  // namespace
 }  // namespace kiln

@@ -54,6 +54,7 @@ Status check_loaded(const Engine& e, const std::string& path, const LoadOptions&
                                e.config().tensor_parallel));
   }
   if (eng.deterministic && !e.config().deterministic) return rebuild("--deterministic: the engine was built without it");
+  if (eng.target == "edge" && e.config().target != Target::kEdge) return rebuild("--target edge: the engine was built for a server");
   return Status::ok();
 }
 

@@ -776,6 +776,20 @@ Expected<std::unique_ptr<Session>> EngineImpl::new_lanes_session(void* comm, int
     return KILN_ERROR(kInvalidArgument, "micro-batches: {} lanes over {} batch flags for {} inputs", micro_batches,
                       batched.size(), plan.inputs.size());
   }
+  // Lanes join their rows along axis 0: every output, and every input flagged, must have one.
+  for (size_t i = 0; i < plan.inputs.size(); ++i) {
+    if (batched[i] && plan.inputs[i].dims.empty()) return KILN_ERROR(kInvalidArgument, "micro-batches: input {} has no rows", i);
+  }
+  for (size_t i = 0; i < plan.outputs.size(); ++i) {
+    if (plan.outputs[i].dims.empty()) return KILN_ERROR(kInvalidArgument, "micro-batches: output {} has no rows", i);
+  }
+  // The memory budget holds for the whole session: every lane's arena and workspace.
+  const size_t lane = align_up(plan.arena_peak) + align_up(opt.workspace_bytes);
+  if (opt.memory_budget_bytes && rep.weight_bytes + lane * size_t(micro_batches) > opt.memory_budget_bytes) {
+    return KILN_ERROR(kOutOfMemory, "{} micro-batches need {:.1f} MiB of GPU memory per session, over the memory budget "
+                      "of {:.1f} MiB", micro_batches, double(rep.weight_bytes + lane * size_t(micro_batches)) / (1 << 20),
+                      double(opt.memory_budget_bytes) / (1 << 20));
+  }
   auto s = std::make_unique<CudaSession>(shared_from_this(), comm, micro_batches, std::move(batched));
   KILN_RETURN_IF_ERROR(s->init());
   return std::unique_ptr<Session>(std::move(s));

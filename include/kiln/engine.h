@@ -84,9 +84,9 @@ struct BuildConfig {
   int tensor_parallel = 1;
   // A tensor-parallel engine built for a batch (`batch`): run it as this many micro-batches at once,
   // lanes of each rank's CUDA graph, so one micro-batch's all-reduces overlap another's products.
-  // 0: 2 where the graph computes each batch row on its own, the batch divides and each
-  // micro-batch's all-reduces are large enough for the overlap to pay (the build report says so or
-  // why not); 1: one batch.
+  // 0: 2 on GPU ranks where the graph computes each batch row on its own, the batch divides and a
+  // micro-batch's largest all-reduce is large enough for the overlap to pay (the build report says
+  // so or why not); 1: one batch.
   int micro_batches = 0;
 
   // Bit-identical outputs run to run and whatever the number of CPU threads: the fast CPU backend

@@ -91,8 +91,8 @@ struct BuildConfig {
 
   // Bit-identical outputs run to run and whatever the number of CPU threads: the fast CPU backend
   // keeps off the oneDNN steps whose sums depend on how work splits across threads (the statistics
-  // of GroupNormalization and InstanceNormalization run on the reference kernels instead). GPU
-  // engines are deterministic run to run without it (docs/determinism.md says why).
+  // of GroupNormalization and InstanceNormalization run on the reference kernels instead). It does
+  // not change GPU engines yet (docs/determinism.md says what is and is not known there).
   bool deterministic = false;
 
   bool autotune = true;      // time library algorithms and kiln's kernels at build (else heuristics)

@@ -73,6 +73,8 @@ def main():
     p.add_argument("--profile", action="store_true", help="also save `kiln bench --profile` of each engine")
     p.add_argument("--build-flags", default="", help="more `kiln build` flags (write --build-flags=\"--no-autotune\")")
     p.add_argument("--tag", default="tp", help="names OUT/TAG.json and OUT/TAG.md (several runs in one OUT)")
+    p.add_argument("--export-only", action="store_true",
+                   help="only export the models' ONNX into /tmp/tp_work (run beside other work; a later run reuses them)")
     args = p.parse_args()
     import numpy as np, torch
     os.makedirs(args.out, exist_ok=True)
@@ -93,6 +95,8 @@ def main():
                 t0 = time.time()
                 rec["exporter"] = peers.export_onnx(model, inputs, path)
                 rec["export_s"] = time.time() - t0
+            if args.export_only:
+                continue
             ids1 = inputs["input_ids"][:1]
             np.save(os.path.join(work, f"{name}_ids.npy"), ids1.numpy())
             with torch.inference_mode():

@@ -271,6 +271,142 @@ void apply_concat_empty(UseMap& u, Node& n) {
 }
 bool match_concat1(const UseMap& u, const Node& n) { return n.inputs.size() == 1 && n.inputs[0] && match_input0(u, n); }
 
+// Concat of adjacent pieces of one value along its own axis (YOLO's C2f concatenates both halves of
+// a Split or of two Slices with the blocks that follow): the run is that value, or one Slice of
+// it. A piece: a Slice with unit steps that cuts only that axis of a static-shaped input (the other
+// dims whole), or an output of a Split along it.
+struct Piece {
+  Value* src = nullptr;
+  int64_t axis = 0, begin = 0, end = 0;
+};
+
+std::optional<Piece> piece_of(const UseMap& u, Value* v) {
+  Node* p = v ? v->producer : nullptr;
+  if (!p || !p->has_input(0)) return std::nullopt;
+  const auto in = static_dims(p->inputs[0]), out = static_dims(v);
+  if (!in || !out || in->size() != out->size()) return std::nullopt;
+  Piece r{p->inputs[0]};
+  if (p->op == OpKind::kSplit) {
+    r.axis = p->attr_int("axis", 0);
+    if (r.axis < 0) r.axis += int64_t(in->size());
+    if (r.axis < 0 || r.axis >= int64_t(in->size())) return std::nullopt;
+    for (Value* o : p->outputs) {
+      const auto od = o ? static_dims(o) : std::nullopt;
+      if (!od || od->size() != in->size()) return std::nullopt;
+      if (o == v) {
+        r.end = r.begin + (*od)[size_t(r.axis)];
+        return r;
+      }
+      r.begin += (*od)[size_t(r.axis)];
+    }
+    return std::nullopt;
+  }
+  if (p->op != OpKind::kSlice || p->inputs.size() < 3) return std::nullopt;
+  auto starts = constant_ints(u, p->inputs[1]), ends = constant_ints(u, p->inputs[2]);
+  std::optional<std::vector<int64_t>> axes;
+  if (p->has_input(3)) {
+    axes = constant_ints(u, p->inputs[3]);
+  } else if (starts) {
+    axes = std::vector<int64_t>(starts->size());
+    std::iota(axes->begin(), axes->end(), 0);
+  }
+  if (!starts || !ends || !axes || starts->size() != axes->size() || ends->size() != axes->size()) return std::nullopt;
+  if (p->has_input(4)) {
+    auto steps = constant_ints(u, p->inputs[4]);
+    if (!steps || !std::all_of(steps->begin(), steps->end(), [](int64_t s) { return s == 1; })) return std::nullopt;
+  }
+  // With unit steps a cut axis is the one whose length changed; every other listed axis is whole.
+  int cut = -1;
+  for (size_t d = 0; d < in->size(); ++d) {
+    if ((*in)[d] == (*out)[d]) continue;
+    if (cut >= 0) return std::nullopt;
+    cut = int(d);
+  }
+  if (cut < 0) return std::nullopt;  // the whole input: match_slice_whole's case
+  for (size_t i = 0; i < axes->size(); ++i) {
+    int64_t a = (*axes)[i] < 0 ? (*axes)[i] + int64_t(in->size()) : (*axes)[i];
+    if (a != cut) continue;
+    const int64_t dim = (*in)[size_t(cut)];
+    int64_t b = (*starts)[i] < 0 ? (*starts)[i] + dim : (*starts)[i];
+    b = std::clamp<int64_t>(b, 0, dim);
+    r.axis = cut;
+    r.begin = b;
+    r.end = b + (*out)[size_t(cut)];
+    return r.end <= dim ? std::optional<Piece>(r) : std::nullopt;
+  }
+  return std::nullopt;
+}
+
+// Runs [first, last) of Concat inputs that are adjacent pieces of one value along the Concat's axis.
+std::vector<std::pair<size_t, size_t>> piece_runs(const UseMap& u, const Node& n) {
+  std::vector<std::pair<size_t, size_t>> runs;
+  auto r = rank_of(n.has_output(0) ? n.outputs[0] : nullptr);
+  if (!r || n.inputs.size() < 2) return runs;
+  int64_t axis = n.attr_int("axis", 0);
+  if (axis < 0) axis += int64_t(*r);
+  std::vector<std::optional<Piece>> ps;
+  for (Value* v : n.inputs) {
+    auto p = piece_of(u, v);
+    ps.push_back(p && p->axis == axis ? p : std::nullopt);
+  }
+  for (size_t i = 0; i < ps.size();) {
+    size_t j = i + 1;
+    while (ps[i] && j < ps.size() && ps[j] && ps[j]->src == ps[i]->src && ps[j]->begin == ps[j - 1]->end) ++j;
+    if (j - i >= 2) runs.emplace_back(i, j);
+    i = j;
+  }
+  return runs;
+}
+
+// A run becomes its source when it covers the source's axis; else the run's first Slice, when only
+// this Concat reads it, is widened to the run (no new node: the driver is walking the node list).
+bool run_mergeable(const UseMap& u, const Node& n, std::pair<size_t, size_t> run) {
+  Value* first = n.inputs[run.first];
+  const Piece a = *piece_of(u, first), b = *piece_of(u, n.inputs[run.second - 1]);
+  if (a.begin == 0 && b.end == (*static_dims(a.src))[size_t(a.axis)]) return true;
+  return first->producer->op == OpKind::kSlice && u.num_uses(first) == 1 && !u.is_output(first);
+}
+
+bool match_concat_pieces(const UseMap& u, const Node& n) {
+  for (auto run : piece_runs(u, n)) {
+    if (run_mergeable(u, n, run)) return true;
+  }
+  return false;
+}
+
+void apply_concat_pieces(UseMap& u, Node& n) {
+  std::vector<Value*> keep, dropped;
+  size_t at = 0;
+  for (auto run : piece_runs(u, n)) {
+    if (!run_mergeable(u, n, run)) continue;
+    keep.insert(keep.end(), n.inputs.begin() + long(at), n.inputs.begin() + long(run.first));
+    Value* first = n.inputs[run.first];
+    const Piece a = *piece_of(u, first), b = *piece_of(u, n.inputs[run.second - 1]);
+    if (a.begin == 0 && b.end == (*static_dims(a.src))[size_t(a.axis)]) {
+      keep.push_back(a.src);
+    } else {
+      Node* s = first->producer;
+      Graph& g = u.graph();
+      for (size_t i = 1; i < s->inputs.size(); ++i) {
+        if (s->inputs[i]) dropped.push_back(s->inputs[i]);
+        u.set_input(s, i, nullptr);
+      }
+      s->inputs.resize(4);
+      u.set_input(s, 1, add_i64_constant(g, first->name + "_starts", {a.begin}));
+      u.set_input(s, 2, add_i64_constant(g, first->name + "_ends", {b.end}));
+      u.set_input(s, 3, add_i64_constant(g, first->name + "_axes", {a.axis}));
+      first->type.shape->dims[size_t(a.axis)] = Dim(b.end - a.begin);
+      keep.push_back(first);
+    }
+    at = run.second;
+  }
+  keep.insert(keep.end(), n.inputs.begin() + long(at), n.inputs.end());
+  for (size_t i = 0; i < n.inputs.size(); ++i) u.set_input(&n, i, nullptr);
+  n.inputs.assign(keep.size(), nullptr);
+  for (size_t i = 0; i < keep.size(); ++i) u.set_input(&n, i, keep[i]);
+  erase_unused_constants(u, dropped);
+}
+
 // Sum of one input is that input; of two, an Add (same broadcasting): ONNX's expanded function
 // bodies write Sum, and the fusions (fuse-gelu) and backends match Add.
 bool match_sum1(const UseMap& u, const Node& n) {
@@ -360,6 +496,8 @@ const Rule kRules[] = {
     {OpKind::kSlice, "Slice(x) -> x when unit steps keep its static shape", match_slice_whole, apply_input0},
     {OpKind::kConcat, "Concat(.., empty, ..) -> Concat without the empty inputs", match_concat_empty, apply_concat_empty},
     {OpKind::kConcat, "Concat(x) -> x", match_concat1, apply_input0},
+    {OpKind::kConcat, "Concat(.., x[a:b], x[b:c], ..) -> Concat(.., x[a:c], ..) along the Concat's axis",
+     match_concat_pieces, apply_concat_pieces},
     {OpKind::kSum, "Sum(x) -> x", match_sum1, apply_input0},
     {OpKind::kSum, "Sum(a, b) -> Add(a, b)", match_sum2, apply_sum2},
     {OpKind::kGather, "Gather(x, [0, 1, .., n-1] along an axis of n) -> Reshape(x, result shape)", match_gather_arange,

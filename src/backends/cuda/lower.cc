@@ -133,6 +133,7 @@ Lowering::Lowering(const Graph& g, const BuildOptions& opt) : g_(g), opt_(opt) {
     for (const Value* in : n->inputs) {
       if (in) readers_[in].push_back(n.get());
     }
+    for (const Value* in : outer_reads(g, *n)) readers_[in].push_back(n.get());  // If/Loop bodies' reads
   }
 }
 

@@ -61,6 +61,10 @@ struct Step : DeviceStep {
 
 class Lowering;
 
+// The values of g that n's subgraph bodies read (ONNX outer-scope references), nested bodies
+// included, each once, in a fixed order (lower_host.cc).
+std::vector<const Value*> outer_reads(const Graph& g, const Node& n);
+
 // dst[dst_off + idx . d] = src[src_off + idx . s] for idx in s.dims (offsets in elements of eb
 // bytes); zero_bytes > 0 first zeroes that many bytes of dst (a padded copy). lower_data.cc.
 void emit_copy_nd(Lowering& L, const Node* n, std::string label, int eb, Ref src, int64_t src_off, const k::NdStrides& s,

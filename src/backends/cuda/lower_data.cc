@@ -261,9 +261,13 @@ Status lower_split(Lowering& L, const Node& n) {
   std::vector<int64_t> xs = x->strides();
   int64_t at = 0;
   for (const Value* o : n.outputs) {
+    if (!o) continue;
     std::vector<int64_t> od = dims_of(o);
-    const DevValue& y = L.define(o);
-    if (y.numel() > 0) emit_copy(L, n, "split", x, at * xs[size_t(axis)], xs, y.ref, 0, contiguous_strides(od), od);
+    // An output nothing reads (a Concat took the Split's input whole instead) is not copied.
+    if (L.consumers(o) > 0 || L.is_graph_output(o)) {
+      const DevValue& y = L.define(o);
+      if (y.numel() > 0) emit_copy(L, n, "split", x, at * xs[size_t(axis)], xs, y.ref, 0, contiguous_strides(od), od);
+    }
     at += od[size_t(axis)];
   }
   return Status::ok();

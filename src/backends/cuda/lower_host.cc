@@ -29,32 +29,6 @@ struct In {
   Tensor host;
 };
 
-// The values of g that n's subgraph bodies read (ONNX outer-scope references), nested bodies
-// included, each once, in a fixed order: what a control-flow host step copies down besides its
-// inputs. The build and the binder compute the same list from the same graph.
-void outer_reads(const Graph& g, const Graph& body, std::vector<const Value*>& out) {
-  auto add = [&](const Value* v) {
-    if (v && v->owner == &g && std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
-  };
-  for (const auto& sn : body.nodes) {
-    for (const Value* in : sn->inputs) add(in);
-    for (const auto& [key, a] : sn->attrs) {
-      if (a.g) outer_reads(g, *a.g, out);
-      for (const auto& sg : a.graphs) outer_reads(g, *sg, out);
-    }
-  }
-  for (const Value* o : body.outputs) add(o);
-}
-
-std::vector<const Value*> outer_reads(const Graph& g, const Node& n) {
-  std::vector<const Value*> out;
-  for (const auto& [key, a] : n.attrs) {
-    if (a.g) outer_reads(g, *a.g, out);
-    for (const auto& sg : a.graphs) outer_reads(g, *sg, out);
-  }
-  return out;
-}
-
 // Reads one host-step input record (see encode_input).
 Status read_input(Params& in, In& x) {
   x.kind = in.en(HostIn::kConstant);
@@ -186,6 +160,32 @@ Status encode_input(Lowering& L, const Node& n, const Value* v, ByteWriter& w, s
 }
 
 }  // namespace
+
+// The values of g that n's subgraph bodies read (ONNX outer-scope references), nested bodies
+// included, each once, in a fixed order: what a control-flow host step copies down besides its
+// inputs. The build and the binder compute the same list from the same graph.
+static void outer_reads(const Graph& g, const Graph& body, std::vector<const Value*>& out) {
+  auto add = [&](const Value* v) {
+    if (v && v->owner == &g && std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+  };
+  for (const auto& sn : body.nodes) {
+    for (const Value* in : sn->inputs) add(in);
+    for (const auto& [key, a] : sn->attrs) {
+      if (a.g) outer_reads(g, *a.g, out);
+      for (const auto& sg : a.graphs) outer_reads(g, *sg, out);
+    }
+  }
+  for (const Value* o : body.outputs) add(o);
+}
+
+std::vector<const Value*> outer_reads(const Graph& g, const Node& n) {
+  std::vector<const Value*> out;
+  for (const auto& [key, a] : n.attrs) {
+    if (a.g) outer_reads(g, *a.g, out);
+    for (const auto& sg : a.graphs) outer_reads(g, *sg, out);
+  }
+  return out;
+}
 
 // The placer has checked that the CPU backend supports n. A control-flow node (If, Loop, Scan)
 // runs whole on the host, its bodies' outer-scope reads copied down with its inputs.

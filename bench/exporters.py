@@ -11,8 +11,9 @@ Each export is built by kiln (`kiln build --report`, batch 2 where the batch is 
 counted ("steps: N host steps" on the CPU, "steps per forward" on the GPU); its outputs (`kiln run`) are
 checked against onnxruntime's on the same inputs: relative L2 per output at most 1e-4 on the CPU, 2e-2
 in fp16 on the GPU. The target:
-both exports of a model reach the same step count within 3%. Prints one table; exits 1 when an export
-kiln builds does not match onnxruntime or fails to build.
+both exports of a model reach the same step count within 3%, and with --bench (GPU) the same speed
+within 3% (`kiln bench` of each engine: median and p99 ms of CUDA-graph replays). Prints one table;
+exits 1 when an export kiln builds does not match onnxruntime or fails to build.
 
 Needs torch (with onnxscript for the dynamo exporter), transformers, torchvision, onnx, onnxruntime.
 """
@@ -60,6 +61,7 @@ def main():
     ap.add_argument("--models", default=DEFAULT)
     ap.add_argument("--device", default="cpu-ref", choices=["cpu-ref", "cpu", "cuda"])
     ap.add_argument("--out", default="/tmp/kiln-exporters")
+    ap.add_argument("--bench", action="store_true", help="also time each engine (`kiln bench`, 10 warm-up + 50 timed)")
     args = ap.parse_args()
     import onnx
     import onnxruntime as ort
@@ -74,7 +76,7 @@ def main():
             try:
                 got = export(model, arch, inputs, path, kind)
             except Exception as e:  # noqa: BLE001 - reported as a row
-                rows.append((name, kind, "-", "-", f"export failed: {str(e).splitlines()[0][:80]}"))
+                rows.append((name, kind, "-", "-", "-", f"export failed: {str(e).splitlines()[0][:80]}"))
                 continue
             nodes = len(onnx.load(path, load_external_data=False).graph.node)
             feeds = {k: v.numpy() for k, v in inputs.items()}
@@ -100,6 +102,17 @@ def main():
             if args.device == "cuda":
                 run.append("--fp16")
             c = subprocess.run(run, capture_output=True, text=True)
+            timing = "-"
+            if args.bench and b.returncode == 0:
+                jf = os.path.join(args.out, "bench.json")
+                t = subprocess.run([args.kiln, "bench", os.path.join(args.out, "t.kiln"), "--warmup", "10",
+                                    "--iterations", "50", "--json", jf], capture_output=True, text=True)
+                if t.returncode == 0:
+                    import json
+                    r = json.load(open(jf))
+                    timing = f"{r['median_ms']:.3f} ({r['p99_ms']:.3f})"
+                else:
+                    timing = "bench failed: " + (t.stderr.strip().splitlines() or ["?"])[-1][:80]
             worst = 0.0
             for o in sess.get_outputs() if c.returncode == 0 else []:
                 want = np.load(os.path.join(io, "ref", o.name + ".npy")).astype(np.float64)
@@ -111,9 +124,9 @@ def main():
             verdict = f"rel-L2 {worst:.1e}" if ok else "FAIL: " + (
                 f"rel-L2 {worst:.1e} > {tol}" if c.returncode == 0 and b.returncode == 0
                 else ((b.stderr or c.stderr).strip().splitlines() or ["?"])[-1][:100])
-            rows.append((name, got, nodes, steps if steps is not None else "-", verdict))
+            rows.append((name, got, nodes, steps if steps is not None else "-", timing, verdict))
             print(rows[-1], flush=True)
-    print(f"\n| model | export | ONNX nodes | kiln steps ({args.device}) | vs onnxruntime |\n|---|---|---|---|---|")
+    print(f"\n| model | export | ONNX nodes | kiln steps ({args.device}) | kiln ms (p99) | vs onnxruntime |\n|---|---|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(str(x) for x in r) + " |")
     return 1 if failed else 0

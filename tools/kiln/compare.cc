@@ -54,7 +54,13 @@ Stats compare_values(const Tensor& want, const Tensor& got, double rtol, double 
 int compare_main(const LoadOptions& load, const RunOptions& run, const CompareOptions& opt, const EngineOptions& eng) {
   namespace fs = std::filesystem;
   if (!(opt.rtol >= 0) || !(opt.atol >= 0)) return fail(KILN_ERROR(kInvalidArgument, "--rtol and --atol must be >= 0"));
-  auto engine = open_engine(load, eng, 0);
+  // The inputs folder's NAME.npy files (a stem that is no input name is passed over).
+  std::map<std::string, std::string> files;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(opt.inputs_dir, ec)) {
+    if (entry.path().extension() == ".npy") files.emplace(entry.path().stem().string(), entry.path().string());
+  }
+  auto engine = open_engine_for_files(load, eng, 0, files);
   if (!engine) return fail(engine.status());
   RunOptions with_shapes = run;
   if (is_engine_file(load.model)) {

@@ -2,10 +2,12 @@
 // the command line's options (kiln::build picks the GPU when one is usable, else the CPU with one
 // warning line).
 #include <fstream>
+#include <set>
 
 #include "cli.h"
 #include "api/engine_impl.h"
 #include "runtime/engine_file.h"
+#include "support/npy.h"
 
 namespace kiln::cli {
 
@@ -108,6 +110,28 @@ Expected<Engine> open_engine(const LoadOptions& load, const EngineOptions& eng, 
   }
   KILN_ASSIGN_OR_RETURN(BuildConfig c, build_config(load, eng, batch));
   return build(load.model, c);
+}
+
+Expected<Engine> open_engine_for_files(const LoadOptions& load, const EngineOptions& eng, int64_t batch,
+                                       const std::map<std::string, std::string>& files) {
+  if (is_engine_file(load.model) || batch > 0 || files.empty()) return open_engine(load, eng, batch);
+  std::set<std::string> named;
+  for (const std::string& f : load.shapes) {
+    if (auto s = parse_shape_spec(f)) named.insert(s->name);
+  }
+  LoadOptions bound = load;
+  for (const auto& [name, path] : files) {
+    if (named.count(name)) continue;
+    auto t = read_npy(path);
+    if (!t || t->rank() == 0) continue;  // a file that does not read is the input check's to report
+    std::string dims;
+    for (int64_t d : t->dims()) dims += fmt::format("{}{}", dims.empty() ? "" : "x", d);
+    bound.shapes.push_back(fmt::format("{}:{}", name, dims));
+  }
+  if (bound.shapes.size() == load.shapes.size()) return open_engine(load, eng, batch);
+  auto e = open_engine(bound, eng, batch);
+  if (e || e.status().code() != ErrorCode::kInvalidArgument) return e;
+  return open_engine(load, eng, batch);
 }
 
 }  // namespace kiln::cli

@@ -193,7 +193,11 @@ int run_main(const LoadOptions& load, const RunOptions& opt, const EngineOptions
     for (std::string l; std::getline(f, l);) labels.push_back(l);
   }
   auto t0 = std::chrono::steady_clock::now();
-  auto engine = open_engine(load, eng, opt.batch);
+  std::map<std::string, std::string> input_files;  // NAME=FILE flags; malformed ones are gather_inputs' to report
+  for (const std::string& f : opt.inputs) {
+    if (size_t eq = f.find('='); eq != std::string::npos && eq > 0) input_files.emplace(f.substr(0, eq), f.substr(eq + 1));
+  }
+  auto engine = open_engine_for_files(load, eng, opt.batch, input_files);
   if (!engine) return fail(engine.status());
   auto session = engine->create_session();
   if (!session) return fail(session.status());

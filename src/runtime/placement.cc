@@ -1,6 +1,8 @@
 // The placer (placement.h).
 #include "runtime/placement.h"
 
+#include <algorithm>
+#include <limits>
 #include <map>
 
 #include "backends/backend.h"
@@ -13,6 +15,25 @@ namespace {
 // Outputs over this many elements stay computed at run time (a fold would trade a cheap op for a
 // large weight); fold-constants uses the same bound.
 constexpr int64_t kMaxFoldElements = int64_t(1) << 24;
+
+// The bound for n: none for a Transpose whose every reader takes its result as a MatMul's or Gemm's
+// weight (input B). The dynamo exporter writes a tied LM head as MatMul(x, Transpose(embedding)):
+// folded, the backend prepares the weight once at build (its layout, padded columns) instead of
+// transposing the vocabulary's table every forward; the weight is held twice, as the TorchScript
+// export of the same model holds it.
+int64_t fold_limit(const Node& n, const std::map<const Value*, std::vector<const Node*>>& readers,
+                   const std::vector<Value*>& outputs) {
+  if (n.op != OpKind::kTranspose || !n.has_output(0)) return kMaxFoldElements;
+  const Value* v = n.outputs[0];
+  auto it = readers.find(v);
+  if (it == readers.end() || std::find(outputs.begin(), outputs.end(), v) != outputs.end()) return kMaxFoldElements;
+  for (const Node* r : it->second) {
+    const bool weight = (r->op == OpKind::kMatMul || r->op == OpKind::kGemm) && r->inputs.size() >= 2 &&
+                        r->inputs[1] == v && r->inputs[0] != v && (r->inputs.size() < 3 || r->inputs[2] != v);
+    if (!weight) return kMaxFoldElements;
+  }
+  return std::numeric_limits<int64_t>::max();
+}
 
 }  // namespace
 
@@ -36,6 +57,12 @@ const std::string kFusedImpl = "fused", kInto = "into ", kFusedInto = "fused int
 Expected<std::vector<NodePlacement>> place_nodes(const Graph& g, StepBackend& device, const Backend& host) {
   std::vector<NodePlacement> rows;
   auto known = [&device](const Value* v) { return device.constant(v); };
+  std::map<const Value*, std::vector<const Node*>> readers;
+  for (const auto& up : g.nodes) {
+    for (const Value* in : up->inputs) {
+      if (in) readers[in].push_back(up.get());
+    }
+  }
   for (const auto& up : g.nodes) {
     const Node& n = *up;
     if (const Node* into = device.fused_into(n)) {
@@ -44,7 +71,7 @@ Expected<std::vector<NodePlacement>> place_nodes(const Graph& g, StepBackend& de
     }
     // Known inputs: evaluated now, on the CPU backend's kernels (passes/fold_constants.h).
     std::vector<std::optional<Tensor>> outs;
-    KILN_ASSIGN_OR_RETURN(bool folded, fold_node(n, known, kMaxFoldElements, &outs));
+    KILN_ASSIGN_OR_RETURN(bool folded, fold_node(n, known, fold_limit(n, readers, g.outputs), &outs));
     if (folded) {
       for (size_t i = 0; i < n.outputs.size(); ++i) {
         if (n.outputs[i] && outs[i]) device.set_constant(n.outputs[i], std::move(*outs[i]));

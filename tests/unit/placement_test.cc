@@ -111,6 +111,50 @@ class NoHost : public Backend {
   Expected<std::unique_ptr<Executable>> compile(const Graph&) override { return KILN_ERROR(kUnsupported, "no"); }
 };
 
+// A Transpose of a constant over the fold bound folds when only GEMM weights read it (the dynamo
+// exporter's tied LM head), and stays a device step when anything else reads it too.
+TEST(Placement, ATransposedWeightFoldsWhateverItsSize) {
+  for (bool other_reader : {false, true}) {
+    auto g = parse(R"(graph main(%x: f32[2,2]) {
+  %w = const dense<f32[2,2]> [1.0, 2.0, 3.0, 4.0]
+  %t = Transpose(%w) {perm = [1, 0]} : f32[2,2]
+  %y = MatMul(%x, %t) : f32[2,2]
+  %r = Relu(%t) : f32[2,2]
+  return %y, %r
+})");
+    if (!other_reader) {  // the Relu and its output go
+      g->outputs.pop_back();
+      g->nodes.pop_back();
+    }
+    // Over 2^24 elements: [4097, 4096], the last row 1..4096, the rest zeros.
+    const int64_t rows = 4097, cols = 4096;
+    auto w = Tensor::create(DType::kFloat32, {rows, cols});
+    ASSERT_TRUE(w);
+    for (int64_t j = 0; j < cols; ++j) w->data<float>()[(rows - 1) * cols + j] = float(j + 1);
+    Value* wv = g->nodes[0]->inputs[0];
+    wv->constant = std::move(*w);
+    wv->type.shape = Shape({Dim(rows), Dim(cols)});
+    g->nodes[0]->outputs[0]->type.shape = Shape({Dim(cols), Dim(rows)});
+    FakeDevice dev;
+    dev.g = g.get();
+    dev.lowers = {OpKind::kTranspose, OpKind::kMatMul, OpKind::kRelu};
+    auto cpu = make_cpu_backend();
+    auto rows_or = place_nodes(*g, dev, *cpu);
+    ASSERT_TRUE(rows_or) << rows_or.status().message();
+    const Tensor* t = dev.constant(g->nodes[0]->outputs[0]);
+    if (other_reader) {
+      EXPECT_EQ((*rows_or)[0].placement, Placement::kDevice);
+      EXPECT_EQ(t, nullptr);
+      continue;
+    }
+    EXPECT_EQ((*rows_or)[0].placement, Placement::kFolded);
+    ASSERT_NE(t, nullptr);
+    ASSERT_EQ(t->dims(), (std::vector<int64_t>{cols, rows}));
+    EXPECT_EQ(t->data<float>()[5 * rows + rows - 1], 6.0f);  // t[5][4096] = w[4096][5]
+    EXPECT_EQ(t->data<float>()[5 * rows + 3], 0.0f);
+  }
+}
+
 TEST(Placement, ANodeNoBackendRunsIsAnErrorWithBothReasons) {
   auto g = parse(R"(graph main(%x: f32[4]) {
   %r = Relu(%x) : f32[4]

@@ -1,6 +1,6 @@
-// Depthwise convolution, NHWC. One thread per output element with the channel fastest, so a
-// warp reads 32 consecutive channels of one input pixel (coalesced) and the filter laid out
-// [r, s, c] likewise. It is memory-bound (9 MACs per output for 3x3); the re-reads of
+// Depthwise convolution, NHWC. One thread per group of consecutive channels of an output pixel,
+// the channels fastest, so a warp reads consecutive channels of one input pixel (coalesced) and
+// the filter laid out [r, s, c] likewise. It is memory-bound (9 MACs per output for 3x3); the re-reads of
 // neighbouring pixels hit L1/L2.
 //
 // Also the input transform of convolutions over few channels (an RGB image): x, in any layout,
@@ -13,52 +13,27 @@ namespace kiln::cuda::k {
 
 namespace {
 
-template <class T>
-__global__ void depthwise_kernel(const T* __restrict__ x, const T* __restrict__ f, const T* __restrict__ bias,
-                                 T* __restrict__ y, DepthwiseShape sh, int act, float lo, float hi, int64_t total) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    int c = int(i % sh.c);
-    int64_t t = i / sh.c;
-    int q = int(t % sh.q);
-    t /= sh.q;
-    int p = int(t % sh.p);
-    int n = int(t / sh.p);
-    float acc = bias ? to_f(bias[c]) : 0.0f;
-    for (int r = 0; r < sh.r; ++r) {
-      int hi_ = p * sh.stride_h - sh.pad_h + r * sh.dil_h;
-      if (hi_ < 0 || hi_ >= sh.h) continue;
-      for (int s = 0; s < sh.s; ++s) {
-        int wi = q * sh.stride_w - sh.pad_w + s * sh.dil_w;
-        if (wi < 0 || wi >= sh.w) continue;
-        float xv = to_f(x[((int64_t(n) * sh.h + hi_) * sh.w + wi) * sh.c + c]);
-        if (sh.in_clip) xv = fminf(fmaxf(xv, sh.in_lo), sh.in_hi);
-        acc += xv * to_f(f[(r * sh.s + s) * sh.c + c]);
-      }
-    }
-    if (act == 1) acc = fmaxf(acc, 0.0f);
-    else if (act == 2) acc = fminf(fmaxf(acc, lo), hi);
-    y[i] = from_f<T>(acc);
-  }
-}
-
-// The same with V consecutive channels per thread (16-byte loads and stores), when C % V == 0.
+// V consecutive channels per thread, loaded and stored as one word of V elements: 16 bytes when C
+// allows (8 fp16 channels), else the widest of 8, 4 or 2 bytes that divides C (ShuffleNet's 58 and
+// 116 channels: 2 and 4), 1 element at worst. U indexes the outputs (uint32_t when they fit: the
+// divisions that split an index into pixel and channel are most of a thread's work otherwise).
 template <class T, int V>
-struct alignas(16) Vec {
+struct alignas(sizeof(T) * V) Pack {
   T v[V];
 };
 
-template <class T, int V>
-__global__ void depthwise_vec_kernel(const T* __restrict__ x, const T* __restrict__ f, const T* __restrict__ bias,
-                                     T* __restrict__ y, DepthwiseShape sh, int act, float lo, float hi, int64_t total) {
-  using W = Vec<T, V>;
-  int cv = sh.c / V;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    int c = int(i % cv) * V;
-    int64_t t = i / cv;
-    int q = int(t % sh.q);
-    t /= sh.q;
-    int p = int(t % sh.p);
-    int n = int(t / sh.p);
+template <class T, int V, class U>
+__global__ void depthwise_kernel(const T* __restrict__ x, const T* __restrict__ f, const T* __restrict__ bias,
+                                 T* __restrict__ y, DepthwiseShape sh, int act, float lo, float hi, U total) {
+  using W = Pack<T, V>;
+  const U cv = U(sh.c / V);
+  for (U i = U(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += U(gridDim.x) * blockDim.x) {
+    const int c = int(i % cv) * V;
+    U t = i / cv;
+    const int q = int(t % U(sh.q));
+    t /= U(sh.q);
+    const int p = int(t % U(sh.p));
+    const int n = int(t / U(sh.p));
     float acc[V];
     if (bias) {
       W b = *reinterpret_cast<const W*>(bias + c);
@@ -92,8 +67,31 @@ __global__ void depthwise_vec_kernel(const T* __restrict__ x, const T* __restric
       else if (act == 2) a = fminf(fmaxf(a, lo), hi);
       out.v[j] = from_f<T>(a);
     }
-    *reinterpret_cast<W*>(y + (i / cv) * sh.c + c) = out;
+    *reinterpret_cast<W*>(y + int64_t(i / cv) * sh.c + c) = out;
   }
+}
+
+// Launches with the widest word, V elements down to one, that divides C and aligns every pointer.
+template <class T, int V>
+cudaError_t launch_depthwise(const void* x, const void* filter, const void* bias, void* y, const DepthwiseShape& sh,
+                             int act, float lo, float hi, int64_t total, cudaStream_t s) {
+  if constexpr (V > 1) {
+    auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * V) == 0; };
+    if (sh.c % V != 0 || !aligned(x) || !aligned(filter) || !aligned(y) || (bias && !aligned(bias))) {
+      return launch_depthwise<T, V / 2>(x, filter, bias, y, sh, act, lo, hi, total, s);
+    }
+  }
+  const int64_t work = total / V;
+  const auto* xt = static_cast<const T*>(x);
+  const auto* ft = static_cast<const T*>(filter);
+  const auto* bt = static_cast<const T*>(bias);
+  auto* yt = static_cast<T*>(y);
+  if (fits_u32(work + kBlock * int64_t(kMaxGrid))) {
+    depthwise_kernel<T, V, uint32_t><<<grid_for(work), kBlock, 0, s>>>(xt, ft, bt, yt, sh, act, lo, hi, uint32_t(work));
+  } else {
+    depthwise_kernel<T, V, uint64_t><<<grid_for(work), kBlock, 0, s>>>(xt, ft, bt, yt, sh, act, lo, hi, uint64_t(work));
+  }
+  return cudaGetLastError();
 }
 
 // One thread per output pixel: gathers its b*b*c values through x's strides (zero outside the
@@ -212,19 +210,7 @@ cudaError_t depthwise_conv2d_nhwc(DT dt, const void* x, const void* filter, cons
   if (total == 0) return cudaSuccess;
   return dispatch_f32ish(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    constexpr int V = 16 / int(sizeof(T));
-    auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    if (sh.c % V == 0 && aligned(x) && aligned(filter) && aligned(y) && (!bias || aligned(bias))) {
-      int64_t work = total / V;
-      depthwise_vec_kernel<T, V><<<grid_for(work), kBlock, 0, s>>>(
-          static_cast<const T*>(x), static_cast<const T*>(filter), static_cast<const T*>(bias), static_cast<T*>(y), sh,
-          act, lo, hi, work);
-      return cudaGetLastError();
-    }
-    depthwise_kernel<T><<<grid_for(total), kBlock, 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(filter),
-                                                         static_cast<const T*>(bias), static_cast<T*>(y), sh, act, lo,
-                                                         hi, total);
-    return cudaGetLastError();
+    return launch_depthwise<T, 16 / int(sizeof(T))>(x, filter, bias, y, sh, act, lo, hi, total, s);
   });
 }
 

@@ -204,6 +204,11 @@ Expected<DevicePlan> lower_graph(const Graph& g, const BuildOptions& opt) {
   static const std::unique_ptr<Backend> cpu = make_cpu_backend();
   KILN_ASSIGN_OR_RETURN(std::vector<NodePlacement> rows, place_nodes(g, backend, *cpu));
   KILN_RETURN_IF_ERROR(lower_outputs(L, e));
+  std::vector<bool> pinned(L.buffer_bytes.size(), false);
+  for (const DevValue& d : e.output_stage) {
+    if (!d.ref.weight) pinned[size_t(d.ref.id)] = true;
+  }
+  compose_copy_steps(L, pinned);
   drop_unread_steps(L, e);
 
   DevicePlan dp;

@@ -25,6 +25,7 @@
 #include "backends/cuda/executor.h"
 #include "backends/cuda/kernels/kernels.h"
 #include "backends/cuda/tuning.h"
+#include "runtime/copy_compose.h"
 
 namespace kiln::cuda {
 
@@ -65,10 +66,25 @@ class Lowering;
 // included, each once, in a fixed order (lower_host.cc).
 std::vector<const Value*> outer_reads(const Graph& g, const Node& n);
 
+// What a copy_nd step does, kept beside its record so that compose_copy_steps can rewrite it.
+struct CopyRecord {
+  int eb = 0;
+  Ref src, dst;
+  StridedCopy copy;
+  size_t zero_bytes = 0;
+};
+
 // dst[dst_off + idx . d] = src[src_off + idx . s] for idx in s.dims (offsets in elements of eb
 // bytes); zero_bytes > 0 first zeroes that many bytes of dst (a padded copy). lower_data.cc.
 void emit_copy_nd(Lowering& L, const Node* n, std::string label, int eb, Ref src, int64_t src_off, const k::NdStrides& s,
                   Ref dst, int64_t dst_off, const k::NdStrides& d, size_t zero_bytes = 0);
+
+// Where every reader of a buffer one copy_nd step wrote is a copy_nd step whose reads compose with
+// it (runtime/copy_compose.h), the readers read that copy's source instead and it is marked to be
+// dropped; `pinned` buffers (the outputs) are left alone. Before drop_unread_steps (compose_copies.cc).
+void compose_copy_steps(Lowering& L, const std::vector<bool>& pinned);
+// A copy_nd step's parameters (lower_data.cc).
+ByteWriter encode_copy(const CopyRecord& c);
 
 // y = op(x) over count elements, x and y of dtype dt (lower_elementwise.cc).
 void emit_unary(Lowering& L, const Node* n, std::string label, k::Unary op, k::DT dt, Ref x, Ref y, int64_t count,
@@ -202,6 +218,7 @@ class Lowering {
   std::vector<std::vector<char>> weight_data;  // per weight id, host bytes to upload
   std::vector<int32_t> pooled;                 // with options().weight_pool: its id per weight id
   std::unordered_map<const Value*, DevValue> values;
+  std::unordered_map<size_t, CopyRecord> copy_records;  // per copy_nd step index (emit_copy_nd)
   // Graph inputs converted to the build's dtype by a first step: the value as the host staged it
   // (a lowering that reads it directly, like the f32 image of space-to-depth, saves the pass).
   std::unordered_map<const Value*, DevValue> staged_inputs;

@@ -718,18 +718,36 @@ void emit_fill(Lowering& L, const Node& n, std::string label, k::DT dt, Ref r, i
   L.emit(&n, std::move(label), {}, {r.id}, StepOp::kFill, std::move(p));
 }
 
-void emit_copy_nd(Lowering& L, const Node* n, std::string label, int eb, Ref src, int64_t src_off, const k::NdStrides& s,
-                  Ref dst, int64_t dst_off, const k::NdStrides& d, size_t zero_bytes) {
+ByteWriter encode_copy(const CopyRecord& c) {
+  k::NdStrides s, d;
+  s.rank = d.rank = int(c.copy.dims.size());
+  for (int i = 0; i < s.rank; ++i) {
+    s.dims[i] = d.dims[i] = c.copy.dims[size_t(i)];
+    s.strides[i] = c.copy.src[size_t(i)];
+    d.strides[i] = c.copy.dst[size_t(i)];
+  }
   ByteWriter p;
-  p.put(int32_t(eb));
-  put(p, src);
-  put(p, dst);
-  p.i64(src_off);
-  p.i64(dst_off);
+  p.put(int32_t(c.eb));
+  put(p, c.src);
+  put(p, c.dst);
+  p.i64(c.copy.src_off);
+  p.i64(c.copy.dst_off);
   put(p, s);
   put(p, d);
-  p.i64(int64_t(zero_bytes));
-  L.emit(n, std::move(label), {src.weight ? -1 : src.id}, {dst.id}, StepOp::kCopyNd, std::move(p));
+  p.i64(int64_t(c.zero_bytes));
+  return p;
+}
+
+void emit_copy_nd(Lowering& L, const Node* n, std::string label, int eb, Ref src, int64_t src_off, const k::NdStrides& s,
+                  Ref dst, int64_t dst_off, const k::NdStrides& d, size_t zero_bytes) {
+  CopyRecord c{eb, src, dst, {}, zero_bytes};
+  c.copy.dims.assign(s.dims, s.dims + s.rank);
+  c.copy.src.assign(s.strides, s.strides + s.rank);
+  c.copy.dst.assign(d.strides, d.strides + d.rank);
+  c.copy.src_off = src_off;
+  c.copy.dst_off = dst_off;
+  L.emit(n, std::move(label), {src.weight ? -1 : src.id}, {dst.id}, StepOp::kCopyNd, encode_copy(c));
+  L.copy_records[L.steps.size() - 1] = std::move(c);
 }
 
 void register_data_binders(std::map<StepOp, BindFn>& t) {

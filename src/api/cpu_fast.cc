@@ -12,6 +12,7 @@
 #include "backends/backend.h"
 #include "backends/cpu/fast_session.h"
 #include "ops/op_kind.h"
+#include "runtime/node_cost.h"
 
 namespace kiln {
 
@@ -28,6 +29,7 @@ class FastCpuSession : public HostSession {
     KILN_ASSIGN_OR_RETURN(auto out, r_->run(inputs, &ms));
     std::vector<StepTime> st;
     const Graph& g = *plan_->graph;
+    const ValueReaders readers = value_readers(g);
     for (size_t i = 0; i < cp_->steps.size(); ++i) {
       const CpuStep& s = cp_->steps[i];
       const Node& n = *g.nodes[s.kind == CpuStepKind::kHost ? plan_->steps[s.index].node : s.index];
@@ -36,6 +38,14 @@ class FastCpuSession : public HostSession {
       t.ms = ms[i];
       t.node = n.describe();
       t.op = std::string(op_name(n.op));
+      // The step's work: its node and the nodes its post-ops came from, as one kernel.
+      std::vector<const Node*> group = {&n};
+      for (const CpuPostOp& p : s.post) {
+        if (p.node < g.nodes.size() && g.nodes[p.node].get() != &n) group.push_back(g.nodes[p.node].get());
+      }
+      const NodeCost c = group_cost(group, readers, 4);
+      t.flops = c.flops;
+      t.bytes = c.bytes;
       st.push_back(std::move(t));
     }
     return st;

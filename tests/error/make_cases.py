@@ -307,6 +307,15 @@ def runtime_cases():
     npy("check_finite_nan", "x.npy", np.array([[1, -1, 4], [-9, 0, 2]], np.float32))
     add("check_finite_nan", ["run", "{D}/model.onnx", "--input", "x={D}/x.npy", "--check-finite", "--device", "cpu"],
         "NaN/Inf in 'r' (2 of 6);the model makes them", kind="ok")
+    # `bench --profile` on the fast CPU backend: each step's FLOPs (a 64x64x64 MatMul: 0.000524 GFLOP),
+    # no datasheet peaks for a CPU (the bound and roofline columns need the flags; --plot is refused).
+    m = model([h.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [vi("x", [64, 64])], [vi("y", [64, 64])],
+              inits=[init("w", np.full([64, 64], 0.5, np.float32))])
+    write("ok_profile_cpu", "model.onnx", m)
+    prof = ["bench", "{D}/model.onnx", "--device", "cpu", "--iterations", "2", "--warmup", "1", "--profile"]
+    add("ok_profile_cpu", prof, "no peaks for this device;whole forward: 0.001 GFLOP", kind="ok")
+    write("profile_plot_no_peaks", "model.onnx", m)
+    add("profile_plot_no_peaks", prof + ["--plot", "{D}/r.svg"], "--plot draws against the device's peaks")
     for c in ["ok_run_add", "ok_inspect_add", "ok_random_inputs"]:
         cdir(c)
     bad = [

@@ -114,7 +114,7 @@ int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt) {
   if (opt.profile) {
     auto timed = session->profile(views(*inputs));
     if (!timed) return fail(timed.status());
-    ProfilePeaks peaks = default_peaks(engine->config().precision);
+    ProfilePeaks peaks = default_peaks(engine->config().precision, engine->device() == Device::kCuda);
     if (opt.peak_tflops > 0) peaks.tflops = opt.peak_tflops;
     if (opt.peak_gbs > 0) peaks.gbs = opt.peak_gbs;
     peaks.from_flags = opt.peak_tflops > 0 || opt.peak_gbs > 0;

@@ -229,13 +229,13 @@ Expected<std::vector<Tensor>> gather_inputs(const Engine& e, const RunOptions& o
 std::vector<TensorView> views(const std::vector<Tensor>& tensors);
 Tensor from_host(HostTensor t);
 double percentile(std::vector<double> v, double p);
-// The peaks `kiln bench --profile` measures against (profile.cc): the H100 SXM's dense datasheet
-// numbers for the build's precision unless given.
+// The peaks `kiln bench --profile` measures against (profile.cc): on the GPU the H100 SXM's dense
+// datasheet numbers for the build's precision unless given; on the CPU none unless given (0).
 struct ProfilePeaks {
   double tflops = 0, gbs = 0;
   bool from_flags = false;
 };
-ProfilePeaks default_peaks(Precision p);
+ProfilePeaks default_peaks(Precision p, bool gpu);
 struct ProfileOutputs {
   std::string trace, plot;
   size_t top = 20;

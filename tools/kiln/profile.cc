@@ -6,7 +6,8 @@
 // roofline drawn as SVG.
 //
 // The peaks default to the H100 SXM's datasheet (dense: 989 TFLOP/s fp16/bf16, 495 tf32, 67 fp32;
-// 3350 GB/s HBM3); --peak-tflops and --peak-gbs give a measured or another device's.
+// 3350 GB/s HBM3) on the GPU; --peak-tflops and --peak-gbs give a measured or another device's, and
+// on the CPU they are the only peaks (without them the bound and roofline columns show "-").
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -41,6 +42,7 @@ Roof roof(const NodeRow& r, const ProfilePeaks& p) {
     f.gbs = r.bytes / s / 1e9;
   }
   f.intensity = r.bytes > 0 ? r.flops / r.bytes : 0;
+  if (p.tflops <= 0 || p.gbs <= 0) return f;  // no peaks: no floor
   const double tc = r.flops / (p.tflops * 1e12), tm = r.bytes / (p.gbs * 1e9);
   f.compute_bound = tc > tm;
   f.floor_ms = std::max(tc, tm) * 1e3;
@@ -108,8 +110,9 @@ std::string roofline_svg(const std::vector<NodeRow>& rows, const ProfilePeaks& p
 
 }  // namespace
 
-ProfilePeaks default_peaks(Precision p) {
+ProfilePeaks default_peaks(Precision p, bool gpu) {
   ProfilePeaks k;
+  if (!gpu) return k;  // no datasheet for whatever CPU this is: the flags give its peaks
   k.tflops = p == Precision::kFp16 || p == Precision::kBf16 ? 989.4 : p == Precision::kTf32 ? 494.7 : 66.9;
   k.gbs = 3350;
   return k;
@@ -123,8 +126,24 @@ Status print_profile(const std::vector<StepTime>& steps, const ProfilePeaks& pea
   }
   double total = 0;
   for (const StepTime& st : steps) total += st.ms;
-  std::printf("profile: %zu steps, %.4f ms step by step (no graph); peaks %.1f TFLOP/s, %.0f GB/s%s\n", steps.size(), total,
-              peaks.tflops, peaks.gbs, peaks.from_flags ? " (given)" : " (H100 SXM datasheet; --peak-tflops/--peak-gbs to change)");
+  const bool roofline = peaks.tflops > 0 && peaks.gbs > 0;
+  if (!out.plot.empty() && !roofline) {
+    return KILN_ERROR(kInvalidArgument, "--plot draws against the device's peaks: give --peak-tflops and --peak-gbs for this CPU");
+  }
+  if (roofline) {
+    std::printf("profile: %zu steps, %.4f ms step by step (no graph); peaks %.1f TFLOP/s, %.0f GB/s%s\n", steps.size(), total,
+                peaks.tflops, peaks.gbs, peaks.from_flags ? " (given)" : " (H100 SXM datasheet; --peak-tflops/--peak-gbs to change)");
+  } else {
+    std::printf("profile: %zu steps, %.4f ms step by step; no peaks for this device (--peak-tflops and --peak-gbs give the "
+                "bound and roofline columns)\n", steps.size(), total);
+  }
+  // "-" where the bound or the roofline share needs peaks not given (or a node with no work).
+  auto bound = [&](const Roof& f, bool work) -> std::string {
+    return !work || !roofline ? "-" : f.compute_bound ? "compute" : "memory";
+  };
+  auto share = [&](const Roof& f, double ms) -> std::string {
+    return roofline && ms > 0 ? fmt::format("{:.1f}%", 100 * f.floor_ms / ms) : "-";
+  };
   std::vector<const StepTime*> sorted;
   for (const StepTime& st : steps) sorted.push_back(&st);
   std::stable_sort(sorted.begin(), sorted.end(), [](const StepTime* a, const StepTime* b) { return a->ms > b->ms; });
@@ -160,9 +179,9 @@ Status print_profile(const std::vector<StepTime>& steps, const ProfilePeaks& pea
     const NodeRow& r = top[i];
     const Roof f = roof(r, peaks);
     const bool work = r.flops > 0 || r.bytes > 0;
-    std::printf("  %8.4f %5.1f%% %9.3f %8.2f %8.2f %7.0f %7.1f %-7s %5.1f%%  %s\n", r.ms, total > 0 ? 100 * r.ms / total : 0.0,
-                r.flops / 1e9, r.bytes / 1e6, f.tflops, f.gbs, f.intensity, !work ? "-" : f.compute_bound ? "compute" : "memory",
-                r.ms > 0 ? 100 * f.floor_ms / r.ms : 0.0, r.node.c_str());
+    std::printf("  %8.4f %5.1f%% %9.3f %8.2f %8.2f %7.0f %7.1f %-7s %6s  %s\n", r.ms, total > 0 ? 100 * r.ms / total : 0.0,
+                r.flops / 1e9, r.bytes / 1e6, f.tflops, f.gbs, f.intensity, bound(f, work).c_str(), share(f, r.ms).c_str(),
+                r.node.c_str());
   }
   std::map<std::string, NodeRow> by_op;
   for (const NodeRow& r : rows) {
@@ -179,17 +198,22 @@ Status print_profile(const std::vector<StepTime>& steps, const ProfilePeaks& pea
   std::printf("by op type: ms, share, nodes, TFLOP/s, GB/s, roofline share\n");
   for (const NodeRow& o : ops) {
     const Roof f = roof(o, peaks);
-    std::printf("  %8.4f %5.1f%% %5d %8.2f %7.0f %5.1f%%  %s\n", o.ms, total > 0 ? 100 * o.ms / total : 0.0, o.steps, f.tflops,
-                f.gbs, o.ms > 0 ? 100 * f.floor_ms / o.ms : 0.0, o.op.c_str());
+    std::printf("  %8.4f %5.1f%% %5d %8.2f %7.0f %6s  %s\n", o.ms, total > 0 ? 100 * o.ms / total : 0.0, o.steps, f.tflops,
+                f.gbs, share(f, o.ms).c_str(), o.op.c_str());
   }
   NodeRow all;
   all.ms = total;
   all.flops = flops;
   all.bytes = bytes;
   const Roof f = roof(all, peaks);
-  std::printf("whole forward: %.3f GFLOP, %.2f MB crossing kernel edges (an estimate of the traffic), floor %.4f ms "
-              "(max of FLOPs / peak and bytes / bandwidth), %.1f%% of it step by step\n",
-              flops / 1e9, bytes / 1e6, f.floor_ms, total > 0 ? 100 * f.floor_ms / total : 0.0);
+  if (roofline) {
+    std::printf("whole forward: %.3f GFLOP, %.2f MB crossing kernel edges (an estimate of the traffic), floor %.4f ms "
+                "(max of FLOPs / peak and bytes / bandwidth), %.1f%% of it step by step\n",
+                flops / 1e9, bytes / 1e6, f.floor_ms, total > 0 ? 100 * f.floor_ms / total : 0.0);
+  } else {
+    std::printf("whole forward: %.3f GFLOP, %.2f MB crossing kernel edges (an estimate of the traffic), %.1f GFLOP/s step "
+                "by step\n", flops / 1e9, bytes / 1e6, total > 0 ? flops / 1e6 / total : 0.0);
+  }
   if (j) {
     (*j)["profile"] = json::array();
     for (const StepTime& st : steps) {

@@ -186,11 +186,11 @@ Expected<Device> parse_device(const std::string& d);        // "auto", "cpu", "c
 // --device and the precision flags must agree with how it was built), an ONNX model is built with
 // the options (engine_open.cc).
 Expected<Engine> open_engine(const LoadOptions& load, const EngineOptions& eng, int64_t batch);
-// open_engine for a run on input files (NAME -> .npy path): an ONNX model's inputs that --shapes
-// and --batch leave open take their files' shapes, so a model with symbolic dims builds for them on
-// the GPU as it runs on the CPU, no --shapes needed. Files the model does not take (another rank, a
-// fixed dim that differs, a name it lacks) leave the model built without them, and the input check
-// that follows names the file.
+// open_engine for a run on input files (NAME or its file stem -> .npy path): an ONNX model's inputs
+// that --shapes and --batch leave open take their files' shapes, so a model with symbolic dims
+// builds for them on the GPU as it runs on the CPU, no --shapes needed. A file the model does not
+// take (a name it lacks, another rank, a fixed dim that differs) binds nothing, and the input check
+// that follows names it.
 Expected<Engine> open_engine_for_files(const LoadOptions& load, const EngineOptions& eng, int64_t batch,
                                        const std::map<std::string, std::string>& files);
 // The BuildConfig open_engine builds an ONNX model with (device, precision, shapes, engine options).

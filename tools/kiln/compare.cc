@@ -54,7 +54,7 @@ Stats compare_values(const Tensor& want, const Tensor& got, double rtol, double 
 int compare_main(const LoadOptions& load, const RunOptions& run, const CompareOptions& opt, const EngineOptions& eng) {
   namespace fs = std::filesystem;
   if (!(opt.rtol >= 0) || !(opt.atol >= 0)) return fail(KILN_ERROR(kInvalidArgument, "--rtol and --atol must be >= 0"));
-  // The inputs folder's NAME.npy files (a stem that is no input name is passed over).
+  // The inputs folder's .npy files by stem (NAME.npy, or the file stem of a name: kiln run's output names).
   std::map<std::string, std::string> files;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(opt.inputs_dir, ec)) {

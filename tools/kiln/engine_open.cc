@@ -2,6 +2,7 @@
 // the command line's options (kiln::build picks the GPU when one is usable, else the CPU with one
 // warning line).
 #include <fstream>
+#include <optional>
 #include <set>
 
 #include "cli.h"
@@ -119,19 +120,46 @@ Expected<Engine> open_engine_for_files(const LoadOptions& load, const EngineOpti
   for (const std::string& f : load.shapes) {
     if (auto s = parse_shape_spec(f)) named.insert(s->name);
   }
+  std::map<std::string, std::optional<std::vector<int64_t>>> read;  // path -> dims (none: does not read)
+  auto dims_of = [&](const std::string& path) -> const std::optional<std::vector<int64_t>>& {
+    auto [it, fresh] = read.try_emplace(path);
+    if (fresh) {
+      if (auto t = read_npy(path)) it->second = t->dims();
+    }
+    return it->second;
+  };
+  auto spec = [](const std::string& name, const std::vector<int64_t>& dims) {
+    std::string s = name + ":";
+    for (size_t k = 0; k < dims.size(); ++k) s += fmt::format("{}{}", k ? "x" : "", dims[k]);
+    return s;
+  };
   LoadOptions bound = load;
   for (const auto& [name, path] : files) {
-    if (named.count(name)) continue;
-    auto t = read_npy(path);
-    if (!t || t->rank() == 0) continue;  // a file that does not read is the input check's to report
-    std::string dims;
-    for (int64_t d : t->dims()) dims += fmt::format("{}{}", dims.empty() ? "" : "x", d);
-    bound.shapes.push_back(fmt::format("{}:{}", name, dims));
+    const auto& d = dims_of(path);
+    if (!named.count(name) && d && !d->empty()) bound.shapes.push_back(spec(name, *d));
   }
   if (bound.shapes.size() == load.shapes.size()) return open_engine(load, eng, batch);
   auto e = open_engine(bound, eng, batch);
   if (e || e.status().code() != ErrorCode::kInvalidArgument) return e;
-  return open_engine(load, eng, batch);
+  // Some file does not fit: a name the model lacks (compare's folder names files by their stems), or
+  // a rank or fixed dim the model does not declare. Only the files that fit the declared inputs
+  // bind; the input check after the build names any other.
+  auto m = import_onnx_file(load.model);
+  if (!m) return open_engine(load, eng, batch);
+  LoadOptions fit = load;
+  for (const Value* v : m->graph->inputs) {
+    if (v->constant || named.count(v->name) || !v->type.shape) continue;
+    auto it = files.find(v->name);
+    if (it == files.end()) it = files.find(file_name_for(v->name));
+    if (it == files.end()) continue;
+    const auto& d = dims_of(it->second);
+    const Shape& s = *v->type.shape;
+    if (!d || d->empty() || d->size() != s.rank()) continue;
+    bool fits = true;
+    for (size_t k = 0; k < d->size(); ++k) fits = fits && (!s[k].is_static() || s[k].value() == (*d)[k]);
+    if (fits) fit.shapes.push_back(spec(v->name, *d));
+  }
+  return open_engine(fit, eng, batch);
 }
 
 }  // namespace kiln::cli

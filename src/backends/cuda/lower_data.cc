@@ -259,9 +259,20 @@ Status lower_split(Lowering& L, const Node& n) {
   int64_t axis = n.attr_int("axis", 0);
   if (axis < 0) axis += int64_t(x->dims.size());
   std::vector<int64_t> xs = x->strides();
+  // Each output's length along the axis: its dims, or for an omitted output the split sizes (input
+  // or attribute), else equal parts (the last smaller, as opset 18's num_outputs has it).
+  std::vector<int64_t> sizes;
+  if (const Tensor* sp = n.has_input(1) ? L.constant(n.inputs[1]) : nullptr) sizes = sp->to_int_vector();
+  else if (n.has_attr("split")) sizes = n.attr_ints("split");
+  const int64_t dim = x->dims[size_t(axis)], parts = int64_t(n.outputs.size());
+  const int64_t chunk = parts > 0 ? (dim + parts - 1) / parts : 0;
   int64_t at = 0;
-  for (const Value* o : n.outputs) {
-    if (!o) continue;
+  for (size_t i = 0; i < n.outputs.size(); ++i) {
+    const Value* o = n.outputs[i];
+    if (!o) {
+      at += i < sizes.size() ? sizes[i] : std::min(chunk, std::max<int64_t>(dim - chunk * int64_t(i), 0));
+      continue;
+    }
     std::vector<int64_t> od = dims_of(o);
     // An output nothing reads (a Concat took the Split's input whole instead) is not copied.
     if (L.consumers(o) > 0 || L.is_graph_output(o)) {

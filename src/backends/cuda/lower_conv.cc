@@ -381,9 +381,11 @@ Expected<ConvDescs> conv_descs(Lowering& L, k::DT dt, Layout lay, const std::vec
 }
 
 // Whether a small-channel transform (SmallC) is worth it: cuDNN times the convolution both ways,
-// the transform and the layout change the original would need counted as passes over memory.
-// Without autotuning, the transform is taken.
-Expected<bool> small_channel_wins(Lowering& L, const DevValue& x, k::DT dt, const Tensor& w,
+// the transform and the layout change the original would need counted as passes over memory. A
+// graph input the host staged in f32 and only this convolution reads is cast by a step of its own
+// on the original path, where the transform reads the f32 itself (space_to_depth): that cast counts
+// too. Without autotuning, the transform is taken.
+Expected<bool> small_channel_wins(Lowering& L, const Value* xv, const DevValue& x, k::DT dt, const Tensor& w,
                                   const std::array<int64_t, 4>& p4, const std::vector<int64_t>& st,
                                   const std::vector<int64_t>& ydims, const SmallC& pl) {
   if (!L.options().autotune) return true;
@@ -404,8 +406,11 @@ Expected<bool> small_channel_wins(Lowering& L, const DevValue& x, k::DT dt, cons
   KILN_ASSIGN_OR_RETURN(float t_tr, ms_of(tr));
   if (t_orig < 0 || t_tr < 0) return true;
   auto pass_ms = [](size_t bytes) { return double(bytes) / 2.5e9 + 0.003; };
-  double orig_total = t_orig + (x.layout == Layout::kNHWC ? 0.0 : pass_ms(2 * orig.xb));
-  double tr_total = t_tr + pass_ms(orig.xb + tr.xb);
+  auto staged = L.staged_inputs.find(xv);
+  const bool f32_input = staged != L.staged_inputs.end() && staged->second.dt == k::DT::kF32 && L.consumers(xv) == 1;
+  double orig_total = t_orig + (x.layout == Layout::kNHWC ? 0.0 : pass_ms(2 * orig.xb)) +
+                      (f32_input ? pass_ms(3 * orig.xb) : 0.0);
+  double tr_total = t_tr + pass_ms((f32_input ? 2 : 1) * orig.xb + tr.xb);
   return tr_total < orig_total;
 }
 
@@ -483,7 +488,7 @@ Status lower_conv(Lowering& L, const Node& n) {
     KILN_ASSIGN_OR_RETURN(const DevValue* xin, L.value(xv));
     if (xin->dims.size() == 4) small = small_channel_plan(*w, *p4, st, dil, xin->dims[2], xin->dims[3], yd_dims[2], yd_dims[3]);
     if (small) {
-      KILN_ASSIGN_OR_RETURN(bool wins, small_channel_wins(L, *xin, *dt, *w, *p4, st, yd_dims, *small));
+      KILN_ASSIGN_OR_RETURN(bool wins, small_channel_wins(L, xv, *xin, *dt, *w, *p4, st, yd_dims, *small));
       if (!wins) small.reset();
     }
   }

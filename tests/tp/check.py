@@ -158,11 +158,16 @@ for kind, make, layers in (("gpt2", models.gpt2, 2), ("llama", models.llama, 2))
               f"llama, 4 ranks: the report says the 2 KV heads do not divide ({kept[:120]}...)")
         check(est[4]["weight_bytes"] < est[2]["weight_bytes"], "llama, 4 ranks: the MLP and head still split")
 
-    # Without fixed shapes, the split is refused with a one-line error naming the input.
-    r = kiln("run", path, "--device", DEVICE, "--input", f"input_ids={ids_file}", "--tensor-parallel", "2", expect_ok=False)
+    # Without fixed shapes the split is refused with a one-line error naming the input; `kiln run`
+    # takes the shapes from its input files, and then splits.
+    r = kiln("build", path, "--device", DEVICE, "--tensor-parallel", "2", "-o", os.path.join(TMP, "sym.kiln"),
+             expect_ok=False)
     msg = r.stderr.strip()
     check(r.returncode != 0 and "input_ids" in msg and "fixed" in msg and len(msg.splitlines()) == 1,
           f"{kind}: a split with a symbolic batch is a one-line error: {msg}")
+    bound = run(path, ids_file, os.path.join(TMP, f"{kind}_bound"), "--tensor-parallel", "2")
+    check(bound.shape == ref.shape and rel(bound, ref) < tol,
+          f"{kind}: kiln run splits a symbolic-batch model bound by its input file (rel-L2 {rel(bound, ref):.2e})")
 
 if failures:
     print(f"{len(failures)} check(s) failed")

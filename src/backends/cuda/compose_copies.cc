@@ -56,12 +56,8 @@ void compose_copy_steps(Lowering& L, const std::vector<bool>& pinned) {
       Step& s = L.steps[r];
       s.params = std::move(encode_copy(rec).bytes());
       s.reads.clear();
-      if (!a.src.weight) {
-        s.reads.push_back(a.src.id);
-        readers[size_t(a.src.id)].push_back(r);
-      }
+      if (!a.src.weight) s.reads.push_back(a.src.id);
     }
-    readers[b].clear();
     L.steps[i].drop_if_unread = true;
   }
 }

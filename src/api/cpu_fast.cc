@@ -12,6 +12,7 @@
 #include "backends/backend.h"
 #include "backends/cpu/fast_session.h"
 #include "ops/op_kind.h"
+#include "passes/derived_constants.h"
 #include "runtime/node_cost.h"
 
 namespace kiln {
@@ -96,7 +97,7 @@ class DynamicFastCpuSession : public HostSession {
     auto it = plans_.find(shapes);
     if (it != plans_.end()) return &it->second;
     if (plans_.size() >= kMaxShapePlans) plans_.clear();
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, specialize_graph(*plan_->graph, shapes, config_));
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, specialize_graph(*plan_->graph, shapes, config_, {}, &derived_));
     KILN_ASSIGN_OR_RETURN(Plan p, plan_host(std::move(g)));
     ShapePlan sp;
     sp.plan = std::make_shared<const Plan>(std::move(p));
@@ -116,6 +117,7 @@ class DynamicFastCpuSession : public HostSession {
   std::shared_ptr<const Plan> plan_;
   BuildConfig config_;
   std::map<std::vector<std::vector<int64_t>>, ShapePlan> plans_;
+  DerivedConstants derived_;  // weights the passes make, shared by the shape plans
 };
 
 class FastCpuEngine : public DeviceEngine {

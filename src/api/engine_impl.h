@@ -18,6 +18,8 @@ inline double ms_since(std::chrono::steady_clock::time_point t) {
 }
 
 // The backend-specific part of an engine: the CUDA engine (src/api/gpu.cc) when it runs there.
+class DerivedConstants;  // passes/derived_constants.h
+
 class DeviceEngine {
  public:
   virtual ~DeviceEngine() = default;
@@ -167,9 +169,12 @@ Status check_dim_range(const std::string& input, size_t k, const DimRange& r);
 // inferred and the default pipeline run, which folds the shape arithmetic the bound dims made
 // constant: a dynamic GPU engine's shape plan is lowered from it. `g` may be optimized already.
 // `values` binds value inputs (passes/value_inputs.h) as constants: index into g.inputs, value.
+// `memo` (may be null), kept by the caller across its calls for one `g`: the weights the passes derive
+// (merged projections, folded batch norms) are made on the first call only and shared after.
 Expected<std::unique_ptr<Graph>> specialize_graph(const Graph& g, const std::vector<std::vector<int64_t>>& shapes,
                                                   const BuildConfig& config,
-                                                  const std::vector<std::pair<size_t, Tensor>>& values = {});
+                                                  const std::vector<std::pair<size_t, Tensor>>& values = {},
+                                                  DerivedConstants* memo = nullptr);
 
 
 // The GPU side (gpu.cc; without CUDA it reports that it is missing). An optimized graph whose

@@ -30,6 +30,7 @@
 #include "backends/cuda/nvrtc.h"
 #include "backends/cuda/timing_cache.h"
 #include "backends/cuda/weight_pool.h"
+#include "passes/derived_constants.h"
 #include "passes/value_inputs.h"
 
 namespace kiln {
@@ -179,7 +180,7 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     auto t0 = std::chrono::steady_clock::now();
     auto p = std::make_shared<ShapePlan>();
     p->shapes = s;
-    auto g = specialize_graph(*plan_->graph, s, config_, values);
+    auto g = specialize_graph(*plan_->graph, s, config_, values, &derived_);
     if (!g) return with_shape(g.status(), s, values);
     p->graph = std::move(*g);
     p->specialize_ms = ms_since(t0);
@@ -221,9 +222,9 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     const cuda::NvrtcStats nv = cuda::nvrtc_stats();
     out += fmt::format("shape plans made so far: {} in {:.0f} ms (shapes bound and passes {:.0f}, lowering {:.0f}; in this "
                        "process NVRTC compiled {} generated kernels in {:.0f} ms, {} came from the disk cache); weights "
-                       "{:.1f} MiB on the GPU, shared by every plan\n", made_, made_ms_, specialize_ms_,
-                       made_ms_ - specialize_ms_, nv.compiled, nv.compile_ms, nv.cached,
-                       double(pool_->device_bytes()) / (1 << 20));
+                       "{:.1f} MiB on the GPU, shared by every plan ({} derived by the passes, reused {} times)\n", made_,
+                       made_ms_, specialize_ms_, made_ms_ - specialize_ms_, nv.compiled, nv.compile_ms, nv.cached,
+                       double(pool_->device_bytes()) / (1 << 20), derived_.made(), derived_.reused());
     out += cache_line_;
     if (reference_) {
       out += fmt::format("reference plan ({}):\n{}", shapes_text(*plan_->graph, reference_->shapes),
@@ -266,6 +267,7 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
   BuildConfig config_;
   std::shared_ptr<cuda::TimingCache> cache_;
   std::shared_ptr<cuda::WeightPool> pool_;
+  DerivedConstants derived_;  // weights the passes make, shared by every plan's graph
   std::map<std::string, DimRange> ranges_;
   std::vector<std::vector<InputDim>> dims_;  // per input
   std::vector<size_t> value_inputs_;

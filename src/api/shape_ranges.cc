@@ -172,7 +172,8 @@ Status check_run_shapes(const std::vector<TensorInfo>& infos, const std::vector<
 
 Expected<std::unique_ptr<Graph>> specialize_graph(const Graph& g, const std::vector<std::vector<int64_t>>& shapes,
                                                   const BuildConfig& config,
-                                                  const std::vector<std::pair<size_t, Tensor>>& values) {
+                                                  const std::vector<std::pair<size_t, Tensor>>& values,
+                                                  DerivedConstants* memo) {
   if (shapes.size() != g.inputs.size()) {
     return KILN_ERROR(kInvalidArgument, "expected {} input shapes, got {}", g.inputs.size(), shapes.size());
   }
@@ -188,7 +189,7 @@ Expected<std::unique_ptr<Graph>> specialize_graph(const Graph& g, const std::vec
   // target from Shape -> Concat in a BERT export): infer again after the passes, and once more
   // around the pipeline if a value is still not static.
   for (int round = 0; round < 2; ++round) {
-    KILN_RETURN_IF_ERROR(run_passes(*out, default_pipeline(), po).status());
+    KILN_RETURN_IF_ERROR(run_passes(*out, default_pipeline(memo), po).status());
     KILN_RETURN_IF_ERROR(infer_types(*out));
     bool fixed = true;
     for (const auto& v : out->values) {

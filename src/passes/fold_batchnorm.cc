@@ -20,9 +20,11 @@
 // read); it is the only reader of the producer's output, which is not a graph output (the
 // unnormalized value is needed nowhere else). Gemm's C must broadcast per column ([N], [1,N] or a
 // single value). Run after canonicalize (so Identity between the two is gone) and fold-constants.
+// With a DerivedConstants memo (a dynamic engine's shape plans), each scaled weight is made once.
 #include <cmath>
 #include <set>
 
+#include "passes/derived_constants.h"
 #include "passes/passes.h"
 #include "passes/rewrite.h"
 
@@ -58,15 +60,28 @@ bool bn_affine(const UseMap& u, const Node& bn, int64_t channels, std::vector<do
   return true;
 }
 
-// Weights scaled along `axis` (the output-channel axis) of a [.., C, ..] tensor.
-Value* scaled(Graph& g, const Value* w, size_t axis, const std::vector<double>& s) {
+// Weights scaled along `axis` (the output-channel axis) of a [.., C, ..] tensor by `s`, which
+// `bn`'s parameters give (the memo's recipe: the weight, the four parameters and epsilon).
+Expected<Value*> scaled(Graph& g, const Value* w, size_t axis, const std::vector<double>& s, const Node& bn,
+                        DerivedConstants* memo) {
   const Tensor& t = *w->constant;
-  int64_t inner = 1;
-  for (size_t i = axis + 1; i < t.rank(); ++i) inner *= t.dim(i);
-  const int64_t channels = t.dim(axis);
-  std::vector<double> v(size_t(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) v[size_t(i)] = t.data<float>()[i] * s[size_t((i / inner) % channels)];
-  return add_f32_constant(g, w->name + "_bn", t.dims(), v);
+  auto make = [&]() -> Expected<Tensor> {
+    int64_t inner = 1;
+    for (size_t i = axis + 1; i < t.rank(); ++i) inner *= t.dim(i);
+    const int64_t channels = t.dim(axis);
+    KILN_ASSIGN_OR_RETURN(Tensor out, Tensor::create(DType::kFloat32, t.dims()));
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      out.data<float>()[i] = float(t.data<float>()[i] * s[size_t((i / inner) % channels)]);
+    }
+    return out;
+  };
+  Expected<Tensor> made = memo ? memo->get(fmt::format("bn-scale axis={} eps={}", axis, bn.attr_float("epsilon", 1e-5f)),
+                                           {&t, &*bn.inputs[1]->constant, &*bn.inputs[2]->constant,
+                                            &*bn.inputs[3]->constant, &*bn.inputs[4]->constant},
+                                           make)
+                               : make();
+  if (!made) return made.status();
+  return g.add_constant(g.unique_name(w->name + "_bn"), std::move(*made));
 }
 
 // Rewires the producer's inputs (weight at 1, bias at 2), forwards the BN output and removes the
@@ -89,7 +104,7 @@ void finish(UseMap& u, Node& n, Node& bn, Value* w, Value* bias) {
   u.graph().erase_values(dead);
 }
 
-bool fold_conv(UseMap& u, Node& n, Node& bn) {
+Expected<bool> fold_conv(UseMap& u, Node& n, Node& bn, DerivedConstants* memo) {
   Graph& g = u.graph();
   const Tensor* w = f32_constant(g, n.inputs[1]);
   if (!w || w->rank() < 3) return false;
@@ -100,14 +115,14 @@ bool fold_conv(UseMap& u, Node& n, Node& bn) {
   if (!bn_affine(u, bn, oc, &s, &t)) return false;
   std::vector<double> bias(static_cast<size_t>(oc));
   for (int64_t c = 0; c < oc; ++c) bias[size_t(c)] = (b ? b->data<float>()[c] * s[size_t(c)] : 0.0) + t[size_t(c)];
-  Value* w2 = scaled(g, n.inputs[1], 0, s);
+  KILN_ASSIGN_OR_RETURN(Value * w2, scaled(g, n.inputs[1], 0, s, bn, memo));
   Value* b2 = add_f32_constant(g, (b ? n.inputs[2]->name : n.inputs[1]->name) + "_bn_bias", {oc}, bias);
   finish(u, n, bn, w2, b2);
   return true;
 }
 
 // Gemm(A, B, C) or a 2-D MatMul(A, W): the output's columns are the channels.
-bool fold_gemm(UseMap& u, Node& n, Node& bn) {
+Expected<bool> fold_gemm(UseMap& u, Node& n, Node& bn, DerivedConstants* memo) {
   Graph& g = u.graph();
   const bool gemm = n.op == OpKind::kGemm;
   if (!gemm && (!n.inputs[0]->type.has_rank() || n.inputs[0]->type.shape->dims.size() != 2)) return false;
@@ -128,7 +143,7 @@ bool fold_gemm(UseMap& u, Node& n, Node& bn) {
     double cj = c ? c->data<float>()[c->numel() == 1 ? 0 : j] : 0.0;
     bias[size_t(j)] = s[size_t(j)] * beta * cj + t[size_t(j)];
   }
-  Value* w2 = scaled(g, n.inputs[1], trans_b ? 0 : 1, s);
+  KILN_ASSIGN_OR_RETURN(Value * w2, scaled(g, n.inputs[1], trans_b ? 0 : 1, s, bn, memo));
   Value* b2 = add_f32_constant(g, n.inputs[1]->name + "_bn_bias", {cols}, bias);
   if (!gemm) n.op = OpKind::kGemm;
   n.attrs.erase("beta");
@@ -138,7 +153,7 @@ bool fold_gemm(UseMap& u, Node& n, Node& bn) {
 
 }  // namespace
 
-Expected<bool> fold_batchnorm(Graph& g) {
+Expected<bool> fold_batchnorm(Graph& g, DerivedConstants* memo) {
   UseMap uses(g);
   std::vector<Node*> bns;
   for (const auto& np : g.nodes) {
@@ -152,8 +167,13 @@ Expected<bool> fold_batchnorm(Graph& g) {
     if (!n || x != n->outputs[0] || uses.num_uses(x) != 1 || uses.is_output(x)) continue;
     if (!x->type.is_tensor() || x->type.dtype != DType::kFloat32) continue;
     if (!uses.can_forward(bn->outputs[0], x)) continue;
-    if (n->op == OpKind::kConv) changed = fold_conv(uses, *n, *bn) || changed;
-    else if (n->op == OpKind::kGemm || n->op == OpKind::kMatMul) changed = fold_gemm(uses, *n, *bn) || changed;
+    bool folded = false;
+    if (n->op == OpKind::kConv) {
+      KILN_ASSIGN_OR_RETURN(folded, fold_conv(uses, *n, *bn, memo));
+    } else if (n->op == OpKind::kGemm || n->op == OpKind::kMatMul) {
+      KILN_ASSIGN_OR_RETURN(folded, fold_gemm(uses, *n, *bn, memo));
+    }
+    changed = folded || changed;
   }
   return changed;
 }

@@ -14,11 +14,13 @@
 // with one K and one dtype across the group; either every member's output feeds exactly one Add
 // of a per-column constant bias (merged too) or none has a bias. A member's output that is a graph
 // output keeps its name (the Split output takes it over). Run before fuse-matmul-add (which would turn 2-D members into Gemms first) and after
-// fold-constants and cse (weights must be constants, and a shared A must be one value).
+// fold-constants and cse (weights must be constants, and a shared A must be one value). With a
+// DerivedConstants memo (a dynamic engine's shape plans), the concatenated weights are made once.
 #include <algorithm>
 #include <cstring>
 #include <map>
 
+#include "passes/derived_constants.h"
 #include "passes/passes.h"
 #include "passes/rewrite.h"
 
@@ -62,8 +64,16 @@ Expected<Tensor> concat_columns(const std::vector<const Tensor*>& parts, int64_t
   return out;
 }
 
+// concat_columns, made once per memo when there is one.
+Expected<Tensor> concat_columns(DerivedConstants* memo, const std::vector<const Tensor*>& parts, int64_t k,
+                                std::vector<int64_t> dims) {
+  auto make = [&]() { return concat_columns(parts, k, dims); };
+  if (!memo) return make();
+  return memo->get(fmt::format("concat-columns k={}", k), parts, make);
+}
+
 // Replaces the group by one MatMul (+ Add) and a Split; returns the nodes left unread.
-Status merge(Graph& g, UseMap& uses, const std::vector<Member>& grp, std::vector<Node*>& dead) {
+Status merge(Graph& g, UseMap& uses, const std::vector<Member>& grp, std::vector<Node*>& dead, DerivedConstants* memo) {
   const Member& first = grp[0];
   int64_t k = first.w->dim(0), total = 0;
   std::vector<int64_t> sizes;
@@ -74,7 +84,7 @@ Status merge(Graph& g, UseMap& uses, const std::vector<Member>& grp, std::vector
     ws.push_back(m.w);
     bs.push_back(m.b);
   }
-  KILN_ASSIGN_OR_RETURN(Tensor wcat, concat_columns(ws, k, {k, total}));
+  KILN_ASSIGN_OR_RETURN(Tensor wcat, concat_columns(memo, ws, k, {k, total}));
   Value* w = g.add_constant(g.unique_name(first.mm->inputs[1]->name + "_merged"), std::move(wcat));
   Type wide = first.mm->outputs[0]->type;
   wide.shape->dims.back() = Dim(total);
@@ -83,7 +93,7 @@ Status merge(Graph& g, UseMap& uses, const std::vector<Member>& grp, std::vector
   Value* y = mm->outputs[0];
   uses.add_node(mm);
   if (first.add) {
-    KILN_ASSIGN_OR_RETURN(Tensor bcat, concat_columns(bs, 1, {total}));
+    KILN_ASSIGN_OR_RETURN(Tensor bcat, concat_columns(memo, bs, 1, {total}));
     Value* b = g.add_constant(g.unique_name(first.mm->inputs[1]->name + "_bias_merged"), std::move(bcat));
     Node* add = g.add_node(OpKind::kAdd, {y, b}, 1, g.unique_name(first.add->name + "_merged"));
     add->outputs[0]->type = wide;
@@ -111,7 +121,7 @@ Status merge(Graph& g, UseMap& uses, const std::vector<Member>& grp, std::vector
 
 }  // namespace
 
-Expected<bool> merge_sibling_matmuls(Graph& g) {
+Expected<bool> merge_sibling_matmuls(Graph& g, DerivedConstants* memo) {
   UseMap uses(g);
   // Groups keyed by (A, K, dtype, has bias), in graph order.
   std::map<std::tuple<const Value*, int64_t, int, bool>, std::vector<Member>> groups;
@@ -136,7 +146,7 @@ Expected<bool> merge_sibling_matmuls(Graph& g) {
   for (const auto& key : order) {
     const std::vector<Member>& grp = groups[key];
     if (grp.size() < 2) continue;
-    KILN_RETURN_IF_ERROR(merge(g, uses, grp, dead));
+    KILN_RETURN_IF_ERROR(merge(g, uses, grp, dead, memo));
   }
   if (dead.empty()) return false;
   erase_unused(uses, dead);

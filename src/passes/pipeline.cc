@@ -8,7 +8,7 @@
 
 namespace kiln {
 
-std::vector<Pass> default_pipeline() {
+std::vector<Pass> default_pipeline(DerivedConstants* memo) {
   return {
       // Exporters repeat Shape -> Gather -> Unsqueeze chains and small constants once per use;
       // merging them first means fold-constants evaluates each once and later patterns see one
@@ -68,14 +68,14 @@ std::vector<Pass> default_pipeline() {
       // Needs Conv -> BatchNormalization adjacent (canonicalize) and constant weights (folded).
       // Before fuse-matmul-add, which would hide a MatMul that a BatchNormalization follows.
       {"fold-batchnorm", "fold inference BatchNormalization into the Conv/Gemm/MatMul before it",
-       fold_batchnorm},
+       [memo](Graph& g) { return fold_batchnorm(g, memo); }},
       // 1-D convolutions as 2-D ones over a height of 1 (between free views): one convolution path
       // per backend. After fold-batchnorm, which folds into the 1-D form as into any Conv.
       {"conv-as-planar", "1-D Conv -> Unsqueeze + 2-D Conv over a height of 1 + Squeeze", conv_as_planar},
       // Q/K/V projections reading one input -> one wide MatMul + Split: fewer, fuller GEMMs.
       // Before fuse-matmul-add, which would turn 2-D members into Gemms first.
       {"merge-sibling-matmuls", "MatMuls sharing their input and K -> one MatMul over concatenated weights + Split",
-       merge_sibling_matmuls},
+       [memo](Graph& g) { return merge_sibling_matmuls(g, memo); }},
       // 2-D MatMul + bias Add -> Gemm: one library call with the bias as its C input.
       {"fuse-matmul-add", "2-D MatMul with a constant weight + bias Add -> Gemm", fuse_matmul_add},
       // Connected elementwise nodes (masks, embedding sums, activations off the GEMM/conv paths)

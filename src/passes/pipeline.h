@@ -11,7 +11,10 @@
 
 namespace kiln {
 
-std::vector<Pass> default_pipeline();
+class DerivedConstants;  // passes/derived_constants.h
+// `memo` (may be null): where the passes that derive weights from weights (merge-sibling-matmuls,
+// fold-batchnorm) find those an earlier run over a graph sharing these weights made.
+std::vector<Pass> default_pipeline(DerivedConstants* memo = nullptr);
 
 struct TensorParallelReport;  // passes/tensor_parallel.h
 // The default pipeline for rank `rank` of a model split over `ranks` (BuildConfig::tensor_parallel):

@@ -9,6 +9,7 @@
 
 #include "api/engine_impl.h"
 #include "ir/text.h"
+#include "passes/derived_constants.h"
 #include "passes/pipeline.h"
 #include "passes/value_inputs.h"
 
@@ -81,6 +82,85 @@ TEST(Specialize, MatchesTheRangedGraphAtEachShapeAndFoldsShapeArithmetic) {
     EXPECT_EQ(std::memcmp(want[0].tensor.raw(), got[0].tensor.raw(), got[0].tensor.nbytes()), 0);
   }
   EXPECT_EQ(print_graph(ranged), before) << "specializing changed the ranged graph";
+}
+
+// Two projections of one input with their biases: merge-sibling-matmuls concatenates the weights
+// (and the biases) in every copy. With one DerivedConstants across the copies, the second copy gets
+// the first's concatenations (the same storage, which the GPU weight pool then finds without
+// converting or hashing them) and computes the same values.
+constexpr const char* kSiblings = R"(graph main(%x: f32[N,8]) {
+  %wq = const dense<f32[8,24]> [0.25]
+  %wk = const dense<f32[8,24]> [-0.5]
+  %bq = const dense<f32[24]> [1.0]
+  %bk = const dense<f32[24]> [2.0]
+  %q = MatMul(%x, %wq) : f32[N,24]
+  %qb = Add(%q, %bq) : f32[N,24]
+  %k = MatMul(%x, %wk) : f32[N,24]
+  %kb = Add(%k, %bk) : f32[N,24]
+  %o = Mul(%qb, %kb) : f32[N,24]
+  return %o
+})";
+
+// The storage of the copy's constants of `dims` (the merged weight [8,48], the merged bias [48]).
+std::vector<const void*> storage_of(const Graph& g, const std::vector<int64_t>& dims) {
+  std::vector<const void*> out;
+  for (const auto& v : g.values) {
+    if (v->constant && v->constant->dims() == dims) out.push_back(v->constant->raw());
+  }
+  return out;
+}
+
+TEST(Specialize, DerivedWeightsAreMadeOnceAcrossCopies) {
+  auto g = parse_graph(kSiblings);
+  ASSERT_TRUE(g) << g.status().message();
+  DerivedConstants memo;
+  std::vector<const void*> first_w, first_b;
+  for (int64_t n : {2, 5, 2}) {
+    SCOPED_TRACE(fmt::format("batch {}", n));
+    auto with = specialize_graph(**g, {{n, 8}}, BuildConfig{}, {}, &memo);
+    auto without = specialize_graph(**g, {{n, 8}}, BuildConfig{});
+    ASSERT_TRUE(with) << with.status().message();
+    ASSERT_TRUE(without) << without.status().message();
+    const std::vector<const void*> w = storage_of(**with, {8, 48}), b = storage_of(**with, {48});
+    ASSERT_EQ(w.size(), 1u) << "the projections were not merged";
+    ASSERT_EQ(b.size(), 1u);
+    ASSERT_EQ(storage_of(**without, {8, 48}).size(), 1u);
+    EXPECT_NE(storage_of(**without, {8, 48})[0], w[0]) << "without a memo each copy makes its own";
+    if (first_w.empty()) {
+      first_w = w;
+      first_b = b;
+    } else {
+      EXPECT_EQ(w, first_w) << "the second copy made the merged weight again";
+      EXPECT_EQ(b, first_b);
+    }
+    const Tensor x = random_x(n, 1, uint32_t(n)).reshaped({n, 8});
+    std::vector<Data> want = run(std::move(*without), x), got = run(std::move(*with), x);
+    ASSERT_EQ(want.size(), 1u);
+    ASSERT_EQ(got.size(), 1u);
+    ASSERT_EQ(got[0].tensor.dims(), (std::vector<int64_t>{n, 24}));
+    EXPECT_EQ(std::memcmp(want[0].tensor.raw(), got[0].tensor.raw(), got[0].tensor.nbytes()), 0);
+  }
+  EXPECT_EQ(memo.made(), 2u);    // the weight and the bias
+  EXPECT_EQ(memo.reused(), 4u);  // by the second and third copies
+}
+
+TEST(Specialize, DerivedConstantsOfSmallInputsAreNotRemembered) {
+  DerivedConstants memo;
+  Tensor small = Tensor::from_vector<float>({1, 2, 3, 4}, {4});
+  Tensor large = *Tensor::create(DType::kFloat32, {64});
+  int made = 0;
+  auto make = [&]() -> Expected<Tensor> {
+    ++made;
+    return Tensor::from_vector<float>({7}, {1});
+  };
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(memo.get("r", {&small}, make));
+    ASSERT_TRUE(memo.get("r", {&large}, make));
+    ASSERT_TRUE(memo.get("other", {&large}, make));
+  }
+  EXPECT_EQ(made, 4);  // small twice; large once per recipe
+  EXPECT_EQ(memo.made(), 2u);
+  EXPECT_EQ(memo.reused(), 2u);
 }
 
 // BERT's token types as transformers exports them: a buffer sliced to the sequence length and

@@ -188,6 +188,7 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     bo.timing_cache = cache_;
     bo.weight_pool = pool_;
     bo.time_misses = time_misses;
+    bo.runtime_dim_kernels = true;  // one compilation of each generated kernel for every shape
     auto e = cuda::Engine::build(*p->graph, bo);
     if (!e) return with_shape(e.status(), s, values);
     p->engine = std::move(*e);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 
 #include "backends/cuda/codegen_elementwise.h"
@@ -114,6 +115,43 @@ TEST_F(Codegen, PackedVariantReadsContiguousOperandsAsVectors) {
   EwKernelSpec f32out = spec;
   f32out.out_dt = k::DT::kF32;
   EXPECT_EQ(ew_vector_width(f32out), 4);
+}
+
+// runtime_dims (a dynamic engine's shape plans): BERT's embedding sum at two batch x sequence shapes
+// gives one source, which compiles, with the dims and strides in the shape argument instead.
+TEST_F(Codegen, RuntimeDimsShareOneSourceAcrossShapes) {
+  auto body = body_of(R"(graph b(%x: f16[N,S,16], %p: f16[S,16]) {
+    %y = Add(%x, %p) : f16[N,S,16]
+    return %y
+  })");
+  ASSERT_TRUE(body);
+  auto spec_at = [](int64_t n, int64_t s) {
+    EwKernelSpec spec{"kiln_ew", {n, s, 16}, {{k::DT::kF16, {s * 16, 16, 1}}, {k::DT::kF16, {0, 16, 1}}}, k::DT::kF16};
+    spec.runtime_dims = true;
+    return spec;
+  };
+  auto a = generate_elementwise(*body, spec_at(2, 5)), b = generate_elementwise(*body, spec_at(7, 33));
+  ASSERT_TRUE(a) << a.status().message();
+  ASSERT_TRUE(b) << b.status().message();
+  EXPECT_EQ(*a, *b) << "the shape is in the source";
+  EXPECT_NE(a->find("struct kiln_shape { unsigned n; unsigned d[3]; unsigned st[2][3]; };"), std::string::npos) << *a;
+  EXPECT_NE(a->find("i < s.n;"), std::string::npos) << *a;
+  EXPECT_NE(a->find("rem % s.d[2]"), std::string::npos) << *a;
+  EXPECT_NE(a->find("in1 + c0 * s.st[1][0] + c1 * s.st[1][1] + c2 * s.st[1][2]"), std::string::npos) << *a;  // packed load of p
+  EXPECT_NE(a->find("p < s.n / 8u;"), std::string::npos) << *a;
+  expect_compiles(*a);
+  // Baked, the two shapes differ.
+  EwKernelSpec baked = spec_at(2, 5);
+  baked.runtime_dims = false;
+  EXPECT_TRUE(ew_shape_arg(baked).empty());
+  auto c = generate_elementwise(*body, baked);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->find("kiln_shape"), std::string::npos);
+  // The argument: count, dims, then each input's strides, as 32-bit words.
+  const std::string arg = ew_shape_arg(spec_at(7, 33));
+  std::vector<uint32_t> words(arg.size() / 4);
+  std::memcpy(words.data(), arg.data(), arg.size());
+  EXPECT_EQ(words, (std::vector<uint32_t>{7 * 33 * 16, 7, 33, 16, 33 * 16, 16, 1, 0, 16, 1}));
 }
 
 TEST_F(Codegen, EveryGeneratedOpCompiles) {

@@ -258,6 +258,10 @@ Expected<std::string> generate_elementwise(const Graph& body, const EwKernelSpec
     std::string off;
     if (op.strides == contiguous) {
       off = "i";
+    } else if (spec.runtime_dims) {
+      need_coords = true;
+      for (size_t d = 0; d < spec.dims.size(); ++d) off += fmt::format("{}c{} * s.st[{}][{}]", d ? " + " : "", d, i, d);
+      if (off.empty()) off = "0";
     } else {
       need_coords = true;
       for (size_t d = 0; d < spec.dims.size(); ++d) {
@@ -278,13 +282,20 @@ Expected<std::string> generate_elementwise(const Graph& body, const EwKernelSpec
   const bool narrow = numel < (int64_t{1} << 31);
   const char* ix = narrow ? "unsigned" : "long long";
   const char* sfx = narrow ? "u" : "LL";
+  // What the loops and coordinates divide by: literals, or the shape argument's fields.
+  const std::string count = spec.runtime_dims ? "s.n" : fmt::format("{}{}", numel, sfx);
+  auto dim = [&](size_t d) { return spec.runtime_dims ? fmt::format("s.d[{}]", d) : fmt::format("{}{}", spec.dims[d], sfx); };
   std::string coords;
   if (need_coords) {
     coords += fmt::format("    {} rem = i;\n", ix);
     for (size_t d = spec.dims.size(); d-- > 0;) {
-      coords += fmt::format("    const {} c{} = rem % {}{}; rem /= {}{};\n", ix, d, spec.dims[d], sfx, spec.dims[d], sfx);
+      coords += fmt::format("    const {} c{} = rem % {}; rem /= {};\n", ix, d, dim(d), dim(d));
     }
     coords += "    (void)rem;\n";
+  }
+  std::string shape_param;
+  if (spec.runtime_dims) {
+    shape_param = ", const kiln_shape s";
   }
 
   std::vector<std::string> stmts;  // one line each, indented where the kernel places them
@@ -336,10 +347,14 @@ Expected<std::string> generate_elementwise(const Graph& body, const EwKernelSpec
   if (res == name.end()) return KILN_ERROR(kUnsupported, "fused body '{}' returns a value it does not compute", body.name);
 
   std::string src = kPrelude;
-  src += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({}{}* __restrict__ out) {{\n", kEwBlock, spec.name,
-                     params, *out_st);
-  src += fmt::format("  for ({0} i = ({0})blockIdx.x * {1} + threadIdx.x; i < {2}{3}; i += ({0})gridDim.x * {1}) {{\n", ix,
-                     kEwBlock, numel, sfx);
+  if (spec.runtime_dims) {  // ew_shape_arg's layout
+    src += fmt::format("struct kiln_shape {{ {0} n; {0} d[{1}]; {0} st[{2}][{1}]; }};\n", ix, std::max<size_t>(1, spec.dims.size()),
+                       std::max<size_t>(1, spec.inputs.size()));
+  }
+  src += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({}{}* __restrict__ out{}) {{\n", kEwBlock, spec.name,
+                     params, *out_st, shape_param);
+  src += fmt::format("  for ({0} i = ({0})blockIdx.x * {1} + threadIdx.x; i < {2}; i += ({0})gridDim.x * {1}) {{\n", ix,
+                     kEwBlock, count);
   src += coords + loads + indented("    ");
   src += fmt::format("    out[i] = {};\n  }}\n}}\n", store_expr(spec.out_dt, res->second));
 
@@ -363,11 +378,12 @@ Expected<std::string> generate_elementwise(const Graph& body, const EwKernelSpec
       }
     }
     const int oalign = std::min(16, vw * k::dt_size(spec.out_dt));
-    src += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}_v({}{}* __restrict__ out) {{\n", kEwBlock,
-                       spec.name, params, *out_st);
+    src += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}_v({}{}* __restrict__ out{}) {{\n", kEwBlock,
+                       spec.name, params, *out_st, shape_param);
     src += fmt::format("  struct __align__({}) PO {{ {} v[{}]; }};\n", oalign, *out_st, vw);
-    src += fmt::format("  for ({0} p = ({0})blockIdx.x * {1} + threadIdx.x; p < {2}{3}; p += ({0})gridDim.x * {1}) {{\n", ix,
-                       kEwBlock, numel / vw, sfx);
+    const std::string packs = spec.runtime_dims ? fmt::format("s.n / {}{}", vw, sfx) : fmt::format("{}{}", numel / vw, sfx);
+    src += fmt::format("  for ({0} p = ({0})blockIdx.x * {1} + threadIdx.x; p < {2}; p += ({0})gridDim.x * {1}) {{\n", ix,
+                       kEwBlock, packs);
     src += fmt::format("    const {} i = p * {};\n", ix, vw);
     src += coords + vloads + "    PO o;\n";
     src += fmt::format("#pragma unroll\n    for (int e = 0; e < {}; ++e) {{\n", vw);
@@ -376,6 +392,31 @@ Expected<std::string> generate_elementwise(const Graph& body, const EwKernelSpec
                        store_expr(spec.out_dt, res->second));
   }
   return src;
+}
+
+std::string ew_shape_arg(const EwKernelSpec& spec) {
+  if (!spec.runtime_dims) return {};
+  int64_t numel = 1;
+  for (int64_t d : spec.dims) numel *= d;
+  const bool narrow = numel < (int64_t{1} << 31);
+  std::string out;
+  auto put = [&](int64_t v) {
+    if (narrow) {
+      const uint32_t x = uint32_t(v);
+      out.append(reinterpret_cast<const char*>(&x), sizeof x);
+    } else {
+      out.append(reinterpret_cast<const char*>(&v), sizeof v);
+    }
+  };
+  const size_t rank = std::max<size_t>(1, spec.dims.size());
+  put(numel);
+  for (size_t d = 0; d < rank; ++d) put(d < spec.dims.size() ? spec.dims[d] : 1);
+  for (size_t i = 0; i < std::max<size_t>(1, spec.inputs.size()); ++i) {
+    for (size_t d = 0; d < rank; ++d) {
+      put(i < spec.inputs.size() && d < spec.inputs[i].strides.size() ? spec.inputs[i].strides[d] : 0);
+    }
+  }
+  return out;
 }
 
 int ew_pack_alignment(const EwKernelSpec& spec, size_t input) {

@@ -14,7 +14,11 @@
 // size) bytes (the scalar kernel otherwise).
 //
 // Shapes and strides are baked into the source (the divisions by constant dims become multiplies,
-// and the disk cache is keyed by the source, so each shape compiles once). The source includes no
+// and the disk cache is keyed by the source, so each shape compiles once). With runtime_dims (a
+// dynamic engine's shape plans) they are not: the kernels take one more argument, a struct of the
+// element count, the output's dims and each strided input's strides (ew_shape_arg), so every shape
+// whose inputs are contiguous or not alike, and that packs alike, shares one source and one
+// compilation. It costs a division per dim at run time. The source includes no
 // header: 16-bit floats are converted with inline PTX, so NVRTC needs no toolkit include folder.
 // Ops and dtypes outside what fuse-elementwise groups give an error naming the body node.
 #pragma once
@@ -37,11 +41,17 @@ struct EwKernelSpec {
   std::vector<int64_t> dims;       // the output's index space, row-major (the output is contiguous)
   std::vector<EwOperand> inputs;   // one per body input, in order
   k::DT out_dt = k::DT::kF32;      // the output's storage dtype
+  bool runtime_dims = false;       // dims and strides as a kernel argument (ew_shape_arg), not in the source
 };
 
 inline constexpr int kEwBlock = 256;  // threads per block of the generated kernels
 
 Expected<std::string> generate_elementwise(const Graph& body, const EwKernelSpec& spec);
+
+// The trailing kernel argument of a runtime_dims kernel, as bytes to pass by value: the element
+// count, the dims and every input's strides over them, each as a 32-bit unsigned (when the element
+// count fits in 31 bits) or a 64-bit integer. Empty when spec.runtime_dims is false.
+std::string ew_shape_arg(const EwKernelSpec& spec);
 
 // Outputs per thread of the packed variant: 16 bytes of the output type (at most 8), when the last
 // dim divides by it and every input is contiguous along it (with other strides that keep each pack

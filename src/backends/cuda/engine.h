@@ -58,6 +58,9 @@ struct BuildOptions {
   // plans of one dynamic engine share their weights (weight_pool.h). Such an engine is not
   // serialized on its own. Null: the engine owns its weights.
   std::shared_ptr<WeightPool> weight_pool;
+  // Generated elementwise kernels take their dims and strides as an argument instead of in their
+  // source (codegen_elementwise.h), so a dynamic engine's shape plans share one compilation of each.
+  bool runtime_dim_kernels = false;
 };
 
 // A caller's buffer for Session::run_buffers: host memory or a device pointer on this GPU.

@@ -46,6 +46,7 @@ Status lower_generated(Lowering& L, const Node& n, const Graph* body, const std:
   auto odt = L.device_dt(out->type.dtype);
   if (!odt) KILN_UNSUPPORTED("output dtype {}", dtype_name(out->type.dtype));
   spec.out_dt = *odt;
+  spec.runtime_dims = L.options().runtime_dim_kernels;
   spec.name = "kiln_ew";  // the source names one kernel; its cache entry is keyed by the whole text
   KILN_ASSIGN_OR_RETURN(std::string src, generate_elementwise(*body, spec));
   std::string why;
@@ -76,9 +77,10 @@ Status lower_generated(Lowering& L, const Node& n, const Graph* body, const std:
   auto grid_for = [](int64_t threads) {
     return int64_t(std::max<int64_t>(1, std::min<int64_t>((threads + kEwBlock - 1) / kEwBlock, 132 * 16)));
   };
-  std::string impl = fmt::format("generated kernel {} nodes ({:016x}, {}{})", body->nodes.size(), std::hash<std::string>{}(src),
-                                 ck->from_cache ? "from the disk cache" : "compiled by NVRTC",
-                                 vkern ? fmt::format(", {} per thread when aligned", vw) : "");
+  std::string impl = fmt::format("generated kernel {} nodes ({:016x}, {}{}{})", body->nodes.size(),
+                                 std::hash<std::string>{}(src), ck->from_cache ? "from the disk cache" : "compiled by NVRTC",
+                                 vkern ? fmt::format(", {} per thread when aligned", vw) : "",
+                                 spec.runtime_dims ? ", dims as an argument" : "");
   ByteWriter w;
   w.str(ck->cubin);
   w.str(spec.name);
@@ -92,6 +94,7 @@ Status lower_generated(Lowering& L, const Node& n, const Graph* body, const std:
   }
   put(w, y.ref);
   w.put(int32_t(std::min(16, std::max(1, vw * k::dt_size(spec.out_dt)))));
+  w.str(ew_shape_arg(spec));  // empty: the dims are in the source
   L.emit(&n, impl, reads, {y.ref.id}, StepOp::kGenerated, std::move(w));
   return Status::ok();
 }
@@ -191,9 +194,17 @@ Expected<StepFn> bind_generated(Params& in, BindCtx& bc) {
   }
   const Ref yr = in.ref();
   const int out_align = in.i32();
+  const std::string shape_arg(in.bytes());  // the kernels' last argument, when they take one
   KILN_RETURN_IF_ERROR(in.done());
+  // A shape argument is ew_shape_arg's: a count, R dims and R strides per input (at least one), all
+  // of one 4- or 8-byte integer type.
+  auto shape_arg_fits = [&](size_t word) {
+    const size_t words = shape_arg.size() / word, per = 1 + std::max<size_t>(1, ins.size());
+    return shape_arg.size() % word == 0 && words > 1 && (words - 1) % per == 0 && (words - 1) / per <= 64;
+  };
   if (grid < 1 || vgrid < 1 || grid > INT32_MAX || vgrid > INT32_MAX || out_align < 1 ||
-      std::any_of(align.begin(), align.end(), [](int a) { return a < 1; })) {
+      std::any_of(align.begin(), align.end(), [](int a) { return a < 1; }) ||
+      (!shape_arg.empty() && !shape_arg_fits(4) && !shape_arg_fits(8))) {
     return KILN_ERROR(kInvalidModel, "step '{}': malformed launch parameters", in.step().label);
   }
   auto lib = std::make_shared<Library>();
@@ -213,6 +224,7 @@ Expected<StepFn> bind_generated(Params& in, BindCtx& bc) {
     ptrs.push_back(c.ptr(yr));
     std::vector<void*> args;
     for (void*& p : ptrs) args.push_back(&p);
+    if (!shape_arg.empty()) args.push_back(const_cast<char*>(shape_arg.data()));  // read by the launch, not kept
     bool packed = vkern != nullptr && reinterpret_cast<uintptr_t>(ptrs.back()) % uintptr_t(out_align) == 0;
     for (size_t i = 0; packed && i < align.size(); ++i) packed = reinterpret_cast<uintptr_t>(ptrs[i]) % uintptr_t(align[i]) == 0;
     KILN_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<const void*>(packed ? vkern : kern), dim3(unsigned(packed ? vgrid : grid)),

@@ -20,13 +20,16 @@ namespace {
 struct NodeId {
   std::string name;
   int index;
-  std::string describe;
+  OpKind op;
+  // Node::describe() of the node as it was (formatted only for the nodes a pass removed).
+  std::string describe() const { return fmt::format("node '{}' ({}, #{})", name, op_name(op), index); }
 };
 using NodeIds = std::unordered_map<const Node*, NodeId>;
 
 NodeIds node_ids(const Graph& g) {
   NodeIds ids;
-  for (const auto& n : g.nodes) ids[n.get()] = {n->name, n->index, n->describe()};
+  ids.reserve(g.nodes.size());
+  for (const auto& n : g.nodes) ids.emplace(n.get(), NodeId{n->name, n->index, n->op});
   return ids;
 }
 
@@ -45,9 +48,10 @@ void track_removals(Graph& g, const NodeIds& before, size_t first_new, const std
   for (const auto& [n, id] : before) {
     bool same = alive.count(n) && n->name == id.name && n->index == id.index;
     if (same) continue;
-    auto it = noted.find(id.describe);
+    const std::string what = id.describe();
+    auto it = noted.find(what);
     if (it == noted.end()) {
-      g.absorbed.push_back({id.describe, nullptr, pass});
+      g.absorbed.push_back({what, nullptr, pass});
       moved[n] = nullptr;
     } else {
       moved[n] = g.absorbed[it->second].into;

@@ -189,6 +189,9 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     bo.weight_pool = pool_;
     bo.time_misses = time_misses;
     bo.runtime_dim_kernels = true;  // one compilation of each generated kernel for every shape
+    // cuDNN's operation-graph convolutions compile when finalized (a few hundred milliseconds each),
+    // which a new shape's first run cannot afford: shape plans keep the legacy algorithms.
+    bo.graph_conv = -1;
     auto e = cuda::Engine::build(*p->graph, bo);
     if (!e) return with_shape(e.status(), s, values);
     p->engine = std::move(*e);

@@ -41,6 +41,7 @@ struct Case {
   bool fp32_on_cpu = false;           // fp32 builds may run the op on the CPU (its kernel is half-only)
   int gemm_sm90 = 0;                  // BuildOptions::gemm_sm90 (1: the Hopper GEMM wherever it applies)
   int gemm_sm90_tile = 0;             // BuildOptions::gemm_sm90_tile (> 0: that tile width only)
+  int graph_conv = 0;                 // BuildOptions::graph_conv (1: cuDNN operation graphs wherever they apply)
 };
 
 #include "op_cases.inc"
@@ -174,6 +175,7 @@ Status run_case(const Case& c, cuda::Precision prec, uint64_t seed, double* err,
   bo.autotune = c.autotune;
   bo.gemm_sm90 = c.gemm_sm90;
   bo.gemm_sm90_tile = c.gemm_sm90_tile;
+  bo.graph_conv = c.graph_conv;
   auto tuning = std::make_shared<cuda::TimingCache>("op-check");
   bo.timing_cache = tuning;
   KILN_ASSIGN_OR_RETURN(auto engine, cuda::Engine::build(*g, bo));

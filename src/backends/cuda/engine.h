@@ -58,6 +58,10 @@ struct BuildOptions {
   // plans of one dynamic engine share their weights (weight_pool.h). Such an engine is not
   // serialized on its own. Null: the engine owns its weights.
   std::shared_ptr<WeightPool> weight_pool;
+  // Half-precision NHWC convolutions as cuDNN operation graphs with their epilogue and a SiLU
+  // (lower_conv_graph.cc): 0 where timing shows the graph engine beats the legacy algorithm and its
+  // separate passes, 1 wherever it applies (tests), -1 never.
+  int graph_conv = 0;
   // Generated elementwise kernels take their dims and strides as an argument instead of in their
   // source (codegen_elementwise.h), so a dynamic engine's shape plans share one compilation of each.
   bool runtime_dim_kernels = false;

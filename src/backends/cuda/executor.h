@@ -94,7 +94,8 @@ enum class StepOp : uint16_t {
   kRoiAlign,       // k::roi_align
   kConcat,         // k::concat_rows (Concat of inputs laid out like its output)
   kChannelAffineClamp,  // k::channel_affine with a fused Relu or Clip
-  kLast = kChannelAffineClamp,
+  kCudnnGraphConv,  // a cuDNN operation graph: convolution + bias + residual + activation (lower_conv_graph.cc)
+  kLast = kCudnnGraphConv,
 };
 
 // What a step sees when it runs: the session's stream, handles and memory.

@@ -369,6 +369,29 @@ Status emit_conv_f64(Lowering& L, const Node& n, const DevValue* x, const DevVal
 // n's inputs in order; `strides`, where given for an input, replace its broadcast strides (a
 // per-channel operand, say). lower_fused.cc.
 Status lower_generated(Lowering& L, const Node& n, const Graph* body, const std::vector<std::vector<int64_t>>& strides = {});
+// A 2-D convolution with its epilogue, y = act(conv(x, w) + bias + z), as one cuDNN operation graph
+// (lower_conv_graph.cc): NHWC fp16/bf16 tensors x [N, C, H, W], w [K, C, R, S] (stored KRSC), y and
+// z [N, K, P, Q]; bias [K]. act: 0 none, 1 ReLU, 2 swish (SiLU).
+struct GraphConv {
+  k::DT dt = k::DT::kF16;
+  std::array<int64_t, 4> x{}, w{}, y{};
+  std::array<int64_t, 2> pre{}, post{}, stride{1, 1}, dil{1, 1};
+  bool bias = false, residual = false;
+  int act = 0;
+  std::string key() const;  // the timing cache's signature
+};
+// A cuDNN engine for it ("<global index>:<knob>=<value>,...") and its time in a captured forward.
+struct GraphConvChoice {
+  std::string engine;
+  float ms = -1;
+};
+// The fastest of the engines cuDNN's heuristics rank first, timed (or from the timing cache); none
+// when no engine finalizes, or when nothing may be timed and the cache has no entry.
+Expected<std::optional<GraphConvChoice>> pick_graph_conv(Lowering& L, const GraphConv& c);
+// The step running it: x, w (KRSC), b and z (Ref{} when absent) into y.
+void emit_graph_conv(Lowering& L, const Node& n, const GraphConv& c, const GraphConvChoice& ch, const std::string& impl,
+                     Ref x, Ref w, Ref b, Ref z, Ref y, std::vector<int> reads);
+void register_graph_conv_binder(std::map<StepOp, BindFn>& t);
 // A device value's [K, C, R, S] filter copied as [K, R, S, C] into a buffer of node n (cuDNN's
 // NHWC filter layout, for filters computed at run time).
 const DevValue* filter_krsc_copy(Lowering& L, const Node& n, const DevValue* w);

@@ -419,6 +419,37 @@ const Node* next_op(Lowering& L, const Value* v, OpKind want) {
   return c && c->op == want ? c : nullptr;
 }
 
+// The nodes computing v * sigmoid(v) from v when nothing else reads v: a FusedElementwise of just
+// that, or Sigmoid and Mul. The last one's output is the SiLU's. Empty otherwise.
+std::vector<const Node*> silu_after(Lowering& L, const Value* v) {
+  if (L.is_graph_output(v)) return {};
+  const std::vector<const Node*> r = L.readers(v);
+  if (r.size() == 1 && r[0]->op == OpKind::kFusedElementwise && r[0]->inputs.size() == 1 && !L.fused_into(r[0])) {
+    const Graph* b = r[0]->attr_graph("body");
+    if (b && b->inputs.size() == 1 && b->outputs.size() == 1 && b->nodes.size() == 2) {
+      const Node& sig = *b->nodes[0];
+      const Node& mul = *b->nodes[1];
+      const Value* a = b->inputs[0];
+      if (sig.op == OpKind::kSigmoid && sig.inputs[0] == a && mul.op == OpKind::kMul && mul.outputs[0] == b->outputs[0] &&
+          mul.inputs.size() == 2 && ((mul.inputs[0] == a && mul.inputs[1] == sig.outputs[0]) ||
+                                     (mul.inputs[0] == sig.outputs[0] && mul.inputs[1] == a))) {
+        return {r[0]};
+      }
+    }
+    return {};
+  }
+  if (r.size() != 2) return {};
+  const Node* sig = r[0]->op == OpKind::kSigmoid ? r[0] : r[1];
+  const Node* mul = sig == r[0] ? r[1] : r[0];
+  if (sig->op != OpKind::kSigmoid || mul->op != OpKind::kMul || mul->inputs.size() != 2 || L.fused_into(sig) ||
+      L.fused_into(mul) || L.only_consumer(sig->outputs[0]) != mul) {
+    return {};
+  }
+  const Value *a = mul->inputs[0], *b = mul->inputs[1], *s = sig->outputs[0];
+  if (!((a == v && b == s) || (a == s && b == v))) return {};
+  return {sig, mul};
+}
+
 // Whether lower_conv takes its depthwise path for n (it then cannot decline the node).
 bool depthwise_candidate(Lowering& L, const Node& n) {
   if (n.op != OpKind::kConv || !L.half()) return false;
@@ -600,6 +631,10 @@ Status lower_conv(Lowering& L, const Node& n) {
     out = r->outputs[0];
   }
   bool fuse = relu || z || bias_t;
+  // A SiLU after it (x * sigmoid(x), fused by fuse-elementwise or not): only the graph path below
+  // applies it in the same pass; elsewhere it stays a step of its own.
+  std::vector<const Node*> silu;
+  if (!relu && !patch) silu = silu_after(L, out);
 
   // A 1x1, stride-1, unpadded convolution in NHWC is a GEMM over N*H*W rows:
   //   y[NHW, K] = x[NHW, C] . w[K, C]^T (+ bias, + residual as cuBLASLt's C, relu epilogue)
@@ -703,6 +738,45 @@ Status lower_conv(Lowering& L, const Node& n) {
   if (ws > L.options().workspace_bytes) {
     KILN_UNSUPPORTED("convolution needs {} bytes of workspace, more than the {} allowed (BuildOptions::workspace_bytes)",
                      ws, L.options().workspace_bytes);
+  }
+  // The convolution, its epilogue and a SiLU as one cuDNN operation graph, where that is faster than
+  // the algorithm above and the separate passes it leaves (a bias add, the SiLU).
+  if (L.options().graph_conv >= 0 && lay == Layout::kNHWC && L.half() && group == 1 && !small && wdims[1] % 8 == 0 &&
+      wdims[0] % 8 == 0) {
+    GraphConv gc;
+    gc.dt = *dt;
+    gc.x = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]};
+    gc.w = wdims;
+    gc.y = {yd_dims[0], yd_dims[1], yd_dims[2], yd_dims[3]};
+    gc.pre = gc.post = {cpads[0], cpads[1]};
+    gc.stride = {cstride[0], cstride[1]};
+    gc.dil = {dil[0], dil[1]};
+    gc.bias = bias_t != nullptr;
+    gc.residual = z != nullptr;
+    gc.act = relu ? 1 : silu.empty() ? 0 : 2;
+    KILN_ASSIGN_OR_RETURN(std::optional<GraphConvChoice> gch, pick_graph_conv(L, gc));
+    const double pass_ms = 2.0 * double(ynum) * eb / 2.5e9 + 0.003;  // one elementwise pass over y
+    const double legacy_ms = (algo == choice.algo ? choice.ms : choice.precomp_ms) + (separate_bias ? pass_ms : 0.0) +
+                             (silu.empty() ? 0.0 : pass_ms);
+    const bool timed = choice.ms > 0 && (algo == choice.algo || choice.precomp_ms > 0);
+    if (gch && (L.options().graph_conv == 1 || (timed && gch->ms < legacy_ms))) {
+      KILN_ASSIGN_OR_RETURN(Tensor wt, to_krsc(*w));
+      KILN_ASSIGN_OR_RETURN(Ref wr, L.upload(wt, *dt));
+      Ref br;
+      if (bias_t) {
+        KILN_ASSIGN_OR_RETURN(br, L.upload(*bias_t, *dt));
+      }
+      const Value* gout = silu.empty() ? out : silu.back()->outputs[0];
+      const DevValue& y = L.define(gout, lay);
+      const std::string impl = fmt::format("cudnn graph conv NHWC {} engine {}{}{}{} ({:.4f} ms against {:.4f})",
+                                           *dt == k::DT::kF16 ? "fp16" : "bf16", gch->engine, bias_t ? " +bias" : "",
+                                           z ? " +residual" : "", relu ? " +relu" : silu.empty() ? "" : " +silu", gch->ms,
+                                           legacy_ms);
+      emit_graph_conv(L, n, gc, *gch, impl, x->ref, wr, br, z ? z->ref : Ref{}, y.ref, {read_id(x), z ? read_id(z) : -1});
+      for (const Node* f : fused) L.mark_fused(f, &n);
+      for (const Node* f : silu) L.mark_fused(f, &n);
+      return Status::ok();
+    }
   }
 
   KILN_ASSIGN_OR_RETURN(Tensor wt, small                   ? small_channel_filter(*w, *small)
@@ -854,6 +928,7 @@ Expected<StepFn> bind_space_to_depth(Params& in, BindCtx&) {
 }  // namespace
 
 void register_conv_binders(std::map<StepOp, BindFn>& t) {
+  register_graph_conv_binder(t);
   t[StepOp::kCudnnConv] = bind_cudnn_conv;
   t[StepOp::kDepthwiseConv] = bind_depthwise;
   t[StepOp::kSpaceToDepth] = bind_space_to_depth;

@@ -701,7 +701,8 @@ Status EngineImpl::finish() {
   for (const DeviceStep& st : plan.steps) {
     uses_dnn = uses_dnn || st.kind == uint16_t(StepOp::kCudnnConv) || st.kind == uint16_t(StepOp::kCudnnPool) ||
                st.kind == uint16_t(StepOp::kCudnnConvTranspose) || st.kind == uint16_t(StepOp::kCudnnLrn) ||
-               st.kind == uint16_t(StepOp::kCudnnConvNd) || st.kind == uint16_t(StepOp::kCudnnConvTransposeNd);
+               st.kind == uint16_t(StepOp::kCudnnConvNd) || st.kind == uint16_t(StepOp::kCudnnConvTransposeNd) ||
+               st.kind == uint16_t(StepOp::kCudnnGraphConv);
     uses_lt = uses_lt || st.kind == uint16_t(StepOp::kLtMatmul) || st.kind == uint16_t(StepOp::kLtMatmulQuant);
     uses_comm = uses_comm || st.kind == uint16_t(StepOp::kAllReduce) || st.kind == uint16_t(StepOp::kAllGather);
   }

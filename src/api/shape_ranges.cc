@@ -9,6 +9,7 @@
 #include "api/engine_impl.h"
 #include "frontend/onnx/importer.h"
 #include "ops/infer.h"
+#include "passes/derived_constants.h"
 #include "passes/pipeline.h"
 #include "passes/value_inputs.h"
 #include "runtime/engine_file.h"
@@ -178,6 +179,11 @@ Expected<std::unique_ptr<Graph>> specialize_graph(const Graph& g, const std::vec
     return KILN_ERROR(kInvalidArgument, "expected {} input shapes, got {}", g.inputs.size(), shapes.size());
   }
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> out, clone_graph(g));
+  if (memo) {  // the storage every copy shares with g (clone_graph copies only the small constants)
+    for (const auto& v : g.values) {
+      if (v->constant) memo->share(*v->constant);
+    }
+  }
   std::map<std::string, std::vector<int64_t>> bind;
   for (size_t i = 0; i < shapes.size(); ++i) bind[out->inputs[i]->name] = shapes[i];
   KILN_RETURN_IF_ERROR(bind_input_shapes(*out, bind));

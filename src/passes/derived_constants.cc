@@ -6,8 +6,11 @@ namespace kiln {
 
 Expected<Tensor> DerivedConstants::get(const std::string& recipe, const std::vector<const Tensor*>& inputs,
                                        const std::function<Expected<Tensor>()>& make) {
-  for (const Tensor* t : inputs) {
-    if (t->numel() < kMinElements || t->dtype() == DType::kString) return make();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Tensor* t : inputs) {
+      if (!t->raw() || !shared_.count(t->raw())) return make();
+    }
   }
   std::string key = recipe;
   for (const Tensor* t : inputs) {
@@ -28,8 +31,14 @@ Expected<Tensor> DerivedConstants::get(const std::string& recipe, const std::vec
   if (fresh) {
     for (const Tensor* t : inputs) it->second.inputs.push_back(*t);
     it->second.out = std::move(out);
+    if (it->second.out.raw()) shared_.insert(it->second.out.raw());
   }
   return it->second.out;  // another thread's, when it made the same one first
+}
+
+void DerivedConstants::share(const Tensor& t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (t.raw()) shared_.insert(t.raw());
 }
 
 size_t DerivedConstants::made() const {

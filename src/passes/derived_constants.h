@@ -10,18 +10,19 @@
 //   KILN_ASSIGN_OR_RETURN(Tensor w, memo.get("concat-columns", {&wq, &wk, &wv}, [&] { return concat(...); }));
 //
 // An entry is found by its recipe (the operation and every parameter that shapes the result) and by
-// the identity of its inputs: their storage address, dtype and dims. Entries keep their inputs alive,
-// so an address is never reused for other data while the memo lives. Only results whose inputs all
-// have more than kMinElements elements are remembered: clone_graph shares the storage of exactly those
-// constants between copies (smaller ones are printed and parsed again), so only their addresses
-// repeat from one copy to the next; an entry keyed by a copy's own small constant would never be found
-// again and would only grow the memo. Thread-safe.
+// the identity of its inputs: their storage address, dtype and dims. Only results made from storage
+// the copies share are remembered: the source graph's constants, which clone_graph does not copy
+// (share() names them), and the memo's own results. A copy's own constants (small ones clone_graph
+// prints again, weights fold-constants made in that copy) have new addresses in every copy: an entry
+// keyed by one would never be found again and would only grow the memo. Entries keep their inputs
+// alive, so an address is never reused for other data while the memo lives. Thread-safe.
 #pragma once
 
 #include <functional>
 #include <map>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "ir/tensor.h"
@@ -31,8 +32,9 @@ namespace kiln {
 
 class DerivedConstants {
  public:
-  static constexpr int64_t kMinElements = 17;  // runtime/engine_file.cc: constants of 16 or fewer are inlined
   static constexpr size_t kMaxEntries = 1 << 16;  // past this, results are made but not remembered
+  // Marks t's storage as shared by the copies (a constant of the graph they are copied from).
+  void share(const Tensor& t);
 
   // The tensor `make` returns for `recipe` over `inputs`, made on the first request only. A failed
   // make is returned and not remembered.
@@ -48,6 +50,7 @@ class DerivedConstants {
   };
   mutable std::mutex mu_;
   std::map<std::string, Entry> entries_;
+  std::unordered_set<const void*> shared_;  // storage the copies share: share()'s and the results
   size_t reused_ = 0;
 };
 

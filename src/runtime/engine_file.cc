@@ -20,7 +20,7 @@ constexpr size_t kHeaderBytes = 24;
 constexpr size_t kSectionHeaderBytes = 16;
 constexpr size_t kAlign = 64;
 // Constants up to this many elements stay inline in the graph text.
-constexpr int64_t kInlineElements = 16;  // passes/derived_constants.h relies on it (kMinElements)
+constexpr int64_t kInlineElements = 16;
 
 void put_ref(ByteWriter& w, const ValueRef& r) {
   w.u8(uint8_t(r.kind));

@@ -144,23 +144,51 @@ TEST(Specialize, DerivedWeightsAreMadeOnceAcrossCopies) {
   EXPECT_EQ(memo.reused(), 4u);  // by the second and third copies
 }
 
-TEST(Specialize, DerivedConstantsOfSmallInputsAreNotRemembered) {
+TEST(Specialize, DerivedConstantsOfUnsharedInputsAreNotRemembered) {
   DerivedConstants memo;
-  Tensor small = Tensor::from_vector<float>({1, 2, 3, 4}, {4});
-  Tensor large = *Tensor::create(DType::kFloat32, {64});
+  Tensor mine = Tensor::from_vector<float>({1, 2, 3, 4}, {4});
+  Tensor shared = *Tensor::create(DType::kFloat32, {64});
+  memo.share(shared);
   int made = 0;
   auto make = [&]() -> Expected<Tensor> {
     ++made;
     return Tensor::from_vector<float>({7}, {1});
   };
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(memo.get("r", {&small}, make));
-    ASSERT_TRUE(memo.get("r", {&large}, make));
-    ASSERT_TRUE(memo.get("other", {&large}, make));
+    ASSERT_TRUE(memo.get("r", {&mine}, make));
+    ASSERT_TRUE(memo.get("r", {&shared}, make));
+    ASSERT_TRUE(memo.get("other", {&shared}, make));
+    ASSERT_TRUE(memo.get("r", {&shared, &mine}, make));
   }
-  EXPECT_EQ(made, 4);  // small twice; large once per recipe
+  EXPECT_EQ(made, 6);  // the unshared input's recipes each time; the shared one once per recipe
   EXPECT_EQ(memo.made(), 2u);
   EXPECT_EQ(memo.reused(), 2u);
+}
+
+// Weights each copy makes itself (fold-constants transposes them in every copy, at a new address):
+// merging them is not remembered, so a stream of new shapes does not grow the memo.
+constexpr const char* kTransposedSiblings = R"(graph main(%x: f32[N,8]) {
+  %wq = const dense<f32[24,8]> [0.25]
+  %wk = const dense<f32[24,8]> [-0.5]
+  %tq = Transpose(%wq) {perm = [1, 0]} : f32[8,24]
+  %tk = Transpose(%wk) {perm = [1, 0]} : f32[8,24]
+  %q = MatMul(%x, %tq) : f32[N,24]
+  %k = MatMul(%x, %tk) : f32[N,24]
+  %o = Mul(%q, %k) : f32[N,24]
+  return %o
+})";
+
+TEST(Specialize, WeightsACopyMakesItselfAreNotRemembered) {
+  auto g = parse_graph(kTransposedSiblings);
+  ASSERT_TRUE(g) << g.status().message();
+  DerivedConstants memo;
+  for (int64_t n : {1, 2, 3, 4}) {
+    auto sg = specialize_graph(**g, {{n, 8}}, BuildConfig{}, {}, &memo);
+    ASSERT_TRUE(sg) << sg.status().message();
+    ASSERT_EQ(storage_of(**sg, {8, 48}).size(), 1u) << "the projections were not merged";
+  }
+  EXPECT_EQ(memo.made(), 0u);
+  EXPECT_EQ(memo.reused(), 0u);
 }
 
 // BERT's token types as transformers exports them: a buffer sliced to the sequence length and

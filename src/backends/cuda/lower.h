@@ -378,7 +378,7 @@ struct GraphConv {
   std::array<int64_t, 2> pre{}, post{}, stride{1, 1}, dil{1, 1};
   bool bias = false, residual = false;
   int act = 0;
-  std::string key() const;  // the timing cache's signature
+  std::string key(size_t workspace) const;  // the timing cache's signature, with the workspace allowed
 };
 // A cuDNN engine for it ("<global index>:<knob>=<value>,...") and its time in a captured forward.
 struct GraphConvChoice {

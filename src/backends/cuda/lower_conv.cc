@@ -553,6 +553,13 @@ Status lower_conv(Lowering& L, const Node& n) {
     }
     if (act == 0) fused_act = nullptr;
     if (fused_act) dout = fused_act->outputs[0];
+    // A SiLU (EfficientNet's and MobileViT's depthwise convolutions have one) in the same pass.
+    std::vector<const Node*> silu;
+    if (act == 0) silu = silu_after(L, dout);
+    if (!silu.empty()) {
+      act = 3;
+      dout = silu.back()->outputs[0];
+    }
     // Filter [C,1,R,S] -> [R,S,C] so that a warp's filter reads are consecutive channels.
     KILN_ASSIGN_OR_RETURN(Tensor wf, convert_tensor(*w, DType::kFloat32));
     int64_t C = w->dim(0), R = w->dim(2), S = w->dim(3);
@@ -600,9 +607,10 @@ Status lower_conv(Lowering& L, const Node& n) {
     wr_.put(lo);
     wr_.put(hi);
     L.emit(&n, fmt::format("kernel depthwise_conv2d_nhwc{}{}{}", in_clip ? " (input clip)" : "", bias_t ? " +bias" : "",
-                           act == 1 ? " +relu" : act == 2 ? " +clip" : ""),
+                           act == 1 ? " +relu" : act == 2 ? " +clip" : act == 3 ? " +silu" : ""),
            {read_id(x0)}, {y.ref.id}, StepOp::kDepthwiseConv, std::move(wr_));
     if (fused_act) L.mark_fused(fused_act, &n);
+    for (const Node* f : silu) L.mark_fused(f, &n);
     return Status::ok();
   }
 

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 
 #include "backends/cuda/lower.h"
 #include "backends/cuda/timing_cache.h"
@@ -342,15 +343,17 @@ std::optional<GraphConvChoice> decode(const std::string& v) {
 
 }  // namespace
 
-std::string GraphConv::key() const {
-  return fmt::format("dt{} b{} r{} a{} @ {}x{}x{}x{} k{}x{}x{} p{},{},{},{} s{},{} d{},{}", int(dt), int(bias),
-                     int(residual), act, x[0], x[1], x[2], x[3], w[0], w[2], w[3], pre[0], pre[1], post[0], post[1],
-                     stride[0], stride[1], dil[0], dil[1]);
+std::string GraphConv::key(size_t workspace) const {
+  // What must match exactly (channels, filter, padding, stride, dilation, epilogue, the workspace an
+  // engine may take), then the dims a nearest match may differ in (batch and image size).
+  return fmt::format("dt{} b{} r{} a{} c{} k{}x{}x{} p{},{},{},{} s{},{} d{},{} ws{} @ {}x{}x{}", int(dt), int(bias),
+                     int(residual), act, x[1], w[0], w[2], w[3], pre[0], pre[1], post[0], post[1], stride[0], stride[1],
+                     dil[0], dil[1], workspace, x[0], x[2], x[3]);
 }
 
 Expected<std::optional<GraphConvChoice>> pick_graph_conv(Lowering& L, const GraphConv& c) {
   TimingCache* cache = L.options().autotune ? L.options().timing_cache.get() : nullptr;
-  const std::string key = c.key();
+  const std::string key = c.key(L.options().workspace_bytes);
   if (cache) {
     std::optional<std::string> v = cache->get("graphconv", key);
     if (!v && !L.options().time_misses) v = cache->nearest("graphconv", key);
@@ -433,6 +436,9 @@ Expected<StepFn> bind_graph_conv(Params& in, BindCtx& bc) {
   for (const auto* a : {&c.pre, &c.post}) {
     for (int64_t v : *a) ok = ok && v >= 0 && v <= INT32_MAX;
   }
+  for (const auto* a : {&c.x, &c.w, &c.y}) {  // the descriptors' strides are products of three dims
+    ok = ok && checked_numel(std::vector<int64_t>(a->begin(), a->end())).has_value();
+  }
   if (!ok) return KILN_ERROR(kInvalidModel, "step '{}': malformed graph convolution parameters", in.step().label);
   auto fail = [&](const Status& s) {
     return KILN_ERROR(kInvalidModel, "step '{}': cuDNN does not build the engine's convolution here: {}", in.step().label,
@@ -454,7 +460,12 @@ Expected<StepFn> bind_graph_conv(Params& in, BindCtx& bc) {
   bc.keep_alive.push_back(held);
   const DescPtr pl = plan->first;
   bc.keep_alive.push_back(pl);
+  // The engine's sessions share the plan, and may run on threads of their own: cuDNN does not promise
+  // that one execution plan runs from several threads at once. Under CUDA graphs it runs only while a
+  // session captures, so the lock costs nothing per forward.
+  auto mu = std::make_shared<std::mutex>();
   return StepFn([=](const RunCtx& r) -> Status {
+    std::lock_guard<std::mutex> lock(*mu);
     const cudnnStatus_t s = execute(r.dnn, pl, r.ptr(xr), r.ptr(wr), br.id >= 0 ? r.ptr(br) : nullptr,
                                     zr.id >= 0 ? r.ptr(zr) : nullptr, r.ptr(yr), r.workspace);
     if (s != CUDNN_STATUS_SUCCESS) return KILN_ERROR(kInternal, "cuDNN graph convolution: {}", cudnnGetErrorString(s));

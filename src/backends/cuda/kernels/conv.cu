@@ -65,6 +65,7 @@ __global__ void depthwise_kernel(const T* __restrict__ x, const T* __restrict__ 
       float a = acc[j];
       if (act == 1) a = fmaxf(a, 0.0f);
       else if (act == 2) a = fminf(fmaxf(a, lo), hi);
+      else if (act == 3) a = a / (1.0f + __expf(-a));  // SiLU, x * sigmoid(x)
       out.v[j] = from_f<T>(a);
     }
     *reinterpret_cast<W*>(y + int64_t(i / cv) * sh.c + c) = out;

@@ -261,7 +261,7 @@ cudaError_t gather_elements(int elem_bytes, const void* data, int64_t outer, int
 
 // Depthwise 2-D convolution in NHWC (one filter per channel): x [n,h,w,c], filter [r,s,c],
 // bias [c] (may be null), y [n,p,q,c]; y = act(sum + bias) with act 0 none, 1 relu,
-// 2 clip(lo, hi). pad_h/pad_w are the leading pads (trailing pads only bound the output size).
+// 2 clip(lo, hi), 3 SiLU. pad_h/pad_w are the leading pads (trailing pads only bound the output size).
 // kF32, kF16, kBF16; f32 accumulation.
 struct DepthwiseShape {
   int n, h, w, c, r, s, p, q;

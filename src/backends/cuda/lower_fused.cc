@@ -218,6 +218,30 @@ Expected<StepFn> bind_generated(Params& in, BindCtx& bc) {
                       cudaGetErrorString(e));
   }
   bc.keep_alive.push_back(lib);
+  // The launch passes one pointer per input, the output's, and the shape argument when there is one:
+  // the kernel must take exactly those (a damaged record would otherwise have the launch read past
+  // the arguments it was given).
+  auto params_fit = [&](cudaKernel_t k) {
+    const size_t count = ins.size() + 1 + (shape_arg.empty() ? 0 : 1);
+    for (size_t i = 0; i <= count; ++i) {
+      size_t offset = 0, size = 0;
+      const bool has = cudaFuncGetParamInfo(reinterpret_cast<const void*>(k), i, &offset, &size) == cudaSuccess;
+      if (i == count) {
+        cudaGetLastError();
+        return !has;
+      }
+      const size_t want = i < ins.size() + 1 ? sizeof(void*) : shape_arg.size();
+      if (!has || size != want) {
+        cudaGetLastError();
+        return false;
+      }
+    }
+    return false;
+  };
+  if (!params_fit(kern) || (vkern && !params_fit(vkern))) {
+    return KILN_ERROR(kInvalidModel, "step '{}': its generated kernel does not take the {} arguments the step passes",
+                      in.step().label, ins.size() + 1 + (shape_arg.empty() ? 0 : 1));
+  }
   return StepFn([=](const RunCtx& c) -> Status {
     std::vector<void*> ptrs;
     for (const Ref& r : ins) ptrs.push_back(c.ptr(r));

@@ -369,6 +369,9 @@ Status emit_conv_f64(Lowering& L, const Node& n, const DevValue* x, const DevVal
 // n's inputs in order; `strides`, where given for an input, replace its broadcast strides (a
 // per-channel operand, say). lower_fused.cc.
 Status lower_generated(Lowering& L, const Node& n, const Graph* body, const std::vector<std::vector<int64_t>>& strides = {});
+// Whether n is a FusedElementwise whose body is SiLU of its one input: Sigmoid(a) then a * that
+// (lower_norm.cc).
+bool is_silu(const Node& n);
 // A 2-D convolution with its epilogue, y = act(conv(x, w) + bias + z), as one cuDNN operation graph
 // (lower_conv_graph.cc): NHWC fp16/bf16 tensors x [N, C, H, W], w [K, C, R, S] (stored KRSC), y and
 // z [N, K, P, Q]; bias [K]. act: 0 none, 1 ReLU, 2 swish (SiLU).

@@ -424,18 +424,8 @@ const Node* next_op(Lowering& L, const Value* v, OpKind want) {
 std::vector<const Node*> silu_after(Lowering& L, const Value* v) {
   if (L.is_graph_output(v)) return {};
   const std::vector<const Node*> r = L.readers(v);
-  if (r.size() == 1 && r[0]->op == OpKind::kFusedElementwise && r[0]->inputs.size() == 1 && !L.fused_into(r[0])) {
-    const Graph* b = r[0]->attr_graph("body");
-    if (b && b->inputs.size() == 1 && b->outputs.size() == 1 && b->nodes.size() == 2) {
-      const Node& sig = *b->nodes[0];
-      const Node& mul = *b->nodes[1];
-      const Value* a = b->inputs[0];
-      if (sig.op == OpKind::kSigmoid && sig.inputs[0] == a && mul.op == OpKind::kMul && mul.outputs[0] == b->outputs[0] &&
-          mul.inputs.size() == 2 && ((mul.inputs[0] == a && mul.inputs[1] == sig.outputs[0]) ||
-                                     (mul.inputs[0] == sig.outputs[0] && mul.inputs[1] == a))) {
-        return {r[0]};
-      }
-    }
+  if (r.size() == 1) {
+    if (is_silu(*r[0]) && !L.fused_into(r[0])) return {r[0]};
     return {};
   }
   if (r.size() != 2) return {};

@@ -242,20 +242,6 @@ Expected<StepFn> bind_channel_affine(Params& in, BindCtx&) {
   });
 }
 
-// Whether n is a FusedElementwise whose body is SiLU of its one input: Sigmoid(a) then a * that.
-bool is_silu(const Node& n) {
-  if (n.op != OpKind::kFusedElementwise || n.inputs.size() != 1) return false;
-  const Graph* b = n.attr_graph("body");
-  if (!b || b->inputs.size() != 1 || b->outputs.size() != 1 || b->nodes.size() != 2) return false;
-  const Node& sig = *b->nodes[0];
-  const Node& mul = *b->nodes[1];
-  const Value* a = b->inputs[0];
-  if (sig.op != OpKind::kSigmoid || sig.inputs[0] != a || mul.op != OpKind::kMul) return false;
-  const Value* s = sig.outputs[0];
-  return mul.outputs[0] == b->outputs[0] &&
-         ((mul.inputs[0] == a && mul.inputs[1] == s) || (mul.inputs[0] == s && mul.inputs[1] == a));
-}
-
 // InstanceNormalization and GroupNormalization (k::group_norm): statistics per (batch, group) in
 // f32, the channel's scale and shift (constants, per channel or, GroupNormalization-18, per group;
 // or per-channel values computed at run time),
@@ -652,6 +638,19 @@ void register_norm_binders(std::map<StepOp, BindFn>& t) {
   t[StepOp::kArgReduce] = bind_arg_reduce<false>;
   t[StepOp::kArgReduceLast] = bind_arg_reduce<true>;
   t[StepOp::kTopK] = bind_topk;
+}
+
+bool is_silu(const Node& n) {
+  if (n.op != OpKind::kFusedElementwise || n.inputs.size() != 1) return false;
+  const Graph* b = n.attr_graph("body");
+  if (!b || b->inputs.size() != 1 || b->outputs.size() != 1 || b->nodes.size() != 2) return false;
+  const Node& sig = *b->nodes[0];
+  const Node& mul = *b->nodes[1];
+  const Value* a = b->inputs[0];
+  if (sig.op != OpKind::kSigmoid || sig.inputs[0] != a || mul.op != OpKind::kMul) return false;
+  const Value* s = sig.outputs[0];
+  return mul.outputs[0] == b->outputs[0] &&
+         ((mul.inputs[0] == a && mul.inputs[1] == s) || (mul.inputs[0] == s && mul.inputs[1] == a));
 }
 
 }  // namespace kiln::cuda

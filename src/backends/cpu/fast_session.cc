@@ -14,6 +14,7 @@
 #include "backends/cpu/compute_thread.h"
 #include "backends/cpu/dnnl_lib.h"
 #include "backends/cpu/fast_session_impl.h"
+#include "runtime/memory_planner.h"
 
 namespace kiln {
 
@@ -111,7 +112,46 @@ Status CpuRunner::Impl::prepare() {
   runs.resize(cp->steps.size());
   impls.resize(cp->steps.size());
   for (size_t i = 0; i < cp->steps.size(); ++i) KILN_RETURN_IF_ERROR(prepare_step(i));
+  plan_arena();
   return Status::ok();
+}
+
+size_t CpuRunner::Impl::out_bytes(size_t i) const {
+  const StepRun& run = runs[i];
+  return cp->steps[i].out_layout == CpuLayout::kLibrary ? run.out_bytes : size_t(numel(run.out_dims)) * sizeof(float);
+}
+
+// The oneDNN steps' results share one arena by their lifetimes (runtime/memory_planner.h), from
+// the step that writes each to the step that releases its slot: the activations a step reads were
+// written moments before and are still in cache, where a buffer per step made every step write to
+// memory no other step had touched this run. Results never released (the graph's outputs, handed
+// to the caller) keep buffers of their own; a host step's result that views arena memory is copied
+// out of it when made (run()), so nothing outlives its bytes.
+void CpuRunner::Impl::plan_arena() {
+  std::vector<int64_t> released(plan->slots, -1);
+  for (size_t i = 0; i < cp->steps.size(); ++i) {
+    for (uint32_t f : cp->steps[i].frees) released[f] = int64_t(i);
+  }
+  std::vector<BufferRequest> requests;
+  std::vector<size_t> owner;
+  arena_offset.assign(cp->steps.size(), kNoArena);
+  for (size_t i = 0; i < cp->steps.size(); ++i) {
+    const CpuStep& s = cp->steps[i];
+    if (s.kind == CpuStepKind::kHost || s.out.kind != ValueRef::Kind::kSlot || released[s.out.index] < 0) continue;
+    requests.push_back({out_bytes(i), int(i), int(released[s.out.index])});
+    owner.push_back(i);
+  }
+  if (requests.empty()) return;
+  const MemoryPlan mp = plan_memory(requests, 64);
+  arena = std::make_shared<Buffer>();
+  arena->resize(mp.peak);
+  for (size_t r = 0; r < owner.size(); ++r) arena_offset[owner[r]] = mp.offsets[r];
+}
+
+bool CpuRunner::Impl::in_arena(const Tensor& t) const {
+  if (!arena || t.nbytes() == 0) return false;
+  const char* p = static_cast<const char*>(t.raw());
+  return p >= arena->p.get() && p < arena->p.get() + arena->size;
 }
 
 Status CpuRunner::Impl::prepare_step(size_t i) {
@@ -302,7 +342,10 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
     // Weights with K contiguous (B transposed): oneDNN's f32 GEMM runs wide layers (N = 4K) about
     // 1.7x faster than on N-contiguous weights, which "any" picks (bench/RESULTS.md, "twenty-fourth
     // session").
-    KILN_ASSIGN_OR_RETURN(wany, make_md(at, wd, dnnl_ba));
+    // A single row (a batch-1 classifier, a decoder step) is a matrix-vector product that streams
+    // the weights once: there oneDNN's own blocked layout ("any") is the faster one (ResNet-50's
+    // 2048x1000 layer 0.47 -> 0.34 ms, "thirty-second session").
+    KILN_ASSIGN_OR_RETURN(wany, make_md(at, wd, src_dims[0] == 1 ? dnnl_format_tag_any : dnnl_ba));
     if (n.op == OpKind::kGemm && has_input(2) && is_const(2)) bt = &constant(2);
     if (row_bias) bt = row_bias;
     if (bt) {
@@ -483,6 +526,11 @@ Expected<std::vector<Data>> CpuRunner::Impl::run(std::vector<Data> inputs, std::
       for (const ValueRef& r : ps.inputs) ins.push_back(at(r));
       KILN_ASSIGN_OR_RETURN(std::vector<Data> outs, run_node_on_cpu(*g.nodes[ps.node], std::move(ins), outer));
       for (size_t k = 0; k < ps.outputs.size(); ++k) {
+        // A view of an arena result (a Reshape, an If returning an outer value) would outlive it.
+        if (outs[k].is_tensor() && in_arena(outs[k].tensor)) outs[k].tensor = outs[k].tensor.clone();
+        for (Tensor& t : outs[k].sequence) {
+          if (in_arena(t)) t = t.clone();
+        }
         if (ps.outputs[k].kind == ValueRef::Kind::kSlot) slots[ps.outputs[k].index] = std::move(outs[k]);
       }
     } else {
@@ -495,13 +543,18 @@ Expected<std::vector<Data>> CpuRunner::Impl::run(std::vector<Data> inputs, std::
       }
       const bool library = s.out_layout == CpuLayout::kLibrary;
       const Dims out_dims = library ? Dims{int64_t(run.out_bytes)} : run.out_dims;
-      const size_t out_bytes = library ? run.out_bytes : size_t(numel(run.out_dims)) * sizeof(float);
-      std::shared_ptr<Buffer>& buf = out_cache[i];
-      if (!buf || buf.use_count() != 1 || buf->size < out_bytes) {
-        buf = std::make_shared<Buffer>();
-        buf->resize(out_bytes);
+      const DType out_type = library ? DType::kUInt8 : DType::kFloat32;
+      Tensor out;
+      if (arena_offset[i] != kNoArena) {
+        out = Tensor::view(out_type, out_dims, arena, arena->p.get() + arena_offset[i]);
+      } else {
+        std::shared_ptr<Buffer>& buf = out_cache[i];
+        if (!buf || buf.use_count() != 1 || buf->size < out_bytes(i)) {
+          buf = std::make_shared<Buffer>();
+          buf->resize(out_bytes(i));
+        }
+        out = Tensor::view(out_type, out_dims, buf, buf->p.get());
       }
-      Tensor out = Tensor::view(library ? DType::kUInt8 : DType::kFloat32, out_dims, buf, buf->p.get());
       if (run.loop) {  // kiln's own loop over the reads' row-major buffers
         std::vector<const float*> ins;
         for (const ValueRef& r : s.reads) {
@@ -589,6 +642,12 @@ size_t CpuRunner::weight_bytes() const {
   for (const auto& w : impl_->weights) b += w.size;
 #endif
   return b;
+}
+size_t CpuRunner::arena_bytes() const {
+#if KILN_HAVE_DNNL
+  if (impl_->arena) return impl_->arena->size;
+#endif
+  return 0;
 }
 
 }  // namespace kiln

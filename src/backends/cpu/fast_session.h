@@ -30,6 +30,7 @@ class CpuRunner {
   // Per step: what runs it ("oneDNN brg:avx2", "reference kernel").
   const std::vector<std::string>& impls() const;
   size_t weight_bytes() const;  // the reordered weights this runner holds
+  size_t arena_bytes() const;   // the arena its steps' intermediate results share
 
   struct Impl;
 

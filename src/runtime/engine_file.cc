@@ -194,34 +194,85 @@ uint64_t engine_checksum(const void* data, size_t size) {
   return h;
 }
 
+namespace {
+
+// Copies g's values, nodes and subgraphs into `out` (its parent links already set). `map` takes each
+// value to its copy, for g and every graph around it, so a subgraph's reads of outer values find
+// theirs. What the text form would not carry is not copied either: node indices are positions
+// (as the parser numbers them), provenance and symbolic element values are left for the passes and
+// inference to make again.
+Status copy_graph_into(const Graph& g, Graph& out, std::unordered_map<const Value*, Value*>& map) {
+  auto find = [&](const Value* v, const std::string& what) -> Expected<Value*> {
+    if (!v) return nullptr;
+    auto it = map.find(v);
+    if (it == map.end()) return KILN_ERROR(kInternal, "cloning graph '{}': {} '{}' is not in scope", g.name, what, v->name);
+    return it->second;
+  };
+  out.name = g.name;
+  for (const auto& v : g.values) {
+    Value* c = out.add_value(v->name, v->type);
+    // Large constants share their storage (the passes replace a constant, never write into one);
+    // small ones are copies.
+    if (v->constant) c->constant = elide(*v) ? *v->constant : v->constant->clone();
+    map[v.get()] = c;
+  }
+  for (const Value* v : g.inputs) {
+    KILN_ASSIGN_OR_RETURN(Value * c, find(v, "input"));
+    out.inputs.push_back(c);
+  }
+  for (const auto& n : g.nodes) {
+    auto c = std::make_unique<Node>();
+    c->op = n->op;
+    c->name = n->name;
+    c->index = int(out.nodes.size());
+    c->owner = &out;
+    for (const Value* v : n->inputs) {
+      KILN_ASSIGN_OR_RETURN(Value * x, find(v, "an input of " + n->describe()));
+      c->inputs.push_back(x);
+    }
+    for (size_t k = 0; k < n->outputs.size(); ++k) {
+      KILN_ASSIGN_OR_RETURN(Value * y, find(n->outputs[k], "an output of " + n->describe()));
+      if (y) {
+        y->producer = c.get();
+        y->producer_output = int(k);
+      }
+      c->outputs.push_back(y);
+    }
+    for (const auto& [key, a] : n->attrs) {
+      Attribute b = a;
+      if (a.kind == Attribute::Kind::kTensor) b.t = a.t.clone();
+      for (Tensor& t : b.tensors) t = t.clone();
+      auto sub = [&](const std::shared_ptr<Graph>& from) -> Expected<std::shared_ptr<Graph>> {
+        auto to = std::make_shared<Graph>();
+        to->parent = &out;
+        to->parent_node = c.get();
+        KILN_RETURN_IF_ERROR(copy_graph_into(*from, *to, map));
+        return to;
+      };
+      if (a.g) {
+        KILN_ASSIGN_OR_RETURN(b.g, sub(a.g));
+      }
+      for (size_t k = 0; k < a.graphs.size(); ++k) {
+        KILN_ASSIGN_OR_RETURN(b.graphs[k], sub(a.graphs[k]));
+      }
+      c->attrs.emplace(key, std::move(b));
+    }
+    out.nodes.push_back(std::move(c));
+  }
+  for (const Value* v : g.outputs) {
+    KILN_ASSIGN_OR_RETURN(Value * c, find(v, "output"));
+    out.outputs.push_back(c);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
 Expected<std::unique_ptr<Graph>> clone_graph(const Graph& g) {
-  std::vector<const Value*> consts;
-  all_constants(g, consts);
-  std::unordered_map<std::string, int> uses;
-  for (const Value* v : consts) ++uses[v->name];
-  // Large constants travel by name, their storage shared; a name that is not unique is printed whole.
-  std::unordered_set<const Value*> elided;
-  std::unordered_map<std::string, const Value*> shared;
-  for (const Value* v : consts) {
-    if (elide(*v) && uses[v->name] == 1) {
-      elided.insert(v);
-      shared[v->name] = v;
-    }
-  }
-  PrintOptions po;
-  po.elided_constants = &elided;
-  ParseOptions pa;
-  pa.zero_elided_tensors = false;
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> out, parse_graph(print_graph(g, po), pa));
-  std::unordered_map<std::string, Value*> by_name;
-  values_by_name(*out, by_name);
-  for (const auto& [name, v] : shared) {
-    auto it = by_name.find(name);
-    if (it == by_name.end() || !it->second->constant || it->second->constant->dims() != v->constant->dims()) {
-      return KILN_ERROR(kInternal, "cloning the graph lost constant '{}'", name);
-    }
-    it->second->constant = *v->constant;
-  }
+  auto out = std::make_unique<Graph>();
+  std::unordered_map<const Value*, Value*> map;
+  map.reserve(g.values.size());
+  KILN_RETURN_IF_ERROR(copy_graph_into(g, *out, map));
   return out;
 }
 

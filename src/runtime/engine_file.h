@@ -54,8 +54,9 @@ Expected<std::string> write_engine_file(const nlohmann::json& meta, const Plan& 
 Expected<EngineFile> read_engine_file(std::string_view bytes, std::shared_ptr<const void> owner, const std::string& name);
 Expected<EngineFile> read_engine_file(std::shared_ptr<const std::string> bytes, const std::string& name);
 
-// A copy of g whose large constants share g's storage (through the engine file's text form): the
-// shape plans of a dynamic GPU engine each bind and optimize a copy of one graph.
+// A copy of g whose large constants share g's storage (what its text form would carry, copied
+// structure by structure): the shape plans of a dynamic engine each bind and optimize a copy of
+// one graph.
 Expected<std::unique_ptr<Graph>> clone_graph(const Graph& g);
 
 // Reads only what identifies the file: magic, format version, size, checksum and META (for

@@ -70,6 +70,7 @@ struct ShapePlan {
   std::unique_ptr<Graph> graph;  // before the engine: its host steps read the graph's nodes
   std::shared_ptr<cuda::Engine> engine;
   double make_ms = 0, specialize_ms = 0;  // all of it; binding the shapes and the passes
+  SpecializeStats stats;
   uint64_t last_use = 0;
 };
 
@@ -180,7 +181,7 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     auto t0 = std::chrono::steady_clock::now();
     auto p = std::make_shared<ShapePlan>();
     p->shapes = s;
-    auto g = specialize_graph(*plan_->graph, s, config_, values, &derived_);
+    auto g = specialize_graph(*plan_->graph, s, config_, values, &derived_, &p->stats);
     if (!g) return with_shape(g.status(), s, values);
     p->graph = std::move(*g);
     p->specialize_ms = ms_since(t0);
@@ -200,6 +201,10 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     ++made_;
     made_ms_ += p->make_ms;
     specialize_ms_ += p->specialize_ms;
+    second_rounds_ += p->stats.rounds > 1;
+    clone_ms_ += p->stats.clone_ms;
+    infer_ms_ += p->stats.infer_ms;
+    passes_ms_ += p->stats.passes_ms;
     plans_[std::move(key)] = p;
     while (plans_.size() > kKeptPlans) {  // the least recently used goes; sessions running it keep it alive
       auto lru = std::min_element(plans_.begin(), plans_.end(),
@@ -224,11 +229,14 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     }
     if (!tuned_.empty()) out += fmt::format("tuned at {:.0f} ms over these shapes:\n{}", tune_ms_, tuned_);
     const cuda::NvrtcStats nv = cuda::nvrtc_stats();
-    out += fmt::format("shape plans made so far: {} in {:.0f} ms (shapes bound and passes {:.0f}, lowering {:.0f}; in this "
+    out += fmt::format("shape plans made so far: {} in {:.0f} ms (shapes bound and passes {:.0f}: copy {:.0f}, shape inference "
+                       "{:.0f}, passes {:.0f}; lowering {:.0f}; in this "
                        "process NVRTC compiled {} generated kernels in {:.0f} ms, {} came from the disk cache); weights "
-                       "{:.1f} MiB on the GPU, shared by every plan ({} derived by the passes, reused {} times)\n", made_,
-                       made_ms_, specialize_ms_, made_ms_ - specialize_ms_, nv.compiled, nv.compile_ms, nv.cached,
-                       double(pool_->device_bytes()) / (1 << 20), derived_.made(), derived_.reused());
+                       "{:.1f} MiB on the GPU, shared by every plan ({} derived by the passes, reused {} times); the passes ran "
+                       "twice for {} of them; {} CUDA sessions made for shapes in {:.0f} ms\n", made_,
+                       made_ms_, specialize_ms_, clone_ms_, infer_ms_, passes_ms_, made_ms_ - specialize_ms_, nv.compiled, nv.compile_ms, nv.cached,
+                       double(pool_->device_bytes()) / (1 << 20), derived_.made(), derived_.reused(), second_rounds_,
+                       sessions_made_, sessions_ms_);
     out += cache_line_;
     if (reference_) {
       out += fmt::format("reference plan ({}):\n{}", shapes_text(*plan_->graph, reference_->shapes),
@@ -237,6 +245,11 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     return out;
   }
   size_t weight_bytes() const override { return pool_->device_bytes(); }
+  void note_session(double ms) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++sessions_made_;
+    sessions_ms_ += ms;
+  }
   double build_ms() const override { return tune_ms_; }
   std::string load_phases() const override { return load_phases_; }
   nlohmann::json target() const override { return target_json(cuda::current_target()); }
@@ -282,6 +295,10 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
   uint64_t clock_ = 0;
   int made_ = 0;
   double made_ms_ = 0, specialize_ms_ = 0, tune_ms_ = 0;
+  int second_rounds_ = 0;                      // plans whose passes ran twice
+  double clone_ms_ = 0, infer_ms_ = 0, passes_ms_ = 0;  // of specialize_ms_
+  mutable int sessions_made_ = 0;              // CUDA sessions made by this engine's sessions, and their time
+  mutable double sessions_ms_ = 0;
   std::string tuned_, cache_line_;
 };
 
@@ -377,7 +394,9 @@ class DynamicGpuSession : public Session::Impl {
                                   [](const auto& a, const auto& b) { return a.second.last_use < b.second.last_use; });
       sessions_.erase(lru);
     }
+    auto t0 = std::chrono::steady_clock::now();
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<cuda::Session> s, p->engine->new_session());
+    e_->note_session(ms_since(t0));
     Entry& e = sessions_[std::move(key)];
     e.plan = std::move(p);
     e.session = std::move(s);

@@ -4,6 +4,7 @@
 //   config.shape_ranges["input_ids"] = {{1, 64}, {16, 512}};
 //   KILN_ASSIGN_OR_RETURN(auto ranges, bind_shape_ranges(g, config.shape_ranges));  // "batch" -> 1..64
 //   ... at run time: check_run_shapes(engine_inputs, views) names the input, the dim and the range.
+#include <chrono>
 #include <limits>
 
 #include "api/engine_impl.h"
@@ -174,29 +175,42 @@ Status check_run_shapes(const std::vector<TensorInfo>& infos, const std::vector<
 Expected<std::unique_ptr<Graph>> specialize_graph(const Graph& g, const std::vector<std::vector<int64_t>>& shapes,
                                                   const BuildConfig& config,
                                                   const std::vector<std::pair<size_t, Tensor>>& values,
-                                                  DerivedConstants* memo) {
+                                                  DerivedConstants* memo, SpecializeStats* stats) {
   if (shapes.size() != g.inputs.size()) {
     return KILN_ERROR(kInvalidArgument, "expected {} input shapes, got {}", g.inputs.size(), shapes.size());
   }
+  SpecializeStats local;
+  SpecializeStats& st = stats ? *stats : local;
+  auto t = std::chrono::steady_clock::now();
+  auto lap = [&t](double& into) {
+    auto now = std::chrono::steady_clock::now();
+    into += std::chrono::duration<double, std::milli>(now - t).count();
+    t = now;
+  };
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> out, clone_graph(g));
   if (memo) {  // the storage every copy shares with g (clone_graph copies only the small constants)
     for (const auto& v : g.values) {
       if (v->constant) memo->share(*v->constant);
     }
   }
+  lap(st.clone_ms);
   std::map<std::string, std::vector<int64_t>> bind;
   for (size_t i = 0; i < shapes.size(); ++i) bind[out->inputs[i]->name] = shapes[i];
   KILN_RETURN_IF_ERROR(bind_input_shapes(*out, bind));
   KILN_RETURN_IF_ERROR(bind_value_inputs(*out, values));
   KILN_RETURN_IF_ERROR(infer_types(*out));
+  lap(st.infer_ms);
   PassOptions po;
   po.disabled = config.disabled_passes;
   // Folding the shape arithmetic makes constants that inference could not see before (an Expand's
   // target from Shape -> Concat in a BERT export): infer again after the passes, and once more
   // around the pipeline if a value is still not static.
   for (int round = 0; round < 2; ++round) {
+    st.rounds = round + 1;
     KILN_RETURN_IF_ERROR(run_passes(*out, default_pipeline(memo), po).status());
+    lap(st.passes_ms);
     KILN_RETURN_IF_ERROR(infer_types(*out));
+    lap(st.infer_ms);
     bool fixed = true;
     for (const auto& v : out->values) {
       if (!v->constant && v->type.is_tensor() && v->type.shape && !v->type.shape->is_static()) fixed = false;

@@ -7,6 +7,17 @@
 
 namespace kiln {
 
+namespace {
+
+// A lookup that repeats a small table's rows over the batch and sequence (BERT's token-type
+// embeddings of constant ids: [B, S, H] from a [2, H] table) stays a node: folded, it is a weight
+// as large as the activations, made again for every input shape of a dynamic engine.
+bool expanding_gather(const Node& n, int64_t out_elements, int64_t in_elements) {
+  return n.op == OpKind::kGather && out_elements > (int64_t(1) << 16) && out_elements > 4 * in_elements;
+}
+
+}  // namespace
+
 Expected<bool> fold_node(const Node& n, const std::function<const Tensor*(const Value*)>& constant_of,
                          int64_t max_elements, std::vector<std::optional<Tensor>>* outs) {
   // A fused elementwise body reads only the node's inputs: it folds like the ops it holds (a graph
@@ -35,6 +46,8 @@ Expected<bool> fold_node(const Node& n, const std::function<const Tensor*(const 
     // A zero-element view of the dims is enough.
     held.emplace_back(Tensor::view(v->type.dtype, *dims, nullptr, nullptr));
   }
+  int64_t in_elements = 0;
+  for (const Data& d : held) in_elements += d.tensor.numel();
   for (const Value* o : n.outputs) {
     if (!o) continue;
     auto dims = static_dims(o);
@@ -42,6 +55,7 @@ Expected<bool> fold_node(const Node& n, const std::function<const Tensor*(const 
     // Checked: a hostile model's dims can overflow the product (the sanitizer lane found it).
     Expected<int64_t> numel = checked_numel(*dims);
     if (!numel || *numel > max_elements) return false;
+    if (expanding_gather(n, *numel, in_elements)) return false;
   }
   std::vector<const Data*> ins;
   size_t h = 0;
@@ -55,6 +69,7 @@ Expected<bool> fold_node(const Node& n, const std::function<const Tensor*(const 
   for (size_t i = 0; i < n.outputs.size() && i < res.size(); ++i) {
     if (!n.outputs[i]) continue;
     if (!res[i].is_tensor() || res[i].tensor.numel() > max_elements) return false;
+    if (expanding_gather(n, res[i].tensor.numel(), in_elements)) return false;
     r[i] = std::move(res[i].tensor);
   }
   *outs = std::move(r);

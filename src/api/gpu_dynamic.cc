@@ -229,14 +229,16 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     }
     if (!tuned_.empty()) out += fmt::format("tuned at {:.0f} ms over these shapes:\n{}", tune_ms_, tuned_);
     const cuda::NvrtcStats nv = cuda::nvrtc_stats();
+    const cuda::SessionInitStats si = cuda::session_init_stats();
     out += fmt::format("shape plans made so far: {} in {:.0f} ms (shapes bound and passes {:.0f}: copy {:.0f}, shape inference "
                        "{:.0f}, passes {:.0f}; lowering {:.0f}; in this "
                        "process NVRTC compiled {} generated kernels in {:.0f} ms, {} came from the disk cache); weights "
                        "{:.1f} MiB on the GPU, shared by every plan ({} derived by the passes, reused {} times); the passes ran "
-                       "twice for {} of them; {} CUDA sessions made for shapes in {:.0f} ms\n", made_,
+                       "twice for {} of them; {} CUDA sessions made for shapes in {:.0f} ms (in this process {} sessions: "
+                       "handles {:.0f} ms, memory {:.0f}, eager forward {:.0f}, graph capture {:.0f})\n", made_,
                        made_ms_, specialize_ms_, clone_ms_, infer_ms_, passes_ms_, made_ms_ - specialize_ms_, nv.compiled, nv.compile_ms, nv.cached,
                        double(pool_->device_bytes()) / (1 << 20), derived_.made(), derived_.reused(), second_rounds_,
-                       sessions_made_, sessions_ms_);
+                       sessions_made_, sessions_ms_, si.sessions, si.handles_ms, si.memory_ms, si.eager_ms, si.capture_ms);
     out += cache_line_;
     if (reference_) {
       out += fmt::format("reference plan ({}):\n{}", shapes_text(*plan_->graph, reference_->shapes),

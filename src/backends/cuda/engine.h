@@ -160,4 +160,13 @@ class Session {
 // True when a CUDA device usable by this build is present (reason otherwise).
 bool gpu_available(std::string* reason);
 
+// Where this process's session creations went, summed over every session made so far: the handles
+// (stream, cuBLASLt, cuDNN), the device and pinned memory, the eager forward that readies the
+// libraries, and the CUDA graph's capture and instantiation.
+struct SessionInitStats {
+  int sessions = 0;
+  double handles_ms = 0, memory_ms = 0, eager_ms = 0, capture_ms = 0;
+};
+SessionInitStats session_init_stats();
+
 }  // namespace kiln::cuda

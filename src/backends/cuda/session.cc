@@ -87,6 +87,9 @@ class DnnPool {
   std::map<cudnnHandle_t, int> device_;
 };
 
+std::mutex g_init_stats_mu;
+SessionInitStats g_init_stats;
+
 class CudaSession : public Session {
  public:
   // `lanes` > 1: micro-batches (Engine::new_lanes_session), `batched` per input.
@@ -123,6 +126,14 @@ class CudaSession : public Session {
       return KILN_ERROR(kInvalidArgument, "this engine is one rank of a tensor-parallel engine: it runs in the whole "
                         "engine's sessions, beside its peers");
     }
+    using clock = std::chrono::steady_clock;
+    auto t = clock::now();
+    SessionInitStats st;
+    auto lap = [&t](double& into) {
+      auto now = clock::now();
+      into += std::chrono::duration<double, std::milli>(now - t).count();
+      t = now;
+    };
     KILN_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     KILN_CUDA_TRY(cudaEventCreateWithFlags(&io_event_, cudaEventDisableTiming));
     // A library's handle only where a step uses it: a cold process pays ~100 ms for cuDNN's first
@@ -132,6 +143,7 @@ class CudaSession : public Session {
       KILN_ASSIGN_OR_RETURN(dnn_, DnnPool::get().take());
       KILN_CUDA_TRY(cudnnSetStream(dnn_, stream_));
     }
+    lap(st.handles_ms);
     const size_t slots = size_t(std::max(1, P.bad_index_slots));
     // Each lane's block: arena, workspace, bad-index slots, counters.
     lane_bytes_ = align_up(e_->rep.arena_peak) + align_up(e_->opt.workspace_bytes) + align_up(sizeof(int) * slots) +
@@ -156,13 +168,24 @@ class CudaSession : public Session {
     for (const DeviceIo& d : P.outputs) { out_host_.push_back(h); h += align_up(io_bytes(d) * size_t(lanes_)); }
     bad_host_ = reinterpret_cast<int*>(h);
     KILN_CUDA_TRY(cudaMemsetAsync(mem_.p, 0, bytes_, stream_));
+    lap(st.memory_ms);
     lock.unlock();
     std::unique_lock<std::recursive_mutex> forward_lock = capture_lock();
     if (e_->rep.cuda_graph) {
       // One eager pass initializes the libraries' lazy state (capture forbids it), then capture.
       KILN_RETURN_IF_ERROR(lanes_ > 1 ? enqueue_lanes() : run_steps());
       KILN_CUDA_TRY(cudaStreamSynchronize(stream_));
+      lap(st.eager_ms);
       KILN_RETURN_IF_ERROR(lanes_ > 1 ? capture_lanes() : capture());
+      lap(st.capture_ms);
+    }
+    {
+      std::lock_guard<std::mutex> l(g_init_stats_mu);
+      ++g_init_stats.sessions;
+      g_init_stats.handles_ms += st.handles_ms;
+      g_init_stats.memory_ms += st.memory_ms;
+      g_init_stats.eager_ms += st.eager_ms;
+      g_init_stats.capture_ms += st.capture_ms;
     }
     for (int k = 0; k < lanes_; ++k) {
       const RunCtx& c = lane(k);
@@ -794,6 +817,11 @@ Expected<std::unique_ptr<Session>> EngineImpl::new_lanes_session(void* comm, int
   auto s = std::make_unique<CudaSession>(shared_from_this(), comm, micro_batches, std::move(batched));
   KILN_RETURN_IF_ERROR(s->init());
   return std::unique_ptr<Session>(std::move(s));
+}
+
+SessionInitStats session_init_stats() {
+  std::lock_guard<std::mutex> l(g_init_stats_mu);
+  return g_init_stats;
 }
 
 std::string BuildReport::to_text() const {

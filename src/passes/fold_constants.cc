@@ -9,11 +9,19 @@ namespace kiln {
 
 namespace {
 
-// A lookup that repeats a small table's rows over the batch and sequence (BERT's token-type
-// embeddings of constant ids: [B, S, H] from a [2, H] table) stays a node: folded, it is a weight
-// as large as the activations, made again for every input shape of a dynamic engine.
-bool expanding_gather(const Node& n, int64_t out_elements, int64_t in_elements) {
-  return n.op == OpKind::kGather && out_elements > (int64_t(1) << 16) && out_elements > 4 * in_elements;
+// A lookup that repeats one row of a small table over the batch and sequence (BERT's token-type
+// embeddings of constant all-zero ids: [B, S, H] from a [2, H] table) stays a node: folded, it is a
+// weight as large as the activations holding one row, made again for every input shape of a dynamic
+// engine. A lookup by varied indices (T5's relative position buckets) folds as any node does.
+bool repeats_one_row(const Node& n, const std::vector<Data>& held, int64_t out_elements, int64_t in_elements) {
+  if (n.op != OpKind::kGather || out_elements <= (int64_t(1) << 16) || out_elements <= 4 * in_elements) return false;
+  if (held.size() < 2 || !held[1].is_tensor() || held[1].tensor.numel() == 0 || !held[1].tensor.raw()) return false;
+  const Tensor& idx = held[1].tensor;
+  const int64_t first = idx.as_int(0);
+  for (int64_t i = 1; i < idx.numel(); ++i) {
+    if (idx.as_int(i) != first) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -55,7 +63,7 @@ Expected<bool> fold_node(const Node& n, const std::function<const Tensor*(const 
     // Checked: a hostile model's dims can overflow the product (the sanitizer lane found it).
     Expected<int64_t> numel = checked_numel(*dims);
     if (!numel || *numel > max_elements) return false;
-    if (expanding_gather(n, *numel, in_elements)) return false;
+    if (repeats_one_row(n, held, *numel, in_elements)) return false;
   }
   std::vector<const Data*> ins;
   size_t h = 0;
@@ -69,7 +77,7 @@ Expected<bool> fold_node(const Node& n, const std::function<const Tensor*(const 
   for (size_t i = 0; i < n.outputs.size() && i < res.size(); ++i) {
     if (!n.outputs[i]) continue;
     if (!res[i].is_tensor() || res[i].tensor.numel() > max_elements) return false;
-    if (expanding_gather(n, res[i].tensor.numel(), in_elements)) return false;
+    if (repeats_one_row(n, held, res[i].tensor.numel(), in_elements)) return false;
     r[i] = std::move(res[i].tensor);
   }
   *outs = std::move(r);

@@ -8,9 +8,9 @@
 //   After:   %r = Reshape(%x, const [128, -1])
 //
 // Outputs larger than max_elements are left alone (folding would trade a cheap op for a large
-// weight), and so is a Gather whose result (over 64K elements) is more than four times its inputs:
-// a table's rows repeated over the batch and sequence. Random ops and nodes with subgraphs are
-// never folded.
+// weight), and so is a Gather of one index repeated whose result (over 64K elements) is more than
+// four times its inputs: one table row repeated over the batch and sequence. Random ops and nodes
+// with subgraphs are never folded.
 #pragma once
 
 #include <functional>

@@ -165,6 +165,7 @@ TEST(EngineFile, SameNamedConstantsInTwoSubgraphs) {
 // constant's storage and owns its small ones.
 TEST(EngineFile, CloneGraphIsATrueCopy) {
   auto g = parse(kModel);
+  g->nodes[1]->name = "the relu";  // a node's name travels with it
   auto c = clone_graph(*g);
   ASSERT_TRUE(c) << c.status().message();
   const Graph& k = **c;
@@ -186,6 +187,7 @@ TEST(EngineFile, CloneGraphIsATrueCopy) {
       for (const auto& sn : a.g->nodes) {
         for (const Value* v : sn->inputs) EXPECT_FALSE(original.count(v)) << key << " reads the original's " << v->name;
       }
+      for (const Value* v : a.g->outputs) EXPECT_FALSE(original.count(v)) << key << " returns the original's " << v->name;
     }
   }
   const Value* w = k.lookup("w");

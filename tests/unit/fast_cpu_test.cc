@@ -226,21 +226,13 @@ TEST(FastCpu, RunsFromManyThreadsGetTheirOwnResults) {
   %y = Relu(%c) : f32[2,8,12,12]
   return %y
 })";
-  std::mt19937 rng(31);
-  auto g = parse(text);
-  ASSERT_TRUE(g);
-  randomize_constants(*g, rng);
-  std::vector<std::vector<Data>> inputs;
-  for (int i = 0; i < 8; ++i) inputs.push_back(random_inputs(*g, rng));
-  auto plan = plan_host(std::move(g));
-  ASSERT_TRUE(plan) << plan.status().message();
-  auto p = std::make_shared<const Plan>(std::move(*plan));
-  auto cp = plan_fast_cpu(*p);
-  ASSERT_TRUE(cp) << cp.status().message();
-  ASSERT_EQ(primitives(*cp, CpuStepKind::kConv), 1u);
+  std::optional<Planned> pl = plan_both(text, 31, 8);
+  ASSERT_TRUE(pl);
+  const std::vector<std::vector<Data>>& inputs = pl->inputs;
+  ASSERT_EQ(primitives(*pl->cp, CpuStepKind::kConv), 1u);
   std::unique_ptr<CpuRunner> runner;
   std::thread([&] {  // made on a thread that then exits
-    auto r = CpuRunner::create(p, std::make_shared<const CpuPlan>(*cp));
+    auto r = CpuRunner::create(pl->plan, pl->cp);
     ASSERT_TRUE(r) << r.status().message();
     runner = std::move(*r);
   }).join();
@@ -602,26 +594,20 @@ TEST(FastCpu, IntermediatesShareAnArenaAndViewsOfItSurvive) {
   %y = Add(%r, %f) : f32[1,144]
   return %y
 })";
-  std::mt19937 rng(700);
-  auto g = parse(text);
-  ASSERT_TRUE(g);
-  randomize_constants(*g, rng);
-  auto plan = plan_host(std::move(g));
-  ASSERT_TRUE(plan) << plan.status().message();
-  auto p = std::make_shared<const Plan>(std::move(*plan));
-  auto cp = plan_fast_cpu(*p);
-  ASSERT_TRUE(cp) << cp.status().message();
-  ASSERT_EQ(primitives(*cp, CpuStepKind::kConv), 2u);
-  auto runner = CpuRunner::create(p, std::make_shared<const CpuPlan>(*cp));
+  std::optional<Planned> pl = plan_both(text, 700, 2);
+  ASSERT_TRUE(pl);
+  ASSERT_EQ(primitives(*pl->cp, CpuStepKind::kConv), 2u);
+  auto runner = CpuRunner::create(pl->plan, pl->cp);
   ASSERT_TRUE(runner) << runner.status().message();
   // %a and %b (row-major: a host step reads each) share their 576 bytes.
   EXPECT_EQ((*runner)->arena_bytes(), 576u);
   Result first, second;
-  for (Result* r : {&first, &second}) {
-    std::vector<Data> in = random_inputs(*p->graph, rng);
+  for (int k = 0; k < 2; ++k) {
+    Result* r = k == 0 ? &first : &second;
+    const std::vector<Data>& in = pl->inputs[size_t(k)];
     auto fast = (*runner)->run(in);
     ASSERT_TRUE(fast) << fast.status().message();
-    auto ref = run_plan(*p, in);
+    auto ref = run_plan(*pl->plan, in);
     ASSERT_TRUE(ref) << ref.status().message();
     r->fast = std::move(*fast);
     r->ref = std::move(*ref);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -58,23 +59,40 @@ struct Result {
   std::vector<Data> fast, ref;
 };
 
+// `text` parsed, its constants randomized, `sets` input sets drawn, then planned for the host and
+// for oneDNN; nullopt (the failure reported) when any of it fails.
+struct Planned {
+  std::shared_ptr<const Plan> plan;
+  std::shared_ptr<const CpuPlan> cp;
+  std::vector<std::vector<Data>> inputs;
+};
+inline std::optional<Planned> plan_both(const std::string& text, uint32_t seed, int sets = 1) {
+  std::mt19937 rng(seed);
+  auto g = parse(text);
+  if (!g) return std::nullopt;
+  randomize_constants(*g, rng);
+  Planned r;
+  for (int i = 0; i < sets; ++i) r.inputs.push_back(random_inputs(*g, rng));
+  auto plan = plan_host(std::move(g));
+  EXPECT_TRUE(plan) << plan.status().message();
+  if (!plan) return std::nullopt;
+  r.plan = std::make_shared<const Plan>(std::move(*plan));
+  auto cp = plan_fast_cpu(*r.plan);
+  EXPECT_TRUE(cp) << cp.status().message();
+  if (!cp) return std::nullopt;
+  r.cp = std::make_shared<const CpuPlan>(std::move(*cp));
+  return r;
+}
+
 // Plans `text` both ways and runs both on the same random inputs.
 inline Result run_both(const std::string& text, uint32_t seed) {
   Result r;
-  std::mt19937 rng(seed);
-  auto g = parse(text);
-  if (!g) return r;
-  randomize_constants(*g, rng);
-  std::vector<Data> in = random_inputs(*g, rng);
-  auto plan = plan_host(std::move(g));
-  EXPECT_TRUE(plan) << plan.status().message();
-  if (!plan) return r;
-  auto p = std::make_shared<const Plan>(std::move(*plan));
-  auto cp = plan_fast_cpu(*p);
-  EXPECT_TRUE(cp) << cp.status().message();
-  if (!cp) return r;
-  r.cp = *cp;
-  auto runner = CpuRunner::create(p, std::make_shared<const CpuPlan>(*cp));
+  std::optional<Planned> pl = plan_both(text, seed);
+  if (!pl) return r;
+  const std::vector<Data>& in = pl->inputs[0];
+  const std::shared_ptr<const Plan>& p = pl->plan;
+  r.cp = *pl->cp;
+  auto runner = CpuRunner::create(p, pl->cp);
   EXPECT_TRUE(runner) << runner.status().message() << "\n" << text;
   if (!runner) return r;
   auto fast = (*runner)->run(in);

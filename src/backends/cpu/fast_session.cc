@@ -148,10 +148,14 @@ void CpuRunner::Impl::plan_arena() {
   for (size_t r = 0; r < owner.size(); ++r) arena_offset[owner[r]] = mp.offsets[r];
 }
 
-bool CpuRunner::Impl::in_arena(const Tensor& t) const {
-  if (!arena || t.nbytes() == 0) return false;
+Status CpuRunner::Impl::copy_out_of_arena(Tensor& t) const {
+  if (!arena || t.nbytes() == 0 || t.dtype() == DType::kString) return Status::ok();
   const char* p = static_cast<const char*>(t.raw());
-  return p >= arena->p.get() && p < arena->p.get() + arena->size;
+  if (p < arena->p.get() || p >= arena->p.get() + arena->size) return Status::ok();
+  KILN_ASSIGN_OR_RETURN(Tensor c, Tensor::create(t.dtype(), t.dims()));
+  std::memcpy(c.raw(), t.raw(), t.nbytes());
+  t = std::move(c);
+  return Status::ok();
 }
 
 Status CpuRunner::Impl::prepare_step(size_t i) {
@@ -527,10 +531,8 @@ Expected<std::vector<Data>> CpuRunner::Impl::run(std::vector<Data> inputs, std::
       KILN_ASSIGN_OR_RETURN(std::vector<Data> outs, run_node_on_cpu(*g.nodes[ps.node], std::move(ins), outer));
       for (size_t k = 0; k < ps.outputs.size(); ++k) {
         // A view of an arena result (a Reshape, an If returning an outer value) would outlive it.
-        if (outs[k].is_tensor() && in_arena(outs[k].tensor)) outs[k].tensor = outs[k].tensor.clone();
-        for (Tensor& t : outs[k].sequence) {
-          if (in_arena(t)) t = t.clone();
-        }
+        if (outs[k].is_tensor()) KILN_RETURN_IF_ERROR(copy_out_of_arena(outs[k].tensor));
+        for (Tensor& t : outs[k].sequence) KILN_RETURN_IF_ERROR(copy_out_of_arena(t));
         if (ps.outputs[k].kind == ValueRef::Kind::kSlot) slots[ps.outputs[k].index] = std::move(outs[k]);
       }
     } else {
@@ -606,7 +608,11 @@ Expected<std::unique_ptr<CpuRunner>> CpuRunner::create(std::shared_ptr<const Pla
   impl->d = d;
   impl->plan = std::move(plan);
   impl->cp = std::move(cp);
-  KILN_RETURN_IF_ERROR(on_compute_thread<Status>([&] { return impl->prepare(); }));
+  try {
+    KILN_RETURN_IF_ERROR(on_compute_thread<Status>([&] { return impl->prepare(); }));
+  } catch (const std::bad_alloc&) {
+    return KILN_ERROR(kOutOfMemory, "the fast CPU backend: out of host memory for the engine's weights and activations");
+  }
   return std::unique_ptr<CpuRunner>(new CpuRunner(std::move(impl)));
 }
 
@@ -633,7 +639,11 @@ Expected<std::unique_ptr<CpuRunner>> CpuRunner::create(std::shared_ptr<const Pla
 CpuRunner::CpuRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CpuRunner::~CpuRunner() = default;
 Expected<std::vector<Data>> CpuRunner::run(std::vector<Data> inputs, std::vector<double>* step_ms) {
-  return on_compute_thread<Expected<std::vector<Data>>>([&] { return impl_->run(std::move(inputs), step_ms); });
+  try {
+    return on_compute_thread<Expected<std::vector<Data>>>([&] { return impl_->run(std::move(inputs), step_ms); });
+  } catch (const std::bad_alloc&) {
+    return KILN_ERROR(kOutOfMemory, "the fast CPU backend: out of host memory for a run's results");
+  }
 }
 const std::vector<std::string>& CpuRunner::impls() const { return impl_->impls; }
 size_t CpuRunner::weight_bytes() const {

@@ -4,11 +4,12 @@
 #pragma once
 
 #include <sys/mman.h>
+#include <cstdint>
 #include <cstdlib>
 #include <deque>
-#include <new>
 #include <functional>
 #include <memory>
+#include <new>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -62,24 +63,47 @@ struct Md {
   }
 };
 
-// A 64-byte aligned buffer. Buffers of 2 MiB or more (weights, activations) start on a 2 MiB
-// boundary and are advised as transparent huge pages: a batch-1 forward streams every weight once,
-// and on 4 KiB pages each page of it is a TLB miss (ResNet-50: ~25,000 pages per run; with huge
-// pages the run is ~4.5% faster, bench/RESULTS.md "thirty-second session"). Where the kernel's
-// THP mode is "never" the advice is ignored and the buffer is an ordinary one.
+// A 64-byte aligned buffer. Buffers of 2 MiB or more (weights, activations) are mappings of their
+// own, 2 MiB-aligned and advised as transparent huge pages: a batch-1 forward streams every weight
+// once, and on 4 KiB pages each page of it is a TLB miss (ResNet-50: ~25,000 pages per run;
+// bench/RESULTS.md "thirty-second session"). Their own mappings, not the heap, so the advice ends
+// with them. Where the kernel's THP mode is "never" the advice is ignored. Allocation failure throws
+// std::bad_alloc; CpuRunner turns it into a kOutOfMemory error.
+struct BufferRelease {
+  size_t mapped = 0;  // a mapping's length, 0 for the heap
+  void operator()(char* q) const {
+    if (mapped) {
+      ::munmap(q, mapped);
+    } else {
+      std::free(q);
+    }
+  }
+};
 struct Buffer {
-  std::unique_ptr<char, void (*)(void*)> p{nullptr, std::free};
+  using Release = BufferRelease;
+  std::unique_ptr<char, Release> p;
   size_t size = 0;
   void resize(size_t n) {
     if (n <= size) return;
     constexpr size_t kHuge = size_t(2) << 20;
-    const size_t align = n >= kHuge ? kHuge : 64;
-    void* q = nullptr;
-    if (posix_memalign(&q, align, (n + 63) / 64 * 64) != 0) throw std::bad_alloc();
-    p.reset(static_cast<char*>(q));
+    if (n < kHuge) {
+      void* q = nullptr;
+      if (posix_memalign(&q, 64, (n + 63) / 64 * 64) != 0) throw std::bad_alloc();
+      p = std::unique_ptr<char, Release>(static_cast<char*>(q), Release{});
+    } else {
+      // Over-map by 2 MiB, then unmap the ends around the aligned block.
+      const size_t len = (n + kHuge - 1) / kHuge * kHuge;
+      void* m = ::mmap(nullptr, len + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (m == MAP_FAILED) throw std::bad_alloc();
+      char* base = static_cast<char*>(m);
+      char* q = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(base) + kHuge - 1) / kHuge * kHuge);
+      if (q > base) ::munmap(base, size_t(q - base));
+      if (base + len + kHuge > q + len) ::munmap(q + len, size_t(base + len + kHuge - (q + len)));
 #ifdef MADV_HUGEPAGE
-    if (align == kHuge) ::madvise(q, (n + 4095) / 4096 * 4096, MADV_HUGEPAGE);
+      ::madvise(q, len, MADV_HUGEPAGE);
 #endif
+      p = std::unique_ptr<char, Release>(q, Release{len});
+    }
     size = n;
   }
 };
@@ -294,7 +318,8 @@ struct CpuRunner::Impl {
   Status prepare_step(size_t i);
   size_t out_bytes(size_t i) const;  // the size of step i's result
   void plan_arena();
-  bool in_arena(const Tensor& t) const;
+  // Replaces t, when it views arena memory, by a copy of its own.
+  Status copy_out_of_arena(Tensor& t) const;
   Status prepare_attention(size_t i);
   Status prepare_norm(size_t i);
   Status prepare_transpose(size_t i);

@@ -1,6 +1,7 @@
-// libFuzzer target for running a model on the CPU backend (`kiln run --random-inputs` without a
+// libFuzzer target for running a model on the CPU backends (`kiln run --random-inputs` without a
 // GPU): bytes -> import (every symbolic input dim bound to 2) -> the default pass pipeline -> CPU
-// compile -> run on deterministic small inputs. The op kernels meet shapes and attributes no test
+// compile -> run on deterministic small inputs, on the reference kernels and then on the fast
+// backend (oneDNN) twice. The op kernels meet shapes and attributes no test
 // wrote; an error Status is a fine answer, a crash, sanitizer report or hang is a finding.
 //
 //   bash tests/fuzz/run.sh build-fuzz 60        (or: make fuzz; this target gets a quarter of the time)
@@ -21,10 +22,12 @@
 #include <google/protobuf/stubs/logging.h>
 
 #include "backends/backend.h"
+#include "backends/cpu/fast_session.h"
 #include "frontend/onnx/importer.h"
 #include "ir/tensor.h"
 #include "ir/verifier.h"
 #include "passes/pipeline.h"
+#include "runtime/engine_file.h"
 
 namespace {
 
@@ -149,5 +152,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto exe = cpu->compile(g);
   if (!exe) return 0;
   (void)(*exe)->run(inputs);
+  // The fast CPU backend (oneDNN steps, their arena, the reference kernels between them) on a copy
+  // of the same graph, twice: the second run reuses the arena the first one wrote.
+  kiln::Expected<std::unique_ptr<kiln::Graph>> copy = kiln::clone_graph(g);
+  if (!copy) return 0;
+  kiln::Expected<kiln::Plan> plan = kiln::plan_host(std::move(*copy));
+  if (!plan) return 0;
+  auto p = std::make_shared<const kiln::Plan>(std::move(*plan));
+  kiln::Expected<kiln::CpuPlan> cp = kiln::plan_fast_cpu(*p);
+  if (!cp) return 0;
+  auto runner = kiln::CpuRunner::create(p, std::make_shared<const kiln::CpuPlan>(std::move(*cp)));
+  if (!runner) return 0;
+  for (int k = 0; k < 2; ++k) (void)(*runner)->run(inputs);
   return 0;
 }

@@ -114,7 +114,10 @@ if [[ -d "$TESTDATA" ]]; then
     step=$(( ${#ALL[@]} / (MAX_SEEDS - n) + 1 ))
     for (( i = 0; i < ${#ALL[@]} && n < MAX_SEEDS; i += step )); do add_seed "${ALL[$i]}" || true; done
   fi
-  echo "fuzz: $n seed models from $TESTDATA"
+  # PyTorch's converted modules hold their weights as initializers: what the fast CPU backend's
+  # oneDNN steps take (the node tests feed weights as inputs, which stay on the reference kernels).
+  for d in "$(dirname "$TESTDATA")"/pytorch-converted/*; do add_seed "$d" || true; done
+  echo "fuzz: $n seed models from $TESTDATA and its pytorch-converted neighbour"
 else
   echo "fuzz: warning: libonnx-testdata not installed; fuzzing from the kept corpus only" >&2
 fi

@@ -37,9 +37,13 @@ $(ONNX123)/.stamp: $(DEPS_STAMP) tools/gen_onnx_tests.py
 
 # With the default pass pipeline on every model first, as `kiln run` does (issue 4: the suites must
 # still pass with the full pipeline enabled).
+# Then the same suites on the fast CPU backend (oneDNN steps with the reference kernels between them,
+# as `kiln run --device cpu` runs), held to the same minimums.
 conformance: build $(ONNX123)/.stamp
 	$(BUILD)/tests/kiln_conformance --onnx-1.23-node $(ONNX123) --json $(BUILD)/conformance.json --jobs $(JOBS) \
 	  --check-targets tests/conformance/targets.txt --pipeline
+	$(BUILD)/tests/kiln_conformance --onnx-1.23-node $(ONNX123) --json $(BUILD)/conformance-cpu-fast.json \
+	  --jobs $(JOBS) --check-targets tests/conformance/targets.txt --pipeline --device cpu-fast
 
 # The node suites on the CUDA backend at fp32 with CPU fallback forbidden (issue 27). Run on the GPU
 # machine from binaries built here (carry $(BUILD)/tests and the 1.12 test data): it builds nothing.

@@ -25,9 +25,12 @@
 #include <thread>
 
 #include "backends/backend.h"
+#include "backends/cpu/fast_session.h"
 #include "compare.h"
 #include "cuda_run.h"
 #include "frontend/onnx/importer.h"
+#include "runtime/engine_file.h"
+#include "runtime/plan.h"
 #include "frontend/onnx/onnx_tensor.h"
 #include "ops/infer.h"
 #include "passes/pipeline.h"
@@ -167,9 +170,22 @@ Expected<Model> load_model(const fs::path& dir, bool pipeline, const std::map<st
   return model;
 }
 
-// The graph compiled for the device under test: the CPU backend, or a CUDA engine.
-Expected<conformance::RunFn> compile_for(const Graph& g, bool cuda) {
-  if (cuda) {
+// The backend under test: the CPU reference kernels (the oracle), the fast CPU backend (oneDNN
+// steps with the reference kernels between them, as `kiln run --device cpu` runs), or CUDA.
+enum class Dev { kCpuRef, kCpuFast, kCuda };
+
+// The graph compiled for the device under test.
+Expected<conformance::RunFn> compile_for(const Graph& g, Dev dev) {
+  if (dev == Dev::kCpuFast) {
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> copy, clone_graph(g));
+    KILN_ASSIGN_OR_RETURN(Plan plan, plan_host(std::move(copy)));
+    auto p = std::make_shared<const Plan>(std::move(plan));
+    KILN_ASSIGN_OR_RETURN(CpuPlan cp, plan_fast_cpu(*p));
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<CpuRunner> r, CpuRunner::create(p, std::make_shared<const CpuPlan>(std::move(cp))));
+    std::shared_ptr<CpuRunner> runner = std::move(r);
+    return conformance::RunFn([runner](const std::vector<Data>& in) { return runner->run(in); });
+  }
+  if (dev == Dev::kCuda) {
 #ifdef KILN_CONFORMANCE_CUDA
     return conformance::compile_cuda(g);
 #else
@@ -188,7 +204,8 @@ bool inputs_static(const Graph& g) {
 }
 
 // Runs one test folder in this process; returns "" on success or the failure reason.
-std::string run_test(const fs::path& dir, const Exception* random, bool pipeline, bool cuda) {
+std::string run_test(const fs::path& dir, const Exception* random, bool pipeline, Dev dev) {
+  const bool cuda = dev == Dev::kCuda;
   auto model = load_model(dir, pipeline, {});
   if (!model) return model.status().message();
   std::vector<fs::path> sets;
@@ -227,7 +244,7 @@ std::string run_test(const fs::path& dir, const Exception* random, bool pipeline
       }
     }
     if (!run) {
-      auto r = compile_for(*model->graph, cuda);
+      auto r = compile_for(*model->graph, dev);
       if (!r) return r.status().message();
       run = std::move(*r);
     }
@@ -298,7 +315,8 @@ int main(int argc, char** argv) {
   std::vector<std::pair<std::string, std::string>> suites;  // name, folder
   std::string filter, json_path, exceptions_path = "tests/conformance/exceptions.txt";
   std::string root12 = "/usr/share/libonnx-testdata/data", root123, targets_path;
-  bool verbose = false, pipeline = false, cuda = false;
+  bool verbose = false, pipeline = false;
+  Dev dev = Dev::kCpuRef;
   int jobs = std::max(1u, std::thread::hardware_concurrency());
   int timeout_s = 120;
   std::vector<std::string> want_suites;
@@ -321,8 +339,11 @@ int main(int argc, char** argv) {
     else if (a == "--pipeline") pipeline = true;
     else if (a == "--device") {
       std::string d = next();
-      if (d != "cpu" && d != "cuda") { std::cerr << "kiln_conformance: --device is cpu or cuda, not '" << d << "'\n"; return 2; }
-      cuda = d == "cuda";
+      if (d != "cpu" && d != "cpu-fast" && d != "cuda") {
+        std::cerr << "kiln_conformance: --device is cpu, cpu-fast or cuda, not '" << d << "'\n";
+        return 2;
+      }
+      dev = d == "cuda" ? Dev::kCuda : d == "cpu-fast" ? Dev::kCpuFast : Dev::kCpuRef;
     }
     else {
       std::cout << "usage: kiln_conformance [--suite NAME]... [--filter SUBSTRING] [--verbose] [--json FILE]\n"
@@ -330,7 +351,8 @@ int main(int argc, char** argv) {
                    "  [--exceptions FILE (default tests/conformance/exceptions.txt)] [--jobs N] [--timeout S]\n"
                    "  [--check-targets FILE: exit 0 iff every suite meets its minimum pass count there]\n"
                    "  [--pipeline: run the default pass pipeline on each model first]\n"
-                   "  [--device cpu|cuda: the backend under test (cuda: fp32, CPU fallback forbidden)]\n"
+                   "  [--device cpu|cpu-fast|cuda: the backend under test (cpu: the reference kernels; cpu-fast: oneDNN\n"
+                   "   steps as `kiln run --device cpu` runs; cuda: fp32, CPU fallback forbidden)]\n"
                    "suites: onnx-1.12/node onnx-1.12/pytorch-converted onnx-1.12/pytorch-operator onnx-1.12/simple onnx-1.23/node\n";
       return a == "--help" || a == "-h" ? 0 : 2;
     }
@@ -343,6 +365,7 @@ int main(int argc, char** argv) {
     std::erase_if(suites, [&](const auto& s) { return std::find(want_suites.begin(), want_suites.end(), s.first) == want_suites.end(); });
     if (suites.empty()) { std::cerr << "kiln_conformance: no such suite\n"; return 2; }
   }
+  const bool cuda = dev == Dev::kCuda;
   if (cuda) {
     std::string why = gpu_probe();
     if (!why.empty()) { std::cerr << "kiln_conformance: --device cuda: " << why << "\n"; return 2; }
@@ -416,7 +439,7 @@ int main(int argc, char** argv) {
         pid_t pid = fork();
         if (pid == 0) {
           close(fds[0]);
-          std::string r = run_test(t, random, pipeline, cuda);
+          std::string r = run_test(t, random, pipeline, dev);
           if (!r.empty()) { ssize_t w = write(fds[1], r.data(), r.size()); (void)w; }
           _exit(r.empty() ? 0 : 1);
         }

@@ -99,16 +99,17 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
     return CpuStepKind::kMatMul;
   }
   if (n.op == OpKind::kAttention) {
-    // Plain scaled-dot-product attention: no past KV, causal mask, softcap or extra outputs, as many
-    // KV heads as query heads, an additive float mask (or none).
+    // Plain scaled-dot-product attention: no past KV, causal mask, sliding window, softcap or extra
+    // outputs, as many KV heads as query heads, an additive float mask (or none).
     if (r != 4 || n.inputs.size() < 3 || n.inputs.size() > 4 || !f32_static(n.inputs[1]) || !f32_static(n.inputs[2])) {
       return std::nullopt;
     }
     for (size_t k = 1; k < n.outputs.size(); ++k) {
       if (n.outputs[k]) return std::nullopt;
     }
-    if (n.attr_int("is_causal", 0) != 0 || n.attr_float("softcap", 0.f) != 0.f || n.attr_int("qk_matmul_output_mode", 0) != 0) {
-      return std::nullopt;
+    if (n.attr_int("is_causal", 0) != 0 || n.attr_float("softcap", 0.f) != 0.f || n.attr_int("qk_matmul_output_mode", 0) != 0 ||
+        n.attr_int("left_window_size", -1) != -1 || n.attr_int("right_window_size", -1) != -1) {
+      return std::nullopt;  // ... or a sliding window (ONNX 1.23's left/right_window_size)
     }
     const std::vector<int64_t> q = dims_of(x), k = dims_of(n.inputs[1]), v = dims_of(n.inputs[2]);
     if (k.size() != 4 || v.size() != 4 || q[0] != k[0] || q[1] != k[1] || v[1] != k[1] || k[2] != v[2] || q[3] != k[3]) {

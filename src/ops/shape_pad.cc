@@ -94,7 +94,6 @@ Status pad_cpu(KernelCtx& c) {
   KILN_ASSIGN_OR_RETURN(auto per_axis,
                         pads_per_axis(c, c.tensor(1).to_int_vector(), optional_ints(c, 3), int64_t(x.rank())));
   std::vector<int64_t> dims;
-  std::vector<std::vector<int64_t>> maps(x.rank());
   for (size_t k = 0; k < x.rank(); ++k) {
     const auto [begin, end] = per_axis[k];
     const int64_t d = x.dim(k), n = d + begin + end;
@@ -103,9 +102,16 @@ Status pad_cpu(KernelCtx& c) {
       return c.error("cannot pad the empty dim {} of input {} in this mode", k, x.summary());
     }
     dims.push_back(n);
-    for (int64_t i = 0; i < n; ++i) maps[k].push_back(pad_source(mode, i, begin, d));
   }
+  // The output first: its size is checked there, and an empty one (a dim cropped to 0 beside a huge
+  // pad) needs no index maps.
   KILN_ASSIGN_OR_RETURN(Tensor * y, c.alloc_output(0, x.dtype(), dims));
+  if (y->numel() == 0) return Status::ok();
+  std::vector<std::vector<int64_t>> maps(x.rank());
+  for (size_t k = 0; k < x.rank(); ++k) {
+    const int64_t begin = per_axis[k].first, d = x.dim(k);
+    for (int64_t i = 0; i < dims[k]; ++i) maps[k].push_back(pad_source(mode, i, begin, d));
+  }
   if (mode == PadMode::kConstant && c.has_input(2) && c.tensor(2).numel() > 0) {
     const Tensor& v = c.tensor(2);
     if (v.dtype() != x.dtype()) return c.error("constant_value {} does not match data {}", v.summary(), x.summary());

@@ -63,6 +63,19 @@ int64_t numel_of(const std::vector<int64_t>& d) {
 std::optional<CpuPostOp> post_op(const Node& c, const Value* chained, size_t channel);
 std::vector<CpuPostOp> body_chain(const Node& n);
 
+// A windowed node's kernel_shape (when `kernel` says it needs one), strides, dilations and pads
+// give one entry per spatial dim (two for pads), as the oneDNN steps read them; a node that does not
+// stays on the reference kernels, which name what is wrong (a fuzzed MaxPool with a short
+// kernel_shape read past it).
+bool window_attrs_fit(const Node& n, size_t sp, bool kernel) {
+  const auto fits = [&](const char* name, size_t want) {
+    const std::vector<int64_t> v = n.attr_ints(name);
+    return n.attr(name) == nullptr || v.size() == want;
+  };
+  if (kernel && n.attr_ints("kernel_shape").size() != sp) return false;
+  return fits("strides", sp) && fits("dilations", sp) && fits("pads", 2 * sp);
+}
+
 // The kind of primitive n becomes, if oneDNN runs it.
 std::optional<CpuStepKind> primitive_kind(const Node& n) {
   const Value* x = n.inputs.empty() ? nullptr : n.inputs[0];
@@ -71,6 +84,7 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
   if (n.op == OpKind::kConv) {
     if (r < 3 || r > 5 || n.inputs.size() < 2 || !f32_constant(n.inputs[1]) || n.inputs[1]->constant->rank() != r) return std::nullopt;
     if (n.inputs.size() > 2 && n.inputs[2] && !f32_constant(n.inputs[2])) return std::nullopt;
+    if (!window_attrs_fit(n, r - 2, /*kernel=*/false)) return std::nullopt;
     return CpuStepKind::kConv;
   }
   if (n.op == OpKind::kMatMul) {
@@ -298,6 +312,7 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
     if (n.inputs.size() > 2 && n.inputs[2] && !f32_constant(n.inputs[2])) return std::nullopt;
     if (n.attr_string("auto_pad", "NOTSET") != "NOTSET" || !n.attr_ints("output_shape").empty()) return std::nullopt;
     const size_t sp = r - 2;
+    if (!window_attrs_fit(n, sp, /*kernel=*/false)) return std::nullopt;
     const std::vector<int64_t> xd = dims_of(x), yd = dims_of(n.outputs[0]), wd = n.inputs[1]->constant->dims();
     const std::vector<int64_t> st = n.attr_ints("strides", std::vector<int64_t>(sp, 1)),
                                dil = n.attr_ints("dilations", std::vector<int64_t>(sp, 1)),
@@ -348,6 +363,7 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
   const bool max_pool = n.op == OpKind::kMaxPool, avg_pool = n.op == OpKind::kAveragePool;
   if (max_pool || avg_pool || n.op == OpKind::kGlobalAveragePool || n.op == OpKind::kGlobalMaxPool) {
     if (r < 3 || r > 5) return std::nullopt;
+    if ((max_pool || avg_pool) && !window_attrs_fit(n, r - 2, /*kernel=*/true)) return std::nullopt;
     if (max_pool && ((n.outputs.size() > 1 && n.outputs[1]) || n.attr_int("storage_order", 0) != 0)) return std::nullopt;
     // oneDNN's averages divide by the window inside the (explicit) padding only; the window that
     // ceil_mode adds past the end would count differently.

@@ -14,7 +14,8 @@
 // values (1, 1, 1, 0 and 0, 0, 1);
 // group and auto_pad carry over (a height of 1 with a kernel of 1 needs no padding under any
 // auto_pad). Preconditions, all checked: the input has rank 3 and a known type, the weight is a
-// rank-3 constant; other convolutions are left alone.
+// rank-3 constant; other convolutions, and those carrying a graph-valued attribute (which would
+// need re-parenting onto the new node), are left alone.
 #include "passes/passes.h"
 #include "passes/rewrite.h"
 
@@ -53,6 +54,7 @@ Expected<bool> conv_as_planar(Graph& g) {
     Value* y = n->outputs[0];
     const Tensor* w = constant_of(g, n->inputs[1]);
     if (!x->type.is_tensor() || !x->type.has_rank() || x->type.shape->rank() != 3 || !w || w->rank() != 3) continue;
+    if (has_subgraph(*n)) continue;
     if (!y->type.is_tensor() || !y->type.has_rank() || y->type.shape->rank() != 3) continue;
     Value* axis = add_i64_constant(g, "axis2", {2});
     Value* wv = g.add_constant(g.unique_name(n->inputs[1]->name + "_2d"), w->reshaped({w->dim(0), w->dim(1), 1, w->dim(2)}));

@@ -154,6 +154,12 @@ Expected<bool> fuse_qdq_matmul(Graph& g) {
     Value* sw = wdq->inputs[1];
     Value* bias = nullptr;
     Node* add = match_bias(g, uses, m, constant_of(g, wq)->dim(1), &bias);
+    // The matched nodes' attributes move into the body; a graph-valued one would keep pointing at
+    // the node it came from.
+    if (has_subgraph(*act->q) || has_subgraph(*act->dq) || has_subgraph(*wdq) || has_subgraph(mm) ||
+        (add && has_subgraph(*add))) {
+      continue;
+    }
 
     auto body = std::make_shared<Graph>();
     body->name = g.unique_name(mm.name.empty() ? "qmatmul" : mm.name) + "_body";

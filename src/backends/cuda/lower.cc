@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include <fmt/ranges.h>
+
 #include "ops/create_cast.h"
 #include "ops/op_registry.h"
 
@@ -185,19 +187,8 @@ Expected<const DevValue*> Lowering::value(const Value* v) {
   auto dt = device_dt(c->dtype());
   if (!dt) KILN_UNSUPPORTED("constant '{}' has dtype {}, which the CUDA backend does not hold", v->name,
                             dtype_name(c->dtype()));
-  Ref r;
-  if (opt_.weight_pool && v->constant && c == &*v->constant) {
-    // A graph constant: the pool knows it by its tensor, converted once for all shape plans.
-    KILN_ASSIGN_OR_RETURN(int id, opt_.weight_pool->intern_tensor(*c, int(*dt), [&]() -> Expected<std::string> {
-      KILN_ASSIGN_OR_RETURN(Tensor t, convert_tensor(*c, ir_dtype_of(*dt)));
-      return std::string(static_cast<const char*>(t.raw()), t.nbytes());
-    }));
-    weight_data.emplace_back();
-    pooled.push_back(id);
-    r = Ref{true, int(weight_data.size() - 1)};
-  } else {
-    KILN_ASSIGN_OR_RETURN(r, upload(*c, *dt));
-  }
+  // A graph constant: the pool knows it by its tensor, converted once for all shape plans.
+  KILN_ASSIGN_OR_RETURN(Ref r, upload_constant(*c, *dt));
   DevValue dv;
   dv.ref = r;
   dv.dt = *dt;
@@ -271,6 +262,32 @@ std::string_view Lowering::weight_host(int id) const {
   if (id < 0 || size_t(id) >= weight_data.size()) return {};
   if (opt_.weight_pool) return opt_.weight_pool->host(pooled.at(size_t(id)));
   return std::string_view(weight_data[size_t(id)].data(), weight_data[size_t(id)].size());
+}
+
+Expected<Ref> Lowering::upload_derived(const Tensor& src, std::string_view form, k::DT dt,
+                                       const std::function<Expected<Tensor>()>& make) {
+  // A tensor this lowering made (set_constant) lives as long as the plan: the pool, which keeps
+  // what it keys by identity, would keep it forever; it is found by its bytes instead.
+  bool lowering_made = false;
+  for (const auto& [v, t] : consts_) lowering_made |= t.raw() == src.raw();
+  if (!opt_.weight_pool || lowering_made) {
+    KILN_ASSIGN_OR_RETURN(Tensor t, make());
+    return upload(t, dt);
+  }
+  // Views of one storage share its address: a rearrangement also depends on the view's dims.
+  const std::string key = form.empty() ? std::string() : fmt::format("{} [{}]", form, fmt::join(src.dims(), ","));
+  KILN_ASSIGN_OR_RETURN(int id, opt_.weight_pool->intern_tensor(src, int(dt), key, [&]() -> Expected<std::string> {
+    KILN_ASSIGN_OR_RETURN(Tensor t, make());
+    KILN_ASSIGN_OR_RETURN(Tensor c, convert_tensor(t, ir_dtype_of(dt)));
+    return std::string(static_cast<const char*>(c.raw()), c.nbytes());
+  }));
+  weight_data.emplace_back();
+  pooled.push_back(id);
+  return Ref{true, int(weight_data.size() - 1)};
+}
+
+Expected<Ref> Lowering::upload_constant(const Tensor& t, k::DT dt) {
+  return upload_derived(t, "", dt, [&t]() -> Expected<Tensor> { return t; });
 }
 
 Expected<Ref> Lowering::upload_raw(const void* data, size_t bytes) {

@@ -193,6 +193,13 @@ class Lowering {
   // Uploads a host tensor as a weight in device dtype dt (converted on the host).
   Expected<Ref> upload(const Tensor& t, k::DT dt);
   Expected<Ref> upload_raw(const void* data, size_t bytes);
+  // Uploads `make()`, a rearrangement of graph constant `src` named `form` (with the parameters it
+  // depends on), in device dtype dt. A dynamic engine's shape plans share one copy, made once: the
+  // weight pool finds it by src's identity and the form.
+  Expected<Ref> upload_derived(const Tensor& src, std::string_view form, k::DT dt,
+                               const std::function<Expected<Tensor>()>& make);
+  // A graph constant (or a tensor a lowering made) as is, in device dtype dt.
+  Expected<Ref> upload_constant(const Tensor& t, k::DT dt);
   // The host bytes of weight `id` as uploaded (device dtype and layout).
   std::string_view weight_host(int id) const;
 

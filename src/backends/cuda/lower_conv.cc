@@ -551,15 +551,17 @@ Status lower_conv(Lowering& L, const Node& n) {
       dout = silu.back()->outputs[0];
     }
     // Filter [C,1,R,S] -> [R,S,C] so that a warp's filter reads are consecutive channels.
-    KILN_ASSIGN_OR_RETURN(Tensor wf, convert_tensor(*w, DType::kFloat32));
-    int64_t C = w->dim(0), R = w->dim(2), S = w->dim(3);
-    KILN_ASSIGN_OR_RETURN(Tensor wt, Tensor::create(DType::kFloat32, {R, S, C}));
-    for (int64_t c = 0; c < C; ++c)
-      for (int64_t r = 0; r < R * S; ++r) wt.data<float>()[r * C + c] = wf.data<float>()[c * R * S + r];
-    KILN_ASSIGN_OR_RETURN(Ref wr, L.upload(wt, *dt));
+    const int64_t C = w->dim(0), R = w->dim(2), S = w->dim(3);
+    KILN_ASSIGN_OR_RETURN(Ref wr, L.upload_derived(*w, "rsc", *dt, [w, C, R, S]() -> Expected<Tensor> {
+      KILN_ASSIGN_OR_RETURN(Tensor wf, convert_tensor(*w, DType::kFloat32));
+      KILN_ASSIGN_OR_RETURN(Tensor wt, Tensor::create(DType::kFloat32, {R, S, C}));
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t r = 0; r < R * S; ++r) wt.data<float>()[r * C + c] = wf.data<float>()[c * R * S + r];
+      return wt;
+    }));
     Ref br;
     if (bias_t) {
-      KILN_ASSIGN_OR_RETURN(br, L.upload(*bias_t, *dt));
+      KILN_ASSIGN_OR_RETURN(br, L.upload_constant(*bias_t, *dt));
     }
     k::DepthwiseShape sh{};
     sh.n = int(x0->dims[0]);
@@ -661,11 +663,11 @@ Status lower_conv(Lowering& L, const Node& n) {
       a = &rows;
     }
     DevValue wv, bv;
-    KILN_ASSIGN_OR_RETURN(wv.ref, L.upload(*w, *dt));
+    KILN_ASSIGN_OR_RETURN(wv.ref, L.upload_constant(*w, *dt));
     wv.dt = *dt;
     Epilogue ep;
     if (bias_t) {
-      KILN_ASSIGN_OR_RETURN(bv.ref, L.upload(*bias_t, *dt));
+      KILN_ASSIGN_OR_RETURN(bv.ref, L.upload_constant(*bias_t, *dt));
       bv.dt = *dt;
       ep.bias = &bv;
     }
@@ -761,11 +763,10 @@ Status lower_conv(Lowering& L, const Node& n) {
     constexpr double kMargin = 0.95;
     const bool timed = choice.ms > 0 && (algo == choice.algo || choice.precomp_ms > 0);
     if (gch && (L.options().graph_conv == 1 || (timed && gch->ms < kMargin * legacy_ms))) {
-      KILN_ASSIGN_OR_RETURN(Tensor wt, to_krsc(*w));
-      KILN_ASSIGN_OR_RETURN(Ref wr, L.upload(wt, *dt));
+      KILN_ASSIGN_OR_RETURN(Ref wr, L.upload_derived(*w, "krsc", *dt, [w]() { return to_krsc(*w); }));
       Ref br;
       if (bias_t) {
-        KILN_ASSIGN_OR_RETURN(br, L.upload(*bias_t, *dt));
+        KILN_ASSIGN_OR_RETURN(br, L.upload_constant(*bias_t, *dt));
       }
       const Value* gout = silu.empty() ? out : silu.back()->outputs[0];
       const DevValue& y = L.define(gout, lay);
@@ -780,18 +781,21 @@ Status lower_conv(Lowering& L, const Node& n) {
     }
   }
 
-  KILN_ASSIGN_OR_RETURN(Tensor wt, small                   ? small_channel_filter(*w, *small)
-                                    : lay == Layout::kNHWC ? to_krsc(*w)
-                                                           : Expected<Tensor>(*w));
-  KILN_ASSIGN_OR_RETURN(Ref wr, L.upload(wt, *dt));
+  Ref wr;
+  if (small) {
+    const SmallC& sc = *small;
+    const std::string form = fmt::format("small-c {} {} {} {} {} {}", sc.block, sc.off_h, sc.off_w, sc.r, sc.s, sc.cp);
+    KILN_ASSIGN_OR_RETURN(wr, L.upload_derived(*w, form, *dt, [w, sc]() { return small_channel_filter(*w, sc); }));
+  } else if (lay == Layout::kNHWC) {
+    KILN_ASSIGN_OR_RETURN(wr, L.upload_derived(*w, "krsc", *dt, [w]() { return to_krsc(*w); }));
+  } else {
+    KILN_ASSIGN_OR_RETURN(wr, L.upload_constant(*w, *dt));
+  }
   Ref br;
-  if (fuse) {
-    Tensor b;
-    if (bias_t) {
-      b = *bias_t;
-    } else {
-      KILN_ASSIGN_OR_RETURN(b, Tensor::create(DType::kFloat32, {w->dim(0)}));
-    }
+  if (fuse && bias_t) {
+    KILN_ASSIGN_OR_RETURN(br, L.upload_constant(*bias_t, *dt));
+  } else if (fuse) {
+    KILN_ASSIGN_OR_RETURN(Tensor b, Tensor::create(DType::kFloat32, {w->dim(0)}));
     KILN_ASSIGN_OR_RETURN(br, L.upload(b, *dt));
   }
   const DevValue& y = L.define(out, lay);

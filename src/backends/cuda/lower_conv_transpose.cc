@@ -113,13 +113,16 @@ Status lower_conv_transpose(Lowering& L, const Node& n) {
   KILN_ASSIGN_OR_RETURN(cudnnConvolutionBwdDataAlgo_t algo, pick_bwd_algo(L.dnn, d, L.options().workspace_bytes));
   Ref wr, br;
   if (w) {
-    KILN_ASSIGN_OR_RETURN(Tensor wt, lay == Layout::kNHWC ? filter_krsc(*w) : Expected<Tensor>(*w));
-    KILN_ASSIGN_OR_RETURN(wr, L.upload(wt, *dt));
+    if (lay == Layout::kNHWC) {
+      KILN_ASSIGN_OR_RETURN(wr, L.upload_derived(*w, "krsc", *dt, [w]() { return filter_krsc(*w); }));
+    } else {
+      KILN_ASSIGN_OR_RETURN(wr, L.upload_constant(*w, *dt));
+    }
   } else {
     wr = (lay == Layout::kNHWC ? filter_krsc_copy(L, n, wv) : wv)->ref;
   }
   if (bias_t) {
-    KILN_ASSIGN_OR_RETURN(br, L.upload(*bias_t, *dt));
+    KILN_ASSIGN_OR_RETURN(br, L.upload_constant(*bias_t, *dt));
   } else if (bv) {
     br = bv->ref;
   }

@@ -496,11 +496,13 @@ Expected<const DevValue*> padded_weight(Lowering& L, const Value* v, k::DT dt, i
     return nullptr;
   }
   int64_t K = w->dim(0), N = w->dim(1), Np = (N + per16 - 1) / per16 * per16;
-  KILN_ASSIGN_OR_RETURN(Tensor f, convert_tensor(*w, DType::kFloat32));
-  KILN_ASSIGN_OR_RETURN(Tensor p, Tensor::create(DType::kFloat32, {K, Np}));
-  std::fill(p.data<float>(), p.data<float>() + K * Np, 0.0f);
-  for (int64_t r = 0; r < K; ++r) std::copy(f.data<float>() + r * N, f.data<float>() + (r + 1) * N, p.data<float>() + r * Np);
-  KILN_ASSIGN_OR_RETURN(Ref ref, L.upload(p, dt));
+  KILN_ASSIGN_OR_RETURN(Ref ref, L.upload_derived(*w, fmt::format("columns padded to {}", Np), dt, [w, K, N, Np]() -> Expected<Tensor> {
+    KILN_ASSIGN_OR_RETURN(Tensor f, convert_tensor(*w, DType::kFloat32));
+    KILN_ASSIGN_OR_RETURN(Tensor p, Tensor::create(DType::kFloat32, {K, Np}));
+    std::fill(p.data<float>(), p.data<float>() + K * Np, 0.0f);
+    for (int64_t r = 0; r < K; ++r) std::copy(f.data<float>() + r * N, f.data<float>() + (r + 1) * N, p.data<float>() + r * Np);
+    return p;
+  }));
   auto* pw = new DevValue{ref, dt, w->dtype(), {K, Np}, Layout::kRowMajor};
   L.keep_alive.emplace_back(pw, [](void* q) { delete static_cast<DevValue*>(q); });
   return pw;

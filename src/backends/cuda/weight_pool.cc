@@ -34,8 +34,9 @@ int WeightPool::intern_bytes(std::string_view bytes) {
   return id;
 }
 
-Expected<int> WeightPool::intern_tensor(const Tensor& t, int dt, const std::function<Expected<std::string>()>& make) {
-  const auto key = std::make_tuple(static_cast<const void*>(t.raw()), t.nbytes(), dt);
+Expected<int> WeightPool::intern_tensor(const Tensor& t, int dt, std::string_view form,
+                                        const std::function<Expected<std::string>()>& make) {
+  const auto key = std::make_tuple(static_cast<const void*>(t.raw()), t.nbytes(), dt, std::string(form));
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = by_tensor_.find(key); it != by_tensor_.end()) return it->second;

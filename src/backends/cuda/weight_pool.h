@@ -3,7 +3,8 @@
 // same weights: the pool uploads each distinct weight once and hands every plan the same device
 // copy. A weight is found again by what it was made from: a graph constant converted to a device
 // dtype by the tensor's identity (its storage is shared by every plan's graph, and the pool keeps
-// it alive so its address is never reused), else by its bytes (a hash, then a compare): a weight
+// it alive so its address is never reused), also when a lowering rearranged it (a convolution's
+// filter transposed to KRSC: the form is part of the key), else by its bytes (a hash, then a compare): a weight
 // the graph passes made again for another shape's plan is found by its bytes.
 //
 //   auto pool = std::make_shared<WeightPool>();
@@ -34,8 +35,11 @@ class WeightPool {
 
   // The id of a weight holding `bytes`.
   int intern_bytes(std::string_view bytes);
-  // The id of graph constant `t` as device dtype `dt`; `make` converts it on the first request.
-  Expected<int> intern_tensor(const Tensor& t, int dt, const std::function<Expected<std::string>()>& make);
+  // The id of graph constant `t` as device dtype `dt` in layout `form` ("" for as is; a lowering's
+  // name for a rearrangement, e.g. a filter in KRSC order, with whatever parameters it depends on);
+  // `make` converts it on the first request.
+  Expected<int> intern_tensor(const Tensor& t, int dt, std::string_view form,
+                              const std::function<Expected<std::string>()>& make);
   // The device copy of weight `id` (uploaded on the first request); its size in bytes.
   Expected<void*> device(int id);
   size_t size(int id) const;
@@ -54,7 +58,7 @@ class WeightPool {
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Entry>> entries_;
   std::unordered_multimap<size_t, int> by_hash_;
-  std::map<std::tuple<const void*, size_t, int>, int> by_tensor_;
+  std::map<std::tuple<const void*, size_t, int, std::string>, int, std::less<>> by_tensor_;
   std::vector<Tensor> keep_;  // the constants keyed by address
   size_t device_bytes_ = 0;
 };

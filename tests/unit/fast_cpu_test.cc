@@ -361,6 +361,31 @@ TEST(FastCpu, AttentionWithMasksOfEveryBroadcast) {
   }
 }
 
+// A query row whose every key the mask sets to -inf (Log(Relu(x)) is -inf where x <= 0; with two
+// keys a quarter of the rows) gives zeros, as the spec and the reference kernels have it, where
+// oneDNN's softmax leaves 0 / 0 = NaN.
+TEST(FastCpu, AttentionRowsWithEveryKeyMaskedAreZeros) {
+  if (!have_onednn()) return;
+  const std::string text = R"(graph main(%q: f32[4,3,5,8], %k: f32[4,3,2,8], %v: f32[4,3,2,8], %x: f32[4,1,5,2]) {
+  %r = Relu(%x) : f32[4,1,5,2]
+  %m = Log(%r) : f32[4,1,5,2]
+  %y = Attention(%q, %k, %v, %m) : f32[4,3,5,8]
+  return %y
+})";
+  Result r = run_both(text, 500);
+  ASSERT_EQ(primitives(r.cp, CpuStepKind::kAttention), 1u);
+  ASSERT_FALSE(r.ref.empty());
+  int64_t zero_rows = 0;  // the case is what it claims: some rows fully masked
+  const Tensor& ref = r.ref[0].tensor;
+  for (int64_t row = 0; row < ref.numel() / 8; ++row) {
+    bool zero = true;
+    for (int64_t e = 0; e < 8; ++e) zero = zero && ref.data<float>()[row * 8 + e] == 0.f;
+    zero_rows += zero;
+  }
+  EXPECT_GT(zero_rows, 0);
+  expect_close(r, text, 1e-5f, 1e-4f);
+}
+
 // MatMul of two computed operands (an unfused attention's Q K^T and P V), batch dims broadcast
 // where one side has 1 or fewer dims, and a constant operand of rank 3: a oneDNN batched product.
 TEST(FastCpu, BatchMatMulOfComputedOperands) {

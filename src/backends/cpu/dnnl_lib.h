@@ -23,7 +23,7 @@ namespace kiln {
   X(version) X(engine_create) X(engine_destroy) X(stream_create) X(stream_destroy) X(stream_wait)               \
   X(memory_desc_create_with_tag) X(memory_desc_create_with_strides) X(memory_desc_destroy)                      \
   X(memory_desc_equal) X(memory_desc_get_size) X(memory_desc_clone) X(memory_create) X(memory_destroy)          \
-  X(memory_set_data_handle) X(primitive_attr_create) X(primitive_attr_destroy) X(primitive_attr_set_post_ops)  \
+  X(memory_set_data_handle) X(memory_get_data_handle) X(primitive_attr_create) X(primitive_attr_destroy) X(primitive_attr_set_post_ops)  \
   X(primitive_attr_set_scratchpad_mode) X(post_ops_create) X(post_ops_destroy) X(post_ops_append_eltwise)       \
   X(post_ops_append_binary) X(convolution_forward_primitive_desc_create) X(matmul_primitive_desc_create)        \
   X(pooling_forward_primitive_desc_create) X(reorder_primitive_desc_create) X(primitive_desc_query_md)          \

@@ -139,6 +139,9 @@ std::optional<CpuStepKind> primitive_kind(const Node& n) {
       for (size_t i = 0; i < 4; ++i) {
         if (md[i] != 1 && md[i] != s[i]) return std::nullopt;
       }
+      // A last dim shorter than the keys' is padding (the keys past it masked), not a broadcast:
+      // the reference kernels do that.
+      if (md[3] != s[3]) return std::nullopt;
     }
     return CpuStepKind::kAttention;
   }

@@ -485,6 +485,11 @@ Status CpuRunner::Impl::prepare_step(size_t i) {
 namespace {
 
 Status execute(const DnnlLib* d, dnnl_stream_t stream, const Prim& p, const std::string& at) {
+  if (p.host) {  // after the primitives before it (the stream is in order, CPU primitives synchronous)
+    KILN_DNNL(at, d->stream_wait(stream));
+    p.host();
+    return Status::ok();
+  }
   dnnl_exec_arg_t fixed[16];
   std::vector<dnnl_exec_arg_t> many;  // a Concat of more than 15 inputs
   if (p.args.size() > 16) many.resize(p.args.size());

@@ -131,6 +131,7 @@ struct Attr {
 struct Prim {
   dnnl_primitive_t p = nullptr;
   std::vector<std::pair<int, dnnl_memory_t>> args;  // (DNNL_ARG_*, memory)
+  std::function<void()> host;  // set: kiln's own loop, run in the primitive's place
 };
 
 // Owns a primitive descriptor.

@@ -112,6 +112,34 @@ Status CpuRunner::Impl::prepare_attention(size_t i) {
   KILN_ASSIGN_OR_RETURN(sm.p, make(softmax));
   sm.args = {{DNNL_ARG_SRC, s_mem}, {DNNL_ARG_DST, s_mem}};
   run.after.push_back(sm);
+  if (mask) {
+    // A query row whose every key the mask sets to -inf gives zeros (the spec; the softmax made it
+    // 0 / 0). Which rows: the mask's own rows, broadcast over the scores' [B, H, Sq].
+    Dims md = static_dims(n.inputs[3]);
+    md.insert(md.begin(), 4 - md.size(), 1);
+    dnnl_memory_t m_mem = nullptr;
+    for (const auto& [mem, read] : run.bind) {
+      if (read == 3) m_mem = mem;
+    }
+    const Dims sd = scores;
+    const Dims ms = {md[0] == 1 ? 0 : md[1] * md[2] * md[3], md[1] == 1 ? 0 : md[2] * md[3], md[2] == 1 ? 0 : md[3],
+                     1};  // the mask's strides over the scores' dims (its last dim is Sk: fast_plan.cc)
+    Prim masked_rows;
+    masked_rows.host = [lib = d, m_mem, probs = reinterpret_cast<float*>(run.scratch.p.get()), sd, ms]() {
+      void* h = nullptr;
+      lib->memory_get_data_handle(m_mem, &h);
+      const float* m = static_cast<const float*>(h);
+      for (int64_t b = 0; b < sd[0]; ++b)
+        for (int64_t hh = 0; hh < sd[1]; ++hh)
+          for (int64_t i = 0; i < sd[2]; ++i) {
+            const float* row = m + b * ms[0] + hh * ms[1] + i * ms[2];
+            bool all = true;
+            for (int64_t j = 0; j < sd[3] && all; ++j) all = std::isinf(row[j]) && row[j] < 0;
+            if (all) std::fill_n(probs + ((b * sd[1] + hh) * sd[2] + i) * sd[3], sd[3], 0.f);
+          }
+    };
+    run.after.push_back(std::move(masked_rows));
+  }
   // out = scores V
   Prim pv;
   KILN_ASSIGN_OR_RETURN(dnnl_memory_t v_mem, memory(at, v_md.md));

@@ -110,9 +110,10 @@ void emit_scatter(Lowering& L, const Node& n, std::string label, k::DT dt, Ref d
 // y = (to)x over count elements (lower_elementwise.cc).
 void emit_cast(Lowering& L, const Node* n, std::string label, k::DT from, k::DT to, Ref x, Ref y, int64_t count);
 
-// Softmax (log: LogSoftmax) of x viewed as [rows, cols] along cols (lower_norm.cc).
+// Softmax (log: LogSoftmax) of x viewed as [rows, cols] along cols (lower_norm.cc); zero_masked:
+// rows of nothing but -inf give zeros (an Attention's fully masked rows).
 void emit_softmax(Lowering& L, const Node* n, std::string label, k::DT dt, Ref x, Ref y, int64_t rows, int64_t cols,
-                  bool log);
+                  bool log, bool zero_masked = false);
 
 // y[idx] = a[idx . sa] op b[idx . sb] over sa.dims, y contiguous (lower_elementwise.cc).
 void emit_binary_nd(Lowering& L, const Node* n, std::string label, k::Binary op, k::DT dt, Ref a, const k::NdStrides& sa,

@@ -496,7 +496,8 @@ Status lower_attention_unfused(Lowering& L, const Node& n) {
     k::NdStrides ss = nd(sdims, contiguous_strides(sdims)), ms = nd(sdims, broadcast_strides(*mask, sdims));
     emit_binary_nd(L, &n, "kernel add (attention mask)", k::Binary::kAdd, dt, s.ref, ss, mask->ref, ms, s.ref);
   }
-  emit_softmax(L, &n, "kernel softmax (attention)", dt, s.ref, p.ref, b * h * sq, sk, false);
+  // A row whose every key the mask hides gives zeros (the spec; the fused kernel does the same).
+  emit_softmax(L, &n, "kernel softmax (attention)", dt, s.ref, p.ref, b * h * sq, sk, false, true);
   GemmShape pv;
   pv.m = sq, pv.n = dv, pv.k = sk;
   pv.batch = b * h, pv.stride_a = sq * sk, pv.stride_b = sk * dv, pv.stride_d = sq * dv;

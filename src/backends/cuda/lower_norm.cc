@@ -44,10 +44,10 @@ Expected<StepFn> bind_softmax(Params& in, BindCtx&) {
   const k::DT dt = in.dt();
   const Ref xr = in.ref(), yr = in.ref();
   const int64_t rows = in.i64(), cols = in.i64();
-  const bool log = in.flag();
+  const int mode = in.u8_in(2);  // 0 softmax, 1 log-softmax, 2 softmax with masked rows zero
   KILN_RETURN_IF_ERROR(in.done());
   return StepFn([=](const RunCtx& c) {
-    return cuda_status(k::softmax(dt, c.ptr(xr), c.ptr(yr), rows, cols, log, c.stream), "softmax");
+    return cuda_status(k::softmax(dt, c.ptr(xr), c.ptr(yr), rows, cols, mode == 1, mode == 2, c.stream), "softmax");
   });
 }
 
@@ -616,14 +616,14 @@ void register_norm_lowerings(std::map<OpKind, LowerFn>& t) {
 }
 
 void emit_softmax(Lowering& L, const Node* n, std::string label, k::DT dt, Ref x, Ref y, int64_t rows, int64_t cols,
-                  bool log) {
+                  bool log, bool zero_masked) {
   ByteWriter w;
   w.put(int32_t(dt));
   put(w, x);
   put(w, y);
   w.i64(rows);
   w.i64(cols);
-  w.u8(log);
+  w.u8(log ? 1 : zero_masked ? 2 : 0);
   L.emit(n, std::move(label), {x.weight ? -1 : x.id}, {y.id}, StepOp::kSoftmax, std::move(w));
 }
 

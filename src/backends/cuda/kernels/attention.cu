@@ -406,8 +406,9 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<M, NoMask> || kPairs 
     }
   }
 
-  // 0 / 0 = NaN for a fully masked row, as the unfused softmax gives.
-  const float inv[2] = {1.0f / l_run[0], 1.0f / l_run[1]};
+  // A row whose every key is masked (-inf) summed no weight: zeros, as ONNX Attention specifies
+  // (the unfused softmax would give 0 / 0). A NaN sum stays NaN.
+  const float inv[2] = {l_run[0] == 0.0f ? 0.0f : 1.0f / l_run[0], l_run[1] == 0.0f ? 0.0f : 1.0f / l_run[1]};
   // O goes out through this warp's 16 rows of qs (read only at j == 0, by this warp alone): the
   // fragments' 4-byte pieces become whole 16-byte chunks per lane, 128 contiguous bytes per row,
   // instead of half-used 32-byte sectors (bench/RESULTS.md, "(sixth session) — generated elementwise

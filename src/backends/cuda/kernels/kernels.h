@@ -128,7 +128,9 @@ cudaError_t gather(int elem_bytes, const void* data, int64_t outer, int64_t axis
 // ---- normalization and reductions (accumulate in f32; dtypes kF32, kF16, kBF16) ---------------
 
 // Softmax (or LogSoftmax) along the last axis of x viewed as [rows, cols].
-cudaError_t softmax(DT dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, cudaStream_t s);
+// zero_masked (softmax only): a row whose every element is -inf gives zeros instead of 0 / 0 = NaN
+// (an ONNX Attention's rows with every key masked).
+cudaError_t softmax(DT dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, bool zero_masked, cudaStream_t s);
 
 // LayerNorm over the last axis of x viewed as [rows, cols]: y = (x - mean) / sqrt(var + eps) *
 // scale + bias; scale and bias ([cols], same dtype as x; bias may be null). mean/var biased, f32.

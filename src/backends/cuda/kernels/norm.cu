@@ -82,7 +82,7 @@ __device__ __forceinline__ void store_row(T* __restrict__ row, int64_t cols, int
 
 template <int TPR, int V, int E, class T>
 __global__ void __launch_bounds__(TPR == 32 ? 32 * kWarpRowsPerBlock : TPR)
-    softmax_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t cols, bool log) {
+    softmax_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t cols, bool log, bool zero_masked) {
   __shared__ float smem[32];
   const RowGroup<TPR> g;
   for (int64_t r = g.first; r < rows; r += g.step) {
@@ -99,10 +99,11 @@ __global__ void __launch_bounds__(TPR == 32 ? 32 * kWarpRowsPerBlock : TPR)
     for (int i = 0; i < E; ++i) sum += expf(v[i] - m);  // padding: exp(-inf) = 0
     sum = group_reduce<TPR, false>(sum, smem);
     const float lse = logf(sum), inv = 1.f / sum;
+    const bool masked = zero_masked && m == -INFINITY;  // every element -inf: zeros, not 0 / 0
     if (log)
       store_row<TPR, V>(y + r * cols, cols, g.lane, v, [&](float a, int64_t) { return a - m - lse; });
     else
-      store_row<TPR, V>(y + r * cols, cols, g.lane, v, [&](float a, int64_t) { return expf(a - m) * inv; });
+      store_row<TPR, V>(y + r * cols, cols, g.lane, v, [&](float a, int64_t) { return masked ? 0.f : expf(a - m) * inv; });
   }
 }
 
@@ -180,7 +181,7 @@ __global__ void __launch_bounds__(TPR == 32 ? 32 * kWarpRowsPerBlock : TPR)
 
 template <int V, class T>
 __global__ void __launch_bounds__(kRowBlock)
-    softmax_long_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t cols, bool log) {
+    softmax_long_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t cols, bool log, bool zero_masked) {
   __shared__ float smem[32];
   const int64_t packs = cols / V;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -203,13 +204,14 @@ __global__ void __launch_bounds__(kRowBlock)
     const float bm = group_reduce<kRowBlock, true>(m, smem);
     const float sum = group_reduce<kRowBlock, false>(m == -INFINITY ? 0.f : s * expf(m - bm), smem);
     const float lse = logf(sum), inv = 1.f / sum;
+    const bool masked = zero_masked && bm == -INFINITY;  // every element -inf: zeros, not 0 / 0
     for (int64_t q = threadIdx.x; q < packs; q += blockDim.x) {
       const Pack<T, V> p = xr[q];
       Pack<T, V> o;
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const float a = to_f(p.v[e]);
-        o.v[e] = from_f<T>(log ? a - bm - lse : expf(a - bm) * inv);
+        o.v[e] = from_f<T>(log ? a - bm - lse : masked ? 0.f : expf(a - bm) * inv);
       }
       yr[q] = o;
     }
@@ -381,7 +383,7 @@ __global__ void channel_affine_kernel(const T* __restrict__ x, const float* __re
 
 }  // namespace
 
-cudaError_t softmax(DT dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, cudaStream_t s) {
+cudaError_t softmax(DT dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, bool zero_masked, cudaStream_t s) {
   if (rows < 0 || cols < 0) return cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return cudaSuccess;
   return dispatch_f32ish(dt, [&](auto tag) {
@@ -393,11 +395,11 @@ cudaError_t softmax(DT dt, const void* x, void* y, int64_t rows, int64_t cols, b
       constexpr int kTpr = decltype(tpr)::value, kV = decltype(v)::value, kE = decltype(e)::value;
       if constexpr (kTpr == 0) {
         if (vec)
-          softmax_long_kernel<16 / sizeof(T)><<<row_grid<1>(rows), kRowBlock, 0, s>>>(xt, yt, rows, cols, log);
+          softmax_long_kernel<16 / sizeof(T)><<<row_grid<1>(rows), kRowBlock, 0, s>>>(xt, yt, rows, cols, log, zero_masked);
         else
-          softmax_long_kernel<1><<<row_grid<1>(rows), kRowBlock, 0, s>>>(xt, yt, rows, cols, log);
+          softmax_long_kernel<1><<<row_grid<1>(rows), kRowBlock, 0, s>>>(xt, yt, rows, cols, log, zero_masked);
       } else {
-        softmax_kernel<kTpr, kV, kE><<<row_grid<kTpr>(rows), row_block<kTpr>(), 0, s>>>(xt, yt, rows, cols, log);
+        softmax_kernel<kTpr, kV, kE><<<row_grid<kTpr>(rows), row_block<kTpr>(), 0, s>>>(xt, yt, rows, cols, log, zero_masked);
       }
       return cudaGetLastError();
     });

@@ -11,7 +11,7 @@ against onnxruntime.
 Writes OUT/zoo.json and OUT/zoo.md after every model (a run cut off keeps what it finished).
 Exit code 0 when every model exported, ran wholly on the device, and passed its check.
 """
-import argparse, datetime, json, os, re, shlex, sys, time, traceback
+import argparse, datetime, inspect, json, os, re, shlex, sys, time, traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import zoo_models  # noqa: E402
@@ -38,8 +38,13 @@ def export(model, arch, inputs, path, exporter):
                 raise
             print(f"  torchscript export failed ({describe(e)}); trying dynamo")
     batch = torch.export.Dim("batch", min=1, max=1024)
+    shapes = tuple({0: batch} for _ in names)
+    # forward(*args) (zoo_models.hf): torch.export sees one argument, the tuple of them all.
+    params = inspect.signature(model.forward).parameters.values()
+    if any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params):
+        shapes = (shapes,)
     torch.onnx.export(model, args, path, input_names=names, output_names=arch.outputs, opset_version=18,
-                      dynamic_shapes=tuple({0: batch} for _ in names), dynamo=True, external_data=False)
+                      dynamic_shapes=shapes, dynamo=True, external_data=False)
     return "dynamo-18"
 
 

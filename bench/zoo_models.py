@@ -288,16 +288,18 @@ def melspec_cnn():
 
 # ---- transformers ---------------------------------------------------------------------------------
 
-def hf(model_cls, config_cls, names, out="last_hidden_state", call=None, **cfg):
+def hf(model_cls, config_cls, names, out="last_hidden_state", call=None, attn="eager", **cfg):
     """A transformers model with a default-size config, called with the inputs `names` in order (and
-    the keywords `call`); attention as plain ops (eager), the same math in every peer."""
+    the keywords `call`); attention as plain ops (eager), the same math in every peer, unless `attn`
+    names another implementation ("sdpa": transformers' default, F.scaled_dot_product_attention,
+    which the exporters decompose their own way)."""
     def build():
         import torch
         import transformers
-        c = getattr(transformers, config_cls)(attn_implementation="eager", **cfg)
+        c = getattr(transformers, config_cls)(attn_implementation=attn, **cfg)
         net = getattr(transformers, model_cls)(c)
-        if getattr(net.config, "_attn_implementation", "eager") != "eager":
-            net.set_attn_implementation("eager")
+        if getattr(net.config, "_attn_implementation", attn) != attn:
+            net.set_attn_implementation(attn)
         from torch.nn.utils import parametrize
         for mod in list(net.modules()):  # weight_norm (wav2vec2): its value, as a deployed model has it
             for pname in list(getattr(mod, "parametrizations", {}) or {}):
@@ -372,6 +374,8 @@ ARCHS = [
          {"input_features": ("float", (80, 3000))}, 16, "Conv1d + GELU, encoder attention"),
     Arch("roberta", "text", hf("RobertaModel", "RobertaConfig", ["input_ids", "attention_mask"]), TEXT, 32,
          "position ids by CumSum"),
+    Arch("bert_sdpa", "text", hf("BertModel", "BertConfig", ["input_ids", "attention_mask"], attn="sdpa"), TEXT, 32,
+         "transformers' default attention (SDPA): Q and K scaled by sqrt(scale), NaN guard"),
     Arch("albert", "text", hf("AlbertModel", "AlbertConfig", ["input_ids", "attention_mask"],
                                     hidden_size=768, num_attention_heads=12, intermediate_size=3072), TEXT, 32,
          "shared layers, factorized embedding"),

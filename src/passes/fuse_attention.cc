@@ -44,9 +44,15 @@
 // (scores, scaled scores, probabilities) has exactly one reader and is not a graph output. Run
 // after fuse-softmax (decomposed softmax) and fold-constants (scalar constants, folded masks).
 //
+// PyTorch's scaled_dot_product_attention as torch.onnx writes it (transformers' default "sdpa"
+// attention): Q and K^T each scaled by sqrt(scale), a boolean mask as Where(mask, 0, -inf) added,
+// and the probabilities guarded by Where(IsNaN(p), 0, p) before the P.V MatMul; the guard is
+// absorbed too.
+//
 // One difference, at the edge: a row whose every key an additive mask sets to -inf is NaN in the
-// decomposed graph (0 / 0) and zeros in ONNX Attention (the CPU kernel follows the spec). Masks
-// of finite large negatives (HF's finfo.min, -1e4) are not affected.
+// decomposed graph without that guard (0 / 0) and zeros in ONNX Attention (the spec; the CPU and
+// GPU kernels both follow it). Masks of finite large negatives (HF's finfo.min, -1e4) are not
+// affected.
 #include <algorithm>
 #include <map>
 #include <optional>
@@ -199,8 +205,29 @@ std::optional<Sdpa> match(const UseMap& u, const Node& pv) {
   // Half-precision exports (HF: softmax(..., dtype=float32).to(dtype)) run the softmax in f32
   // between two Casts; Attention computes its softmax in f32 anyway.
   const Value* p = pv.inputs[0];
-  Node* down = sole_producer(u, p, OpKind::kCast);
-  Node* sm = sole_producer(u, down ? down->inputs[0] : p, OpKind::kSoftmax);
+  // PyTorch's SDPA exports (both exporters) guard the probabilities: Where(IsNaN(p), 0, p) zeroes
+  // the rows a -inf mask left without keys (0 / 0); Attention gives such rows zeros itself. p is
+  // then read twice, by the IsNaN and the Where.
+  size_t p_reads = 1;
+  if (Node* w = sole_producer(u, p, OpKind::kWhere); w && w->inputs.size() == 3 && w->inputs[0] && w->inputs[1] && w->inputs[2]) {
+    Node* isnan = sole_producer(u, w->inputs[0], OpKind::kIsNaN);
+    const Value* guarded = w->inputs[2];
+    const auto zero = scalar_of(u.graph(), w->inputs[1]);
+    if (isnan && isnan->inputs.size() == 1 && isnan->inputs[0] == guarded && zero && *zero == 0 &&
+        guarded->type == p->type && u.num_uses(guarded) == 2 && !u.is_output(guarded)) {
+      m.absorbed.push_back(w);
+      m.absorbed.push_back(isnan);
+      p = guarded;
+      p_reads = 2;
+    }
+  }
+  // The producer of x if it is `op` and x has `reads` readers (checked above when 2) and is no output.
+  auto producer = [&u](const Value* x, OpKind op, size_t reads) -> Node* {
+    if (reads == 1) return sole_producer(u, x, op);
+    return x->producer && x->producer->op == op && x->producer->owner == &u.graph() ? x->producer : nullptr;
+  };
+  Node* down = producer(p, OpKind::kCast, p_reads);
+  Node* sm = producer(down ? down->inputs[0] : p, OpKind::kSoftmax, down ? 1 : p_reads);
   if (!sm || !sm->inputs[0]->type.has_rank()) return std::nullopt;
   const size_t r = sm->inputs[0]->type.shape->dims.size();  // 4: [B,H,S,S]; 3: [B*H,S,S] (bmm exports)
   const int64_t axis = sm->attr_int("axis", -1);

@@ -112,7 +112,7 @@ const std::set<std::string> kThroughPasses = {
     "attention_causal", "attention_vit_packed", "gemm_tanh_gelu", "linear_erf_gelu", "group_norm_silu", "conv1d_speech",
     "conv1d_strided_grouped", "convtranspose1d", "einsum_scores", "einsum_projection", "conv_group_norm_silu_nhwc",
     "groupnorm_export_form", "conv_group_norm_silu_nhwc_wide", "qmatmul_u8s8_per_channel_bias", "qmatmul_s8s8_zero_point", "qmatmul_fp8_per_channel_bias",
-    "qmatmul_fp8_per_tensor", "attention_swin_windows"};
+    "qmatmul_fp8_per_tensor", "attention_swin_windows", "attention_sdpa_guarded"};
 
 Expected<Reference> cpu_reference(const Case& c, uint64_t seed) {
   Reference r;

@@ -266,6 +266,14 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
 
   const Graph& graph() const { return *plan_->graph; }
   const std::vector<size_t>& value_input_indices() const { return value_inputs_; }
+  // The least a session's shared memory starts with: the reference plan's arena, workspace and
+  // staging (every symbol at its opt value, by default its max), so that smaller shapes fit in it.
+  void reserve(cuda::SharedSessionMemory& m) const {
+    if (!reference_) return;
+    const cuda::BuildReport& r = reference_->engine->report();
+    m.reserve_device = r.arena_peak + r.workspace_bytes + 1024;  // + the session's alignment
+    m.reserve_host = r.staging_bytes;
+  }
   std::string load_phases_;
 
  private:
@@ -304,10 +312,18 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
   std::string tuned_, cache_line_;
 };
 
-// A session: a CUDA session per recent shape, each with its own stream, arena and graphs.
+// A session: a CUDA session per recent shape, each with its own stream and graphs, all placed in one
+// arena, workspace and pinned staging (cuda::SharedSessionMemory: a session's calls never overlap),
+// sized for the reference plan at first and grown when a shape needs more. Growing drops the shapes'
+// sessions placed in the old memory (they are made again when their shape returns).
 class DynamicGpuSession : public Session::Impl {
  public:
-  explicit DynamicGpuSession(std::shared_ptr<DynamicGpuEngine> e) : e_(std::move(e)) {}
+  explicit DynamicGpuSession(std::shared_ptr<DynamicGpuEngine> e) : e_(std::move(e)) { e_->reserve(memory_); }
+  ~DynamicGpuSession() override {
+    std::lock_guard<std::recursive_mutex> lock(cuda::device_mutation_mutex());
+    sessions_.clear();
+    memory_ = {};
+  }
 
   Expected<std::vector<Data>> run(std::vector<Data> inputs) override {
     KILN_ASSIGN_OR_RETURN(cuda::Session * s, session_for(inputs));
@@ -359,7 +375,7 @@ class DynamicGpuSession : public Session::Impl {
     return nonfinite_steps(s, inputs);
   }
   size_t device_bytes() const override {
-    size_t b = 0;
+    size_t b = memory_.device_bytes;
     for (const auto& [shape, x] : sessions_) b += x.session->device_bytes();
     return b;
   }
@@ -397,8 +413,10 @@ class DynamicGpuSession : public Session::Impl {
       sessions_.erase(lru);
     }
     auto t0 = std::chrono::steady_clock::now();
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<cuda::Session> s, p->engine->new_session());
+    const int generation = memory_.generation;
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<cuda::Session> s, p->engine->new_session(nullptr, &memory_));
     e_->note_session(ms_since(t0));
+    if (memory_.generation != generation) sessions_.clear();  // placed in memory that is no longer current
     Entry& e = sessions_[std::move(key)];
     e.plan = std::move(p);
     e.session = std::move(s);
@@ -407,6 +425,7 @@ class DynamicGpuSession : public Session::Impl {
   }
 
   std::shared_ptr<DynamicGpuEngine> e_;  // makes plans as shapes arrive (an engine is shared, its plans are a cache)
+  cuda::SharedSessionMemory memory_;     // before the sessions placed in it
   std::map<PlanKey, Entry> sessions_;
   uint64_t clock_ = 0;
 };

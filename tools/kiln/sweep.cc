@@ -6,6 +6,9 @@
 //
 // "first run" is the wall time of the dynamic session's first forward at that shape: its shape plan
 // made (unless the build made it), a CUDA session set up and captured, the forward run.
+//
+// Then every shape again in reverse order, in the same session: after other shapes ran (and shared
+// its memory), each must give the outputs its first run gave, and agree with the static engine's.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -21,6 +24,27 @@ namespace {
 
 double ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+// max |a - b| over max |b| (1 when b is all zeros), over every float output; infinity for a NaN in one
+// and not the other, or outputs of other shapes.
+double rel_diff(const std::vector<HostTensor>& a, const std::vector<HostTensor>& b) {
+  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].shape() != b[i].shape() || a[i].dtype() != b[i].dtype()) return std::numeric_limits<double>::infinity();
+    if (a[i].dtype() != DType::kFloat32) continue;
+    const float *x = a[i].data<float>(), *y = b[i].data<float>();
+    double scale = 1e-30, diff = 0;
+    for (int64_t k = 0; k < a[i].numel(); ++k) {
+      if (std::isnan(x[k]) != std::isnan(y[k])) return std::numeric_limits<double>::infinity();
+      if (std::isnan(y[k])) continue;
+      scale = std::max(scale, double(std::fabs(y[k])));
+      diff = std::max(diff, double(std::fabs(x[k] - y[k])));
+    }
+    worst = std::max(worst, scale > 1e-30 ? diff / scale : diff);
+  }
+  return worst;
 }
 
 // `points` assignments of the engine's symbols: symbol j's value at point i lies at fraction
@@ -68,6 +92,12 @@ int sweep_main(const LoadOptions& load, const EngineOptions& eng, const BenchOpt
   nlohmann::json rows = nlohmann::json::array();
   std::printf("%-40s %22s %22s %10s %13s\n", "shape", "static med / p99 ms", "dynamic med / p99 ms", "dyn/static",
               "first run ms");
+  struct Seen {
+    std::string label;
+    std::vector<Tensor> inputs;
+    std::vector<HostTensor> first, stat;  // the dynamic session's first outputs, the static engine's
+  };
+  std::vector<Seen> seen;
   for (const auto& a : sweep_points(ranges, opt.sweep_points)) {
     RunOptions ro;
     ro.random_inputs = true;
@@ -98,11 +128,26 @@ int sweep_main(const LoadOptions& load, const EngineOptions& eng, const BenchOpt
     if (!ss) return fail(ss.status());
     auto stt = ss->benchmark(views(*inputs), opt.warmup, opt.iterations);
     if (!stt) return fail(stt.status());
+    auto sout = ss->run(views(*inputs));
+    if (!sout) return fail(sout.status());
+    seen.push_back({label, std::move(*inputs), std::move(*first), std::move(*sout)});
     const double sm = percentile(*stt, 50), sp = percentile(*stt, 99), dm = percentile(*dt, 50), dp = percentile(*dt, 99);
     std::printf("%-40s %10.4f / %9.4f %10.4f / %9.4f %10.3f %13.1f\n", label.c_str(), sm, sp, dm, dp, dm / sm, first_ms);
     std::fflush(stdout);
     rows.push_back({{"shape", label}, {"static_median_ms", sm}, {"static_p99_ms", sp}, {"dynamic_median_ms", dm},
                     {"dynamic_p99_ms", dp}, {"ratio", dm / sm}, {"first_run_ms", first_ms}});
+  }
+  // Back through the shapes in the same session: each after others ran in its memory.
+  bool same = true;
+  for (auto it = seen.rbegin(); it != seen.rend(); ++it) {
+    auto again = session->run(views(it->inputs));
+    if (!again) return fail(again.status());
+    const double d_first = rel_diff(*again, it->first), d_static = rel_diff(*again, it->stat);
+    std::printf("again %-34s vs its first run %.2e, vs the static engine %.2e\n", it->label.c_str(), d_first, d_static);
+    same = same && d_first <= 1e-3;  // the same plan and inputs: bit for bit unless a kernel is not deterministic
+    for (auto& r : rows) {
+      if (r["shape"] == it->label) r["again_vs_first"] = d_first, r["again_vs_static"] = d_static;
+    }
   }
   const std::string rep = dyn->report();
   if (size_t at = rep.find("shape plans made so far"); at != std::string::npos) {
@@ -113,6 +158,7 @@ int sweep_main(const LoadOptions& load, const EngineOptions& eng, const BenchOpt
     f << nlohmann::json{{"model", load.model}, {"build_ms", dyn->build_ms()}, {"rows", rows}}.dump(2) << "\n";
     if (!f) return fail(KILN_ERROR(kIo, "{}: cannot write", opt.json));
   }
+  if (!same) return fail(KILN_ERROR(kInternal, "a shape run again in the same session gave other outputs than its first run"));
   return 0;
 }
 

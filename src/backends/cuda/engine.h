@@ -86,6 +86,7 @@ struct BuildReport {
   size_t weight_bytes = 0;
   size_t arena_peak = 0, arena_naive = 0, arena_lower_bound = 0;
   size_t workspace_bytes = 0;
+  size_t staging_bytes = 0;  // a session's pinned host buffers for the inputs and outputs
   int steps = 0;            // executed steps per forward (launch groups)
   int cpu_steps = 0;        // steps that run on the host (break graph capture)
   bool cuda_graph = false;  // whether sessions capture a graph
@@ -97,6 +98,19 @@ struct BuildReport {
 };
 
 class Session;
+
+// Memory that sessions which never run at once share (a dynamic engine's sessions for its shapes,
+// which one caller's thread uses one at a time, and each of whose calls returns once its stream is
+// done): the arena and workspace on the device, the pinned staging of inputs and outputs on the
+// host. A session placed in it takes the current blocks when they are large enough, else makes
+// blocks of its own size (or of `reserve_*`, when larger) the new current ones; it keeps the blocks
+// it was placed in alive. Its bad-index slots and random-step counters stay its own.
+struct SharedSessionMemory {
+  std::shared_ptr<void> device, host;  // the current blocks (freed with their last session)
+  size_t device_bytes = 0, host_bytes = 0;
+  size_t reserve_device = 0, reserve_host = 0;  // the least a new block is made with
+  int generation = 0;                           // counts the blocks made
+};
 
 class Engine {
  public:
@@ -114,7 +128,8 @@ class Engine {
   virtual const BuildReport& report() const = 0;
   // `comm`: the rank's ncclComm_t when the engine is one rank of a tensor-parallel engine (its
   // collectives run on it); such an engine refuses a session without one.
-  virtual Expected<std::unique_ptr<Session>> new_session(void* comm = nullptr) = 0;
+  // `shared` (may be null): memory the session is placed in instead of its own (above).
+  virtual Expected<std::unique_ptr<Session>> new_session(void* comm = nullptr, SharedSessionMemory* shared = nullptr) = 0;
   // A tensor-parallel rank's session that runs `micro_batches` copies of the engine's batch at once
   // (lanes: an arena and a stream each, one CUDA graph), so one lane's products run while another's
   // collectives are in flight. Its inputs and outputs hold the lanes' rows one after another along

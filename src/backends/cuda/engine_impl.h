@@ -15,7 +15,7 @@ class EngineImpl : public Engine, public std::enable_shared_from_this<EngineImpl
   ~EngineImpl() override;
 
   const BuildReport& report() const override { return rep; }
-  Expected<std::unique_ptr<Session>> new_session(void* comm = nullptr) override;
+  Expected<std::unique_ptr<Session>> new_session(void* comm = nullptr, SharedSessionMemory* shared = nullptr) override;
   Expected<std::unique_ptr<Session>> new_lanes_session(void* comm, int micro_batches, std::vector<bool> batched) override;
   Expected<std::pair<std::string, std::string>> serialize() const override;
 

@@ -93,8 +93,9 @@ SessionInitStats g_init_stats;
 class CudaSession : public Session {
  public:
   // `lanes` > 1: micro-batches (Engine::new_lanes_session), `batched` per input.
-  CudaSession(std::shared_ptr<EngineImpl> e, void* comm, int lanes = 1, std::vector<bool> batched = {})
-      : e_(std::move(e)), lanes_(lanes), batched_(std::move(batched)) {
+  CudaSession(std::shared_ptr<EngineImpl> e, void* comm, int lanes = 1, std::vector<bool> batched = {},
+              SharedSessionMemory* shared = nullptr)
+      : e_(std::move(e)), lanes_(lanes), batched_(std::move(batched)), shared_(shared) {
     ctx_.comm = comm;
     batched_.resize(e_->plan.inputs.size(), false);
   }
@@ -117,6 +118,8 @@ class CudaSession : public Session {
     if (stream_) cudaStreamDestroy(stream_);
     mem_.reset();
     pinned_.reset();
+    shared_dev_.reset();  // the last session placed in a replaced block frees it
+    shared_host_.reset();
   }
 
   Status init() {
@@ -145,28 +148,43 @@ class CudaSession : public Session {
     }
     lap(st.handles_ms);
     const size_t slots = size_t(std::max(1, P.bad_index_slots));
-    // Each lane's block: arena, workspace, bad-index slots, counters.
-    lane_bytes_ = align_up(e_->rep.arena_peak) + align_up(e_->opt.workspace_bytes) + align_up(sizeof(int) * slots) +
-                  align_up(sizeof(unsigned long long) * slots);
+    // Each lane's block: arena, workspace, bad-index slots, counters (the first two in the shared
+    // memory when the session is placed there).
+    const size_t arena_ws = align_up(e_->rep.arena_peak) + align_up(e_->opt.workspace_bytes);
+    const size_t tail = align_up(sizeof(int) * slots) + align_up(sizeof(unsigned long long) * slots);
+    const bool share = shared_ && lanes_ == 1;
+    lane_bytes_ = share ? tail : arena_ws + tail;
     bytes_ = lane_bytes_ * size_t(lanes_);
     KILN_CUDA_TRY(cudaMalloc(&mem_.p, bytes_));
+    size_t staging = 0;  // pinned: inputs and outputs
+    for (size_t i = 0; i < P.inputs.size(); ++i) staging += align_up(io_bytes(P.inputs[i]) * lanes_of(i));
+    for (const DeviceIo& d : P.outputs) staging += align_up(io_bytes(d) * size_t(lanes_));
+    const size_t bad_bytes = sizeof(int) * slots * size_t(lanes_);
+    char* h = nullptr;
+    if (share) {
+      KILN_RETURN_IF_ERROR(place_shared(arena_ws, staging));
+      KILN_CUDA_TRY(cudaMallocHost(&pinned_.p, bad_bytes));
+      bad_host_ = static_cast<int*>(pinned_.p);
+      h = static_cast<char*>(shared_host_.get());
+    } else {
+      KILN_CUDA_TRY(cudaMallocHost(&pinned_.p, staging + bad_bytes));
+      h = static_cast<char*>(pinned_.p);
+      bad_host_ = reinterpret_cast<int*>(h + staging);
+    }
     ctx_.stream = stream_;
     ctx_.lt = lt_;
     ctx_.dnn = dnn_;
     ctx_.offsets = &P.offsets;
     ctx_.weights = &e_->weight_ptrs;
     ctx_.workspace_bytes = e_->opt.workspace_bytes;
-    place_lane(ctx_, 0);
-    KILN_RETURN_IF_ERROR(init_lanes());
-    size_t host = 0;
-    for (size_t i = 0; i < P.inputs.size(); ++i) host += align_up(io_bytes(P.inputs[i]) * lanes_of(i));
-    for (const DeviceIo& d : P.outputs) host += align_up(io_bytes(d) * size_t(lanes_));
-    host += sizeof(int) * slots * size_t(lanes_);
-    KILN_CUDA_TRY(cudaMallocHost(&pinned_.p, std::max<size_t>(host, 1)));
-    char* h = static_cast<char*>(pinned_.p);
+    if (share) {
+      place_lane(ctx_, static_cast<char*>(shared_dev_.get()), static_cast<char*>(mem_.p));
+    } else {
+      place_lane(ctx_, static_cast<char*>(mem_.p), static_cast<char*>(mem_.p) + arena_ws);
+    }
+    KILN_RETURN_IF_ERROR(init_lanes(arena_ws));
     for (size_t i = 0; i < P.inputs.size(); ++i) { in_host_.push_back(h); h += align_up(io_bytes(P.inputs[i]) * lanes_of(i)); }
     for (const DeviceIo& d : P.outputs) { out_host_.push_back(h); h += align_up(io_bytes(d) * size_t(lanes_)); }
-    bad_host_ = reinterpret_cast<int*>(h);
     KILN_CUDA_TRY(cudaMemsetAsync(mem_.p, 0, bytes_, stream_));
     lap(st.memory_ms);
     lock.unlock();
@@ -410,19 +428,43 @@ class CudaSession : public Session {
     return dims;
   }
 
-  // Points c's memory at lane k's block of the session's allocation.
-  void place_lane(RunCtx& c, int k) {
+  // Points c's memory at an arena-and-workspace block and a block of bad-index slots and counters.
+  void place_lane(RunCtx& c, char* arena_ws, char* tail) {
     const size_t slots = size_t(std::max(1, e_->plan.bad_index_slots));
-    char* base = static_cast<char*>(mem_.p) + size_t(k) * lane_bytes_;
-    c.arena = base;
-    c.workspace = base + align_up(e_->rep.arena_peak);
-    c.bad_index = reinterpret_cast<int*>(base + align_up(e_->rep.arena_peak) + align_up(e_->opt.workspace_bytes));
-    c.counters = reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(c.bad_index) + align_up(sizeof(int) * slots));
+    c.arena = arena_ws;
+    c.workspace = arena_ws + align_up(e_->rep.arena_peak);
+    c.bad_index = reinterpret_cast<int*>(tail);
+    c.counters = reinterpret_cast<unsigned long long*>(tail + align_up(sizeof(int) * slots));
+  }
+
+  // The shared memory's current blocks when they hold `device` and `host` bytes, else new ones of
+  // that size (or the reserve) made current; this session keeps its blocks alive either way.
+  Status place_shared(size_t device, size_t host) {
+    SharedSessionMemory& m = *shared_;
+    if (!m.device || m.device_bytes < device) {
+      const size_t want = std::max(device, m.reserve_device);
+      void* p = nullptr;
+      KILN_CUDA_TRY(cudaMalloc(&p, std::max<size_t>(want, 1)));
+      m.device = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+      m.device_bytes = want;
+      ++m.generation;
+    }
+    if (!m.host || m.host_bytes < host) {
+      const size_t want = std::max(host, m.reserve_host);
+      void* p = nullptr;
+      KILN_CUDA_TRY(cudaMallocHost(&p, std::max<size_t>(want, 1)));
+      m.host = std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
+      m.host_bytes = want;
+      ++m.generation;
+    }
+    shared_dev_ = m.device;
+    shared_host_ = m.host;
+    return Status::ok();
   }
 
   // Lanes 1.. get a stream, memory and (where steps use one) a cuDNN handle of their own; the
   // collectives of every lane share one more stream.
-  Status init_lanes() {
+  Status init_lanes(size_t arena_ws) {
     if (lanes_ == 1) return Status::ok();
     for (const DeviceStep& s : e_->plan.steps) {
       if (s.host) return KILN_ERROR(kUnsupported, "micro-batches need every step on the GPU; '{}' runs on the host", s.label);
@@ -433,7 +475,8 @@ class CudaSession : public Session {
       Lane& l = lanes_extra_[size_t(k - 1)];
       l.ctx = ctx_;
       l.ctx.stream = nullptr;
-      place_lane(l.ctx, k);
+      char* base = static_cast<char*>(mem_.p) + size_t(k) * lane_bytes_;
+      place_lane(l.ctx, base, base + arena_ws);
       KILN_CUDA_TRY(cudaStreamCreateWithFlags(&l.ctx.stream, cudaStreamNonBlocking));
       if (e_->uses_dnn) {
         KILN_ASSIGN_OR_RETURN(l.dnn, DnnPool::get().take());
@@ -647,6 +690,8 @@ class CudaSession : public Session {
     cudaGraphExec_t exec = nullptr;   // null: a host step, run eagerly
   };
   std::vector<Segment> segments_;
+  SharedSessionMemory* shared_ = nullptr;         // set: arena, workspace and staging placed there (init)
+  std::shared_ptr<void> shared_dev_, shared_host_;  // the shared blocks this session is placed in
   DeviceMem mem_;
   PinnedMem pinned_;
   size_t bytes_ = 0;
@@ -753,6 +798,8 @@ Status EngineImpl::finish() {
   rep.arena_naive = plan.arena_naive;
   rep.arena_lower_bound = plan.arena_lower_bound;
   rep.workspace_bytes = opt.workspace_bytes;
+  for (const DeviceIo& d : plan.inputs) rep.staging_bytes += align_up(io_bytes(d));
+  for (const DeviceIo& d : plan.outputs) rep.staging_bytes += align_up(io_bytes(d));
   rep.steps = int(plan.steps.size());
   for (const DeviceStep& s : plan.steps) rep.cpu_steps += s.host;
   // Sessions capture each run of device steps between host steps as a graph of its own.
@@ -789,8 +836,8 @@ Expected<std::pair<std::string, std::string>> EngineImpl::serialize() const {
   return std::make_pair(std::move(dpln), std::move(host));
 }
 
-Expected<std::unique_ptr<Session>> EngineImpl::new_session(void* comm) {
-  auto s = std::make_unique<CudaSession>(shared_from_this(), comm);
+Expected<std::unique_ptr<Session>> EngineImpl::new_session(void* comm, SharedSessionMemory* shared) {
+  auto s = std::make_unique<CudaSession>(shared_from_this(), comm, 1, std::vector<bool>{}, shared);
   KILN_RETURN_IF_ERROR(s->init());
   return std::unique_ptr<Session>(std::move(s));
 }

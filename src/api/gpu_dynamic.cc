@@ -218,8 +218,8 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     std::lock_guard<std::mutex> lock(mu_);
     std::string out = fmt::format(
         "dynamic GPU engine: one plan per exact input shape, lowered on the first run at it with the choices timed at the "
-        "nearest shape below (nothing timed while running), the last {} kept; a session keeps the arenas and CUDA graphs of "
-        "its last {} shapes\n",
+        "nearest shape below (nothing timed while running), the last {} kept; a session keeps the CUDA graphs of its last "
+        "{} shapes, all in one arena (sized for the opt shape, grown for a larger one)\n",
         kKeptPlans, kKeptSessions);
     if (!value_inputs_.empty()) {
       std::string names;
@@ -235,10 +235,10 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
                        "process NVRTC compiled {} generated kernels in {:.0f} ms, {} came from the disk cache); weights "
                        "{:.1f} MiB on the GPU, shared by every plan ({} derived by the passes, reused {} times); the passes ran "
                        "twice for {} of them; {} CUDA sessions made for shapes in {:.0f} ms (in this process {} sessions: "
-                       "handles {:.0f} ms, memory {:.0f}, eager forward {:.0f}, graph capture {:.0f})\n", made_,
+                       "handles {:.0f} ms, memory {:.0f}, eager forward {:.0f} in {} of them, graph capture {:.0f})\n", made_,
                        made_ms_, specialize_ms_, clone_ms_, infer_ms_, passes_ms_, made_ms_ - specialize_ms_, nv.compiled, nv.compile_ms, nv.cached,
                        double(pool_->device_bytes()) / (1 << 20), derived_.made(), derived_.reused(), second_rounds_,
-                       sessions_made_, sessions_ms_, si.sessions, si.handles_ms, si.memory_ms, si.eager_ms, si.capture_ms);
+                       sessions_made_, sessions_ms_, si.sessions, si.handles_ms, si.memory_ms, si.eager_ms, si.eager_runs, si.capture_ms);
     out += cache_line_;
     if (reference_) {
       out += fmt::format("reference plan ({}):\n{}", shapes_text(*plan_->graph, reference_->shapes),

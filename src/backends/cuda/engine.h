@@ -180,6 +180,7 @@ bool gpu_available(std::string* reason);
 // libraries, and the CUDA graph's capture and instantiation.
 struct SessionInitStats {
   int sessions = 0;
+  int eager_runs = 0;  // sessions that ran the eager forward (the first, or one whose capture failed)
   double handles_ms = 0, memory_ms = 0, eager_ms = 0, capture_ms = 0;
 };
 SessionInitStats session_init_stats();

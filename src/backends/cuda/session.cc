@@ -90,6 +90,11 @@ class DnnPool {
 std::mutex g_init_stats_mu;
 SessionInitStats g_init_stats;
 
+int sessions_made() {
+  std::lock_guard<std::mutex> l(g_init_stats_mu);
+  return g_init_stats.sessions;
+}
+
 class CudaSession : public Session {
  public:
   // `lanes` > 1: micro-batches (Engine::new_lanes_session), `batched` per input.
@@ -190,12 +195,30 @@ class CudaSession : public Session {
     lock.unlock();
     std::unique_lock<std::recursive_mutex> forward_lock = capture_lock();
     if (e_->rep.cuda_graph) {
-      // One eager pass initializes the libraries' lazy state (capture forbids it), then capture.
-      KILN_RETURN_IF_ERROR(lanes_ > 1 ? enqueue_lanes() : run_steps());
-      KILN_CUDA_TRY(cudaStreamSynchronize(stream_));
-      lap(st.eager_ms);
-      KILN_RETURN_IF_ERROR(lanes_ > 1 ? capture_lanes() : capture());
+      // Capture straight away where the libraries' lazy state is likely made already (an earlier
+      // session in this process); a capture that fails (a library initializing itself, which capture
+      // forbids) is dropped, one eager pass makes that state, and the capture is made again. A
+      // tensor-parallel rank's session always runs the eager pass first: NCCL connects lazily.
+      Status first = Status(ErrorCode::kUnsupported, "eager first");
+      if (lanes_ == 1 && !ctx_.comm && sessions_made() > 0) {
+        first = capture();
+        if (!first) {
+          cudaGetLastError();  // the failed capture's error, not a sticky one
+          for (Segment& g : segments_) {
+            if (g.exec) cudaGraphExecDestroy(g.exec);
+          }
+          segments_.clear();
+        }
+      }
       lap(st.capture_ms);
+      if (!first) {
+        KILN_RETURN_IF_ERROR(lanes_ > 1 ? enqueue_lanes() : run_steps());
+        KILN_CUDA_TRY(cudaStreamSynchronize(stream_));
+        lap(st.eager_ms);
+        st.eager_runs = 1;
+        KILN_RETURN_IF_ERROR(lanes_ > 1 ? capture_lanes() : capture());
+        lap(st.capture_ms);
+      }
     }
     {
       std::lock_guard<std::mutex> l(g_init_stats_mu);
@@ -203,6 +226,7 @@ class CudaSession : public Session {
       g_init_stats.handles_ms += st.handles_ms;
       g_init_stats.memory_ms += st.memory_ms;
       g_init_stats.eager_ms += st.eager_ms;
+      g_init_stats.eager_runs += st.eager_runs;
       g_init_stats.capture_ms += st.capture_ms;
     }
     for (int k = 0; k < lanes_; ++k) {

@@ -327,7 +327,7 @@ class DynamicGpuSession : public Session::Impl {
 
   Expected<std::vector<Data>> run(std::vector<Data> inputs) override {
     KILN_ASSIGN_OR_RETURN(cuda::Session * s, session_for(inputs));
-    return s->run(inputs);
+    return finished(s, s->run(inputs));
   }
   Status run_device(const std::vector<TensorView>& inputs, const std::vector<TensorView>& outputs, void* stream) override {
     Shapes shapes;
@@ -356,15 +356,15 @@ class DynamicGpuSession : public Session::Impl {
     std::vector<cuda::IoBuffer> in, out;
     for (const TensorView& v : inputs) in.push_back({v.dtype, v.shape, v.data, v.on_device});
     for (const TensorView& v : outputs) out.push_back({v.dtype, v.shape, v.data, v.on_device});
-    return s->run_buffers(in, out, stream);
+    return finished(s, s->run_buffers(in, out, stream));
   }
   Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) override {
     KILN_ASSIGN_OR_RETURN(cuda::Session * s, session_for(inputs));
-    return s->benchmark(inputs, warmup, iterations);
+    return finished(s, s->benchmark(inputs, warmup, iterations));
   }
   Expected<std::vector<StepTime>> profile(const std::vector<Data>& inputs) override {
     KILN_ASSIGN_OR_RETURN(cuda::Session * s, session_for(inputs));
-    KILN_ASSIGN_OR_RETURN(auto steps, s->profile(inputs));
+    KILN_ASSIGN_OR_RETURN(auto steps, finished(s, s->profile(inputs)));
     for (const auto& [key, e] : sessions_) {  // the shape's plan: its graph names the steps' nodes
       if (e.session.get() == s) return step_times(std::move(steps), *e.plan->graph, e.plan->engine->report());
     }
@@ -372,7 +372,7 @@ class DynamicGpuSession : public Session::Impl {
   }
   Expected<std::vector<NonFiniteStep>> check_finite(const std::vector<Data>& inputs) override {
     KILN_ASSIGN_OR_RETURN(cuda::Session * s, session_for(inputs));
-    return nonfinite_steps(s, inputs);
+    return finished(s, nonfinite_steps(s, inputs));
   }
   size_t device_bytes() const override {
     size_t b = memory_.device_bytes;
@@ -386,6 +386,14 @@ class DynamicGpuSession : public Session::Impl {
     std::unique_ptr<cuda::Session> session;
     uint64_t last_use = 0;
   };
+
+  // r, once s's work is done: the shapes' sessions share memory, and a failed call may return with
+  // work still queued.
+  template <typename R>
+  R finished(cuda::Session* s, R r) {
+    if (!r) s->wait();
+    return r;
+  }
 
   Expected<cuda::Session*> session_for(const std::vector<Data>& inputs) {
     Shapes shapes;
@@ -411,6 +419,17 @@ class DynamicGpuSession : public Session::Impl {
       auto lru = std::min_element(sessions_.begin(), sessions_.end(),
                                   [](const auto& a, const auto& b) { return a.second.last_use < b.second.last_use; });
       sessions_.erase(lru);
+    }
+    // A shape that needs more memory than the current blocks: the sessions placed in them go first,
+    // so that the larger blocks are not made beside them.
+    const cuda::BuildReport& r = p->engine->report();
+    if ((memory_.device && memory_.device_bytes < r.arena_peak + r.workspace_bytes + 1024) ||
+        (memory_.host && memory_.host_bytes < r.staging_bytes)) {
+      std::lock_guard<std::recursive_mutex> lock(cuda::device_mutation_mutex());
+      sessions_.clear();
+      memory_.device.reset();
+      memory_.host.reset();
+      memory_.device_bytes = memory_.host_bytes = 0;
     }
     auto t0 = std::chrono::steady_clock::now();
     const int generation = memory_.generation;

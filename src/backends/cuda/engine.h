@@ -165,6 +165,9 @@ class Session {
   virtual Expected<std::vector<NonFinite>> check_finite(const std::vector<Data>& inputs) = 0;
   // Device bytes this session holds (arena, workspace, staging).
   virtual size_t device_bytes() const = 0;
+  // Returns once the work this session queued is done: a call that failed may return before (a
+  // session in shared memory must not let the next session's work overlap it).
+  virtual void wait() = 0;
   // Reads inputs from and writes outputs to the caller's buffers (device pointers copied on the
   // device, host ones through DMA), after the work already queued on `stream` (a cudaStream_t,
   // null: the legacy default stream); returns once the outputs are written.

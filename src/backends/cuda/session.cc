@@ -382,6 +382,13 @@ class CudaSession : public Session {
   }
 
   size_t device_bytes() const override { return bytes_; }
+  void wait() override {
+    if (stream_) cudaStreamSynchronize(stream_);
+    for (const Lane& l : lanes_extra_) {
+      if (l.ctx.stream) cudaStreamSynchronize(l.ctx.stream);
+    }
+    if (comm_stream_) cudaStreamSynchronize(comm_stream_);
+  }
 
   Status run_buffers(const std::vector<IoBuffer>& inputs, const std::vector<IoBuffer>& outputs, void* stream) override {
     if (lanes_ > 1) return KILN_ERROR(kUnsupported, "a micro-batched session takes host tensors");
@@ -560,6 +567,7 @@ class CudaSession : public Session {
     KILN_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     Status st = enqueue_lanes();
     cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    if ((!st || e != cudaSuccess) && graph) cudaGraphDestroy(graph);
     KILN_RETURN_IF_ERROR(st);
     KILN_CUDA_TRY(e);
     Segment seg{0, e_->plan.steps.size(), nullptr};
@@ -600,6 +608,7 @@ class CudaSession : public Session {
       Status st;
       for (size_t k = i; st && k < end; ++k) st = run_step(k);
       cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+      if ((!st || e != cudaSuccess) && graph) cudaGraphDestroy(graph);
       KILN_RETURN_IF_ERROR(st);
       KILN_CUDA_TRY(e);
       cudaError_t inst = cudaGraphInstantiate(&seg.exec, graph, 0);

@@ -122,20 +122,24 @@ Status CpuRunner::Impl::prepare_attention(size_t i) {
       if (read == 3) m_mem = mem;
     }
     const Dims sd = scores;
-    const Dims ms = {md[0] == 1 ? 0 : md[1] * md[2] * md[3], md[1] == 1 ? 0 : md[2] * md[3], md[2] == 1 ? 0 : md[3],
-                     1};  // the mask's strides over the scores' dims (its last dim is Sk: fast_plan.cc)
     Prim masked_rows;
-    masked_rows.host = [lib = d, m_mem, probs = reinterpret_cast<float*>(run.scratch.p.get()), sd, ms]() {
+    masked_rows.host = [lib = d, m_mem, probs = reinterpret_cast<float*>(run.scratch.p.get()), sd, md]() {
       void* h = nullptr;
       lib->memory_get_data_handle(m_mem, &h);
       const float* m = static_cast<const float*>(h);
-      for (int64_t b = 0; b < sd[0]; ++b)
-        for (int64_t hh = 0; hh < sd[1]; ++hh)
-          for (int64_t i = 0; i < sd[2]; ++i) {
-            const float* row = m + b * ms[0] + hh * ms[1] + i * ms[2];
+      // The mask's own rows (its last dim is Sk: fast_plan.cc), each checked once; a fully masked
+      // one zeroes the score rows it broadcasts to.
+      for (int64_t mb = 0; mb < md[0]; ++mb)
+        for (int64_t mh = 0; mh < md[1]; ++mh)
+          for (int64_t mi = 0; mi < md[2]; ++mi) {
+            const float* row = m + ((mb * md[1] + mh) * md[2] + mi) * sd[3];
             bool all = true;
             for (int64_t j = 0; j < sd[3] && all; ++j) all = std::isinf(row[j]) && row[j] < 0;
-            if (all) std::fill_n(probs + ((b * sd[1] + hh) * sd[2] + i) * sd[3], sd[3], 0.f);
+            if (!all) continue;
+            for (int64_t b = md[0] == 1 ? 0 : mb; b < (md[0] == 1 ? sd[0] : mb + 1); ++b)
+              for (int64_t hh = md[1] == 1 ? 0 : mh; hh < (md[1] == 1 ? sd[1] : mh + 1); ++hh)
+                for (int64_t i = md[2] == 1 ? 0 : mi; i < (md[2] == 1 ? sd[2] : mi + 1); ++i)
+                  std::fill_n(probs + ((b * sd[1] + hh) * sd[2] + i) * sd[3], sd[3], 0.f);
           }
     };
     run.after.push_back(std::move(masked_rows));

@@ -1,6 +1,8 @@
 #include "ir/tensor.h"
 
 #include <atomic>
+#include <cmath>
+#include <limits>
 #include <cstring>
 
 namespace kiln {
@@ -100,7 +102,15 @@ double Tensor::as_double(int64_t i) const {
 int64_t Tensor::as_int(int64_t i) const {
   return visit_dtype(dtype_, [&]<typename T>() -> int64_t {
     if constexpr (std::is_same_v<T, std::string>) return 0;
-    else if constexpr (is_float_v<T>) return int64_t(float(static_cast<const T*>(data_)[i]));
+    else if constexpr (is_float_v<T>) {
+      // Saturated (NaN as 0): a float outside int64's range would be undefined behaviour, and an
+      // index or size that large is refused by whatever reads it.
+      const double x = double(float(static_cast<const T*>(data_)[i]));
+      if (std::isnan(x)) return 0;
+      if (x >= 9.2233720368547758e18) return std::numeric_limits<int64_t>::max();
+      if (x <= -9.2233720368547758e18) return std::numeric_limits<int64_t>::min();
+      return int64_t(x);
+    }
     else return int64_t(static_cast<const T*>(data_)[i]);
   });
 }

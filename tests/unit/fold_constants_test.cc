@@ -5,6 +5,9 @@
 // rows.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 #include "ir/text.h"
 #include "passes/fold_constants.h"
 
@@ -61,6 +64,27 @@ TEST(FoldConstants, VariedIndicesOfTheSameSizeFold) {
       EXPECT_EQ(c.data<float>()[pos * 64 + col], float(pos % 2) + float(col) / 64.f) << pos << "," << col;
     }
   }
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// A float tensor read as integers (a fuzzed Pad whose pads are floats, folded): values past int64's
+// range saturate and NaN reads as 0, never an undefined conversion (UBSan: the import fuzzer's
+// input tests/fuzz/corpus/pad-float-pads-huge-value.onnx).
+TEST(TensorValues, FloatsReadAsIntegersSaturate) {
+  Tensor t = *Tensor::create(DType::kFloat32, {5});
+  float* p = t.data<float>();
+  p[0] = 1.6e32f;
+  p[1] = -1.6e32f;
+  p[2] = std::nanf("");
+  p[3] = -7.9f;
+  p[4] = 3.0f;
+  EXPECT_EQ(t.to_int_vector(), (std::vector<int64_t>{std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(),
+                                                    0, -7, 3}));
 }
 
 }  // namespace

@@ -420,8 +420,9 @@ class DynamicGpuSession : public Session::Impl {
                                   [](const auto& a, const auto& b) { return a.second.last_use < b.second.last_use; });
       sessions_.erase(lru);
     }
-    // A shape that needs more memory than the current blocks: the sessions placed in them go first,
-    // so that the larger blocks are not made beside them.
+    // A shape that needs more memory than the current blocks (the session would make larger ones,
+    // cuda::SharedSessionMemory): the sessions placed in them go first, so that the larger blocks
+    // are not made beside them and no session is left in memory that is no longer current.
     const cuda::BuildReport& r = p->engine->report();
     if ((memory_.device && memory_.device_bytes < r.arena_peak + r.workspace_bytes + 1024) ||
         (memory_.host && memory_.host_bytes < r.staging_bytes)) {
@@ -432,10 +433,8 @@ class DynamicGpuSession : public Session::Impl {
       memory_.device_bytes = memory_.host_bytes = 0;
     }
     auto t0 = std::chrono::steady_clock::now();
-    const int generation = memory_.generation;
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<cuda::Session> s, p->engine->new_session(nullptr, &memory_));
     e_->note_session(ms_since(t0));
-    if (memory_.generation != generation) sessions_.clear();  // placed in memory that is no longer current
     Entry& e = sessions_[std::move(key)];
     e.plan = std::move(p);
     e.session = std::move(s);

@@ -109,7 +109,6 @@ struct SharedSessionMemory {
   std::shared_ptr<void> device, host;  // the current blocks (freed with their last session)
   size_t device_bytes = 0, host_bytes = 0;
   size_t reserve_device = 0, reserve_host = 0;  // the least a new block is made with
-  int generation = 0;                           // counts the blocks made
 };
 
 class Engine {

@@ -199,10 +199,10 @@ class CudaSession : public Session {
       // session in this process); a capture that fails (a library initializing itself, which capture
       // forbids) is dropped, one eager pass makes that state, and the capture is made again. A
       // tensor-parallel rank's session always runs the eager pass first: NCCL connects lazily.
-      Status first = Status(ErrorCode::kUnsupported, "eager first");
+      bool captured = false;
       if (lanes_ == 1 && !ctx_.comm && sessions_made() > 0) {
-        first = capture();
-        if (!first) {
+        captured = bool(capture());
+        if (!captured) {
           cudaGetLastError();  // the failed capture's error, not a sticky one
           for (Segment& g : segments_) {
             if (g.exec) cudaGraphExecDestroy(g.exec);
@@ -211,7 +211,7 @@ class CudaSession : public Session {
         }
       }
       lap(st.capture_ms);
-      if (!first) {
+      if (!captured) {
         KILN_RETURN_IF_ERROR(lanes_ > 1 ? enqueue_lanes() : run_steps());
         KILN_CUDA_TRY(cudaStreamSynchronize(stream_));
         lap(st.eager_ms);
@@ -472,22 +472,23 @@ class CudaSession : public Session {
   // that size (or the reserve) made current; this session keeps its blocks alive either way.
   Status place_shared(size_t device, size_t host) {
     SharedSessionMemory& m = *shared_;
-    if (!m.device || m.device_bytes < device) {
-      const size_t want = std::max(device, m.reserve_device);
+    // A block of `need` bytes (or the reserve) made current unless the current one holds that.
+    auto ensure = [](std::shared_ptr<void>& block, size_t& bytes, size_t need, size_t reserve, bool pinned) -> Status {
+      if (block && bytes >= need) return Status::ok();
+      const size_t want = std::max({need, reserve, size_t(1)});
       void* p = nullptr;
-      KILN_CUDA_TRY(cudaMalloc(&p, std::max<size_t>(want, 1)));
-      m.device = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
-      m.device_bytes = want;
-      ++m.generation;
-    }
-    if (!m.host || m.host_bytes < host) {
-      const size_t want = std::max(host, m.reserve_host);
-      void* p = nullptr;
-      KILN_CUDA_TRY(cudaMallocHost(&p, std::max<size_t>(want, 1)));
-      m.host = std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
-      m.host_bytes = want;
-      ++m.generation;
-    }
+      if (pinned) {
+        KILN_CUDA_TRY(cudaMallocHost(&p, want));
+        block = std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
+      } else {
+        KILN_CUDA_TRY(cudaMalloc(&p, want));
+        block = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+      }
+      bytes = want;
+      return Status::ok();
+    };
+    KILN_RETURN_IF_ERROR(ensure(m.device, m.device_bytes, device, m.reserve_device, false));
+    KILN_RETURN_IF_ERROR(ensure(m.host, m.host_bytes, host, m.reserve_host, true));
     shared_dev_ = m.device;
     shared_host_ = m.host;
     return Status::ok();

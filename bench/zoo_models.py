@@ -339,6 +339,8 @@ def gpt2_kv():
 
 
 IMG224 = {"pixel_values": ("float", (3, 224, 224))}
+LLAMA = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+             num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
 TEXT = {"input_ids": ("ids", (128,)), "attention_mask": ("ones", (128,))}
 
 ARCHS = [
@@ -383,10 +385,10 @@ ARCHS = [
          {"input_ids": ("ids", (128,)), "decoder_input_ids": ("ids", (32,))}, 32,
          "encoder-decoder, relative position buckets (Log, Min, Where)"),
     Arch("llama_gqa", "text", hf("LlamaForCausalLM", "LlamaConfig", ["input_ids", "attention_mask"], "logits",
-                                       hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-                                       num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
-                                       max_position_embeddings=2048),
-         TEXT, 16, "GQA (4 KV heads), RoPE, RMSNorm, SwiGLU"),
+                                 **LLAMA), TEXT, 16, "GQA (4 KV heads), RoPE, RMSNorm, SwiGLU"),
+    Arch("llama_sdpa", "text", hf("LlamaForCausalLM", "LlamaConfig", ["input_ids", "attention_mask"], "logits",
+                                  attn="sdpa", **LLAMA), TEXT, 16,
+         "llama_gqa with transformers' default attention: causal mask made in the graph, SDPA with GQA"),
     Arch("gpt2_kv", "text", gpt2_kv, {"input_ids": ("ids", (128,))}, 16, "use_cache=True: 24 KV outputs",
          ["logits"] + [f"present.{i}.{kv}" for i in range(12) for kv in ("key", "value")]),
 ]

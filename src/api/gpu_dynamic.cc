@@ -9,7 +9,7 @@
 // recent shape.
 //
 // The build times the choices at a grid of shapes: every symbol at its opt value, then each symbol
-// in turn at its min, max and the powers of two between with their midpoints, the others at opt and
+// in turn at its min, max and the powers of two between with their quarter points, the others at opt and
 // again at their min. Those plans are made at build (the most recent of them kept). A saved dynamic
 // engine carries the graph and its weights (the plans are lowered again as shapes arrive) and the
 // timing cache the build left (TUNE), so loading times nothing.
@@ -128,12 +128,15 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     }
     std::vector<std::map<std::string, int64_t>> grid = {base};
     for (const auto& [sym, r] : ranges_) {
-      // Powers of two and the halfway points between them (3 x 2^k): a choice timed at a shape within
-      // 1.34x of the run's (GEMM tiles chosen at m = 1024 ran BERT at m = 1365 27% slower than its own).
+      // Powers of two and the quarter points between them (5, 6 and 7 x 2^k): a choice timed at a
+      // shape within 1.1x of the run's. GEMM tiles are chosen by how the tiles fill the SMs' waves,
+      // which a few percent of rows can change: tiles chosen at m = 1024 ran BERT at m = 1365 27%
+      // slower than its own, and tiles chosen at m = 3072 ran m = 2560 (5 x 512) 24% slower when the
+      // grid had only the halfway points.
       std::vector<int64_t> values = {r.min, r.max};
       for (int64_t p = 1; p < r.max; p *= 2) {
-        for (int64_t x : {p, p + p / 2}) {
-          if (x > r.min && x < r.max && (x == p || p >= 2)) values.push_back(x);
+        for (int64_t x : {p, p + p / 4, p + p / 2, p + 3 * p / 4}) {
+          if (x > r.min && x < r.max && std::find(values.begin(), values.end(), x) == values.end()) values.push_back(x);
         }
       }
       // Along each symbol with the others at opt, and again with them at min: a GEMM's rows are the

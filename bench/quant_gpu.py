@@ -10,7 +10,8 @@ Per model (seeded random weights, bench/peers.py's export): fp32 ONNX -> QDQ var
   kiln-int8 / kiln-fp8: kiln quantize --precision int8|fp8
 calibrated on 8 random inputs. Each variant: `kiln run --fp16` at batch 2 against onnxruntime CPU
 running that same QDQ model (rel-L2: the GPU's fp16 quantized kernels against the reference
-semantics), how many steps kiln placed on int8/fp8 GEMMs, and `kiln bench --fp16` median/p99.
+semantics), how many quantized products kiln placed on int8/fp8 GEMMs and how many it kept in 16 bits
+(where its timing found the 8-bit form slower), and `kiln bench --fp16` median/p99.
 Prints one table; writes DIR/quant_gpu.json. Exit code 1 when a check fails or anything errors.
 """
 import argparse, json, os, subprocess, sys
@@ -95,7 +96,7 @@ def quant_steps(args, path, shapes):
     with open(os.path.join(args.out, os.path.basename(path) + ".report.txt"), "w") as f:
         f.write(out)
     return {"int8_gemms": out.count("cublasLt int8"), "fp8_gemms": out.count("cublasLt fp8"),
-            "cpu_nodes": out.count("cpu kernel")}
+            "16bit_gemms": out.count("kernel fake_quant"), "cpu_nodes": out.count("cpu kernel")}
 
 
 def main():
@@ -149,7 +150,7 @@ def main():
             print(json.dumps(row), flush=True)
     with open(os.path.join(args.out, "quant_gpu.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    print("\n| model | variant | rel-L2 vs ORT CPU (same QDQ) / vs fp32 (ORT's vs fp32) | int8/fp8 GEMMs | CPU nodes | " +
+    print("\n| model | variant | rel-L2 vs ORT CPU (same QDQ) / vs fp32 (ORT's vs fp32) | int8/fp8/16-bit GEMMs | CPU nodes | " +
           " | ".join(f"b{b} ms (p99)" for b in args.batches.split(",")) + " |")
     for r in rows:
         chk = r.get("check", {})
@@ -157,7 +158,8 @@ def main():
         cells = [r["model"], r["variant"], r.get("error", "") or
                  (f"{chk.get('rel_l2', float('nan')):.2e} / {chk.get('rel_l2_vs_fp32', float('nan')):.2e} "
                   f"({chk.get('ort_rel_l2_vs_fp32', float('nan')):.2e}) {chk.get('status', '')}" if chk else "-"),
-                 f"{pl.get('int8_gemms', '-')}/{pl.get('fp8_gemms', '-')}", str(pl.get("cpu_nodes", "-"))]
+                 f"{pl.get('int8_gemms', '-')}/{pl.get('fp8_gemms', '-')}/{pl.get('16bit_gemms', '-')}",
+                 str(pl.get("cpu_nodes", "-"))]
         for b in args.batches.split(","):
             t = r.get(f"b{b}", {})
             cells.append(t.get("error", "")[:60] if "error" in t else

@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <random>
 #include <set>
 #include <thread>
@@ -42,6 +43,7 @@ struct Case {
   int gemm_sm90 = 0;                  // BuildOptions::gemm_sm90 (1: the Hopper GEMM wherever it applies)
   int gemm_sm90_tile = 0;             // BuildOptions::gemm_sm90_tile (> 0: that tile width only)
   int graph_conv = 0;                 // BuildOptions::graph_conv (1: cuDNN operation graphs wherever they apply)
+  int quant_form = 0;                 // BuildOptions::quant_form (8 / 16: quantized products in that form)
 };
 
 #include "op_cases.inc"
@@ -131,7 +133,8 @@ Expected<Reference> cpu_reference(const Case& c, uint64_t seed) {
   auto cpu = make_cpu_backend();
   KILN_ASSIGN_OR_RETURN(auto exe, cpu->compile(*g));
   KILN_ASSIGN_OR_RETURN(r.want, exe->run(r.inputs));
-  if (kThroughPasses.count(c.name)) {  // the reference above ran the graph as written
+  // The reference above ran the graph as written. A case's variants ("name/16-bit") share its passes.
+  if (const std::string base(c.name); kThroughPasses.count(base.substr(0, base.find('/')))) {
     KILN_RETURN_IF_ERROR(run_passes(*g, default_pipeline(), {}).status());
   }
   return r;
@@ -176,6 +179,7 @@ Status run_case(const Case& c, cuda::Precision prec, uint64_t seed, double* err,
   bo.gemm_sm90 = c.gemm_sm90;
   bo.gemm_sm90_tile = c.gemm_sm90_tile;
   bo.graph_conv = c.graph_conv;
+  bo.quant_form = c.quant_form;
   auto tuning = std::make_shared<cuda::TimingCache>("op-check");
   bo.timing_cache = tuning;
   KILN_ASSIGN_OR_RETURN(auto engine, cuda::Engine::build(*g, bo));
@@ -560,8 +564,27 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::printf("seed %llu (re-run with --seed to reproduce)\n", static_cast<unsigned long long>(seed));
-  int passed = 0, failed = 0;
+  // A quantized product's case runs in each form: its 8-bit kernels (half_impl), the 16-bit form
+  // (x quantized and dequantized, a 16-bit GEMM) and whichever the build's timing picks.
+  std::vector<Case> cases;
+  std::deque<std::string> names;
   for (const Case& c : kCases) {
+    const std::string impl = c.half_impl ? c.half_impl : "";
+    const bool quantized = impl.find("cublasLt int8") != std::string::npos || impl.find("cublasLt fp8") != std::string::npos;
+    cases.push_back(c);
+    if (!quantized) continue;
+    cases.back().quant_form = 8;
+    for (int form : {16, 0}) {
+      Case v = c;
+      names.push_back(fmt::format("{}/{}", c.name, form ? "16-bit" : "timed"));
+      v.name = names.back().c_str();
+      v.quant_form = form;
+      v.half_impl = form ? "fake_quant" : nullptr;
+      cases.push_back(v);
+    }
+  }
+  int passed = 0, failed = 0;
+  for (const Case& c : cases) {
     if (!matches_filter(c.name, filter)) continue;
     std::vector<std::pair<cuda::Precision, double>> runs;
     if (precision == "all" || precision == "fp32") runs.push_back({cuda::Precision::kFp32, c.tol32});

@@ -62,6 +62,9 @@ struct BuildOptions {
   // (lower_conv_graph.cc): 0 where timing shows the graph engine beats the legacy algorithm and its
   // separate passes, 1 wherever it applies (tests), -1 never.
   int graph_conv = 0;
+  // A QDQ model's quantized products (QuantizedMatMul) in a 16-bit build: 0 in 8 bits or 16 bits,
+  // whichever its timing finds faster (lower_gemm_quant.cc), 8 always in 8 bits, 16 always in 16.
+  int quant_form = 0;
   // Generated elementwise kernels take their dims and strides as an argument instead of in their
   // source (codegen_elementwise.h), so a dynamic engine's shape plans share one compilation of each.
   bool runtime_dim_kernels = false;

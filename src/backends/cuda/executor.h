@@ -95,7 +95,8 @@ enum class StepOp : uint16_t {
   kConcat,         // k::concat_rows (Concat of inputs laid out like its output)
   kChannelAffineClamp,  // k::channel_affine with a fused Relu or Clip
   kCudnnGraphConv,  // a cuDNN operation graph: convolution + bias + residual + activation (lower_conv_graph.cc)
-  kLast = kCudnnGraphConv,
+  kFakeQuant,       // k::fake_quant (QuantizedMatMul's activation when its product runs in 16 bits)
+  kLast = kFakeQuant,
 };
 
 // What a step sees when it runs: the session's stream, handles and memory.

@@ -242,6 +242,7 @@ class Lowering {
   void* build_workspace = nullptr;     // device scratch for autotuning, opt.workspace_bytes
   std::map<std::string, cublasLtMatmulAlgo_t> gemm_algos;  // chosen per GEMM shape + epilogue
   std::map<std::string, float> gemm_algo_ms;                // the chosen algorithm's timing (autotuned)
+  std::map<std::string, std::string> quant_forms;           // QuantizedMatMul: 8-bit or 16-bit, per shape
   std::map<std::string, GemmSm90Choice> gemm_sm90_choices;  // Hopper GEMM tile, timed per shape + epilogue
   std::map<int, Ref> weights_kn;                           // [N,K] weight id -> its [K,N] copy (Hopper GEMM)
 
@@ -316,6 +317,10 @@ struct ProductScratch {
 
 Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s,
                  const Epilogue& ep, Ref y, k::DT dt);
+// The milliseconds per launch of the cuBLASLt algorithm emit_gemm would take for (s, ep, dt), timing
+// the candidates now if nothing has (the choice is kept: emit_gemm then times nothing); -1 when not
+// timed. Only whether ep has a bias, a C and which activation matter.
+Expected<float> gemm_ms(Lowering& L, const GemmShape& s, const Epilogue& ep, k::DT dt);
 // MatMul's product of row-major a and b as one GEMM (or one batched GEMM): a [..., M, K] by [K, N]
 // folds the batch into M; equal batch dims, or a batch of one on either side, stride through it.
 Expected<GemmShape> matmul_gemm_shape(const std::vector<int64_t>& a, const std::vector<int64_t>& b);

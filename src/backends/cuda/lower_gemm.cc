@@ -248,29 +248,53 @@ std::string describe_algo(const cublasLtMatmulAlgo_t& a) {
                      split > 1 ? fmt::format(" split-k {}", split) : "");
 }
 
+// emit_gemm's cuBLASLt choice for (s, ep, dt): its descriptors, algorithm and timing-cache key.
+struct LtChoice {
+  cublasComputeType_t ct;
+  cublasLtEpilogue_t epi;
+  cublasLtMatmulAlgo_t algo;
+  float ms;  // per launch as timed, -1 when not timed
+};
+
+Expected<LtChoice> lt_choice(Lowering& L, const GemmShape& s, const Epilogue& ep, k::DT dt) {
+  LtChoice c;
+  c.ct = dt == k::DT::kF64                                              ? CUBLAS_COMPUTE_64F
+         : L.options().precision == Precision::kTf32 && dt == k::DT::kF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                          : CUBLAS_COMPUTE_32F;
+  c.epi = CUBLASLT_EPILOGUE_DEFAULT;
+  if (ep.bias) {
+    c.epi = ep.act == Act::kRelu ? CUBLASLT_EPILOGUE_RELU_BIAS
+            : ep.act == Act::kGelu ? CUBLASLT_EPILOGUE_GELU_BIAS
+                                   : CUBLASLT_EPILOGUE_BIAS;
+  } else if (ep.act == Act::kRelu) {
+    c.epi = CUBLASLT_EPILOGUE_RELU;
+  } else if (ep.act == Act::kGelu) {
+    c.epi = CUBLASLT_EPILOGUE_GELU;
+  }
+  KILN_ASSIGN_OR_RETURN(LtDescs lt, make_lt_descs(L.keep_alive, dt, c.ct, s, c.epi));
+  std::string key = fmt::format("dt{} t{}{} e{} c{} {} @ {} {} {} b{} {} {} {}", int(dt), int(s.trans_a), int(s.trans_b),
+                                int(c.epi), ep.c != nullptr, int(c.ct), s.m, s.n, s.k, s.batch, s.stride_a, s.stride_b,
+                                s.stride_d);
+  KILN_ASSIGN_OR_RETURN(c.algo, pick_lt_algo(L, lt.desc, lt.la, lt.lb, lt.ld, s, ep, dt, key));
+  auto timed = L.gemm_algo_ms.find(key);
+  c.ms = timed == L.gemm_algo_ms.end() ? -1.0f : timed->second;
+  return c;
+}
+
 }  // namespace
+
+Expected<float> gemm_ms(Lowering& L, const GemmShape& s, const Epilogue& ep, k::DT dt) {
+  KILN_ASSIGN_OR_RETURN(LtChoice c, lt_choice(L, s, ep, dt));
+  return c.ms;
+}
 
 Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s, const Epilogue& ep,
                  Ref y, k::DT dt) {
-  cublasComputeType_t ct = dt == k::DT::kF64                                              ? CUBLAS_COMPUTE_64F
-                           : L.options().precision == Precision::kTf32 && dt == k::DT::kF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                                                            : CUBLAS_COMPUTE_32F;
-  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
-  if (ep.bias) {
-    epi = ep.act == Act::kRelu ? CUBLASLT_EPILOGUE_RELU_BIAS
-          : ep.act == Act::kGelu ? CUBLASLT_EPILOGUE_GELU_BIAS
-                                 : CUBLASLT_EPILOGUE_BIAS;
-  } else if (ep.act == Act::kRelu) {
-    epi = CUBLASLT_EPILOGUE_RELU;
-  } else if (ep.act == Act::kGelu) {
-    epi = CUBLASLT_EPILOGUE_GELU;
-  }
-  KILN_ASSIGN_OR_RETURN(LtDescs lt, make_lt_descs(L.keep_alive, dt, ct, s, epi));
-  std::string key = fmt::format("dt{} t{}{} e{} c{} {} @ {} {} {} b{} {} {} {}", int(dt), int(s.trans_a), int(s.trans_b),
-                                int(epi), ep.c != nullptr, int(ct), s.m, s.n, s.k, s.batch, s.stride_a, s.stride_b, s.stride_d);
-  KILN_ASSIGN_OR_RETURN(cublasLtMatmulAlgo_t algo, pick_lt_algo(L, lt.desc, lt.la, lt.lb, lt.ld, s, ep, dt, key));
-  auto timed = L.gemm_algo_ms.find(key);
-  const float lt_ms = timed == L.gemm_algo_ms.end() ? -1.0f : timed->second;
+  KILN_ASSIGN_OR_RETURN(LtChoice choice, lt_choice(L, s, ep, dt));
+  const cublasComputeType_t ct = choice.ct;
+  const cublasLtEpilogue_t epi = choice.epi;
+  const cublasLtMatmulAlgo_t algo = choice.algo;
+  const float lt_ms = choice.ms;
   // lost: what the Hopper GEMM measured when it was timed and lost to cuBLASLt, for the report.
   std::string lost;
   KILN_ASSIGN_OR_RETURN(bool sm90, try_emit_gemm_sm90(L, n, a, b, s, ep, y, dt, lt_ms, &lost));

@@ -8,10 +8,21 @@
 //         where cuBLASLt has no such kernel, f32 sums scaled per column after, as for int8.
 // Both use the row-major trick of lower_gemm.cc: D^T = W^T . X^T in column-major, with the weight
 // transposed to [N, K] at build so that the product is the "TN" form these types require.
+//
+// A 16-bit build also times the product in 16 bits (x quantized and dequantized in one pass, the
+// weight dequantized at build, emit_gemm with the bias in its epilogue: the values the QDQ model
+// multiplies) and keeps the faster form (TensorRT's int8-vs-fp16 tactic choice): quantizing is an
+// offer the model makes, and where the 8-bit kernels lose (the raw sums' extra pass, no fp8 kernel
+// with per-column scales) the layer stays 16-bit. The choice is kept in the timing cache ("qform").
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #include "backends/cuda/lower.h"
+#include "backends/cuda/timing_cache.h"
+#include "backends/cuda/tuning.h"
 
 namespace kiln::cuda {
 
@@ -202,6 +213,156 @@ void emit_dequant_cols(Lowering& L, const Node& node, k::DT acc_dt, k::DT out_dt
   L.emit(&node, "kernel dequant_cols", {acc}, {y.id}, StepOp::kDequantCols, std::move(dw));
 }
 
+// The product in x's 16-bit type: x quantized and dequantized (k::fake_quant), then emit_gemm on
+// the weight dequantized at build ([K, N], each column times its scale) with the bias in the epilogue.
+Status emit_16bit_form(Lowering& L, const Node& node, const QuantProduct& p, const DevValue* x, int64_t m, k::DT dt,
+                       const std::string& why) {
+  const int xf = L.scratch(size_t(m * p.k) * size_t(k::dt_size(dt)));
+  ByteWriter fw;
+  fw.put(int32_t(dt));
+  fw.u8(p.fp8);
+  fw.i64(m * p.k);
+  for (float f : {p.sx, p.zx, p.lo, p.hi}) fw.put(f);
+  put(fw, x->ref);
+  put(fw, Ref{false, xf});
+  L.emit(&node, fmt::format("kernel fake_quant_{} (x / {}; {})", p.fp8 ? "fp8" : "int8", p.sx, why), {read_id(x)}, {xf},
+         StepOp::kFakeQuant, std::move(fw));
+  DevValue xv;
+  xv.ref = Ref{false, xf};
+  xv.dt = dt;
+  xv.ir_dtype = x->ir_dtype;
+  xv.dims = {m, p.k};
+  // The pool shares the dequantized weight between shape plans by its source and its scales.
+  uint64_t h = 1469598103934665603ull;
+  for (float f : p.sw) {
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    h = (h ^ b) * 1099511628211ull;
+  }
+  const std::vector<float> sw = p.sw;
+  const Tensor* w = p.w;
+  KILN_ASSIGN_OR_RETURN(Ref wr, L.upload_derived(*w, fmt::format("dequantized {:016x}", h), dt, [w, sw]() -> Expected<Tensor> {
+    KILN_ASSIGN_OR_RETURN(Tensor wf, convert_tensor(*w, DType::kFloat32));
+    float* d = wf.data<float>();
+    const size_t cols = sw.size();
+    for (size_t i = 0; i < size_t(wf.numel()); ++i) d[i] *= sw[i % cols];
+    return wf;
+  }));
+  DevValue wv;
+  wv.ref = wr;
+  wv.dt = dt;
+  wv.ir_dtype = dt == k::DT::kBF16 ? DType::kBFloat16 : DType::kFloat16;
+  wv.dims = {p.k, p.n};
+  DevValue bv;
+  Epilogue ep;
+  if (p.bias) {
+    KILN_ASSIGN_OR_RETURN(bv.ref, L.upload_constant(*p.bias, dt));
+    bv.dt = dt;
+    bv.ir_dtype = wv.ir_dtype;
+    bv.dims = {p.n};
+    ep.bias = &bv;
+  }
+  GemmShape s;
+  s.m = m;
+  s.n = p.n;
+  s.k = p.k;
+  const DevValue& y = L.define(node.outputs[0]);
+  return emit_gemm(L, node, &xv, &wv, s, ep, y.ref, dt);
+}
+
+// Both forms of the product timed as the forward runs them (tuning.h), milliseconds per launch: the
+// 8-bit one (quantize x, the product, the sums scaled when cuBLASLt did not) and the 16-bit one
+// (k::fake_quant, then the cuBLASLt algorithm emit_gemm will take, timed by gemm_ms). Negative when
+// a form could not be timed.
+Expected<std::pair<float, float>> time_forms(Lowering& L, const QuantProduct& p, Variant v, const QuantLt& lt,
+                                             const cublasLtMatmulAlgo_t& algo, k::DT xdt, k::DT odt, int64_t m) {
+  const int64_t n = p.n, k = p.k;
+  const size_t ws = L.options().workspace_bytes;
+  const size_t xbytes = size_t(m * k) * size_t(k::dt_size(xdt));
+  const bool sums = v != Variant::kFp8Scaled;
+  const size_t dbytes = size_t(m * n) * (sums ? 4 : size_t(k::dt_size(odt)));
+  ProductOperands op(size_t(m * k), size_t(n * k), dbytes, false);
+  Scratch xs, xf, d, y, sa, sb, bias, alpha, beta;
+  // Every buffer starts zeroed: compute-sanitizer's initcheck does not see cuBLASLt's fp8 kernels
+  // write the sums (262k reports from dequant_cols reading them), and what is timed must not depend
+  // on leftover bytes.
+  bool ok = op.ok();
+  for (auto [q, bytes] : {std::pair{&xs, xbytes}, {&xf, xbytes}, {&d, dbytes}, {&y, size_t(m * n) * size_t(k::dt_size(odt))}}) {
+    ok = ok && cudaMalloc(&q->p, bytes) == cudaSuccess && cudaMemset(q->p, 0, bytes) == cudaSuccess;
+  }
+  const size_t vec = size_t(std::max(n, m)) * 4;  // scales (one per row or column), bias, alpha, beta
+  for (Scratch* q : {&sa, &sb, &bias, &alpha, &beta}) {
+    ok = ok && cudaMalloc(&q->p, vec) == cudaSuccess && cudaMemset(q->p, 0, vec) == cudaSuccess;
+  }
+  if (ok && v == Variant::kFp8Scaled) {
+    ok = cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa.p, sizeof(sa.p)) ==
+             CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb.p, sizeof(sb.p)) ==
+             CUBLAS_STATUS_SUCCESS &&
+         (!p.bias || cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias.p,
+                                                    sizeof(bias.p)) == CUBLAS_STATUS_SUCCESS);
+  }
+  float q8 = -1, fq = -1;
+  if (ok) {
+    const float one = 1.0f, zero = 0.0f;
+    const int32_t ione = 1, izero = 0;
+    const bool fp8 = v != Variant::kInt8Sums;
+    const void* a1 = fp8 ? static_cast<const void*>(&one) : &ione;
+    const void* b0 = fp8 ? static_cast<const void*>(&zero) : &izero;
+    q8 = time_in_graph(op.launches, [&](int i, cudaStream_t st) {
+      void* xq = op.a.copy(i);
+      const cudaError_t e = p.fp8 ? k::quantize_fp8(xdt, xs.p, xq, m * k, p.sx, st)
+                                  : k::quantize_int8(xdt, xs.p, xq, m * k, p.sx, p.zx, p.lo, p.hi, p.offset, st);
+      if (e != cudaSuccess ||
+          cublasLtMatmul(L.lt, lt.desc, a1, op.w.copy(i), lt.la, xq, lt.lb, b0, d.p, lt.ld, d.p, lt.ld, &algo,
+                         L.build_workspace, ws, st) != CUBLAS_STATUS_SUCCESS) {
+        return false;
+      }
+      return !sums || k::dequant_cols(v == Variant::kInt8Sums ? k::DT::kI32 : k::DT::kF32, d.p,
+                                      static_cast<const float*>(alpha.p), static_cast<const float*>(beta.p), odt, y.p,
+                                      m, n, st) == cudaSuccess;
+    });
+    fq = time_in_graph(op.launches, [&](int, cudaStream_t st) {
+      return k::fake_quant(xdt, xs.p, xf.p, m * k, p.sx, p.zx, p.lo, p.hi, p.fp8, st) == cudaSuccess;
+    });
+  }
+  KILN_RETURN_IF_ERROR(finish_timing(fmt::format("the 8-bit product m={} n={} k={}", m, n, k)));
+  if (q8 <= 0 || fq <= 0) return std::make_pair(q8, -1.0f);
+  GemmShape s;
+  s.m = m;
+  s.n = n;
+  s.k = k;
+  DevValue stand_in;  // gemm_ms reads only whether there is a bias
+  Epilogue ep;
+  if (p.bias) ep.bias = &stand_in;
+  KILN_ASSIGN_OR_RETURN(float g, gemm_ms(L, s, ep, xdt));
+  return std::make_pair(q8, g > 0 ? fq + g : -1.0f);
+}
+
+// "8 Q F" or "16 Q F" (the form taken, then each form's microseconds): from the timing cache, else
+// timed now (a build) or the nearest shape's (a dynamic engine's shape plan), else "8" (nothing
+// timed: the model's 8-bit product stands).
+Expected<std::string> quant_form(Lowering& L, const QuantProduct& p, Variant v, const QuantLt& lt,
+                                 const cublasLtMatmulAlgo_t& algo, k::DT xdt, k::DT odt, int64_t m) {
+  const std::string key = fmt::format("{} v{} pc{} b{} x{} o{} @ {} {} {}", p.fp8 ? "fp8" : "int8", int(v),
+                                      int(p.per_channel), p.bias != nullptr, int(xdt), int(odt), m, p.n, p.k);
+  if (auto it = L.quant_forms.find(key); it != L.quant_forms.end()) return it->second;
+  TimingCache* cache = L.options().autotune ? L.options().timing_cache.get() : nullptr;
+  std::optional<std::string> form;
+  if (cache) {
+    form = cache->get("qform", key);
+    if (!form && !L.options().time_misses) form = cache->nearest("qform", key);
+  }
+  if (!form && L.options().autotune && L.options().time_misses) {
+    KILN_ASSIGN_OR_RETURN(auto t, time_forms(L, p, v, lt, algo, xdt, odt, m));
+    const bool sixteen = t.first > 0 && t.second > 0 && t.second < t.first;
+    form = fmt::format("{} {:.1f} {:.1f}", sixteen ? 16 : 8, 1000.0f * t.first, 1000.0f * t.second);
+    if (cache) cache->put("qform", key, *form);
+  }
+  L.quant_forms[key] = form.value_or("8");
+  return L.quant_forms[key];
+}
+
 Status lower_quantized_matmul(Lowering& L, const Node& node) {
   KILN_ASSIGN_OR_RETURN(QuantProduct p, read_body(L, node));
   const Value* out = node.outputs[0];
@@ -230,6 +391,20 @@ Status lower_quantized_matmul(Lowering& L, const Node& node) {
   if (!algo) {
     KILN_UNSUPPORTED("cuBLASLt has no {} algorithm for m={} n={} k={} ({})", p.fp8 ? "fp8" : "int8", m, n, k,
                      algo.status().message());
+  }
+  std::string timed;
+  const int forced = L.options().quant_form;
+  if ((x->dt == k::DT::kF16 || x->dt == k::DT::kBF16) && x->dt == *odt && forced != 8) {
+    std::string form = "16";
+    if (forced != 16) {
+      KILN_ASSIGN_OR_RETURN(form, quant_form(L, p, v, lt, *algo, x->dt, *odt, m));
+    }
+    float q8 = -1, f16 = -1;
+    if (std::sscanf(form.c_str(), "%*d %f %f", &q8, &f16) == 2) {
+      timed = fmt::format("8-bit {:.1f} us, 16-bit {:.1f} us", q8, f16);
+    }
+    if (form.rfind("16", 0) == 0) return emit_16bit_form(L, node, p, x, m, x->dt, "16-bit: " + timed);
+    if (!timed.empty()) timed = "; " + timed;
   }
 
   // The weight as [N, K] bytes (both element types are one byte).
@@ -272,7 +447,8 @@ Status lower_quantized_matmul(Lowering& L, const Node& node) {
     put(w8, sb);
     put(w8, bias);
     put(w8, y.ref);
-    L.emit(&node, fmt::format("cublasLt fp8 {}{}{}", shape, p.per_channel ? " per-channel" : "", p.bias ? " +bias" : ""),
+    L.emit(&node, fmt::format("cublasLt fp8 {}{}{}{}", shape, p.per_channel ? " per-channel" : "", p.bias ? " +bias" : "",
+                              timed.empty() ? "" : " (" + timed.substr(2) + ")"),
            {xq}, {y.ref.id}, StepOp::kLtMatmulQuant, std::move(w8));
     return Status::ok();
   }
@@ -291,7 +467,7 @@ Status lower_quantized_matmul(Lowering& L, const Node& node) {
   const int acc = L.scratch(size_t(m * n) * 4);
   for (int i = 0; i < 3; ++i) put(w8, Ref{});
   put(w8, Ref{false, acc});
-  L.emit(&node, fmt::format("cublasLt {} {} (sums){}", p.fp8 ? "fp8" : "int8", shape, scaled_why), {xq}, {acc},
+  L.emit(&node, fmt::format("cublasLt {} {} (sums{}){}", p.fp8 ? "fp8" : "int8", shape, timed, scaled_why), {xq}, {acc},
          StepOp::kLtMatmulQuant, std::move(w8));
   KILN_ASSIGN_OR_RETURN(Ref ar, upload_vec(L, alpha));
   KILN_ASSIGN_OR_RETURN(Ref br, upload_vec(L, beta));
@@ -310,6 +486,22 @@ Expected<StepFn> bind_quantize_act(Params& in, BindCtx&) {
   return StepFn([=](const RunCtx& c) -> Status {
     KILN_CUDA_TRY(fp8 ? k::quantize_fp8(dt, c.ptr(x), c.ptr(y), count, sx, c.stream)
                       : k::quantize_int8(dt, c.ptr(x), c.ptr(y), count, sx, zx, lo, hi, offset, c.stream));
+    return Status::ok();
+  });
+}
+
+Expected<StepFn> bind_fake_quant(Params& in, BindCtx&) {
+  const k::DT dt = in.dt();
+  const bool fp8 = in.flag();
+  const int64_t count = in.i64();
+  const float sx = in.f32(), zx = in.f32(), lo = in.f32(), hi = in.f32();
+  const Ref x = in.ref(), y = in.ref();
+  KILN_RETURN_IF_ERROR(in.done());
+  if (count < 0 || !(sx > 0) || !(lo <= hi) || y.weight) {
+    return KILN_ERROR(kInvalidModel, "step '{}': malformed quantization", in.step().label);
+  }
+  return StepFn([=](const RunCtx& c) -> Status {
+    KILN_CUDA_TRY(k::fake_quant(dt, c.ptr(x), c.ptr(y), count, sx, zx, lo, hi, fp8, c.stream));
     return Status::ok();
   });
 }
@@ -430,6 +622,7 @@ void register_quant_lowerings(std::map<OpKind, LowerFn>& t) {
 
 void register_quant_binders(std::map<StepOp, BindFn>& t) {
   t[StepOp::kQuantizeAct] = bind_quantize_act;
+  t[StepOp::kFakeQuant] = bind_fake_quant;
   t[StepOp::kLtMatmulQuant] = bind_lt_matmul_quant;
   t[StepOp::kDequantCols] = bind_dequant_cols;
   t[StepOp::kDynamicQuantize] = bind_dynamic_quantize;

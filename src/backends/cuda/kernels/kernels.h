@@ -371,6 +371,10 @@ cudaError_t quantize_int8(DT dt, const void* x, void* y, int64_t n, float scale,
                           float offset, cudaStream_t s);
 // y (float8 e4m3, saturated) = x / scale.
 cudaError_t quantize_fp8(DT dt, const void* x, void* y, int64_t n, float scale, cudaStream_t s);
+// y (x's dt: f32/f16/bf16) = DequantizeLinear(QuantizeLinear(x)): int8 (zp, lo, hi as quantize_int8,
+// NaN -> (0 - zp) * scale) or float8 e4m3 (fp8: zp, lo, hi unused).
+cudaError_t fake_quant(DT dt, const void* x, void* y, int64_t n, float scale, float zp, float lo, float hi, bool fp8,
+                       cudaStream_t s);
 // y[r, c] (dt: f32/f16/bf16) = acc[r, c] * alpha[c] + beta[c] over a row-major [rows, cols] matrix
 // of acc_dt (kI32 or kF32).
 cudaError_t dequant_cols(DT acc_dt, const void* acc, const float* alpha, const float* beta, DT dt, void* y, int64_t rows,

@@ -28,6 +28,25 @@ __global__ void quantize_f8_kernel(const T* __restrict__ x, __nv_fp8_e4m3* __res
   }
 }
 
+// QuantizeLinear then DequantizeLinear in one pass (the values a QDQ model's product multiplies),
+// in x's own type: int8 as quantize_i8_kernel then (q - zp) * scale; fp8 as quantize_f8_kernel
+// then the e4m3 value times scale.
+template <class T>
+__global__ void fake_quant_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, float scale, float zp,
+                                  float lo, float hi, bool fp8) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = __fdiv_rn(to_f(x[i]), scale);
+    float q;
+    if (fp8) {
+      q = float(__nv_fp8_e4m3(v));
+    } else {
+      const float r = rintf(v);
+      q = r != r ? 0.0f : fminf(fmaxf(r + zp, lo), hi) - zp;
+    }
+    y[i] = from_f<T>(__fmul_rn(q, scale));
+  }
+}
+
 template <class A, class T>
 __global__ void dequant_cols_kernel(const A* __restrict__ acc, const float* __restrict__ alpha,
                                     const float* __restrict__ beta, T* __restrict__ y, int64_t rows, int64_t cols) {
@@ -58,6 +77,18 @@ cudaError_t quantize_fp8(DT dt, const void* x, void* y, int64_t n, float scale, 
   return dispatch_f32ish(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
     quantize_f8_kernel<<<grid_for(n), kBlock, 0, s>>>(static_cast<const T*>(x), static_cast<__nv_fp8_e4m3*>(y), n, scale);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t fake_quant(DT dt, const void* x, void* y, int64_t n, float scale, float zp, float lo, float hi, bool fp8,
+                       cudaStream_t s) {
+  if (n < 0 || !(scale > 0)) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  return dispatch_f32ish(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    fake_quant_kernel<<<grid_for(n), kBlock, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), n, scale, zp, lo, hi,
+                                                     fp8);
     return cudaGetLastError();
   });
 }

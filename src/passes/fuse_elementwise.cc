@@ -23,10 +23,10 @@
 // Broadcasting composes, so every member is evaluated at the root's index.
 //
 // The guard: a node on a "compute path" - fed, through elementwise or view ops, by MatMul, Gemm,
-// Conv, ConvTranspose or Attention - is never fused. Those chains are what the GPU lowering folds
-// into the library call itself (bias, activation and residual epilogues of cuBLASLt and cuDNN, the
-// scale and mask of fused attention), which beats any separate kernel; fusing them here would hide
-// them from it. Candidates are also limited to the dtypes and ops the generated kernels implement
+// Conv, ConvTranspose, Attention or QuantizedMatMul (whose 16-bit form is a GEMM) - is never fused.
+// Those chains are what the GPU lowering folds into the library call itself (bias, activation and
+// residual epilogues of cuBLASLt and cuDNN, the scale and mask of fused attention), which beats any
+// separate kernel; fusing them here would hide them from it. Candidates are also limited to the dtypes and ops the generated kernels implement
 // (f32/f16/bf16 math, i32/i64/bool for comparisons, logic, Where and Cast; QuantizeLinear and
 // DequantizeLinear to and from int8/uint8 with one constant scale), so a fused node never
 // falls back to the CPU where its members would not have. Run after the pattern fusions (GELU,
@@ -52,7 +52,7 @@ bool fusible_dtype(DType t) { return is_kernel_float(t) || is_int(t) || t == DTy
 
 bool is_compute_op(OpKind op) {
   return op == OpKind::kMatMul || op == OpKind::kGemm || op == OpKind::kConv || op == OpKind::kConvTranspose ||
-         op == OpKind::kAttention;
+         op == OpKind::kAttention || op == OpKind::kQuantizedMatMul;
 }
 
 bool is_view_op(OpKind op) {

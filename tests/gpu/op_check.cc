@@ -44,6 +44,7 @@ struct Case {
   int gemm_sm90_tile = 0;             // BuildOptions::gemm_sm90_tile (> 0: that tile width only)
   int graph_conv = 0;                 // BuildOptions::graph_conv (1: cuDNN operation graphs wherever they apply)
   int quant_form = 0;                 // BuildOptions::quant_form (8 / 16: quantized products in that form)
+  const char* half_impl_16 = "fake_quant";  // half_impl of a quantized case's 16-bit form
 };
 
 #include "op_cases.inc"
@@ -114,7 +115,7 @@ const std::set<std::string> kThroughPasses = {
     "attention_causal", "attention_vit_packed", "gemm_tanh_gelu", "linear_erf_gelu", "group_norm_silu", "conv1d_speech",
     "conv1d_strided_grouped", "convtranspose1d", "einsum_scores", "einsum_projection", "conv_group_norm_silu_nhwc",
     "groupnorm_export_form", "conv_group_norm_silu_nhwc_wide", "qmatmul_u8s8_per_channel_bias", "qmatmul_s8s8_zero_point", "qmatmul_fp8_per_channel_bias",
-    "qmatmul_fp8_per_tensor", "attention_swin_windows", "attention_sdpa_guarded"};
+    "qmatmul_fp8_per_tensor", "qmatmul_s8s8_residual_gelu", "attention_swin_windows", "attention_sdpa_guarded"};
 
 Expected<Reference> cpu_reference(const Case& c, uint64_t seed) {
   Reference r;
@@ -579,7 +580,7 @@ int main(int argc, char** argv) {
       names.push_back(fmt::format("{}/{}", c.name, form ? "16-bit" : "timed"));
       v.name = names.back().c_str();
       v.quant_form = form;
-      v.half_impl = form ? "fake_quant" : nullptr;
+      v.half_impl = form ? c.half_impl_16 : nullptr;
       cases.push_back(v);
     }
   }

@@ -243,6 +243,7 @@ class Lowering {
   std::map<std::string, cublasLtMatmulAlgo_t> gemm_algos;  // chosen per GEMM shape + epilogue
   std::map<std::string, float> gemm_algo_ms;                // the chosen algorithm's timing (autotuned)
   std::map<std::string, std::string> quant_forms;           // QuantizedMatMul: 8-bit or 16-bit, per shape
+  std::map<std::string, int> fake_quants;                   // x quantized and dequantized, per x and scale
   std::map<std::string, GemmSm90Choice> gemm_sm90_choices;  // Hopper GEMM tile, timed per shape + epilogue
   std::map<int, Ref> weights_kn;                           // [N,K] weight id -> its [K,N] copy (Hopper GEMM)
 
@@ -317,6 +318,11 @@ struct ProductScratch {
 
 Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* b, const GemmShape& s,
                  const Epilogue& ep, Ref y, k::DT dt);
+// What follows a product (its bias applied) and can join its epilogue: a residual Add of a value
+// already computed (cuBLASLt's C), then a Relu or Gelu, each the only reader of what it reads.
+// Fills ep and `fused` (the nodes to mark fused once the product is emitted) and returns the value
+// the chain produces (`out` when nothing joins).
+const Value* fuse_product_tail(Lowering& L, const Value* out, k::DT dt, Epilogue& ep, std::vector<const Node*>& fused);
 // The milliseconds per launch of the cuBLASLt algorithm emit_gemm would take for (s, ep, dt), timing
 // the candidates now if nothing has (the choice is kept: emit_gemm then times nothing); -1 when not
 // timed. Only whether ep has a bias, a C and which activation matter.

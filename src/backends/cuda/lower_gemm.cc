@@ -470,6 +470,14 @@ const Value* fuse_activation(Lowering& L, const Value* out, k::DT dt, Epilogue& 
   return out;
 }
 
+}  // namespace
+
+const Value* fuse_product_tail(Lowering& L, const Value* out, k::DT dt, Epilogue& ep, std::vector<const Node*>& fused) {
+  return fuse_activation(L, fuse_residual(L, out, dt, ep, fused), dt, ep, fused);
+}
+
+namespace {
+
 // MatMul -> Add(per-column constant) [-> Add(residual)] [-> Relu | Gelu]: returns the value the fused chain
 // produces and fills ep. Fusion needs the intermediate values to have no other reader.
 const Value* fuse_epilogue(Lowering& L, const Node& mm, int64_t n_cols, k::DT dt, Epilogue& ep,
@@ -488,8 +496,7 @@ const Value* fuse_epilogue(Lowering& L, const Node& mm, int64_t n_cols, k::DT dt
       }
     }
   }
-  if (allow_residual) out = fuse_residual(L, out, dt, ep, fused);
-  return fuse_activation(L, out, dt, ep, fused);
+  return allow_residual ? fuse_product_tail(L, out, dt, ep, fused) : fuse_activation(L, out, dt, ep, fused);
 }
 
 // Defines the chain's final value and emits the matmul; the fused nodes are marked only once

@@ -215,18 +215,25 @@ void emit_dequant_cols(Lowering& L, const Node& node, k::DT acc_dt, k::DT out_dt
 
 // The product in x's 16-bit type: x quantized and dequantized (k::fake_quant), then emit_gemm on
 // the weight dequantized at build ([K, N], each column times its scale) with the bias in the epilogue.
+// The residual Add and Relu/Gelu after it join the 16-bit GEMM's epilogue as they do a MatMul's, and
+// products of one x at one scale (a transformer's Q, K and V) share one quantized copy of it.
 Status emit_16bit_form(Lowering& L, const Node& node, const QuantProduct& p, const DevValue* x, int64_t m, k::DT dt,
                        const std::string& why) {
-  const int xf = L.scratch(size_t(m * p.k) * size_t(k::dt_size(dt)));
-  ByteWriter fw;
-  fw.put(int32_t(dt));
-  fw.u8(p.fp8);
-  fw.i64(m * p.k);
-  for (float f : {p.sx, p.zx, p.lo, p.hi}) fw.put(f);
-  put(fw, x->ref);
-  put(fw, Ref{false, xf});
-  L.emit(&node, fmt::format("kernel fake_quant_{} (x / {}; {})", p.fp8 ? "fp8" : "int8", p.sx, why), {read_id(x)}, {xf},
-         StepOp::kFakeQuant, std::move(fw));
+  const std::string copy = fmt::format("{} {} {} {} {} {} {}", x->ref.id, int(dt), p.fp8, p.sx, p.zx, p.lo, p.hi);
+  auto made = L.fake_quants.find(copy);
+  const int xf = made != L.fake_quants.end() ? made->second : L.scratch(size_t(m * p.k) * size_t(k::dt_size(dt)));
+  if (made == L.fake_quants.end()) {
+    ByteWriter fw;
+    fw.put(int32_t(dt));
+    fw.u8(p.fp8);
+    fw.i64(m * p.k);
+    for (float f : {p.sx, p.zx, p.lo, p.hi}) fw.put(f);
+    put(fw, x->ref);
+    put(fw, Ref{false, xf});
+    L.emit(&node, fmt::format("kernel fake_quant_{} (x / {}; {})", p.fp8 ? "fp8" : "int8", p.sx, why), {read_id(x)},
+           {xf}, StepOp::kFakeQuant, std::move(fw));
+    L.fake_quants[copy] = xf;
+  }
   DevValue xv;
   xv.ref = Ref{false, xf};
   xv.dt = dt;
@@ -266,8 +273,15 @@ Status emit_16bit_form(Lowering& L, const Node& node, const QuantProduct& p, con
   s.m = m;
   s.n = p.n;
   s.k = p.k;
-  const DevValue& y = L.define(node.outputs[0]);
-  return emit_gemm(L, node, &xv, &wv, s, ep, y.ref, dt);
+  std::vector<const Node*> fused;
+  const Value* out = fuse_product_tail(L, node.outputs[0], dt, ep, fused);
+  const DevValue& y = L.define(out);
+  if (Status st = emit_gemm(L, node, &xv, &wv, s, ep, y.ref, dt); !st) {
+    L.values.erase(out);
+    return st;
+  }
+  for (const Node* f : fused) L.mark_fused(f, &node);
+  return Status::ok();
 }
 
 // Both forms of the product timed as the forward runs them (tuning.h), milliseconds per launch: the

@@ -96,7 +96,9 @@ def quant_steps(args, path, shapes):
     with open(os.path.join(args.out, os.path.basename(path) + ".report.txt"), "w") as f:
         f.write(out)
     return {"int8_gemms": out.count("cublasLt int8"), "fp8_gemms": out.count("cublasLt fp8"),
-            "16bit_gemms": out.count("kernel fake_quant"), "cpu_nodes": out.count("cpu kernel")}
+            "16bit_gemms": sum(1 for line in out.splitlines() if "(QuantizedMatMul," in line and line.lstrip().startswith("cuda")
+                               and "cublasLt int8" not in line and "cublasLt fp8" not in line),
+            "cpu_nodes": out.count("cpu kernel")}
 
 
 def main():

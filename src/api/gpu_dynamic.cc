@@ -129,7 +129,7 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     std::vector<std::map<std::string, int64_t>> grid = {base};
     for (const auto& [sym, r] : ranges_) {
       // Powers of two and the quarter points between them (5, 6 and 7 x 2^k): a choice timed at a
-      // shape within 1.1x of the run's. GEMM tiles are chosen by how the tiles fill the SMs' waves,
+      // shape within ~1.12x of the run's. GEMM tiles are chosen by how the tiles fill the SMs' waves,
       // which a few percent of rows can change: tiles chosen at m = 1024 ran BERT at m = 1365 27%
       // slower than its own, and tiles chosen at m = 3072 ran m = 2560 (5 x 512) 24% slower when the
       // grid had only the halfway points.

@@ -324,8 +324,8 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
 // the chain produces (`out` when nothing joins).
 const Value* fuse_product_tail(Lowering& L, const Value* out, k::DT dt, Epilogue& ep, std::vector<const Node*>& fused);
 // The milliseconds per launch of the cuBLASLt algorithm emit_gemm would take for (s, ep, dt), timing
-// the candidates now if nothing has (the choice is kept: emit_gemm then times nothing); -1 when not
-// timed. Only whether ep has a bias, a C and which activation matter.
+// the candidates now if nothing has (the choice is kept: emit_gemm with the same epilogue then times
+// nothing); -1 when not timed. Only whether ep has a bias, a C and which activation matter.
 Expected<float> gemm_ms(Lowering& L, const GemmShape& s, const Epilogue& ep, k::DT dt);
 // MatMul's product of row-major a and b as one GEMM (or one batched GEMM): a [..., M, K] by [K, N]
 // folds the batch into M; equal batch dims, or a batch of one on either side, stride through it.

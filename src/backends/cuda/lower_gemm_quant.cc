@@ -15,6 +15,7 @@
 // offer the model makes, and where the 8-bit kernels lose (the raw sums' extra pass, no fp8 kernel
 // with per-column scales) the layer stays 16-bit. The choice is kept in the timing cache ("qform").
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -79,6 +80,7 @@ Expected<QuantProduct> read_body(Lowering& L, const Node& node) {
     KILN_UNSUPPORTED("x's scale is not one float32 constant");
   }
   p.sx = float(sx->constant->as_double(0));
+  if (!(p.sx > 0) || !std::isfinite(p.sx)) KILN_UNSUPPORTED("x's scale {} is not a positive number", p.sx);
   if (const Value* zx = in(q, 2)) {
     if (!zx->constant || zx->constant->numel() != 1) KILN_UNSUPPORTED("x's zero point is not one constant");
     p.zx = float(zx->constant->as_double(0));
@@ -219,10 +221,12 @@ void emit_dequant_cols(Lowering& L, const Node& node, k::DT acc_dt, k::DT out_dt
 // products of one x at one scale (a transformer's Q, K and V) share one quantized copy of it.
 Status emit_16bit_form(Lowering& L, const Node& node, const QuantProduct& p, const DevValue* x, int64_t m, k::DT dt,
                        const std::string& why) {
-  const std::string copy = fmt::format("{} {} {} {} {} {} {}", x->ref.id, int(dt), p.fp8, p.sx, p.zx, p.lo, p.hi);
+  const std::string copy =
+      fmt::format("{} {} {} {} {} {} {} {}", x->ref.weight, x->ref.id, int(dt), p.fp8, p.sx, p.zx, p.lo, p.hi);
   auto made = L.fake_quants.find(copy);
-  const int xf = made != L.fake_quants.end() ? made->second : L.scratch(size_t(m * p.k) * size_t(k::dt_size(dt)));
-  if (made == L.fake_quants.end()) {
+  const bool shared = made != L.fake_quants.end();
+  const int xf = shared ? made->second : L.scratch(size_t(m * p.k) * size_t(k::dt_size(dt)));
+  if (!shared) {
     ByteWriter fw;
     fw.put(int32_t(dt));
     fw.u8(p.fp8);
@@ -232,7 +236,6 @@ Status emit_16bit_form(Lowering& L, const Node& node, const QuantProduct& p, con
     put(fw, Ref{false, xf});
     L.emit(&node, fmt::format("kernel fake_quant_{} (x / {}; {})", p.fp8 ? "fp8" : "int8", p.sx, why), {read_id(x)},
            {xf}, StepOp::kFakeQuant, std::move(fw));
-    L.fake_quants[copy] = xf;
   }
   DevValue xv;
   xv.ref = Ref{false, xf};
@@ -281,13 +284,17 @@ Status emit_16bit_form(Lowering& L, const Node& node, const QuantProduct& p, con
     return st;
   }
   for (const Node* f : fused) L.mark_fused(f, &node);
+  // Shared only now: a node that declines has its steps, this copy's too, dropped.
+  L.fake_quants[copy] = xf;
   return Status::ok();
 }
 
 // Both forms of the product timed as the forward runs them (tuning.h), milliseconds per launch: the
 // 8-bit one (quantize x, the product, the sums scaled when cuBLASLt did not) and the 16-bit one
-// (k::fake_quant, then the cuBLASLt algorithm emit_gemm will take, timed by gemm_ms). Negative when
-// a form could not be timed.
+// (k::fake_quant, then the cuBLASLt algorithm emit_gemm takes for a bias epilogue, timed by gemm_ms).
+// Negative when a form could not be timed. The comparison leans to the model's 8 bits: the 16-bit
+// form is charged a fake_quant pass that products sharing x share, and not credited with the residual
+// Add and activation its epilogue takes (passes of their own after an 8-bit product).
 Expected<std::pair<float, float>> time_forms(Lowering& L, const QuantProduct& p, Variant v, const QuantLt& lt,
                                              const cublasLtMatmulAlgo_t& algo, k::DT xdt, k::DT odt, int64_t m) {
   const int64_t n = p.n, k = p.k;
@@ -295,52 +302,54 @@ Expected<std::pair<float, float>> time_forms(Lowering& L, const QuantProduct& p,
   const size_t xbytes = size_t(m * k) * size_t(k::dt_size(xdt));
   const bool sums = v != Variant::kFp8Scaled;
   const size_t dbytes = size_t(m * n) * (sums ? 4 : size_t(k::dt_size(odt)));
-  ProductOperands op(size_t(m * k), size_t(n * k), dbytes, false);
-  Scratch xs, xf, d, y, sa, sb, bias, alpha, beta;
-  // Every buffer starts zeroed: compute-sanitizer's initcheck does not see cuBLASLt's fp8 kernels
-  // write the sums (262k reports from dequant_cols reading them), and what is timed must not depend
-  // on leftover bytes.
-  bool ok = op.ok();
-  for (auto [q, bytes] : {std::pair{&xs, xbytes}, {&xf, xbytes}, {&d, dbytes}, {&y, size_t(m * n) * size_t(k::dt_size(odt))}}) {
-    ok = ok && cudaMalloc(&q->p, bytes) == cudaSuccess && cudaMemset(q->p, 0, bytes) == cudaSuccess;
-  }
-  const size_t vec = size_t(std::max(n, m)) * 4;  // scales (one per row or column), bias, alpha, beta
-  for (Scratch* q : {&sa, &sb, &bias, &alpha, &beta}) {
-    ok = ok && cudaMalloc(&q->p, vec) == cudaSuccess && cudaMemset(q->p, 0, vec) == cudaSuccess;
-  }
-  if (ok && v == Variant::kFp8Scaled) {
-    ok = cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa.p, sizeof(sa.p)) ==
-             CUBLAS_STATUS_SUCCESS &&
-         cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb.p, sizeof(sb.p)) ==
-             CUBLAS_STATUS_SUCCESS &&
-         (!p.bias || cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias.p,
-                                                    sizeof(bias.p)) == CUBLAS_STATUS_SUCCESS);
-  }
   float q8 = -1, fq = -1;
-  if (ok) {
-    const float one = 1.0f, zero = 0.0f;
-    const int32_t ione = 1, izero = 0;
-    const bool fp8 = v != Variant::kInt8Sums;
-    const void* a1 = fp8 ? static_cast<const void*>(&one) : &ione;
-    const void* b0 = fp8 ? static_cast<const void*>(&zero) : &izero;
-    q8 = time_in_graph(op.launches, [&](int i, cudaStream_t st) {
-      void* xq = op.a.copy(i);
-      const cudaError_t e = p.fp8 ? k::quantize_fp8(xdt, xs.p, xq, m * k, p.sx, st)
-                                  : k::quantize_int8(xdt, xs.p, xq, m * k, p.sx, p.zx, p.lo, p.hi, p.offset, st);
-      if (e != cudaSuccess ||
-          cublasLtMatmul(L.lt, lt.desc, a1, op.w.copy(i), lt.la, xq, lt.lb, b0, d.p, lt.ld, d.p, lt.ld, &algo,
-                         L.build_workspace, ws, st) != CUBLAS_STATUS_SUCCESS) {
-        return false;
-      }
-      return !sums || k::dequant_cols(v == Variant::kInt8Sums ? k::DT::kI32 : k::DT::kF32, d.p,
-                                      static_cast<const float*>(alpha.p), static_cast<const float*>(beta.p), odt, y.p,
-                                      m, n, st) == cudaSuccess;
-    });
-    fq = time_in_graph(op.launches, [&](int, cudaStream_t st) {
-      return k::fake_quant(xdt, xs.p, xf.p, m * k, p.sx, p.zx, p.lo, p.hi, p.fp8, st) == cudaSuccess;
-    });
+  {  // the timing buffers go before gemm_ms times (and allocates) on its own
+    ProductOperands op(size_t(m * k), size_t(n * k), dbytes, false);
+    Scratch xs, xf, d, y, sa, sb, bias, alpha, beta;
+    // Every buffer starts zeroed: compute-sanitizer's initcheck does not see cuBLASLt's fp8 kernels
+    // write the sums (262k reports from dequant_cols reading them), and what is timed must not depend
+    // on leftover bytes.
+    bool ok = op.ok();
+    for (auto [q, bytes] : {std::pair{&xs, xbytes}, {&xf, xbytes}, {&d, dbytes}, {&y, size_t(m * n) * size_t(k::dt_size(odt))}}) {
+      ok = ok && cudaMalloc(&q->p, bytes) == cudaSuccess && cudaMemset(q->p, 0, bytes) == cudaSuccess;
+    }
+    const size_t vec = size_t(std::max(n, m)) * 4;  // scales (one per row or column), bias, alpha, beta
+    for (Scratch* q : {&sa, &sb, &bias, &alpha, &beta}) {
+      ok = ok && cudaMalloc(&q->p, vec) == cudaSuccess && cudaMemset(q->p, 0, vec) == cudaSuccess;
+    }
+    if (ok && v == Variant::kFp8Scaled) {
+      ok = cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa.p, sizeof(sa.p)) ==
+               CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb.p, sizeof(sb.p)) ==
+               CUBLAS_STATUS_SUCCESS &&
+           (!p.bias || cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias.p,
+                                                      sizeof(bias.p)) == CUBLAS_STATUS_SUCCESS);
+    }
+    if (ok) {
+      const float one = 1.0f, zero = 0.0f;
+      const int32_t ione = 1, izero = 0;
+      const bool fp8 = v != Variant::kInt8Sums;
+      const void* a1 = fp8 ? static_cast<const void*>(&one) : &ione;
+      const void* b0 = fp8 ? static_cast<const void*>(&zero) : &izero;
+      q8 = time_in_graph(op.launches, [&](int i, cudaStream_t st) {
+        void* xq = op.a.copy(i);
+        const cudaError_t e = p.fp8 ? k::quantize_fp8(xdt, xs.p, xq, m * k, p.sx, st)
+                                    : k::quantize_int8(xdt, xs.p, xq, m * k, p.sx, p.zx, p.lo, p.hi, p.offset, st);
+        if (e != cudaSuccess ||
+            cublasLtMatmul(L.lt, lt.desc, a1, op.w.copy(i), lt.la, xq, lt.lb, b0, d.p, lt.ld, d.p, lt.ld, &algo,
+                           L.build_workspace, ws, st) != CUBLAS_STATUS_SUCCESS) {
+          return false;
+        }
+        return !sums || k::dequant_cols(v == Variant::kInt8Sums ? k::DT::kI32 : k::DT::kF32, d.p,
+                                        static_cast<const float*>(alpha.p), static_cast<const float*>(beta.p), odt, y.p,
+                                        m, n, st) == cudaSuccess;
+      });
+      fq = time_in_graph(op.launches, [&](int, cudaStream_t st) {
+        return k::fake_quant(xdt, xs.p, xf.p, m * k, p.sx, p.zx, p.lo, p.hi, p.fp8, st) == cudaSuccess;
+      });
+    }
+    KILN_RETURN_IF_ERROR(finish_timing(fmt::format("the 8-bit product m={} n={} k={}", m, n, k)));
   }
-  KILN_RETURN_IF_ERROR(finish_timing(fmt::format("the 8-bit product m={} n={} k={}", m, n, k)));
   if (q8 <= 0 || fq <= 0) return std::make_pair(q8, -1.0f);
   GemmShape s;
   s.m = m;
@@ -349,8 +358,9 @@ Expected<std::pair<float, float>> time_forms(Lowering& L, const QuantProduct& p,
   DevValue stand_in;  // gemm_ms reads only whether there is a bias
   Epilogue ep;
   if (p.bias) ep.bias = &stand_in;
-  KILN_ASSIGN_OR_RETURN(float g, gemm_ms(L, s, ep, xdt));
-  return std::make_pair(q8, g > 0 ? fq + g : -1.0f);
+  // A GEMM cuBLASLt cannot time or run leaves the 8-bit form, not an error.
+  Expected<float> g = gemm_ms(L, s, ep, xdt);
+  return std::make_pair(q8, g && *g > 0 ? fq + *g : -1.0f);
 }
 
 // "8 Q F" or "16 Q F" (the form taken, then each form's microseconds): from the timing cache, else
@@ -369,9 +379,10 @@ Expected<std::string> quant_form(Lowering& L, const QuantProduct& p, Variant v, 
   }
   if (!form && L.options().autotune && L.options().time_misses) {
     KILN_ASSIGN_OR_RETURN(auto t, time_forms(L, p, v, lt, algo, xdt, odt, m));
-    const bool sixteen = t.first > 0 && t.second > 0 && t.second < t.first;
-    form = fmt::format("{} {:.1f} {:.1f}", sixteen ? 16 : 8, 1000.0f * t.first, 1000.0f * t.second);
-    if (cache) cache->put("qform", key, *form);
+    if (t.first > 0 && t.second > 0) {  // a failed timing is not kept: a later build times again
+      form = fmt::format("{} {:.1f} {:.1f}", t.second < t.first ? 16 : 8, 1000.0f * t.first, 1000.0f * t.second);
+      if (cache) cache->put("qform", key, *form);
+    }
   }
   L.quant_forms[key] = form.value_or("8");
   return L.quant_forms[key];
@@ -414,10 +425,12 @@ Status lower_quantized_matmul(Lowering& L, const Node& node) {
       KILN_ASSIGN_OR_RETURN(form, quant_form(L, p, v, lt, *algo, x->dt, *odt, m));
     }
     float q8 = -1, f16 = -1;
-    if (std::sscanf(form.c_str(), "%*d %f %f", &q8, &f16) == 2) {
+    if (std::sscanf(form.c_str(), "%*d %f %f", &q8, &f16) == 2 && q8 > 0 && f16 > 0) {
       timed = fmt::format("8-bit {:.1f} us, 16-bit {:.1f} us", q8, f16);
     }
-    if (form.rfind("16", 0) == 0) return emit_16bit_form(L, node, p, x, m, x->dt, "16-bit: " + timed);
+    if (form.rfind("16", 0) == 0) {
+      return emit_16bit_form(L, node, p, x, m, x->dt, timed.empty() ? "16-bit, as the build asked" : "16-bit: " + timed);
+    }
     if (!timed.empty()) timed = "; " + timed;
   }
 

@@ -41,7 +41,7 @@ __global__ void fake_quant_kernel(const T* __restrict__ x, T* __restrict__ y, in
       q = float(__nv_fp8_e4m3(v));
     } else {
       const float r = rintf(v);
-      q = r != r ? 0.0f : fminf(fmaxf(r + zp, lo), hi) - zp;
+      q = r != r ? -zp : fminf(fmaxf(r + zp, lo), hi) - zp;  // NaN: the stored integer 0, as QuantizeLinear
     }
     y[i] = from_f<T>(__fmul_rn(q, scale));
   }

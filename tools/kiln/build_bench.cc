@@ -114,7 +114,15 @@ int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt) {
   if (opt.profile) {
     auto timed = session->profile(views(*inputs));
     if (!timed) return fail(timed.status());
-    ProfilePeaks peaks = default_peaks(engine->config().precision, engine->device() == Device::kCuda);
+    // The GPU's name is the build report's "device: " line.
+    const std::string report = engine->device() == Device::kCuda ? engine->report() : std::string();
+    std::string gpu;
+    if (size_t at = report.find("\ndevice: "); at != std::string::npos) {
+      gpu = report.substr(at + 9, report.find('\n', at + 9) - (at + 9));
+    } else if (report.rfind("device: ", 0) == 0) {
+      gpu = report.substr(8, report.find('\n') - 8);
+    }
+    ProfilePeaks peaks = default_peaks(engine->config().precision, engine->device() == Device::kCuda, gpu);
     if (opt.peak_tflops > 0) peaks.tflops = opt.peak_tflops;
     if (opt.peak_gbs > 0) peaks.gbs = opt.peak_gbs;
     peaks.from_flags = opt.peak_tflops > 0 || opt.peak_gbs > 0;

@@ -234,8 +234,11 @@ double percentile(std::vector<double> v, double p);
 struct ProfilePeaks {
   double tflops = 0, gbs = 0;
   bool from_flags = false;
+  std::string source;  // where the defaults came from ("NVIDIA H200 SXM datasheet"), or why there are none
 };
-ProfilePeaks default_peaks(Precision p, bool gpu);
+// The datasheet's peaks of the GPU `gpu_name` (the build report's device line) at precision p;
+// none on the CPU or for a GPU kiln has no datasheet for (the flags then give them).
+ProfilePeaks default_peaks(Precision p, bool gpu, std::string_view gpu_name);
 struct ProfileOutputs {
   std::string trace, plot;
   size_t top = 20;

@@ -197,9 +197,9 @@ int main(int argc, char** argv) {
                "GPU: also run forwards step by step: each ONNX node's time (median of five), FLOPs, bytes and place on the roofline");
   be->add_option("--trace", bench.trace, "with --profile: write that forward as a Chrome/Perfetto trace (JSON)");
   be->add_option("--plot", bench.plot, "with --profile: draw the roofline with every node as SVG");
-  be->add_option("--peak-tflops", bench.peak_tflops, "with --profile: the device's peak TFLOP/s (default: H100 SXM, by precision)")
+  be->add_option("--peak-tflops", bench.peak_tflops, "with --profile: the device's peak TFLOP/s (default: its datasheet's, by precision)")
       ->check(CLI::Range(1e-3, 1e6));
-  be->add_option("--peak-gbs", bench.peak_gbs, "with --profile: the device's memory bandwidth in GB/s (default 3350)")
+  be->add_option("--peak-gbs", bench.peak_gbs, "with --profile: the device's memory bandwidth in GB/s (default: its datasheet's)")
       ->check(CLI::Range(1e-3, 1e7));
   be->add_option("--top", bench.top, "with --profile: nodes in the table")->default_val(20);
   for (const char* f : {"--trace", "--plot", "--peak-tflops", "--peak-gbs", "--top"}) be->get_option(f)->needs("--profile");

@@ -5,9 +5,10 @@
 // its roofline it runs; a Chrome/Perfetto trace laying those step times end to end, and the
 // roofline drawn as SVG.
 //
-// The peaks default to the H100 SXM's datasheet (dense: 989 TFLOP/s fp16/bf16, 495 tf32, 67 fp32;
-// 3350 GB/s HBM3) on the GPU; --peak-tflops and --peak-gbs give a measured or another device's, and
-// on the CPU they are the only peaks (without them the bound and roofline columns show "-").
+// The peaks default to the GPU's datasheet (runtime/device_peaks.h: dense fp16/bf16, tf32 or fp32
+// TFLOP/s by the engine's precision, and memory GB/s; the H100 SXM: 989, 495, 67 and 3350);
+// --peak-tflops and --peak-gbs give measured ones, and on the CPU or a GPU not in the table they are
+// the only peaks (without them the bound and roofline columns show "-").
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.h"
+#include "runtime/device_peaks.h"
 
 namespace kiln::cli {
 
@@ -110,11 +112,19 @@ std::string roofline_svg(const std::vector<NodeRow>& rows, const ProfilePeaks& p
 
 }  // namespace
 
-ProfilePeaks default_peaks(Precision p, bool gpu) {
+ProfilePeaks default_peaks(Precision p, bool gpu, std::string_view gpu_name) {
   ProfilePeaks k;
   if (!gpu) return k;  // no datasheet for whatever CPU this is: the flags give its peaks
-  k.tflops = p == Precision::kFp16 || p == Precision::kBf16 ? 989.4 : p == Precision::kTf32 ? 494.7 : 66.9;
-  k.gbs = 3350;
+  std::optional<DevicePeaks> d = datasheet_peaks(gpu_name);
+  if (!d) {
+    k.source = fmt::format("no datasheet for GPU '{}'", gpu_name);
+    return k;
+  }
+  k.tflops = p == Precision::kFp16 || p == Precision::kBf16 ? d->f16_tflops
+             : p == Precision::kTf32                         ? d->tf32_tflops
+                                                             : d->f32_tflops;
+  k.gbs = d->gbs;
+  k.source = fmt::format("{} datasheet", d->model);
   return k;
 }
 
@@ -132,10 +142,12 @@ Status print_profile(const std::vector<StepTime>& steps, const ProfilePeaks& pea
   }
   if (roofline) {
     std::printf("profile: %zu steps, %.4f ms step by step (no graph); peaks %.1f TFLOP/s, %.0f GB/s%s\n", steps.size(), total,
-                peaks.tflops, peaks.gbs, peaks.from_flags ? " (given)" : " (H100 SXM datasheet; --peak-tflops/--peak-gbs to change)");
+                peaks.tflops, peaks.gbs,
+                peaks.from_flags ? " (given)" : (" (" + peaks.source + "; --peak-tflops/--peak-gbs to change)").c_str());
   } else {
-    std::printf("profile: %zu steps, %.4f ms step by step; no peaks for this device (--peak-tflops and --peak-gbs give the "
-                "bound and roofline columns)\n", steps.size(), total);
+    std::printf("profile: %zu steps, %.4f ms step by step; no peaks for this device%s (--peak-tflops and --peak-gbs give "
+                "the bound and roofline columns)\n", steps.size(), total,
+                peaks.source.empty() ? "" : (": " + peaks.source).c_str());
   }
   // "-" where the bound or the roofline share needs peaks not given (or a node with no work).
   auto bound = [&](const Roof& f, bool work) -> std::string {

@@ -71,7 +71,10 @@ Expected<bool> fold_node(const Node& n, const std::function<const Tensor*(const 
   // The CPU backend's node runner: it also runs a fused node's body (which reads nothing outside it).
   const ValueLookup no_outer = [](const Value*) -> const Data* { return nullptr; };
   Expected<std::vector<Data>> ran = run_node_on_cpu(n, std::move(ins), no_outer);
-  if (!ran) return ran.status().with_context(n.describe());
+  if (!ran) {  // named once: the kernel's own error usually names the node already
+    const std::string who = n.describe();
+    return ran.status().message().rfind(who, 0) == 0 ? ran.status() : ran.status().with_context(who);
+  }
   std::vector<Data>& res = *ran;
   std::vector<std::optional<Tensor>> r(n.outputs.size());
   for (size_t i = 0; i < n.outputs.size() && i < res.size(); ++i) {

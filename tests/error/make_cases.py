@@ -466,6 +466,15 @@ def quant_cases():
                   opsets=(("", 19),), ir=9)
         write(f"qdq_scale_{case}", "model.onnx", m)
         add(f"qdq_scale_{case}", ["inspect", "{D}/model.onnx"], "node 'dq_w' (DequantizeLinear;scale s is;positive")
+    # Per-axis scales along an axis the weight does not have: the build names the node once.
+    dq = h.make_node("DequantizeLinear", ["wq", "s", "z"], ["w"], name="dq_w", axis=5)
+    m = model([dq, h.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [vi("x", [1, 4])], [vi("y", [1, 3])],
+              [init("wq", np.ones((4, 3), np.int8)), init("s", np.full(3, 0.5, np.float32)), init("z", np.zeros(3, np.int8))],
+              opsets=(("", 19),), ir=9)
+    write("qdq_axis_out_of_range", "model.onnx", m)
+    add("qdq_axis_out_of_range", ["build", "{D}/model.onnx", "--device", "cpu", "-o", "{D}/m.kiln"],
+        "pass 'fold-constants': node 'dq_w' (DequantizeLinear, #0): axis 5 is out of range for rank 2",
+        check="absent:{D}/m.kiln")
 
 
 def main():

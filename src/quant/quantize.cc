@@ -9,6 +9,7 @@
 
 #include "backends/backend.h"
 #include "frontend/onnx/importer.h"
+#include "quant/fast_runner.h"
 #include "quant/qdq_writer.h"
 #include "support/mapped_file.h"
 
@@ -102,7 +103,7 @@ class Quantizer {
       if (it == g.outputs.end()) g.outputs.push_back(const_cast<Value*>(v));
     }
     auto t0 = std::chrono::steady_clock::now();
-    KILN_ASSIGN_OR_RETURN(auto exe, make_cpu_backend()->compile(g));
+    KILN_ASSIGN_OR_RETURN(auto exe, compile_fast_cpu(g));
     std::vector<Observer> obs(observed.size());
     std::vector<std::vector<Tensor>> calib_ref;  // fp32 outputs, reused when evaluating on the calibration set
     for (const Sample& s : calib) {
@@ -141,7 +142,7 @@ class Quantizer {
     } else {
       KILN_ASSIGN_OR_RETURN(eval_, load_samples(g, opt_.eval_dir, opt_.max_eval));
       rep.eval_dir = opt_.eval_dir;
-      KILN_ASSIGN_OR_RETURN(auto fp32, make_cpu_backend()->compile(g));
+      KILN_ASSIGN_OR_RETURN(auto fp32, compile_fast_cpu(g));
       for (const Sample& s : eval_) {
         KILN_ASSIGN_OR_RETURN(auto outs, fp32->run(data_of(s)));
         std::vector<Tensor> ref;
@@ -234,7 +235,7 @@ class Quantizer {
   Expected<std::vector<OutputAccuracy>> evaluate(const std::vector<size_t>& which) const {
     KILN_ASSIGN_OR_RETURN(std::string q, write(which));
     KILN_ASSIGN_OR_RETURN(Model qm, import_onnx_bytes(q.data(), q.size(), dir_));
-    KILN_ASSIGN_OR_RETURN(auto exe, make_cpu_backend()->compile(*qm.graph));
+    KILN_ASSIGN_OR_RETURN(auto exe, compile_fast_cpu(*qm.graph));
     std::vector<Metrics> m(model_.graph->outputs.size());
     for (size_t s = 0; s < eval_.size(); ++s) {
       KILN_ASSIGN_OR_RETURN(auto outs, exe->run(data_of(eval_[s])));

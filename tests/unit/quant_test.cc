@@ -6,7 +6,11 @@
 #include <filesystem>
 #include <random>
 
+#include "backends/backend.h"
+#include "ir/text.h"
+#include "ops/infer.h"
 #include "quant/calibration.h"
+#include "quant/fast_runner.h"
 #include "quant/qdq_writer.h"
 #include "support/npy.h"
 
@@ -151,6 +155,52 @@ TEST_F(Samples, ConstantDataIsRefused) {
   auto varied = load_samples(g_, dir_.string());
   ASSERT_TRUE(varied);
   EXPECT_TRUE(check_not_constant(g_, *varied, dir_.string()));
+}
+
+
+// Calibration observes intermediate activations as extra graph outputs of the fast CPU backend's
+// run: the passes must keep each one (here the Add's output, which a MatMul + Add + Relu fusion
+// would otherwise take into one step) and the outputs' order, with the reference's values.
+TEST(FastCalibrationRun, ObservedActivationsSurviveFusionInOrder) {
+  auto g = parse_graph(
+      "graph g(%x: f32[4,16], %w: f32[16,8], %b: f32[8]) {\n %m = MatMul(%x, %w) : f32[4,8]\n"
+      " %a = Add(%m, %b) : f32[4,8]\n %y = Relu(%a) : f32[4,8]\n return %y, %a\n}");
+  ASSERT_TRUE(g) << g.status().message();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> n01;
+  std::vector<Value*> keep;
+  for (Value* v : (*g)->inputs) {
+    if (v->name == "x") {
+      keep.push_back(v);
+      continue;
+    }
+    Tensor t = Tensor::create(DType::kFloat32, *v->type.shape->static_dims()).value();
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = n01(rng);
+    v->constant = std::move(t);
+  }
+  (*g)->inputs = keep;
+  ASSERT_TRUE(infer_types(**g));
+  Tensor x = Tensor::create(DType::kFloat32, {4, 16}).value();
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = n01(rng);
+  auto fast = compile_fast_cpu(**g);
+  ASSERT_TRUE(fast) << fast.status().message();
+  auto ref = make_cpu_backend()->compile(**g);
+  ASSERT_TRUE(ref) << ref.status().message();
+  auto got = (*fast)->run({Data(x)});
+  auto want = (*ref)->run({Data(x)});
+  ASSERT_TRUE(got && want);
+  ASSERT_EQ(got->size(), 2u);
+  bool negative = false;  // the Add's output, not the Relu's: some values below zero
+  for (size_t o = 0; o < 2; ++o) {
+    const Tensor& a = (*got)[o].tensor;
+    const Tensor& b = (*want)[o].tensor;
+    ASSERT_EQ(a.dims(), b.dims());
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      EXPECT_NEAR(a.data<float>()[i], b.data<float>()[i], 1e-4f) << "output " << o << " element " << i;
+      negative = negative || (o == 1 && a.data<float>()[i] < 0);
+    }
+  }
+  EXPECT_TRUE(negative);
 }
 
 }  // namespace

@@ -32,6 +32,12 @@ Expected<std::vector<std::pair<int64_t, int64_t>>> pads_per_axis(const Ctx& c, c
     return c.error("pads has {} values; expected 2 per padded axis ({})", pads.size(), 2 * axes.size());
   }
   KILN_RETURN_IF_ERROR(axes_mask(c, axes, rank).status());
+  // No tensor has 2^40 elements along an axis: a larger pad is hostile, and bounding it keeps the
+  // sums below from overflowing.
+  constexpr int64_t kMaxPad = int64_t(1) << 40;
+  for (int64_t p : pads) {
+    if (p > kMaxPad || p < -kMaxPad) return c.error("pads {} holds {}, beyond any tensor's size", dims_to_string(pads), p);
+  }
   std::vector<std::pair<int64_t, int64_t>> per_axis(size_t(rank), {0, 0});
   for (size_t i = 0; i < axes.size(); ++i) {
     per_axis[size_t(axes[i] < 0 ? axes[i] + rank : axes[i])] = {pads[i], pads[i + axes.size()]};
@@ -79,7 +85,12 @@ Status infer_pad(InferCtx& c) {
   KILN_ASSIGN_OR_RETURN(auto per_axis, pads_per_axis(c, *pads, *axes, rank));
   Shape out = *in.shape;
   for (size_t k = 0; k < out.rank(); ++k) {
-    out[k] = out[k] + Dim(per_axis[k].first + per_axis[k].second);
+    const int64_t added = per_axis[k].first + per_axis[k].second;  // each within 2^40
+    int64_t sum = 0;
+    if (out[k].is_static() && __builtin_add_overflow(out[k].value(), added, &sum)) {
+      return c.error("pads {} grow dim {} of {} past int64", dims_to_string(*pads), k, in.shape->to_string());
+    }
+    out[k] = out[k] + Dim(added);
     if (out[k].is_static() && out[k].value() < 0) {
       return c.error("pads {} crop dim {} of {} below zero", dims_to_string(*pads), k, in.shape->to_string());
     }

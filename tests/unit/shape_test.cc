@@ -6,6 +6,7 @@
 
 #include "ir/shape.h"
 #include "ir/text.h"
+#include "ops/infer.h"
 
 namespace kiln {
 namespace {
@@ -127,6 +128,18 @@ TEST(DimText, RoundTrip) {
     EXPECT_EQ(back->to_string(), s);
     EXPECT_TRUE(back->same_as(d)) << s;
   }
+}
+
+// A Pad whose pads are near int64's limit (a fuzzer's model, tests/fuzz/corpus/
+// pad-pads-near-int64-max.onnx) is an error naming the pads, not an overflowing sum.
+TEST(PadInference, HugePadsAreAnErrorNotAnOverflow) {
+  auto g = parse_graph(
+      "graph g(%x: f32[2,3]) {\n %p = const dense<i64[4]> [0, 2, 0, 9223372036854775806]\n"
+      " %y = Pad(%x, %p) : f32[2,5]\n return %y\n}");
+  ASSERT_TRUE(g) << g.status().message();
+  Status s = infer_types(**g);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("beyond any tensor's size"), std::string::npos) << s.message();
 }
 
 }  // namespace

@@ -23,8 +23,11 @@ class FastExecutable : public Executable {
 
 Expected<std::unique_ptr<Executable>> compile_fast_cpu(const Graph& g) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> copy, clone_graph(g));
-  // The passes keep every graph output (the observed activations among them) and its order.
-  KILN_RETURN_IF_ERROR(run_passes(*copy, default_pipeline()).status());
+  // The passes keep every graph output (the observed activations among them) and its order; the
+  // QDQ products stay float products, as in any CPU engine (pipeline.h, kCpuSkippedPass).
+  PassOptions po;
+  po.disabled.push_back(std::string(kCpuSkippedPass));
+  KILN_RETURN_IF_ERROR(run_passes(*copy, default_pipeline(), po).status());
   KILN_ASSIGN_OR_RETURN(Plan plan, plan_host(std::move(copy)));
   auto shared = std::make_shared<const Plan>(std::move(plan));
   Expected<CpuPlan> cp = plan_fast_cpu(*shared, /*deterministic=*/false);

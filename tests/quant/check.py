@@ -208,6 +208,14 @@ def build_int8():
         outs.append(np.load(os.path.join(od, "y.npy")) if rc == 0 else None)
     if outs[0] is not None and outs[1] is not None:
         check(np.array_equal(outs[0], outs[1]), "mlp: the built engine computes exactly what its QDQ model does")
+        want = ort_run(qdq, {"x": x})[0]
+        check(rel(outs[1], want) < 1e-3, f"mlp: kiln's CPU run of the QDQ model matches onnxruntime's (rel-L2 {rel(outs[1], want):.2e})")
+    # A CPU engine runs the QDQ products as fp32 products of the dequantized weights (oneDNN), not the
+    # fused QuantizedMatMul's body on the reference kernels.
+    rc, so, se = kiln("build", qdq, "--device", "cpu", "--shapes", "x:4x16", "--report")
+    ref_line = next((l for l in so.splitlines() if l.startswith("reference kernels:")), "")
+    check(rc == 0 and "QuantizedMatMul" not in so and "MatMul" in so.split("oneDNN:", 1)[-1].split("\n", 1)[0],
+          f"mlp: the CPU engine's products run on oneDNN ({ref_line.strip()[:160]})")
     for args, want in ((["--int8"], "--calib"), (["--int8", "--fp8", "--calib", d], "give one"),
                        (["--calib", d], "--int8 or --fp8"), (["--int8", "--calib", os.path.join(TMP, "nowhere")], "nowhere")):
         rc, _, se = kiln("build", path, *args, "--device", "cpu")

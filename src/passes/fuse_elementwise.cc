@@ -22,8 +22,9 @@
 // them in); other inputs, larger constants included, become the node's inputs in first-use order.
 // Broadcasting composes, so every member is evaluated at the root's index.
 //
-// The guard: a node on a "compute path" - fed, through elementwise or view ops, by MatMul, Gemm,
-// Conv, ConvTranspose, Attention or QuantizedMatMul (whose 16-bit form is a GEMM) - is never fused.
+// The guard: a node on a "compute path" - fed, through elementwise or view ops other than
+// QuantizeLinear, by MatMul, Gemm, Conv, ConvTranspose, Attention or QuantizedMatMul (whose 16-bit
+// form is a GEMM) - is never fused.
 // Those chains are what the GPU lowering folds into the library call itself (bias, activation and
 // residual epilogues of cuBLASLt and cuDNN, the scale and mask of fused attention), which beats any
 // separate kernel; fusing them here would hide them from it. Candidates are also limited to the dtypes and ops the generated kernels implement
@@ -144,7 +145,9 @@ Expected<bool> fuse_elementwise(Graph& g) {
     const Node& n = *np;
     bool fed = is_compute_op(n.op);
     const bool elementwise = accepts(n) != Accepts::kNone;
-    if (!fed && (elementwise || is_view_op(n.op))) {
+    // A QuantizeLinear ends the path: no epilogue takes a quantization, so a QDQ model's Q/DQ pair
+    // after a product's chain fuses on its own (one pass instead of two), the chain left as it is.
+    if (!fed && n.op != OpKind::kQuantizeLinear && (elementwise || is_view_op(n.op))) {
       fed = std::any_of(n.inputs.begin(), n.inputs.end(), [&](const Value* v) { return v && compute.count(v); });
     }
     if (fed) {

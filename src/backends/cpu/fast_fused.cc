@@ -14,6 +14,7 @@ enum class FusedKernel::Op : uint8_t {
   kAdd, kSub, kMul, kDiv, kPow,  // binary
   kNeg, kAbs, kRelu, kSigmoid, kTanh, kExp, kLog, kSqrt, kReciprocal, kErf, kSin, kCos, kFloor, kCeil,
   kIdentity, kSoftplus, kLeakyRelu, kClip, kHardSigmoid, kGeluErf, kGeluTanh, kElu,
+  kFakeQuant,  // QuantizeLinear to int8/uint8 then DequantizeLinear at the same scale and zero point
 };
 
 namespace {
@@ -94,8 +95,52 @@ Status translate(const Node& n, std::vector<FusedKernel::Instr>& code, int& regs
     reg[body->inputs[i]] = int(i);
   }
   regs = int(body->inputs.size());
-  for (const auto& np : body->nodes) {
-    const Node& b = *np;
+  std::unordered_map<const Node*, bool> taken;  // a DequantizeLinear evaluated with its QuantizeLinear
+  for (size_t bi = 0; bi < body->nodes.size(); ++bi) {
+    const Node& b = *body->nodes[bi];
+    if (taken.count(&b)) continue;
+    if (b.op == OpKind::kQuantizeLinear) {
+      // A Q/DQ pair (a QDQ model's fake-quantized activation) as one instruction; the int8 value
+      // between them never leaves the register.
+      const Node* dq = nullptr;
+      int readers = 0;
+      for (size_t j = bi + 1; j < body->nodes.size(); ++j) {
+        for (const Value* v : body->nodes[j]->inputs) {
+          if (v == b.outputs[0]) {
+            ++readers;
+            dq = body->nodes[j].get();
+          }
+        }
+      }
+      auto same = [](const Value* u, const Value* v) {
+        return u == v || (u && v && u->constant && v->constant && u->constant->dtype() == v->constant->dtype() &&
+                          u->constant->numel() == 1 && v->constant->numel() == 1 &&
+                          u->constant->as_double(0) == v->constant->as_double(0));
+      };
+      const DType qt = b.outputs.size() == 1 ? b.outputs[0]->type.dtype : DType::kFloat32;
+      const Value* zp = b.inputs.size() > 2 ? b.inputs[2] : nullptr;
+      const Value* dzp = dq && dq->inputs.size() > 2 ? dq->inputs[2] : nullptr;
+      if (readers != 1 || !dq || dq->op != OpKind::kDequantizeLinear || (qt != DType::kInt8 && qt != DType::kUInt8) ||
+          b.inputs.size() < 2 || !reg.count(b.inputs[0]) || !scalar_constant(b.inputs[1]) ||
+          !same(b.inputs[1], dq->inputs[1]) || (zp && (!zp->constant || zp->constant->numel() != 1)) ||
+          !(zp ? same(zp, dzp) : !dzp) || dq->outputs.size() != 1 || !f32_static(dq->outputs[0]) ||
+          b.attr_int("saturate", 1) != 1 || b.attr_int("block_size", 0) != 0 || dq->attr_int("block_size", 0) != 0) {
+        return KILN_ERROR(kUnsupported, "{} in the body", b.describe());
+      }
+      FusedKernel::Instr in;
+      in.op = Op::kFakeQuant;
+      in.a = reg[b.inputs[0]];
+      in.alpha = float(b.inputs[1]->constant->as_double(0));
+      in.beta = zp ? float(zp->constant->as_double(0)) : 0.f;
+      in.ia = qt == DType::kInt8 ? -128.f : 0.f;
+      in.ib = qt == DType::kInt8 ? 127.f : 255.f;
+      if (!(in.alpha > 0) || !std::isfinite(in.alpha)) return KILN_ERROR(kUnsupported, "{}: its scale", b.describe());
+      in.out = regs++;
+      reg[dq->outputs[0]] = in.out;
+      taken[dq] = true;
+      code.push_back(in);
+      continue;
+    }
     auto op = op_of(b);
     if (!op || b.outputs.size() != 1 || !f32_static(b.outputs[0]) || b.inputs.empty()) {
       return KILN_ERROR(kUnsupported, "{} in the body", b.describe());
@@ -198,6 +243,16 @@ void execute(const FusedKernel::Instr& in, float* regs, int64_t len) {
       return unary(o, a, len, [](float x) {
         return 0.5f * x * (1.f + std::tanh(0.79788456080286536f * (x + 0.044715f * x * x * x)));
       });
+    case Op::kFakeQuant: {
+      // As ops/quantize.cc: x / scale rounded half to even, plus the zero point, saturated; NaN is
+      // the stored integer 0; then (q - zp) * scale.
+      const float lo = in.ia, hi = in.ib;
+      return unary(o, a, len, [al, be, lo, hi](float x) {
+        const float r = std::nearbyint(x / al);
+        const float q = r != r ? 0.f : std::min(std::max(r + be, lo), hi);
+        return (q - be) * al;
+      });
+    }
   }
 }
 

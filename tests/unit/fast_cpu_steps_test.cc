@@ -311,6 +311,22 @@ TEST(FastCpu, FusedElementwiseAsOneLoop) {
     return %o
   }} : f32[3,5,1]
   return %y
+})",
+      // QDQ models' fake-quantized activations: uint8 with its zero point mid-range, then int8 with a
+      // scale small enough that most inputs saturate.
+      R"(graph main(%x: f32[4,300]) {
+  %y = ai.kiln.FusedElementwise(%x) {body = graph b(%a: f32[4,300]) {
+    %s = const dense<f32[]> [0.05]
+    %z = const dense<u8[]> [128]
+    %q = QuantizeLinear(%a, %s, %z) : u8[4,300]
+    %d = DequantizeLinear(%q, %s, %z) : f32[4,300]
+    %t = const dense<f32[]> [0.01]
+    %w = const dense<i8[]> [-3]
+    %r = QuantizeLinear(%d, %t, %w) : i8[4,300]
+    %o = DequantizeLinear(%r, %t, %w) : f32[4,300]
+    return %o
+  }} : f32[4,300]
+  return %y
 })"};
   int c = 0;
   for (const char* text : cases) {

@@ -104,6 +104,7 @@ Status translate(const Node& n, std::vector<FusedKernel::Instr>& code, int& regs
       // between them never leaves the register.
       const Node* dq = nullptr;
       int readers = 0;
+      if (b.outputs.size() != 1 || !b.outputs[0]) return KILN_ERROR(kUnsupported, "{} in the body", b.describe());
       for (size_t j = bi + 1; j < body->nodes.size(); ++j) {
         for (const Value* v : body->nodes[j]->inputs) {
           if (v == b.outputs[0]) {
@@ -117,13 +118,14 @@ Status translate(const Node& n, std::vector<FusedKernel::Instr>& code, int& regs
                           u->constant->numel() == 1 && v->constant->numel() == 1 &&
                           u->constant->as_double(0) == v->constant->as_double(0));
       };
-      const DType qt = b.outputs.size() == 1 ? b.outputs[0]->type.dtype : DType::kFloat32;
+      const DType qt = b.outputs[0]->type.dtype;
       const Value* zp = b.inputs.size() > 2 ? b.inputs[2] : nullptr;
       const Value* dzp = dq && dq->inputs.size() > 2 ? dq->inputs[2] : nullptr;
       if (readers != 1 || !dq || dq->op != OpKind::kDequantizeLinear || (qt != DType::kInt8 && qt != DType::kUInt8) ||
           b.inputs.size() < 2 || !reg.count(b.inputs[0]) || !scalar_constant(b.inputs[1]) ||
           !same(b.inputs[1], dq->inputs[1]) || (zp && (!zp->constant || zp->constant->numel() != 1)) ||
           !(zp ? same(zp, dzp) : !dzp) || dq->outputs.size() != 1 || !f32_static(dq->outputs[0]) ||
+          dq->inputs.empty() || dq->inputs[0] != b.outputs[0] || b.attr_int("precision", 0) != 0 ||
           b.attr_int("saturate", 1) != 1 || b.attr_int("block_size", 0) != 0 || dq->attr_int("block_size", 0) != 0) {
         return KILN_ERROR(kUnsupported, "{} in the body", b.describe());
       }
@@ -219,7 +221,7 @@ void execute(const FusedKernel::Instr& in, float* regs, int64_t len) {
     case Op::kPow: return binary_op(o, a, b, in.ib, len, [](float x, float y) { return std::pow(x, y); });
     case Op::kNeg: return unary(o, a, len, [](float x) { return -x; });
     case Op::kAbs: return unary(o, a, len, [](float x) { return std::fabs(x); });
-    case Op::kRelu: return unary(o, a, len, [](float x) { return x > 0 ? x : 0.f; });
+    case Op::kRelu: return unary(o, a, len, [](float x) { return x > 0 || x != x ? x : 0.f; });  // NaN stays
     case Op::kSigmoid: return unary(o, a, len, [](float x) { return 1.f / (1.f + std::exp(-x)); });
     case Op::kTanh: return unary(o, a, len, [](float x) { return std::tanh(x); });
     case Op::kExp: return unary(o, a, len, [](float x) { return std::exp(x); });

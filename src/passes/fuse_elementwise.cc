@@ -27,7 +27,8 @@
 // form is a GEMM) - is never fused.
 // Those chains are what the GPU lowering folds into the library call itself (bias, activation and
 // residual epilogues of cuBLASLt and cuDNN, the scale and mask of fused attention), which beats any
-// separate kernel; fusing them here would hide them from it. Candidates are also limited to the dtypes and ops the generated kernels implement
+// separate kernel; fusing them here would hide them from it. Candidates are also limited to the
+// dtypes and ops the generated kernels implement
 // (f32/f16/bf16 math, i32/i64/bool for comparisons, logic, Where and Cast; QuantizeLinear and
 // DequantizeLinear to and from int8/uint8 with one constant scale), so a fused node never
 // falls back to the CPU where its members would not have. Run after the pattern fusions (GELU,

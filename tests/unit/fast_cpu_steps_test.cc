@@ -352,8 +352,29 @@ TEST(FastCpu, FusedElementwiseAsOneLoop) {
 // The fused loop's Relu and Q/DQ pair on values the random cases never draw: exact halves of a step
 // (rounded to even), NaN (Relu keeps it; QuantizeLinear stores 0, so it dequantizes to -zp * scale),
 // saturation at both ends, and a QuantizeLinear without a zero point (uint8, zero point 0).
+// The fused loop's output on x for a one-input FusedElementwise; empty (the failure reported) when
+// the text does not parse or the loop does not take the body.
+std::vector<float> fused_loop(const char* text, const std::vector<float>& x) {
+  auto g = parse(text);
+  if (!g) {
+    ADD_FAILURE() << "does not parse: " << text;
+    return {};
+  }
+  auto k = FusedKernel::compile(*g->nodes[0]);
+  if (!k) {
+    ADD_FAILURE() << k.status().message();
+    return {};
+  }
+  std::vector<float> y(x.size());
+  k->run({x.data()}, y.data());
+  return y;
+}
+
 TEST(FastCpu, FusedQuantizationRoundsHalvesToEvenAndKeepsNaNRules) {
-  auto g = parse(R"(graph main(%x: f32[8]) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // x / 0.5: 0.5 -> 0 (even), 1.5 -> 2, -0.5 -> -0, -1.5 -> -2, 1000 -> 127 - 3 saturated, -1000 -> -128 - 3.
+  const std::vector<float> x = {0.25f, 0.75f, -0.25f, -0.75f, 1000.f, -1000.f, nan, 1.f};
+  const std::vector<float> y = fused_loop(R"(graph main(%x: f32[8]) {
   %y = ai.kiln.FusedElementwise(%x) {body = graph b(%a: f32[8]) {
     %s = const dense<f32[]> [0.5]
     %z = const dense<i8[]> [3]
@@ -362,19 +383,12 @@ TEST(FastCpu, FusedQuantizationRoundsHalvesToEvenAndKeepsNaNRules) {
     return %d
   }} : f32[8]
   return %y
-})");
-  ASSERT_TRUE(g);
-  auto k = FusedKernel::compile(*g->nodes[0]);
-  ASSERT_TRUE(k) << k.status().message();
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  // x / 0.5: 0.5 -> 0 (even), 1.5 -> 2, -0.5 -> -0, -1.5 -> -2, 1000 -> 127 - 3 saturated, -1000 -> -128 - 3.
-  const std::vector<float> x = {0.25f, 0.75f, -0.25f, -0.75f, 1000.f, -1000.f, nan, 1.f};
+})", x);
   const std::vector<float> want = {0.f, 1.f, 0.f, -1.f, 62.f, -65.5f, -1.5f, 1.f};
-  std::vector<float> y(8);
-  k->run({x.data()}, y.data());
-  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(y[i], want[i]) << "x = " << x[i];
+  ASSERT_EQ(y.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(y[i], want[i]) << "x = " << x[i];
 
-  auto relu = parse(R"(graph main(%x: f32[3]) {
+  const std::vector<float> yr = fused_loop(R"(graph main(%x: f32[3]) {
   %y = ai.kiln.FusedElementwise(%x) {body = graph b(%a: f32[3]) {
     %r = Relu(%a) : f32[3]
     %s = const dense<f32[]> [0.25]
@@ -385,13 +399,8 @@ TEST(FastCpu, FusedQuantizationRoundsHalvesToEvenAndKeepsNaNRules) {
     return %o
   }} : f32[3]
   return %y
-})");
-  ASSERT_TRUE(relu);
-  auto kr = FusedKernel::compile(*relu->nodes[0]);
-  ASSERT_TRUE(kr) << kr.status().message();
-  const std::vector<float> xr = {nan, -2.f, 100.f};
-  std::vector<float> yr(3);
-  kr->run({xr.data()}, yr.data());
+})", {nan, -2.f, 100.f});
+  ASSERT_EQ(yr.size(), 3u);
   EXPECT_TRUE(std::isnan(yr[0]));  // Relu(NaN) = NaN; its quantized copy is 0, and NaN + 0 is NaN
   EXPECT_EQ(yr[1], 0.f);
   EXPECT_EQ(yr[2], 63.75f + 100.f);  // 100 / 0.25 = 400 saturates at 255

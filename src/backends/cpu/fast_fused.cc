@@ -5,8 +5,10 @@
 #include <limits>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "ops/op_registry.h"
+#include "ops/quantize_util.h"
 
 namespace kiln {
 
@@ -95,7 +97,7 @@ Status translate(const Node& n, std::vector<FusedKernel::Instr>& code, int& regs
     reg[body->inputs[i]] = int(i);
   }
   regs = int(body->inputs.size());
-  std::unordered_map<const Node*, bool> taken;  // a DequantizeLinear evaluated with its QuantizeLinear
+  std::unordered_set<const Node*> taken;  // a DequantizeLinear evaluated with its QuantizeLinear
   for (size_t bi = 0; bi < body->nodes.size(); ++bi) {
     const Node& b = *body->nodes[bi];
     if (taken.count(&b)) continue;
@@ -118,17 +120,18 @@ Status translate(const Node& n, std::vector<FusedKernel::Instr>& code, int& regs
                           u->constant->numel() == 1 && v->constant->numel() == 1 &&
                           u->constant->as_double(0) == v->constant->as_double(0));
       };
-      const DType qt = b.outputs[0]->type.dtype;
-      const Value* zp = b.inputs.size() > 2 ? b.inputs[2] : nullptr;
-      const Value* dzp = dq && dq->inputs.size() > 2 ? dq->inputs[2] : nullptr;
-      if (readers != 1 || !dq || dq->op != OpKind::kDequantizeLinear || (qt != DType::kInt8 && qt != DType::kUInt8) ||
-          b.inputs.size() < 2 || !reg.count(b.inputs[0]) || !scalar_constant(b.inputs[1]) ||
-          !same(b.inputs[1], dq->inputs[1]) || (zp && (!zp->constant || zp->constant->numel() != 1)) ||
-          !(zp ? same(zp, dzp) : !dzp) || dq->outputs.size() != 1 || !f32_static(dq->outputs[0]) ||
-          dq->inputs.empty() || dq->inputs[0] != b.outputs[0] || b.attr_int("precision", 0) != 0 ||
-          b.attr_int("saturate", 1) != 1 || b.attr_int("block_size", 0) != 0 || dq->attr_int("block_size", 0) != 0) {
+      auto constant = [](const Value* v) -> const Tensor* { return v && v->constant ? &*v->constant : nullptr; };
+      // Each node one scale for the whole tensor (what fuse-elementwise fuses), the pair at one scale
+      // and zero point, and nothing but the DequantizeLinear reading the integers.
+      if (readers != 1 || dq->op != OpKind::kDequantizeLinear || dq->inputs[0] != b.outputs[0] ||
+          !is_scalar_int8_qdq(b, constant) || !is_scalar_int8_qdq(*dq, constant) || !reg.count(b.inputs[0]) ||
+          !same(b.inputs[1], dq->inputs[1]) ||
+          !same(b.inputs.size() > 2 ? b.inputs[2] : nullptr, dq->inputs.size() > 2 ? dq->inputs[2] : nullptr) ||
+          !f32_static(dq->outputs[0]) || b.attr_int("saturate", 1) != 1) {
         return KILN_ERROR(kUnsupported, "{} in the body", b.describe());
       }
+      const DType qt = b.outputs[0]->type.dtype;
+      const Value* zp = b.inputs.size() > 2 ? b.inputs[2] : nullptr;
       FusedKernel::Instr in;
       in.op = Op::kFakeQuant;
       in.a = reg[b.inputs[0]];
@@ -139,7 +142,7 @@ Status translate(const Node& n, std::vector<FusedKernel::Instr>& code, int& regs
       if (!(in.alpha > 0) || !std::isfinite(in.alpha)) return KILN_ERROR(kUnsupported, "{}: its scale", b.describe());
       in.out = regs++;
       reg[dq->outputs[0]] = in.out;
-      taken[dq] = true;
+      taken.insert(dq);
       code.push_back(in);
       continue;
     }

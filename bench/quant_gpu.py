@@ -95,9 +95,11 @@ def quant_steps(args, path, shapes):
         return {"error": err}
     with open(os.path.join(args.out, os.path.basename(path) + ".report.txt"), "w") as f:
         f.write(out)
-    return {"int8_gemms": out.count("cublasLt int8"), "fp8_gemms": out.count("cublasLt fp8"),
+    eight = ("cublasLt int8", "cublasLt fp8", "gemm_sm90_q8 int8", "gemm_sm90_q8 fp8")
+    return {"int8_gemms": out.count("cublasLt int8") + out.count("gemm_sm90_q8 int8"),
+            "fp8_gemms": out.count("cublasLt fp8") + out.count("gemm_sm90_q8 fp8"),
             "16bit_gemms": sum(1 for line in out.splitlines() if "(QuantizedMatMul," in line and line.lstrip().startswith("cuda")
-                               and "cublasLt int8" not in line and "cublasLt fp8" not in line),
+                               and not any(e in line for e in eight)),
             "cpu_nodes": out.count("cpu kernel")}
 
 

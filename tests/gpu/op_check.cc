@@ -68,6 +68,11 @@ struct Rng {
         case DType::kUInt16: t.data<uint16_t>()[i] = uint16_t(ints(g)); break;
         case DType::kUInt32: t.data<uint32_t>()[i] = uint32_t(ints(g)); break;
         case DType::kUInt64: t.data<uint64_t>()[i] = uint64_t(ints(g)) * 0x100000001ull; break;  // past 2^32
+        case DType::kFloat8E4M3FN: {  // +-[0.25, 30): exponent field 5..9, any mantissa (no NaN)
+          auto* b = static_cast<uint8_t*>(t.raw());
+          b[i] = uint8_t((g() & 1) << 7 | (5 + g() % 5) << 3 | (g() & 7));
+          break;
+        }
         default: break;
       }
     }
@@ -115,7 +120,8 @@ const std::set<std::string> kThroughPasses = {
     "attention_causal", "attention_vit_packed", "gemm_tanh_gelu", "linear_erf_gelu", "group_norm_silu", "conv1d_speech",
     "conv1d_strided_grouped", "convtranspose1d", "einsum_scores", "einsum_projection", "conv_group_norm_silu_nhwc",
     "groupnorm_export_form", "conv_group_norm_silu_nhwc_wide", "qmatmul_u8s8_per_channel_bias", "qmatmul_s8s8_zero_point", "qmatmul_fp8_per_channel_bias",
-    "qmatmul_fp8_per_tensor", "qmatmul_s8s8_residual_gelu", "attention_swin_windows", "attention_sdpa_guarded"};
+    "qmatmul_fp8_per_tensor", "qmatmul_s8s8_residual_gelu", "qmatmul_u8s8_multi_tile", "qmatmul_fp8_multi_tile",
+    "attention_swin_windows", "attention_sdpa_guarded"};
 
 Expected<Reference> cpu_reference(const Case& c, uint64_t seed) {
   Reference r;
@@ -565,8 +571,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::printf("seed %llu (re-run with --seed to reproduce)\n", static_cast<unsigned long long>(seed));
-  // A quantized product's case runs in each form: its 8-bit kernels (half_impl), the 16-bit form
-  // (x quantized and dequantized, a 16-bit GEMM) and whichever the build's timing picks.
+  // A quantized product's case runs in each form: cuBLASLt's 8-bit kernels (half_impl), the Hopper
+  // 8-bit kernel at each tile (its half builds; fp32 keeps cuBLASLt), the 16-bit form (x quantized
+  // and dequantized, a 16-bit GEMM) and whichever the build's timing picks.
   std::vector<Case> cases;
   std::deque<std::string> names;
   for (const Case& c : kCases) {
@@ -575,6 +582,21 @@ int main(int argc, char** argv) {
     cases.push_back(c);
     if (!quantized) continue;
     cases.back().quant_form = 8;
+    cases.back().gemm_sm90 = -1;
+    for (int tile : {64, 128}) {
+      Case v = c;
+      names.push_back(fmt::format("{}/hopper-{}", c.name, tile));
+      v.name = names.back().c_str();
+      v.quant_form = 8;
+      v.gemm_sm90 = 1;
+      v.gemm_sm90_tile = tile;
+      // What the 16-bit form's epilogue must take, the Hopper kernel's must too.
+      std::string h = c.half_impl_16;
+      h.replace(0, h.find('|') == std::string::npos ? h.size() : h.find('|'), "gemm_sm90_q8");
+      names.push_back(h);
+      v.half_impl = names.back().c_str();
+      cases.push_back(v);
+    }
     for (int form : {16, 0}) {
       Case v = c;
       names.push_back(fmt::format("{}/{}", c.name, form ? "16-bit" : "timed"));

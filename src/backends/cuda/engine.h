@@ -38,7 +38,7 @@ struct BuildOptions {
   bool poison = false;             // tests: fill each session's arena with NaN bytes before use
   // The Hopper GEMM (lower_gemm_sm90.cc: CUTLASS kernels with programmatic dependent launch, 16-bit,
   // up to 2048 rows): 0 where its build-time timing beats cuBLASLt's (autotune only), 1 wherever it
-  // applies (tests), -1 never. Why it is on by default: bench/RESULTS.md, "Same binary, gemm_sm90 on
+  // applies (tests), -1 never (nor the Hopper 8-bit kernel, quant_form). Why it is on by default: bench/RESULTS.md, "Same binary, gemm_sm90 on
   // and off".
   int gemm_sm90 = 0;
   // The Hopper GEMM's CTA tile width: 0 times every width (32 and 64) and keeps the fastest; > 0 only
@@ -64,6 +64,8 @@ struct BuildOptions {
   int graph_conv = 0;
   // A QDQ model's quantized products (QuantizedMatMul) in a 16-bit build: 0 in 8 bits or 16 bits,
   // whichever its timing finds faster (lower_gemm_quant.cc), 8 always in 8 bits, 16 always in 16.
+  // With 8 and gemm_sm90 = 1 the 8-bit product is the Hopper kernel wherever it applies
+  // (gemm_sm90_tile 128: its 128x128 tile, 64: its 64x128 one, 0: by the rows), else cuBLASLt's.
   int quant_form = 0;
   // Generated elementwise kernels take their dims and strides as an argument instead of in their
   // source (codegen_elementwise.h), so a dynamic engine's shape plans share one compilation of each.

@@ -96,7 +96,8 @@ enum class StepOp : uint16_t {
   kChannelAffineClamp,  // k::channel_affine with a fused Relu or Clip
   kCudnnGraphConv,  // a cuDNN operation graph: convolution + bias + residual + activation (lower_conv_graph.cc)
   kFakeQuant,       // k::fake_quant (QuantizedMatMul's activation when its product runs in 16 bits)
-  kLast = kFakeQuant,
+  kGemmSm90Quant,   // k::gemm_sm90_q8 (QuantizedMatMul's 8-bit product on Hopper, dequantized in its epilogue)
+  kLast = kGemmSm90Quant,
 };
 
 // What a step sees when it runs: the session's stream, handles and memory.

@@ -8,12 +8,15 @@
 //         where cuBLASLt has no such kernel, f32 sums scaled per column after, as for int8.
 // Both use the row-major trick of lower_gemm.cc: D^T = W^T . X^T in column-major, with the weight
 // transposed to [N, K] at build so that the product is the "TN" form these types require.
+// On Hopper, in 16-bit builds, kiln's own 8-bit kernel (kernels_cutlass/gemm_sm90_q8.cu) does the
+// whole product in one pass: the sums scaled per column, the bias (less x's zero point times the
+// column's weights), a residual Add and a GELU in its epilogue, after the one quantize of x.
 //
 // A 16-bit build also times the product in 16 bits (x quantized and dequantized in one pass, the
 // weight dequantized at build, emit_gemm with the bias in its epilogue: the values the QDQ model
 // multiplies) and keeps the faster form (TensorRT's int8-vs-fp16 tactic choice): quantizing is an
-// offer the model makes, and where the 8-bit kernels lose (the raw sums' extra pass, no fp8 kernel
-// with per-column scales) the layer stays 16-bit. The choice is kept in the timing cache ("qform").
+// offer the model makes, and where the 8-bit kernels lose the layer stays 16-bit. The choice (16-bit,
+// cuBLASLt 8-bit or the Hopper 8-bit kernel and its tile) is kept in the timing cache ("qform").
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -215,6 +218,110 @@ void emit_dequant_cols(Lowering& L, const Node& node, k::DT acc_dt, k::DT out_dt
   L.emit(&node, "kernel dequant_cols", {acc}, {y.id}, StepOp::kDequantCols, std::move(dw));
 }
 
+// The weight as [N, K] bytes (both element types are one byte): the K-major operand cuBLASLt's
+// "TN" 8-bit products and the Hopper kernel read.
+Expected<Ref> weight_nk(Lowering& L, const QuantProduct& p) {
+  std::vector<uint8_t> wt(size_t(p.n * p.k));
+  const auto* w = static_cast<const uint8_t*>(p.w->raw());
+  for (int64_t r = 0; r < p.k; ++r) {
+    for (int64_t c = 0; c < p.n; ++c) wt[size_t(c * p.k + r)] = w[size_t(r * p.n + c)];
+  }
+  return L.upload_raw(wt.data(), wt.size());
+}
+
+// What turns a column's sums into y = sum * alpha[c] + beta[c]: alpha = sx * sw[c], beta = bias[c]
+// less, for int8, x's zero point times the column's sum of weights (the stored x is q - offset).
+void column_affine(const QuantProduct& p, std::vector<float>& alpha, std::vector<float>& beta) {
+  alpha.assign(size_t(p.n), 0.0f);
+  beta.assign(size_t(p.n), 0.0f);
+  const double zx = p.fp8 ? 0.0 : double(p.zx) - double(p.offset);
+  const auto* w = static_cast<const int8_t*>(p.w->raw());
+  for (int64_t c = 0; c < p.n; ++c) {
+    int64_t colsum = 0;
+    for (int64_t r = 0; !p.fp8 && r < p.k; ++r) colsum += w[size_t(r * p.n + c)];
+    const double a = double(p.sx) * double(p.sw[size_t(c)]);
+    alpha[size_t(c)] = float(a);
+    beta[size_t(c)] = float((p.bias ? p.bias->as_double(c) : 0.0) - a * zx * double(colsum));
+  }
+}
+
+// x quantized to 8 bits (k::quantize_int8 / quantize_fp8) in a scratch buffer. Products of one x at
+// one scale (a transformer's Q, K and V) share it: *copy is the key to record in L.fake_quants once
+// the product is emitted, empty when the buffer is an earlier product's.
+int quantized_x(Lowering& L, const Node& node, const QuantProduct& p, const DevValue* x, int64_t m, std::string* copy) {
+  *copy = fmt::format("8-bit {} {} {} {} {} {} {} {} {}", x->ref.weight, x->ref.id, int(x->dt), p.fp8, p.sx, p.zx, p.lo,
+                      p.hi, p.offset);
+  if (auto made = L.fake_quants.find(*copy); made != L.fake_quants.end()) {
+    copy->clear();
+    return made->second;
+  }
+  const int xq = L.scratch(size_t(m * p.k));
+  ByteWriter pw;
+  pw.put(int32_t(x->dt));
+  pw.u8(p.fp8);
+  pw.i64(m * p.k);
+  for (float f : {p.sx, p.zx, p.lo, p.hi, p.offset}) pw.put(f);
+  put(pw, x->ref);
+  put(pw, Ref{false, xq});
+  L.emit(&node, fmt::format("kernel quantize_{} (x / {})", p.fp8 ? "fp8" : "int8", p.sx), {read_id(x)}, {xq},
+         StepOp::kQuantizeAct, std::move(pw));
+  return xq;
+}
+
+// Whether the Hopper 8-bit kernel can take the product in this build (its alignment, a 16-bit
+// output of x's type, a device it runs on).
+bool sm90_applies(const Lowering& L, const QuantProduct& p, k::DT xdt, k::DT odt) {
+  return L.options().gemm_sm90 >= 0 && k::gemm_sm90_q8_available() && xdt == odt &&
+         (odt == k::DT::kF16 || odt == k::DT::kBF16) && p.n % 16 == 0 && p.k % 16 == 0 &&
+         k::gemm_sm90_q8_prepare(p.fp8, odt == k::DT::kBF16, 0, 0) == cudaSuccess;
+}
+
+// The product on the Hopper 8-bit kernel: x quantized (or its shared copy), then one kernel with the
+// scales, the bias, and the residual Add and GELU after it (when they follow) in its epilogue.
+Status emit_sm90_form(Lowering& L, const Node& node, const QuantProduct& p, const DevValue* x, int64_t m, k::DT dt,
+                      int tile, const std::string& why) {
+  KILN_ASSIGN_OR_RETURN(Ref wref, weight_nk(L, p));
+  std::vector<float> alpha, beta;
+  column_affine(p, alpha, beta);
+  KILN_ASSIGN_OR_RETURN(Ref ar, upload_vec(L, alpha));
+  KILN_ASSIGN_OR_RETURN(Ref br, upload_vec(L, beta));
+  Epilogue ep;
+  std::vector<const Node*> fused;
+  const Value* out = fuse_product_tail(L, node.outputs[0], dt, ep, fused);
+  if (ep.act == Act::kRelu) {  // the kernel's epilogue has GELU only: the Relu runs on its own
+    out = fused.back()->inputs[0];
+    fused.pop_back();
+    ep.act = Act::kNone;
+  }
+  std::string copy;
+  const int xq = quantized_x(L, node, p, x, m, &copy);
+  const DevValue& y = L.define(out);
+  const int act = ep.act == Act::kGelu ? 2 : 0;
+  ByteWriter w;
+  w.u8(p.fp8);
+  w.put(int32_t(dt));
+  w.put(int32_t(tile));
+  w.put(int32_t(act));
+  for (int64_t d : {m, p.n, p.k}) w.i64(d);
+  w.put(ep.c ? ep.beta : 0.0f);
+  put(w, Ref{false, xq});
+  put(w, wref);
+  put(w, ar);
+  put(w, br);
+  put(w, ep.c ? ep.c->ref : Ref{});
+  put(w, y.ref);
+  std::vector<int> reads = {xq};
+  if (ep.c && !ep.c->ref.weight) reads.push_back(ep.c->ref.id);
+  L.emit(&node,
+         fmt::format("kernel gemm_sm90_q8 {} m={} n={} k={}{}{}{} (CUTLASS TMA+wgmma, tile {}; {})", p.fp8 ? "fp8" : "int8",
+                     m, p.n, p.k, p.per_channel ? " per-channel" : "", ep.c ? " +residual" : "",
+                     act ? " +gelu" : "", tile == 0 ? "128x128x128" : "64x128x128", why),
+         reads, {y.ref.id}, StepOp::kGemmSm90Quant, std::move(w));
+  for (const Node* f : fused) L.mark_fused(f, &node);
+  if (!copy.empty()) L.fake_quants[copy] = xq;
+  return Status::ok();
+}
+
 // The product in x's 16-bit type: x quantized and dequantized (k::fake_quant), then emit_gemm on
 // the weight dequantized at build ([K, N], each column times its scale) with the bias in the epilogue.
 // The residual Add and Relu/Gelu after it join the 16-bit GEMM's epilogue as they do a MatMul's, and
@@ -289,20 +396,46 @@ Status emit_16bit_form(Lowering& L, const Node& node, const QuantProduct& p, con
   return Status::ok();
 }
 
-// Both forms of the product timed as the forward runs them (tuning.h), milliseconds per launch: the
-// 8-bit one (quantize x, the product, the sums scaled when cuBLASLt did not) and the 16-bit one
-// (k::fake_quant, then the cuBLASLt algorithm emit_gemm takes for a bias epilogue, timed by gemm_ms).
-// Negative when a form could not be timed. The comparison leans to the model's 8 bits: the 16-bit
-// form is charged a fake_quant pass that products sharing x share, and not credited with the residual
-// Add and activation its epilogue takes (passes of their own after an 8-bit product).
-Expected<std::pair<float, float>> time_forms(Lowering& L, const QuantProduct& p, Variant v, const QuantLt& lt,
-                                             const cublasLtMatmulAlgo_t& algo, k::DT xdt, k::DT odt, int64_t m) {
+// What a product's timing found (microseconds per launch; -1: not timed) and the form it took.
+struct Forms {
+  int form = 8;  // 8: cuBLASLt's 8-bit product, 16: the 16-bit form, 90: the Hopper 8-bit kernel
+  float q8 = -1, f16 = -1, s90 = -1;
+  int tile = 0;  // the Hopper kernel's (k::GemmSm90QArgs::tile)
+
+  // "FORM Q8 F16 [S90 TILE]", as the timing cache holds it; an older "FORM Q8 F16" reads too.
+  static Forms parse(const std::string& s) {
+    Forms f;
+    if (std::sscanf(s.c_str(), "%d %f %f %f %d", &f.form, &f.q8, &f.f16, &f.s90, &f.tile) < 1 ||
+        (f.form != 8 && f.form != 16 && f.form != 90) || (f.tile != 0 && f.tile != 1)) {
+      return Forms{};
+    }
+    return f;
+  }
+  std::string str() const { return fmt::format("{} {:.1f} {:.1f} {:.1f} {}", form, q8, f16, s90, tile); }
+  std::string timed() const {
+    std::string t;
+    for (auto [us, what] : {std::pair{q8, "cuBLASLt 8-bit"}, {s90, "Hopper 8-bit"}, {f16, "16-bit"}}) {
+      if (us > 0) t += fmt::format("{}{} {:.1f} us", t.empty() ? "" : ", ", what, us);
+    }
+    return t;
+  }
+};
+
+// The product's forms timed as the forward runs them (tuning.h), milliseconds per launch: the 8-bit
+// ones (quantize x, then cuBLASLt's product and the sums scaled when it did not, or the Hopper
+// kernel at each tile when `sm90`) and the 16-bit one (k::fake_quant, then the cuBLASLt algorithm
+// emit_gemm takes for a bias epilogue, timed by gemm_ms). The comparison leans to the model's 8 bits:
+// the 16-bit form is charged a fake_quant pass that products sharing x share, and not credited with
+// the residual Add and activation its epilogue takes.
+Expected<Forms> time_forms(Lowering& L, const QuantProduct& p, Variant v, const QuantLt& lt,
+                           const cublasLtMatmulAlgo_t& algo, k::DT xdt, k::DT odt, int64_t m, bool sm90) {
   const int64_t n = p.n, k = p.k;
   const size_t ws = L.options().workspace_bytes;
   const size_t xbytes = size_t(m * k) * size_t(k::dt_size(xdt));
   const bool sums = v != Variant::kFp8Scaled;
   const size_t dbytes = size_t(m * n) * (sums ? 4 : size_t(k::dt_size(odt)));
-  float q8 = -1, fq = -1;
+  Forms f;
+  float fq = -1;
   {  // the timing buffers go before gemm_ms times (and allocates) on its own
     ProductOperands op(size_t(m * k), size_t(n * k), dbytes, false);
     Scratch xs, xf, d, y, sa, sb, bias, alpha, beta;
@@ -325,17 +458,19 @@ Expected<std::pair<float, float>> time_forms(Lowering& L, const QuantProduct& p,
            (!p.bias || cublasLtMatmulDescSetAttribute(lt.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias.p,
                                                       sizeof(bias.p)) == CUBLAS_STATUS_SUCCESS);
     }
+    auto quantize = [&](void* xq, cudaStream_t st) {
+      return (p.fp8 ? k::quantize_fp8(xdt, xs.p, xq, m * k, p.sx, st)
+                    : k::quantize_int8(xdt, xs.p, xq, m * k, p.sx, p.zx, p.lo, p.hi, p.offset, st)) == cudaSuccess;
+    };
     if (ok) {
       const float one = 1.0f, zero = 0.0f;
       const int32_t ione = 1, izero = 0;
       const bool fp8 = v != Variant::kInt8Sums;
       const void* a1 = fp8 ? static_cast<const void*>(&one) : &ione;
       const void* b0 = fp8 ? static_cast<const void*>(&zero) : &izero;
-      q8 = time_in_graph(op.launches, [&](int i, cudaStream_t st) {
+      f.q8 = time_in_graph(op.launches, [&](int i, cudaStream_t st) {
         void* xq = op.a.copy(i);
-        const cudaError_t e = p.fp8 ? k::quantize_fp8(xdt, xs.p, xq, m * k, p.sx, st)
-                                    : k::quantize_int8(xdt, xs.p, xq, m * k, p.sx, p.zx, p.lo, p.hi, p.offset, st);
-        if (e != cudaSuccess ||
+        if (!quantize(xq, st) ||
             cublasLtMatmul(L.lt, lt.desc, a1, op.w.copy(i), lt.la, xq, lt.lb, b0, d.p, lt.ld, d.p, lt.ld, &algo,
                            L.build_workspace, ws, st) != CUBLAS_STATUS_SUCCESS) {
           return false;
@@ -344,33 +479,58 @@ Expected<std::pair<float, float>> time_forms(Lowering& L, const QuantProduct& p,
                                         static_cast<const float*>(alpha.p), static_cast<const float*>(beta.p), odt, y.p,
                                         m, n, st) == cudaSuccess;
       });
+      for (int tile = 0; sm90 && tile < 2; ++tile) {
+        if (k::gemm_sm90_q8_prepare(p.fp8, odt == k::DT::kBF16, tile, 0) != cudaSuccess) continue;
+        const float t = time_in_graph(op.launches, [&](int i, cudaStream_t st) {
+          k::GemmSm90QArgs g;
+          g.a = op.a.copy(i);
+          g.b = op.w.copy(i);
+          g.alpha = static_cast<const float*>(alpha.p);
+          g.bias = static_cast<const float*>(beta.p);
+          g.d = y.p;
+          g.m = m;
+          g.n = n;
+          g.k = k;
+          g.tile = tile;
+          g.fp8 = p.fp8;
+          g.bf16 = odt == k::DT::kBF16;
+          return quantize(const_cast<void*>(g.a), st) && k::gemm_sm90_q8(g, st) == cudaSuccess;
+        });
+        if (t > 0 && (f.s90 < 0 || t < f.s90)) {
+          f.s90 = t;
+          f.tile = tile;
+        }
+      }
       fq = time_in_graph(op.launches, [&](int, cudaStream_t st) {
         return k::fake_quant(xdt, xs.p, xf.p, m * k, p.sx, p.zx, p.lo, p.hi, p.fp8, st) == cudaSuccess;
       });
     }
     KILN_RETURN_IF_ERROR(finish_timing(fmt::format("the 8-bit product m={} n={} k={}", m, n, k)));
   }
-  if (q8 <= 0 || fq <= 0) return std::make_pair(q8, -1.0f);
-  GemmShape s;
-  s.m = m;
-  s.n = n;
-  s.k = k;
-  DevValue stand_in;  // gemm_ms reads only whether there is a bias
-  Epilogue ep;
-  if (p.bias) ep.bias = &stand_in;
-  // A GEMM cuBLASLt cannot time or run leaves the 8-bit form, not an error.
-  Expected<float> g = gemm_ms(L, s, ep, xdt);
-  return std::make_pair(q8, g && *g > 0 ? fq + *g : -1.0f);
+  if (fq > 0) {
+    GemmShape s;
+    s.m = m;
+    s.n = n;
+    s.k = k;
+    DevValue stand_in;  // gemm_ms reads only whether there is a bias
+    Epilogue ep;
+    if (p.bias) ep.bias = &stand_in;
+    // A GEMM cuBLASLt cannot time or run leaves the 8-bit form, not an error.
+    Expected<float> g = gemm_ms(L, s, ep, xdt);
+    if (g && *g > 0) f.f16 = fq + *g;
+  }
+  return f;
 }
 
-// "8 Q F" or "16 Q F" (the form taken, then each form's microseconds): from the timing cache, else
-// timed now (a build) or the nearest shape's (a dynamic engine's shape plan), else "8" (nothing
-// timed: the model's 8-bit product stands).
-Expected<std::string> quant_form(Lowering& L, const QuantProduct& p, Variant v, const QuantLt& lt,
-                                 const cublasLtMatmulAlgo_t& algo, k::DT xdt, k::DT odt, int64_t m) {
-  const std::string key = fmt::format("{} v{} pc{} b{} x{} o{} @ {} {} {}", p.fp8 ? "fp8" : "int8", int(v),
-                                      int(p.per_channel), p.bias != nullptr, int(xdt), int(odt), m, p.n, p.k);
-  if (auto it = L.quant_forms.find(key); it != L.quant_forms.end()) return it->second;
+// The form a product takes (with what was timed): from the timing cache, else timed now (a build) or
+// the nearest shape's (a dynamic engine's shape plan), else cuBLASLt's 8-bit product (nothing timed:
+// the model's 8 bits stand).
+Expected<Forms> quant_form(Lowering& L, const QuantProduct& p, Variant v, const QuantLt& lt,
+                           const cublasLtMatmulAlgo_t& algo, k::DT xdt, k::DT odt, int64_t m, bool sm90) {
+  const std::string key = fmt::format("{} v{} pc{} b{} x{} o{}{} @ {} {} {}", p.fp8 ? "fp8" : "int8", int(v),
+                                      int(p.per_channel), p.bias != nullptr, int(xdt), int(odt), sm90 ? " s90" : "", m,
+                                      p.n, p.k);
+  if (auto it = L.quant_forms.find(key); it != L.quant_forms.end()) return Forms::parse(it->second);
   TimingCache* cache = L.options().autotune ? L.options().timing_cache.get() : nullptr;
   std::optional<std::string> form;
   if (cache) {
@@ -378,14 +538,23 @@ Expected<std::string> quant_form(Lowering& L, const QuantProduct& p, Variant v, 
     if (!form && !L.options().time_misses) form = cache->nearest("qform", key);
   }
   if (!form && L.options().autotune && L.options().time_misses) {
-    KILN_ASSIGN_OR_RETURN(auto t, time_forms(L, p, v, lt, algo, xdt, odt, m));
-    if (t.first > 0 && t.second > 0) {  // a failed timing is not kept: a later build times again
-      form = fmt::format("{} {:.1f} {:.1f}", t.second < t.first ? 16 : 8, 1000.0f * t.first, 1000.0f * t.second);
+    KILN_ASSIGN_OR_RETURN(Forms f, time_forms(L, p, v, lt, algo, xdt, odt, m, sm90));
+    if (f.q8 > 0 || f.s90 > 0) {  // a failed timing is not kept: a later build times again
+      float best = f.q8 > 0 ? f.q8 : f.s90;
+      if (f.s90 > 0 && f.s90 <= best) {
+        f.form = 90;
+        best = f.s90;
+      }
+      if (f.f16 > 0 && f.f16 < best) f.form = 16;
+      f.q8 *= f.q8 > 0 ? 1000.0f : 1.0f;  // kept in microseconds
+      f.f16 *= f.f16 > 0 ? 1000.0f : 1.0f;
+      f.s90 *= f.s90 > 0 ? 1000.0f : 1.0f;
+      form = f.str();
       if (cache) cache->put("qform", key, *form);
     }
   }
   L.quant_forms[key] = form.value_or("8");
-  return L.quant_forms[key];
+  return Forms::parse(L.quant_forms[key]);
 }
 
 Status lower_quantized_matmul(Lowering& L, const Node& node) {
@@ -419,40 +588,29 @@ Status lower_quantized_matmul(Lowering& L, const Node& node) {
   }
   std::string timed;
   const int forced = L.options().quant_form;
+  const bool sm90 = sm90_applies(L, p, x->dt, *odt);
+  if (forced == 8 && sm90 && L.options().gemm_sm90 == 1) {
+    // Forced (tests): the wide tile when gemm_sm90_tile asks for 128 columns, else by the rows.
+    const int tile = L.options().gemm_sm90_tile == 128 || (L.options().gemm_sm90_tile == 0 && m >= 1024) ? 0 : 1;
+    return emit_sm90_form(L, node, p, x, m, *odt, tile, "as the build asked");
+  }
   if ((x->dt == k::DT::kF16 || x->dt == k::DT::kBF16) && x->dt == *odt && forced != 8) {
-    std::string form = "16";
+    Forms f;
+    f.form = 16;
     if (forced != 16) {
-      KILN_ASSIGN_OR_RETURN(form, quant_form(L, p, v, lt, *algo, x->dt, *odt, m));
+      KILN_ASSIGN_OR_RETURN(f, quant_form(L, p, v, lt, *algo, x->dt, *odt, m, sm90));
     }
-    float q8 = -1, f16 = -1;
-    if (std::sscanf(form.c_str(), "%*d %f %f", &q8, &f16) == 2 && q8 > 0 && f16 > 0) {
-      timed = fmt::format("8-bit {:.1f} us, 16-bit {:.1f} us", q8, f16);
-    }
-    if (form.rfind("16", 0) == 0) {
+    timed = f.timed();
+    if (f.form == 16) {
       return emit_16bit_form(L, node, p, x, m, x->dt, timed.empty() ? "16-bit, as the build asked" : "16-bit: " + timed);
     }
+    if (f.form == 90 && sm90) return emit_sm90_form(L, node, p, x, m, *odt, f.tile, timed);
     if (!timed.empty()) timed = "; " + timed;
   }
 
-  // The weight as [N, K] bytes (both element types are one byte).
-  std::vector<uint8_t> wt(size_t(n * k));
-  const auto* w = static_cast<const uint8_t*>(p.w->raw());
-  for (int64_t r = 0; r < k; ++r) {
-    for (int64_t c = 0; c < n; ++c) wt[size_t(c * k + r)] = w[size_t(r * n + c)];
-  }
-  KILN_ASSIGN_OR_RETURN(Ref wref, L.upload_raw(wt.data(), wt.size()));
-  const int xq = L.scratch(size_t(m * k));
-  {
-    ByteWriter pw;
-    pw.put(int32_t(x->dt));
-    pw.u8(p.fp8);
-    pw.i64(m * k);
-    for (float f : {p.sx, p.zx, p.lo, p.hi, p.offset}) pw.put(f);
-    put(pw, x->ref);
-    put(pw, Ref{false, xq});
-    L.emit(&node, fmt::format("kernel quantize_{} (x / {})", p.fp8 ? "fp8" : "int8", p.sx),
-           {read_id(x)}, {xq}, StepOp::kQuantizeAct, std::move(pw));
-  }
+  KILN_ASSIGN_OR_RETURN(Ref wref, weight_nk(L, p));
+  std::string copy;
+  const int xq = quantized_x(L, node, p, x, m, &copy);
   const DevValue& y = L.define(out);
   ByteWriter w8;
   w8.put(int32_t(v));
@@ -477,28 +635,20 @@ Status lower_quantized_matmul(Lowering& L, const Node& node) {
     L.emit(&node, fmt::format("cublasLt fp8 {}{}{}{}", shape, p.per_channel ? " per-channel" : "", p.bias ? " +bias" : "",
                               timed.empty() ? "" : " (" + timed.substr(2) + ")"),
            {xq}, {y.ref.id}, StepOp::kLtMatmulQuant, std::move(w8));
-    return Status::ok();
+  } else {
+    std::vector<float> alpha, beta;
+    column_affine(p, alpha, beta);
+    const k::DT acc_dt = v == Variant::kInt8Sums ? k::DT::kI32 : k::DT::kF32;
+    const int acc = L.scratch(size_t(m * n) * 4);
+    for (int i = 0; i < 3; ++i) put(w8, Ref{});
+    put(w8, Ref{false, acc});
+    L.emit(&node, fmt::format("cublasLt {} {} (sums{}){}", p.fp8 ? "fp8" : "int8", shape, timed, scaled_why), {xq}, {acc},
+           StepOp::kLtMatmulQuant, std::move(w8));
+    KILN_ASSIGN_OR_RETURN(Ref ar, upload_vec(L, alpha));
+    KILN_ASSIGN_OR_RETURN(Ref br, upload_vec(L, beta));
+    emit_dequant_cols(L, node, acc_dt, *odt, m, n, acc, ar, br, y.ref);
   }
-  // Sums (int32 or f32), then y = sum * alpha[c] + beta[c]: alpha = sx * sw[c], beta = bias[c] minus,
-  // for int8, x's zero point times the column's sum of weights (the stored x is q - offset).
-  std::vector<float> alpha(static_cast<size_t>(n)), beta(static_cast<size_t>(n));
-  const double zx = v == Variant::kInt8Sums ? double(p.zx) - double(p.offset) : 0.0;
-  for (int64_t c = 0; c < n; ++c) {
-    int64_t colsum = 0;
-    for (int64_t r = 0; v == Variant::kInt8Sums && r < k; ++r) colsum += int8_t(w[size_t(r * n + c)]);
-    const double a = double(p.sx) * double(p.sw[size_t(c)]);
-    alpha[size_t(c)] = float(a);
-    beta[size_t(c)] = float((p.bias ? p.bias->as_double(c) : 0.0) - a * zx * double(colsum));
-  }
-  const k::DT acc_dt = v == Variant::kInt8Sums ? k::DT::kI32 : k::DT::kF32;
-  const int acc = L.scratch(size_t(m * n) * 4);
-  for (int i = 0; i < 3; ++i) put(w8, Ref{});
-  put(w8, Ref{false, acc});
-  L.emit(&node, fmt::format("cublasLt {} {} (sums{}){}", p.fp8 ? "fp8" : "int8", shape, timed, scaled_why), {xq}, {acc},
-         StepOp::kLtMatmulQuant, std::move(w8));
-  KILN_ASSIGN_OR_RETURN(Ref ar, upload_vec(L, alpha));
-  KILN_ASSIGN_OR_RETURN(Ref br, upload_vec(L, beta));
-  emit_dequant_cols(L, node, acc_dt, *odt, m, n, acc, ar, br, y.ref);
+  if (!copy.empty()) L.fake_quants[copy] = xq;
   return Status::ok();
 }
 
@@ -530,6 +680,43 @@ Expected<StepFn> bind_fake_quant(Params& in, BindCtx&) {
   return StepFn([=](const RunCtx& c) -> Status {
     KILN_CUDA_TRY(k::fake_quant(dt, c.ptr(x), c.ptr(y), count, sx, zx, lo, hi, fp8, c.stream));
     return Status::ok();
+  });
+}
+
+Expected<StepFn> bind_gemm_sm90_quant(Params& in, BindCtx&) {
+  const bool fp8 = in.flag();
+  const k::DT dt = in.dt();
+  const int tile = in.i32(), act = in.i32();
+  const int64_t m = in.i64(), n = in.i64(), kk = in.i64();
+  const float beta = in.f32();
+  const Ref a = in.ref(), w = in.ref(), alpha = in.ref(), bias = in.ref(), c = in.opt_ref(), y = in.ref();
+  KILN_RETURN_IF_ERROR(in.done());
+  if (m < 1 || n < 1 || kk < 1 || (dt != k::DT::kF16 && dt != k::DT::kBF16) || (tile != 0 && tile != 1) ||
+      (act != 0 && act != 2) || y.weight) {
+    return KILN_ERROR(kInvalidModel, "step '{}': a malformed quantized product", in.step().label);
+  }
+  if (!k::gemm_sm90_q8_available()) {
+    return KILN_ERROR(kUnsupported, "step '{}': this kiln was built without the Hopper 8-bit kernel", in.step().label);
+  }
+  // Once per kernel before the first launch, outside graph capture.
+  KILN_CUDA_TRY(k::gemm_sm90_q8_prepare(fp8, dt == k::DT::kBF16, tile, act));
+  return StepFn([=](const RunCtx& ctx) -> Status {
+    k::GemmSm90QArgs g;
+    g.a = ctx.ptr(a);
+    g.b = ctx.ptr(w);
+    g.alpha = static_cast<const float*>(ctx.ptr(alpha));
+    g.bias = static_cast<const float*>(ctx.ptr(bias));
+    g.c = c.id >= 0 ? ctx.ptr(c) : nullptr;
+    g.d = ctx.ptr(y);
+    g.m = m;
+    g.n = n;
+    g.k = kk;
+    g.tile = tile;
+    g.act = act;
+    g.beta = beta;
+    g.fp8 = fp8;
+    g.bf16 = dt == k::DT::kBF16;
+    return cuda_status(k::gemm_sm90_q8(g, ctx.stream), "gemm_sm90_q8");
   });
 }
 
@@ -650,6 +837,7 @@ void register_quant_lowerings(std::map<OpKind, LowerFn>& t) {
 void register_quant_binders(std::map<StepOp, BindFn>& t) {
   t[StepOp::kQuantizeAct] = bind_quantize_act;
   t[StepOp::kFakeQuant] = bind_fake_quant;
+  t[StepOp::kGemmSm90Quant] = bind_gemm_sm90_quant;
   t[StepOp::kLtMatmulQuant] = bind_lt_matmul_quant;
   t[StepOp::kDequantCols] = bind_dequant_cols;
   t[StepOp::kDynamicQuantize] = bind_dynamic_quantize;

@@ -345,6 +345,26 @@ bool gemm_sm90_available();
 cudaError_t gemm_sm90_prepare(DT dt, int bn, int act);
 cudaError_t gemm_sm90(DT dt, const GemmSm90Args& g, cudaStream_t s);
 
+// QuantizedMatMul's 8-bit product on Hopper (kernels_cutlass/gemm_sm90_q8.cu): d [m, n] fp16 (bf16) =
+// act(alpha[n] * (a [m, k] . b [n, k]^T) + bias[n] + beta * c [m, n]), a and b both float8 e4m3
+// (fp8) or both int8; alpha and bias f32 (bias and c may be null). tile 0: 128x128x128, 1: 64x128x128;
+// act 0 none, 2 GELU (tanh). n and k multiples of 16, pointers 16-byte aligned.
+struct GemmSm90QArgs {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  const float* alpha = nullptr;
+  const float* bias = nullptr;
+  const void* c = nullptr;
+  void* d = nullptr;
+  int64_t m = 0, n = 0, k = 0;
+  int tile = 0, act = 0;
+  float beta = 0;
+  bool fp8 = true, bf16 = false;  // c and d bf16 rather than fp16
+};
+bool gemm_sm90_q8_available();
+cudaError_t gemm_sm90_q8_prepare(bool fp8, bool bf16, int tile, int act);
+cudaError_t gemm_sm90_q8(const GemmSm90QArgs& g, cudaStream_t s);
+
 // ---- generators ----------------------------------------------------------------------------------
 
 // y[i] = value for n elements of dt (value converted from double).

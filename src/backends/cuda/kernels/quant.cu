@@ -9,23 +9,55 @@ namespace kiln::cuda::k {
 
 namespace {
 
+// y[i] = f(x[i]) over n elements, 16 bytes of x per load (and the matching run of y per store) where
+// both pointers allow it: these passes are bound by memory, and element-wide accesses left them at a
+// third of its bandwidth (bench/RESULTS.md, "thirty-fifth session").
+template <class T, class U, class F>
+__device__ void map_vectorized(const T* __restrict__ x, U* __restrict__ y, int64_t n, F f) {
+  constexpr int V = 16 / sizeof(T);
+  struct alignas(16) In {
+    T v[V];
+  };
+  struct alignas(sizeof(U) * V) Out {
+    U v[V];
+  };
+  int64_t done = 0;
+  if (reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % (sizeof(U) * V) == 0) {
+    const int64_t nv = n / V;
+    for (int64_t i = global_tid(); i < nv; i += global_threads()) {
+      const In a = reinterpret_cast<const In*>(x)[i];
+      Out b;
+#pragma unroll
+      for (int j = 0; j < V; ++j) b.v[j] = f(a.v[j]);
+      reinterpret_cast<Out*>(y)[i] = b;
+    }
+    done = nv * V;
+  }
+  for (int64_t i = done + global_tid(); i < n; i += global_threads()) y[i] = f(x[i]);
+}
+
+// Threads for n elements taken 16 bytes of T at a time.
+template <class T>
+unsigned grid_vectorized(int64_t n) {
+  return grid_for((n + int64_t(16 / sizeof(T)) - 1) / int64_t(16 / sizeof(T)));
+}
+
 // As QuantizeLinear (ops/quantize.cc): x / scale correctly rounded in f32, half-to-even, plus the
 // zero point, saturated to [lo, hi]; NaN -> 0. Stored minus `offset` (128 turns uint8 into int8).
 template <class T>
 __global__ void quantize_i8_kernel(const T* __restrict__ x, int8_t* __restrict__ y, int64_t n, float scale, float zp,
                                    float lo, float hi, float offset) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float q = rintf(__fdiv_rn(to_f(x[i]), scale));
-    y[i] = int8_t(q != q ? -offset : fminf(fmaxf(q + zp, lo), hi) - offset);
-  }
+  map_vectorized(x, y, n, [=](T v) {
+    const float q = rintf(__fdiv_rn(to_f(v), scale));
+    return int8_t(q != q ? -offset : fminf(fmaxf(q + zp, lo), hi) - offset);
+  });
 }
 
 // To float8 e4m3 with saturation (ONNX's saturate = 1: beyond +-448 -> +-448, NaN stays NaN).
 template <class T>
 __global__ void quantize_f8_kernel(const T* __restrict__ x, __nv_fp8_e4m3* __restrict__ y, int64_t n, float scale) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    y[i] = __nv_fp8_e4m3(__fdiv_rn(to_f(x[i]), scale));  // the constructor rounds to nearest, satfinite
-  }
+  // The constructor rounds to nearest, satfinite.
+  map_vectorized(x, y, n, [=](T v) { return __nv_fp8_e4m3(__fdiv_rn(to_f(v), scale)); });
 }
 
 // QuantizeLinear then DequantizeLinear in one pass (the values a QDQ model's product multiplies),
@@ -34,8 +66,8 @@ __global__ void quantize_f8_kernel(const T* __restrict__ x, __nv_fp8_e4m3* __res
 template <class T>
 __global__ void fake_quant_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, float scale, float zp,
                                   float lo, float hi, bool fp8) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float v = __fdiv_rn(to_f(x[i]), scale);
+  map_vectorized(x, y, n, [=](T in) {
+    const float v = __fdiv_rn(to_f(in), scale);
     float q;
     if (fp8) {
       q = float(__nv_fp8_e4m3(v));
@@ -43,8 +75,8 @@ __global__ void fake_quant_kernel(const T* __restrict__ x, T* __restrict__ y, in
       const float r = rintf(v);
       q = r != r ? -zp : fminf(fmaxf(r + zp, lo), hi) - zp;  // NaN: the stored integer 0, as QuantizeLinear
     }
-    y[i] = from_f<T>(__fmul_rn(q, scale));
-  }
+    return from_f<T>(__fmul_rn(q, scale));
+  });
 }
 
 template <class A, class T>
@@ -65,7 +97,7 @@ cudaError_t quantize_int8(DT dt, const void* x, void* y, int64_t n, float scale,
   if (n == 0) return cudaSuccess;
   return dispatch_f32ish(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    quantize_i8_kernel<<<grid_for(n), kBlock, 0, s>>>(static_cast<const T*>(x), static_cast<int8_t*>(y), n, scale, zp,
+    quantize_i8_kernel<<<grid_vectorized<T>(n), kBlock, 0, s>>>(static_cast<const T*>(x), static_cast<int8_t*>(y), n, scale, zp,
                                                       lo, hi, offset);
     return cudaGetLastError();
   });
@@ -76,7 +108,7 @@ cudaError_t quantize_fp8(DT dt, const void* x, void* y, int64_t n, float scale, 
   if (n == 0) return cudaSuccess;
   return dispatch_f32ish(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    quantize_f8_kernel<<<grid_for(n), kBlock, 0, s>>>(static_cast<const T*>(x), static_cast<__nv_fp8_e4m3*>(y), n, scale);
+    quantize_f8_kernel<<<grid_vectorized<T>(n), kBlock, 0, s>>>(static_cast<const T*>(x), static_cast<__nv_fp8_e4m3*>(y), n, scale);
     return cudaGetLastError();
   });
 }
@@ -87,7 +119,7 @@ cudaError_t fake_quant(DT dt, const void* x, void* y, int64_t n, float scale, fl
   if (n == 0) return cudaSuccess;
   return dispatch_f32ish(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    fake_quant_kernel<<<grid_for(n), kBlock, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), n, scale, zp, lo, hi,
+    fake_quant_kernel<<<grid_vectorized<T>(n), kBlock, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), n, scale, zp, lo, hi,
                                                      fp8);
     return cudaGetLastError();
   });

@@ -279,7 +279,7 @@ bool sm90_applies(const Lowering& L, const QuantProduct& p, k::DT xdt, k::DT odt
 // The product on the Hopper 8-bit kernel: x quantized (or its shared copy), then one kernel with the
 // scales, the bias, and the residual Add and GELU after it (when they follow) in its epilogue.
 Status emit_sm90_form(Lowering& L, const Node& node, const QuantProduct& p, const DevValue* x, int64_t m, k::DT dt,
-                      int tile, const std::string& why) {
+                      const Value* from, int tile, const std::string& why) {
   KILN_ASSIGN_OR_RETURN(Ref wref, weight_nk(L, p));
   std::vector<float> alpha, beta;
   column_affine(p, alpha, beta);
@@ -287,7 +287,7 @@ Status emit_sm90_form(Lowering& L, const Node& node, const QuantProduct& p, cons
   KILN_ASSIGN_OR_RETURN(Ref br, upload_vec(L, beta));
   Epilogue ep;
   std::vector<const Node*> fused;
-  const Value* out = fuse_product_tail(L, node.outputs[0], dt, ep, fused);
+  const Value* out = fuse_product_tail(L, from, dt, ep, fused);
   if (ep.act == Act::kRelu) {  // the kernel's epilogue has GELU only: the Relu runs on its own
     out = fused.back()->inputs[0];
     fused.pop_back();
@@ -327,7 +327,7 @@ Status emit_sm90_form(Lowering& L, const Node& node, const QuantProduct& p, cons
 // The residual Add and Relu/Gelu after it join the 16-bit GEMM's epilogue as they do a MatMul's, and
 // products of one x at one scale (a transformer's Q, K and V) share one quantized copy of it.
 Status emit_16bit_form(Lowering& L, const Node& node, const QuantProduct& p, const DevValue* x, int64_t m, k::DT dt,
-                       const std::string& why) {
+                       const Value* from, const std::string& why) {
   const std::string copy =
       fmt::format("{} {} {} {} {} {} {} {}", x->ref.weight, x->ref.id, int(dt), p.fp8, p.sx, p.zx, p.lo, p.hi);
   auto made = L.fake_quants.find(copy);
@@ -384,7 +384,7 @@ Status emit_16bit_form(Lowering& L, const Node& node, const QuantProduct& p, con
   s.n = p.n;
   s.k = p.k;
   std::vector<const Node*> fused;
-  const Value* out = fuse_product_tail(L, node.outputs[0], dt, ep, fused);
+  const Value* out = fuse_product_tail(L, from, dt, ep, fused);
   const DevValue& y = L.define(out);
   if (Status st = emit_gemm(L, node, &xv, &wv, s, ep, y.ref, dt); !st) {
     L.values.erase(out);
@@ -557,10 +557,8 @@ Expected<Forms> quant_form(Lowering& L, const QuantProduct& p, Variant v, const 
   return Forms::parse(L.quant_forms[key]);
 }
 
-Status lower_quantized_matmul(Lowering& L, const Node& node) {
-  KILN_ASSIGN_OR_RETURN(QuantProduct p, read_body(L, node));
-  const Value* out = node.outputs[0];
-  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(node.inputs[0]));
+// The product from `out` on (the node's output, or its bias Add's): its form chosen and emitted.
+Status emit_quantized_matmul(Lowering& L, const Node& node, const QuantProduct& p, const DevValue* x, const Value* out) {
   auto odt = L.device_dt(out->type.dtype);
   if (!x || !odt || !is_float_dt(x->dt) || !is_float_dt(*odt) || x->dims.empty() || x->dims.back() != p.k) {
     KILN_UNSUPPORTED("x is not a float matrix of K = {} columns", p.k);
@@ -592,7 +590,7 @@ Status lower_quantized_matmul(Lowering& L, const Node& node) {
   if (forced == 8 && sm90 && L.options().gemm_sm90 == 1) {
     // Forced (tests): the wide tile when gemm_sm90_tile asks for 128 columns, else by the rows.
     const int tile = L.options().gemm_sm90_tile == 128 || (L.options().gemm_sm90_tile == 0 && m >= 1024) ? 0 : 1;
-    return emit_sm90_form(L, node, p, x, m, *odt, tile, "as the build asked");
+    return emit_sm90_form(L, node, p, x, m, *odt, out, tile, "as the build asked");
   }
   if ((x->dt == k::DT::kF16 || x->dt == k::DT::kBF16) && x->dt == *odt && forced != 8) {
     Forms f;
@@ -602,9 +600,10 @@ Status lower_quantized_matmul(Lowering& L, const Node& node) {
     }
     timed = f.timed();
     if (f.form == 16) {
-      return emit_16bit_form(L, node, p, x, m, x->dt, timed.empty() ? "16-bit, as the build asked" : "16-bit: " + timed);
+      return emit_16bit_form(L, node, p, x, m, x->dt, out,
+                             timed.empty() ? "16-bit, as the build asked" : "16-bit: " + timed);
     }
-    if (f.form == 90 && sm90) return emit_sm90_form(L, node, p, x, m, *odt, f.tile, timed);
+    if (f.form == 90 && sm90) return emit_sm90_form(L, node, p, x, m, *odt, out, f.tile, timed);
     if (!timed.empty()) timed = "; " + timed;
   }
 
@@ -649,6 +648,36 @@ Status lower_quantized_matmul(Lowering& L, const Node& node) {
     emit_dequant_cols(L, node, acc_dt, *odt, m, n, acc, ar, br, y.ref);
   }
   if (!copy.empty()) L.fake_quants[copy] = xq;
+  return Status::ok();
+}
+
+// The Add of a per-column float32 constant that alone reads the product, when the body has no bias
+// (fuse-qdq-matmul leaves one out where it cannot prove it safe to move): the product takes it as
+// the body's own bias, in its epilogue.
+const Node* outer_bias(Lowering& L, const Value* out, QuantProduct& p) {
+  const Node* add = p.bias ? nullptr : L.only_consumer(out);
+  if (!add || add->op != OpKind::kAdd || add->inputs.size() != 2 || !add->has_output(0) ||
+      !(add->outputs[0]->type == out->type)) {
+    return nullptr;
+  }
+  const Value* other = add->inputs[0] == out ? add->inputs[1] : add->inputs[0];
+  const Tensor* b = other != out ? L.constant(other) : nullptr;
+  if (!b || b->dtype() != DType::kFloat32 || b->numel() != p.n || b->rank() < 1 || b->dim(b->rank() - 1) != p.n) {
+    return nullptr;
+  }
+  p.bias = b;
+  return add;
+}
+
+Status lower_quantized_matmul(Lowering& L, const Node& node) {
+  KILN_ASSIGN_OR_RETURN(QuantProduct p, read_body(L, node));
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.rowmajor(node.inputs[0]));
+  const Node* bias_add = outer_bias(L, node.outputs[0], p);
+  const Value* out = bias_add ? bias_add->outputs[0] : node.outputs[0];
+  if (Status st = emit_quantized_matmul(L, node, p, x, out); !st) {
+    return st;
+  }
+  if (bias_add) L.mark_fused(bias_add, &node);
   return Status::ok();
 }
 

@@ -8,9 +8,11 @@
 // "thirty-fourth session").
 //
 // A is x quantized, row-major [M, K]; B is the weight stored [N, K] (both K-major, as wgmma wants 8-bit
-// operands); D and C are fp16 or bf16 [M, N]. Two tiles: 128x128x128 on two consumer warpgroups (the
-// cooperative persistent kernel) for many rows, 64x128x128 on one for few. Activations none or GELU
-// (tanh form, as the 16-bit kernels' epilogues).
+// operands); D and C are fp16 or bf16 [M, N]. Two tiles, 128x128x128 for many rows and 64x128x128
+// for few (WideTile, NarrowTile); activations none or GELU (tanh form, as the 16-bit kernels'
+// epilogues).
+#include <type_traits>
+
 #include "backends/cuda/kernels/kernels.h"
 
 #ifdef KILN_HAVE_CUTLASS
@@ -33,14 +35,24 @@ using cute::_1;
 using cute::_64;
 using cute::_128;
 
-struct WideTile {  // many rows: two consumer warpgroups, persistent over the tiles
+// Many rows. int8: two consumer warpgroups taking turns (one's epilogue under the other's products),
+// the fastest on BERT-base's products at 8192 rows (bench/RESULTS.md, "thirty-fifth session").
+// fp8: the two warpgroups on one tile (cooperative): CUTLASS's fp8 main loop promotes the
+// tensor cores' partial sums to f32 every few k-blocks, and in the ping-pong kernel that costs it
+// half its speed. Both persistent over the tiles.
+template <bool Fp8>
+struct WideTile {
   using Shape = cute::Shape<_128, _128, _128>;
-  using Main = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-  using Epi = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using Main = std::conditional_t<Fp8, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                                  cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
+  using Epi = std::conditional_t<Fp8, cutlass::epilogue::TmaWarpSpecializedCooperative,
+                                 cutlass::epilogue::TmaWarpSpecialized>;
 };
-struct NarrowTile {  // few rows: one consumer warpgroup, a CTA per tile
+// Few rows (a batch-1 transformer's 128): 64-row tiles, ping-pong.
+template <bool Fp8>
+struct NarrowTile {
   using Shape = cute::Shape<_64, _128, _128>;
-  using Main = cutlass::gemm::KernelTmaWarpSpecialized;
+  using Main = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
   using Epi = cutlass::epilogue::TmaWarpSpecialized;
 };
 
@@ -120,8 +132,8 @@ struct Sm90Q8 {
 template <class In, class Acc, class E, template <class> class Act, class F>
 cudaError_t with_tile(int tile, F f) {
   switch (tile) {
-    case 0: return f(Sm90Q8<In, Acc, E, WideTile, Act>{});
-    case 1: return f(Sm90Q8<In, Acc, E, NarrowTile, Act>{});
+    case 0: return f(Sm90Q8<In, Acc, E, WideTile<std::is_same_v<In, cutlass::float_e4m3_t>>, Act>{});
+    case 1: return f(Sm90Q8<In, Acc, E, NarrowTile<std::is_same_v<In, cutlass::float_e4m3_t>>, Act>{});
     default: return cudaErrorInvalidValue;
   }
 }

@@ -274,9 +274,19 @@ Value* add_i64_constant(Graph& g, const std::string& base, const std::vector<int
   return g.add_constant(g.unique_name(base), std::move(t));
 }
 
+Value* through_identity(const Graph& g, Value* v) {
+  Value* s = v;
+  while (s && s->producer && s->producer->op == OpKind::kIdentity && s->producer->owner == &g &&
+         s->producer->inputs.size() == 1 && s->producer->inputs[0] != s) {
+    s = s->producer->inputs[0];
+  }
+  return constant_of(g, s) ? s : v;
+}
+
 Value* column_bias(const Graph& g, const Node& add, const Value* m, int64_t n) {
   if (add.inputs.size() != 2) return nullptr;
   Value* b = add.inputs[0] == m ? add.inputs[1] : add.inputs[1] == m ? add.inputs[0] : nullptr;
+  if (b) b = through_identity(g, b);
   const Tensor* t = b ? constant_of(g, b) : nullptr;
   if (!t || b == m || t->dtype() != m->type.dtype || t->rank() < 1 || t->rank() > 2) return nullptr;
   if (t->dims().back() != n || t->numel() != n) return nullptr;

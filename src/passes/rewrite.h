@@ -98,8 +98,13 @@ Node* sole_reader(const UseMap& uses, const Value* v, OpKind op);
 // per element, in order), and an i64 vector (Reshape targets, axes).
 Value* add_f32_constant(Graph& g, const std::string& base, std::vector<int64_t> dims, const std::vector<double>& v);
 Value* add_i64_constant(Graph& g, const std::string& base, const std::vector<int64_t>& v);
-// The bias operand of `add` when it is Add(m, b) or Add(b, m) with b a constant per-column bias of
-// m's dtype: shape [n] or [1, n] (fuse-matmul-add, fuse-qdq-matmul).
+// The constant at the start of a chain of Identity nodes ending in v (torch's exporter routes
+// initializers shared by several layers, identical zero biases included, through Identity nodes),
+// or v itself when the chain does not start at a constant.
+Value* through_identity(const Graph& g, Value* v);
+// The bias of `add` when it is Add(m, b) or Add(b, m) with b a constant per-column bias of m's
+// dtype, shape [n] or [1, n], or an Identity chain from one (through_identity: the constant is
+// returned) (fuse-matmul-add, fuse-qdq-matmul).
 Value* column_bias(const Graph& g, const Node& add, const Value* m, int64_t n);
 // The float dtypes the fusions rewrite (f16, bf16, f32, f64).
 bool is_float(DType t);

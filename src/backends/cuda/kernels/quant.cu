@@ -3,6 +3,8 @@
 // from fp8 without epilogue scales) scaled back per column after it; DynamicQuantizeLinear.
 #include <cuda_fp8.h>
 
+#include <cmath>
+
 #include "backends/cuda/kernels/common.cuh"
 
 namespace kiln::cuda::k {
@@ -42,13 +44,30 @@ unsigned grid_vectorized(int64_t n) {
   return grid_for((n + int64_t(16 / sizeof(T)) - 1) / int64_t(16 / sizeof(T)));
 }
 
+// rintf(__fdiv_rn(x, scale)) (the quotient correctly rounded in f32, then to an integer, half to
+// even) without the division where it cannot change the integer: x * inv (inv = 1/scale rounded;
+// 0 when that is not finite) is within 2^-22 of the quotient relative, so their nearest integers
+// agree unless it lies that close to a half-integer, and only those (and inv = 0) divide. The
+// division was most of these passes' time (bench/RESULTS.md, "thirty-fifth session").
+__device__ __forceinline__ float rint_quotient(float x, float scale, float inv) {
+  const float y = x * inv;
+  const float f = fabsf(y - truncf(y));
+  if (inv == 0.0f || fabsf(f - 0.5f) <= fabsf(y) * 5e-7f) return rintf(__fdiv_rn(x, scale));
+  return rintf(y);  // NaN and infinities come out as the division's would
+}
+
+float inverse_of(float scale) {
+  const float inv = 1.0f / scale;
+  return std::isfinite(inv) ? inv : 0.0f;
+}
+
 // As QuantizeLinear (ops/quantize.cc): x / scale correctly rounded in f32, half-to-even, plus the
 // zero point, saturated to [lo, hi]; NaN -> 0. Stored minus `offset` (128 turns uint8 into int8).
 template <class T>
-__global__ void quantize_i8_kernel(const T* __restrict__ x, int8_t* __restrict__ y, int64_t n, float scale, float zp,
-                                   float lo, float hi, float offset) {
+__global__ void quantize_i8_kernel(const T* __restrict__ x, int8_t* __restrict__ y, int64_t n, float scale, float inv,
+                                   float zp, float lo, float hi, float offset) {
   map_vectorized(x, y, n, [=](T v) {
-    const float q = rintf(__fdiv_rn(to_f(v), scale));
+    const float q = rint_quotient(to_f(v), scale, inv);
     return int8_t(q != q ? -offset : fminf(fmaxf(q + zp, lo), hi) - offset);
   });
 }
@@ -64,15 +83,14 @@ __global__ void quantize_f8_kernel(const T* __restrict__ x, __nv_fp8_e4m3* __res
 // in x's own type: int8 as quantize_i8_kernel then (q - zp) * scale; fp8 as quantize_f8_kernel
 // then the e4m3 value times scale.
 template <class T>
-__global__ void fake_quant_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, float scale, float zp,
-                                  float lo, float hi, bool fp8) {
+__global__ void fake_quant_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, float scale, float inv,
+                                  float zp, float lo, float hi, bool fp8) {
   map_vectorized(x, y, n, [=](T in) {
-    const float v = __fdiv_rn(to_f(in), scale);
     float q;
     if (fp8) {
-      q = float(__nv_fp8_e4m3(v));
+      q = float(__nv_fp8_e4m3(__fdiv_rn(to_f(in), scale)));
     } else {
-      const float r = rintf(v);
+      const float r = rint_quotient(to_f(in), scale, inv);
       q = r != r ? -zp : fminf(fmaxf(r + zp, lo), hi) - zp;  // NaN: the stored integer 0, as QuantizeLinear
     }
     return from_f<T>(__fmul_rn(q, scale));
@@ -97,8 +115,8 @@ cudaError_t quantize_int8(DT dt, const void* x, void* y, int64_t n, float scale,
   if (n == 0) return cudaSuccess;
   return dispatch_f32ish(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    quantize_i8_kernel<<<grid_vectorized<T>(n), kBlock, 0, s>>>(static_cast<const T*>(x), static_cast<int8_t*>(y), n, scale, zp,
-                                                      lo, hi, offset);
+    quantize_i8_kernel<<<grid_vectorized<T>(n), kBlock, 0, s>>>(static_cast<const T*>(x), static_cast<int8_t*>(y), n,
+                                                                 scale, inverse_of(scale), zp, lo, hi, offset);
     return cudaGetLastError();
   });
 }
@@ -119,8 +137,8 @@ cudaError_t fake_quant(DT dt, const void* x, void* y, int64_t n, float scale, fl
   if (n == 0) return cudaSuccess;
   return dispatch_f32ish(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    fake_quant_kernel<<<grid_vectorized<T>(n), kBlock, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), n, scale, zp, lo, hi,
-                                                     fp8);
+    fake_quant_kernel<<<grid_vectorized<T>(n), kBlock, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), n, scale,
+                                                                inverse_of(scale), zp, lo, hi, fp8);
     return cudaGetLastError();
   });
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backends/cuda/kernels/common.cuh"
+#include "backends/cuda/kernels/quant_math.cuh"
 
 namespace kiln::cuda::k {
 
@@ -42,18 +43,6 @@ __device__ void map_vectorized(const T* __restrict__ x, U* __restrict__ y, int64
 template <class T>
 unsigned grid_vectorized(int64_t n) {
   return grid_for((n + int64_t(16 / sizeof(T)) - 1) / int64_t(16 / sizeof(T)));
-}
-
-// rintf(__fdiv_rn(x, scale)) (the quotient correctly rounded in f32, then to an integer, half to
-// even) without the division where it cannot change the integer: x * inv (inv = 1/scale rounded;
-// 0 when that is not finite) is within 2^-22 of the quotient relative, so their nearest integers
-// agree unless it lies that close to a half-integer, and only those (and inv = 0) divide. The
-// division was most of these passes' time (bench/RESULTS.md, "thirty-fifth session").
-__device__ __forceinline__ float rint_quotient(float x, float scale, float inv) {
-  const float y = x * inv;
-  const float f = fabsf(y - truncf(y));
-  if (inv == 0.0f || fabsf(f - 0.5f) <= fabsf(y) * 5e-7f) return rintf(__fdiv_rn(x, scale));
-  return rintf(y);  // NaN and infinities come out as the division's would
 }
 
 float inverse_of(float scale) {

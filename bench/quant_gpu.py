@@ -14,7 +14,7 @@ semantics), how many quantized products kiln placed on int8/fp8 GEMMs and how ma
 (where its timing found the 8-bit form slower), and `kiln bench --fp16` median/p99.
 Prints one table; writes DIR/quant_gpu.json. Exit code 1 when a check fails or anything errors.
 """
-import argparse, json, os, subprocess, sys
+import argparse, json, os, re, subprocess, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402
@@ -95,11 +95,12 @@ def quant_steps(args, path, shapes):
         return {"error": err}
     with open(os.path.join(args.out, os.path.basename(path) + ".report.txt"), "w") as f:
         f.write(out)
-    eight = ("cublasLt int8", "cublasLt fp8", "gemm_sm90_q8 int8", "gemm_sm90_q8 fp8")
-    return {"int8_gemms": out.count("cublasLt int8") + out.count("gemm_sm90_q8 int8"),
-            "fp8_gemms": out.count("cublasLt fp8") + out.count("gemm_sm90_q8 fp8"),
-            "16bit_gemms": sum(1 for line in out.splitlines() if "(QuantizedMatMul," in line and line.lstrip().startswith("cuda")
-                               and not any(e in line for e in eight)),
+    # One line per product: the QuantizedMatMul node's own (the nodes fused into it repeat its
+    # kernels' text and name it at the end of their lines).
+    products = [line for line in out.splitlines() if re.match(r"\s*cuda\s+node '[^']*' \(QuantizedMatMul,", line)]
+    int8 = sum(1 for line in products if "cublasLt int8" in line or "gemm_sm90_q8 int8" in line)
+    fp8 = sum(1 for line in products if "cublasLt fp8" in line or "gemm_sm90_q8 fp8" in line)
+    return {"int8_gemms": int8, "fp8_gemms": fp8, "16bit_gemms": len(products) - int8 - fp8,
             "cpu_nodes": out.count("cpu kernel")}
 
 

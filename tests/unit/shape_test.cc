@@ -142,5 +142,17 @@ TEST(PadInference, HugePadsAreAnErrorNotAnOverflow) {
   EXPECT_NE(s.message().find("beyond any tensor's size"), std::string::npos) << s.message();
 }
 
+// A pad within the bound on a static dim already near int64's limit: the sum would overflow, and is
+// an error naming the dim instead.
+TEST(PadInference, PadGrowingADimPastInt64IsAnError) {
+  auto g = parse_graph(
+      "graph g(%x: f32[9223372036854775000,3]) {\n %p = const dense<i64[4]> [0, 0, 1099511627776, 0]\n"
+      " %y = Pad(%x, %p) : f32[1,3]\n return %y\n}");
+  ASSERT_TRUE(g) << g.status().message();
+  Status s = infer_types(**g);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("past int64"), std::string::npos) << s.message();
+}
+
 }  // namespace
 }  // namespace kiln

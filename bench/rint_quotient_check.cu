@@ -21,8 +21,10 @@ __global__ void count_differences(float scale, float inv, unsigned long long* ba
 int main() {
   unsigned long long* bad = nullptr;
   if (cudaMallocManaged(&bad, sizeof(*bad)) != cudaSuccess) return 2;
-  // Calibrated activation scales of BERT-base, round ones, and tiny ones (1/1e-40 overflows: inv = 0).
-  const float scales[] = {0.02f, 0.016f, 0.0037997775f, 0.020968726f, 1.0f, 3.0f, 0.1f, 0.0078125f, 12345.678f, 1e-30f, 7.5e-39f, 1e-40f};
+  // Calibrated activation scales of BERT-base, round ones, tiny ones (1/1e-40 overflows: inv = 0),
+  // huge ones (inv subnormal), and one whose inverse rounds up, so x * inv overflows near FLT_MAX.
+  const float scales[] = {0.02f, 0.016f, 0.0037997775f, 0.020968726f, 1.0f, 3.0f, 0.1f, 0.0078125f, 12345.678f,
+                          1e-30f, 7.5e-39f, 1e-40f, 1e38f, 3.4e38f, 0x1.ee0474p-1f};
   int failed = 0;
   for (float s : scales) {
     *bad = 0;

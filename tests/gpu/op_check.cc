@@ -68,9 +68,9 @@ struct Rng {
         case DType::kUInt16: t.data<uint16_t>()[i] = uint16_t(ints(g)); break;
         case DType::kUInt32: t.data<uint32_t>()[i] = uint32_t(ints(g)); break;
         case DType::kUInt64: t.data<uint64_t>()[i] = uint64_t(ints(g)) * 0x100000001ull; break;  // past 2^32
-        case DType::kFloat8E4M3FN: {  // +-[0.25, 30): exponent field 5..9, any mantissa (no NaN)
-          auto* b = static_cast<uint8_t*>(t.raw());
-          b[i] = uint8_t((g() & 1) << 7 | (5 + g() % 5) << 3 | (g() & 7));
+        case DType::kFloat8E4M3FN: {  // +-[0.25, 7.5]: exponent field 5..9, any mantissa (no NaN)
+          const uint64_t sign = g() & 1, exponent = 5 + g() % 5, mantissa = g() & 7;
+          static_cast<uint8_t*>(t.raw())[i] = uint8_t(sign << 7 | exponent << 3 | mantissa);
           break;
         }
         default: break;
@@ -121,6 +121,7 @@ const std::set<std::string> kThroughPasses = {
     "conv1d_strided_grouped", "convtranspose1d", "einsum_scores", "einsum_projection", "conv_group_norm_silu_nhwc",
     "groupnorm_export_form", "conv_group_norm_silu_nhwc_wide", "qmatmul_u8s8_per_channel_bias", "qmatmul_s8s8_zero_point", "qmatmul_fp8_per_channel_bias",
     "qmatmul_fp8_per_tensor", "qmatmul_s8s8_residual_gelu", "qmatmul_u8s8_multi_tile", "qmatmul_fp8_multi_tile",
+    "qmatmul_u8_zero_point_37", "qmatmul_s8s8_bias_through_cast",
     "attention_swin_windows", "attention_sdpa_guarded"};
 
 Expected<Reference> cpu_reference(const Case& c, uint64_t seed) {

@@ -323,6 +323,8 @@ Status emit_gemm(Lowering& L, const Node& n, const DevValue* a, const DevValue* 
 // Fills ep and `fused` (the nodes to mark fused once the product is emitted) and returns the value
 // the chain produces (`out` when nothing joins).
 const Value* fuse_product_tail(Lowering& L, const Value* out, k::DT dt, Epilogue& ep, std::vector<const Node*>& fused);
+// The residual Add alone (fuse_product_tail's first step), for epilogues without the activation.
+const Value* fuse_residual(Lowering& L, const Value* out, k::DT dt, Epilogue& ep, std::vector<const Node*>& fused);
 // The milliseconds per launch of the cuBLASLt algorithm emit_gemm would take for (s, ep, dt), timing
 // the candidates now if nothing has (the choice is kept: emit_gemm with the same epilogue then times
 // nothing); -1 when not timed. Only whether ep has a bias, a C and which activation matter.

@@ -418,6 +418,8 @@ const Node* next_op(Lowering& L, const Value* v, OpKind want) {
   return c && c->op == want ? c : nullptr;
 }
 
+}  // namespace
+
 // A residual Add of a full-size tensor already computed becomes cuBLASLt's C input (beta = 1),
 // so the transformer's "x + Linear(y)" is one GEMM instead of a GEMM and an elementwise pass. A
 // Reshape between them (GPT-2's Gemm on [B*S, E] rows, added back as [B, S, E]) is the same bytes.
@@ -439,6 +441,8 @@ const Value* fuse_residual(Lowering& L, const Value* out, k::DT dt, Epilogue& ep
   fused.push_back(add);
   return add->outputs[0];
 }
+
+namespace {
 
 // erf GELU may take cuBLASLt's (tanh) GELU epilogue in half-precision builds: the two differ by at
 // most 4.7e-4 (at x = 2.7, where an fp16 step is 2e-3; bf16's is 1.6e-2), i.e. under a quarter of

@@ -270,11 +270,14 @@ int quantized_x(Lowering& L, const Node& node, const QuantProduct& p, const DevV
 
 // Whether the Hopper 8-bit kernel can take the product in this build (its alignment, a 16-bit
 // output of x's type, a device it runs on).
-bool sm90_applies(const Lowering& L, const QuantProduct& p, k::DT xdt, k::DT odt) {
+bool sm90_applies(const Lowering& L, const QuantProduct& p, k::DT xdt, k::DT odt, int64_t m) {
   return L.options().gemm_sm90 >= 0 && k::gemm_sm90_q8_available() && xdt == odt &&
-         (odt == k::DT::kF16 || odt == k::DT::kBF16) && p.n % 16 == 0 && p.k % 16 == 0 &&
+         (odt == k::DT::kF16 || odt == k::DT::kBF16) && k::gemm_sm90_q8_shape_ok(m, p.n, p.k) &&
          k::gemm_sm90_q8_prepare(p.fp8, odt == k::DT::kBF16, 0, 0) == cudaSuccess;
 }
+
+// The Hopper kernel's tile when nothing was timed: the wide one for many rows.
+int tile_for_rows(int64_t m) { return m >= 1024 ? 0 : 1; }
 
 // The product on the Hopper 8-bit kernel: x quantized (or its shared copy), then one kernel with the
 // scales, the bias, and the residual Add and GELU after it (when they follow) in its epilogue.
@@ -288,15 +291,19 @@ Status emit_sm90_form(Lowering& L, const Node& node, const QuantProduct& p, cons
   Epilogue ep;
   std::vector<const Node*> fused;
   const Value* out = fuse_product_tail(L, from, dt, ep, fused);
-  if (ep.act == Act::kRelu) {  // the kernel's epilogue has GELU only: the Relu runs on its own
-    out = fused.back()->inputs[0];
-    fused.pop_back();
-    ep.act = Act::kNone;
+  const bool bf16 = dt == k::DT::kBF16;
+  // The kernel's epilogue has GELU only, prepared here so that binding the engine cannot fail on
+  // it: a Relu (or a GELU kernel that cannot be prepared) runs on its own after the product.
+  if (ep.act == Act::kRelu || (ep.act == Act::kGelu && k::gemm_sm90_q8_prepare(p.fp8, bf16, tile, 2) != cudaSuccess)) {
+    ep = Epilogue{};
+    fused.clear();
+    out = fuse_residual(L, from, dt, ep, fused);
   }
+  const int act = ep.act == Act::kGelu ? 2 : 0;
+  KILN_CUDA_TRY(k::gemm_sm90_q8_prepare(p.fp8, bf16, tile, act));
   std::string copy;
   const int xq = quantized_x(L, node, p, x, m, &copy);
   const DevValue& y = L.define(out);
-  const int act = ep.act == Act::kGelu ? 2 : 0;
   ByteWriter w;
   w.u8(p.fp8);
   w.put(int32_t(dt));
@@ -313,9 +320,9 @@ Status emit_sm90_form(Lowering& L, const Node& node, const QuantProduct& p, cons
   std::vector<int> reads = {xq};
   if (ep.c && !ep.c->ref.weight) reads.push_back(ep.c->ref.id);
   L.emit(&node,
-         fmt::format("kernel gemm_sm90_q8 {} m={} n={} k={}{}{}{} (CUTLASS TMA+wgmma, tile {}; {})", p.fp8 ? "fp8" : "int8",
-                     m, p.n, p.k, p.per_channel ? " per-channel" : "", ep.c ? " +residual" : "",
-                     act ? " +gelu" : "", tile == 0 ? "128x128x128" : "64x128x128", why),
+         fmt::format("kernel gemm_sm90_q8 {} m={} n={} k={}{}{}{}{} (CUTLASS TMA+wgmma, tile {}; {})",
+                     p.fp8 ? "fp8" : "int8", m, p.n, p.k, p.per_channel ? " per-channel" : "", p.bias ? " +bias" : "",
+                     ep.c ? " +residual" : "", act ? " +gelu" : "", tile == 0 ? "128x128x128" : "64x128x128", why),
          reads, {y.ref.id}, StepOp::kGemmSm90Quant, std::move(w));
   for (const Node* f : fused) L.mark_fused(f, &node);
   if (!copy.empty()) L.fake_quants[copy] = xq;
@@ -523,38 +530,48 @@ Expected<Forms> time_forms(Lowering& L, const QuantProduct& p, Variant v, const 
 }
 
 // The form a product takes (with what was timed): from the timing cache, else timed now (a build) or
-// the nearest shape's (a dynamic engine's shape plan), else cuBLASLt's 8-bit product (nothing timed:
-// the model's 8 bits stand).
+// the nearest shape's (a dynamic engine's shape plan), else an 8-bit form (nothing timed: the
+// model's 8 bits stand; the Hopper kernel where it applies). An entry from before the Hopper kernel
+// ("FORM Q8 F16", no time for it) is timed again by a build where the kernel applies and taken as
+// it is where nothing is timed. Only a timing of every form that applies is kept: a failed one is
+// timed again by a later build.
 Expected<Forms> quant_form(Lowering& L, const QuantProduct& p, Variant v, const QuantLt& lt,
                            const cublasLtMatmulAlgo_t& algo, k::DT xdt, k::DT odt, int64_t m, bool sm90) {
-  const std::string key = fmt::format("{} v{} pc{} b{} x{} o{}{} @ {} {} {}", p.fp8 ? "fp8" : "int8", int(v),
-                                      int(p.per_channel), p.bias != nullptr, int(xdt), int(odt), sm90 ? " s90" : "", m,
-                                      p.n, p.k);
+  const std::string key = fmt::format("{} v{} pc{} b{} x{} o{} @ {} {} {}", p.fp8 ? "fp8" : "int8", int(v),
+                                      int(p.per_channel), p.bias != nullptr, int(xdt), int(odt), m, p.n, p.k);
   if (auto it = L.quant_forms.find(key); it != L.quant_forms.end()) return Forms::parse(it->second);
   TimingCache* cache = L.options().autotune ? L.options().timing_cache.get() : nullptr;
+  const bool timing = L.options().autotune && L.options().time_misses;
   std::optional<std::string> form;
   if (cache) {
     form = cache->get("qform", key);
     if (!form && !L.options().time_misses) form = cache->nearest("qform", key);
   }
-  if (!form && L.options().autotune && L.options().time_misses) {
+  if ((!form || (sm90 && Forms::parse(*form).s90 <= 0)) && timing) {
     KILN_ASSIGN_OR_RETURN(Forms f, time_forms(L, p, v, lt, algo, xdt, odt, m, sm90));
-    if (f.q8 > 0 || f.s90 > 0) {  // a failed timing is not kept: a later build times again
+    if (f.q8 > 0 || f.s90 > 0) {
       float best = f.q8 > 0 ? f.q8 : f.s90;
       if (f.s90 > 0 && f.s90 <= best) {
         f.form = 90;
         best = f.s90;
       }
       if (f.f16 > 0 && f.f16 < best) f.form = 16;
+      const bool complete = f.q8 > 0 && f.f16 > 0 && (!sm90 || f.s90 > 0);
       f.q8 *= f.q8 > 0 ? 1000.0f : 1.0f;  // kept in microseconds
       f.f16 *= f.f16 > 0 ? 1000.0f : 1.0f;
       f.s90 *= f.s90 > 0 ? 1000.0f : 1.0f;
       form = f.str();
-      if (cache) cache->put("qform", key, *form);
+      if (cache && complete) cache->put("qform", key, *form);
     }
   }
-  L.quant_forms[key] = form.value_or("8");
-  return Forms::parse(L.quant_forms[key]);
+  if (!form) {
+    Forms none;
+    none.form = sm90 ? 90 : 8;
+    none.tile = tile_for_rows(m);
+    form = none.str();
+  }
+  L.quant_forms[key] = *form;
+  return Forms::parse(*form);
 }
 
 // The product from `out` on (the node's output, or its bias Add's): its form chosen and emitted.
@@ -564,6 +581,13 @@ Status emit_quantized_matmul(Lowering& L, const Node& node, const QuantProduct& 
     KILN_UNSUPPORTED("x is not a float matrix of K = {} columns", p.k);
   }
   const int64_t m = x->numel() / p.k, n = p.n, k = p.k;
+  const int forced = L.options().quant_form;
+  const bool sm90 = sm90_applies(L, p, x->dt, *odt, m);
+  if (forced == 8 && sm90 && L.options().gemm_sm90 == 1) {
+    // Forced (tests): the wide tile when gemm_sm90_tile asks for 128 columns, else by the rows.
+    const int t = L.options().gemm_sm90_tile;
+    return emit_sm90_form(L, node, p, x, m, *odt, out, t == 128 ? 0 : t == 64 ? 1 : tile_for_rows(m), "as the build asked");
+  }
   // cuBLASLt's 8-bit products want 16-byte rows (fp8) / 4-element multiples (int8).
   const int64_t align = p.fp8 ? 16 : 4;
   if (k % align || n % align || m < 1) KILN_UNSUPPORTED("K = {} and N = {} must be multiples of {}", k, n, align);
@@ -581,17 +605,12 @@ Status emit_quantized_matmul(Lowering& L, const Node& node, const QuantProduct& 
     algo = first_algo(L.lt, lt, ws);
   }
   if (!algo) {
-    KILN_UNSUPPORTED("cuBLASLt has no {} algorithm for m={} n={} k={} ({})", p.fp8 ? "fp8" : "int8", m, n, k,
-                     algo.status().message());
+    const std::string why = fmt::format("cuBLASLt has no {} algorithm for m={} n={} k={} ({})", p.fp8 ? "fp8" : "int8",
+                                        m, n, k, algo.status().message());
+    if (sm90 && forced != 16) return emit_sm90_form(L, node, p, x, m, *odt, out, tile_for_rows(m), why);
+    KILN_UNSUPPORTED("{}", why);
   }
   std::string timed;
-  const int forced = L.options().quant_form;
-  const bool sm90 = sm90_applies(L, p, x->dt, *odt);
-  if (forced == 8 && sm90 && L.options().gemm_sm90 == 1) {
-    // Forced (tests): the wide tile when gemm_sm90_tile asks for 128 columns, else by the rows.
-    const int tile = L.options().gemm_sm90_tile == 128 || (L.options().gemm_sm90_tile == 0 && m >= 1024) ? 0 : 1;
-    return emit_sm90_form(L, node, p, x, m, *odt, out, tile, "as the build asked");
-  }
   if ((x->dt == k::DT::kF16 || x->dt == k::DT::kBF16) && x->dt == *odt && forced != 8) {
     Forms f;
     f.form = 16;
@@ -603,7 +622,11 @@ Status emit_quantized_matmul(Lowering& L, const Node& node, const QuantProduct& 
       return emit_16bit_form(L, node, p, x, m, x->dt, out,
                              timed.empty() ? "16-bit, as the build asked" : "16-bit: " + timed);
     }
-    if (f.form == 90 && sm90) return emit_sm90_form(L, node, p, x, m, *odt, out, f.tile, timed);
+    if (f.form == 90) {
+      if (sm90) return emit_sm90_form(L, node, p, x, m, *odt, out, f.tile, timed);
+      // Chosen where the Hopper kernel ran (the same key, gemm_sm90 on): the faster of the others.
+      if (f.f16 > 0 && (f.q8 <= 0 || f.f16 < f.q8)) return emit_16bit_form(L, node, p, x, m, x->dt, out, "16-bit: " + timed);
+    }
     if (!timed.empty()) timed = "; " + timed;
   }
 
@@ -720,12 +743,13 @@ Expected<StepFn> bind_gemm_sm90_quant(Params& in, BindCtx&) {
   const float beta = in.f32();
   const Ref a = in.ref(), w = in.ref(), alpha = in.ref(), bias = in.ref(), c = in.opt_ref(), y = in.ref();
   KILN_RETURN_IF_ERROR(in.done());
-  if (m < 1 || n < 1 || kk < 1 || (dt != k::DT::kF16 && dt != k::DT::kBF16) || (tile != 0 && tile != 1) ||
-      (act != 0 && act != 2) || y.weight) {
-    return KILN_ERROR(kInvalidModel, "step '{}': a malformed quantized product", in.step().label);
-  }
   if (!k::gemm_sm90_q8_available()) {
     return KILN_ERROR(kUnsupported, "step '{}': this kiln was built without the Hopper 8-bit kernel", in.step().label);
+  }
+  if (!k::gemm_sm90_q8_shape_ok(m, n, kk) || (dt != k::DT::kF16 && dt != k::DT::kBF16) || (tile != 0 && tile != 1) ||
+      (act != 0 && act != 2) || y.weight) {
+    return KILN_ERROR(kInvalidModel, "step '{}': a malformed quantized product (m={} n={} k={}, tile {}, act {})",
+                      in.step().label, m, n, kk, tile, act);
   }
   // Once per kernel before the first launch, outside graph capture.
   KILN_CUDA_TRY(k::gemm_sm90_q8_prepare(fp8, dt == k::DT::kBF16, tile, act));

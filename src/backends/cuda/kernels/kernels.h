@@ -362,6 +362,7 @@ struct GemmSm90QArgs {
   bool fp8 = true, bf16 = false;  // c and d bf16 rather than fp16
 };
 bool gemm_sm90_q8_available();
+bool gemm_sm90_q8_shape_ok(int64_t m, int64_t n, int64_t k);  // the dims the kernel takes
 cudaError_t gemm_sm90_q8_prepare(bool fp8, bool bf16, int tile, int act);
 cudaError_t gemm_sm90_q8(const GemmSm90QArgs& g, cudaStream_t s);
 

@@ -13,6 +13,7 @@
 // epilogues).
 #include <type_traits>
 
+#include "backends/cuda/kernels/common.cuh"
 #include "backends/cuda/kernels/kernels.h"
 
 #ifdef KILN_HAVE_CUTLASS
@@ -109,15 +110,7 @@ struct Sm90Q8 {
   // which graph capture records once. Launched here rather than by the adapter, which swallows the
   // launch's error code.
   static cudaError_t launch(const GemmSm90QArgs& g, cudaStream_t s) {
-    static const int sm_count = [] {
-      int dev = 0, sms = 0;
-      return cudaGetDevice(&dev) == cudaSuccess &&
-                     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess
-                 ? sms
-                 : 0;
-    }();
-    if (sm_count <= 0) return cudaErrorInvalidDevice;
-    auto args = arguments(g, sm_count);
+    auto args = arguments(g, sm_count());  // the current device's (the persistent grid's size)
     if (Kernel::get_workspace_size(args) != 0 || !Kernel::can_implement(args)) return cudaErrorInvalidValue;
     typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
     cudaLaunchConfig_t cfg = {};
@@ -158,9 +151,7 @@ cudaError_t dispatch(bool fp8, bool bf16, int act, int tile, F f) {
 }
 
 bool shape_ok(const GemmSm90QArgs& g) {
-  if ((g.tile != 0 && g.tile != 1) || (g.act != 0 && g.act != 2)) return false;
-  if (g.m < 1 || g.n < 16 || g.k < 16 || g.n % 16 || g.k % 16) return false;
-  if (g.m > (int64_t{1} << 30) || g.n > (int64_t{1} << 30) || g.k > (int64_t{1} << 30)) return false;
+  if ((g.tile != 0 && g.tile != 1) || (g.act != 0 && g.act != 2) || !gemm_sm90_q8_shape_ok(g.m, g.n, g.k)) return false;
   for (const void* p : {g.a, g.b, static_cast<const void*>(g.alpha), static_cast<const void*>(g.bias), g.c,
                         static_cast<const void*>(g.d)}) {
     if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
@@ -171,6 +162,11 @@ bool shape_ok(const GemmSm90QArgs& g) {
 }  // namespace
 
 bool gemm_sm90_q8_available() { return true; }
+
+bool gemm_sm90_q8_shape_ok(int64_t m, int64_t n, int64_t k) {
+  constexpr int64_t kMax = int64_t{1} << 30;
+  return m >= 1 && n >= 16 && k >= 16 && n % 16 == 0 && k % 16 == 0 && m <= kMax && n <= kMax && k <= kMax;
+}
 
 cudaError_t gemm_sm90_q8_prepare(bool fp8, bool bf16, int tile, int act) {
   return dispatch(fp8, bf16, act, tile, [](auto k) { return decltype(k)::prepare(); });
@@ -184,6 +180,7 @@ cudaError_t gemm_sm90_q8(const GemmSm90QArgs& g, cudaStream_t s) {
 #else  // built without the CUTLASS headers: QuantizedMatMul keeps cuBLASLt or its 16-bit form
 
 bool gemm_sm90_q8_available() { return false; }
+bool gemm_sm90_q8_shape_ok(int64_t, int64_t, int64_t) { return false; }
 cudaError_t gemm_sm90_q8_prepare(bool, bool, int, int) { return cudaErrorNotSupported; }
 cudaError_t gemm_sm90_q8(const GemmSm90QArgs&, cudaStream_t) { return cudaErrorNotSupported; }
 

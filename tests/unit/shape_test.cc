@@ -130,28 +130,30 @@ TEST(DimText, RoundTrip) {
   }
 }
 
+// The error shape inference gives the graph `ir` (which must parse, and must not infer).
+std::string inference_error(const char* ir) {
+  auto g = parse_graph(ir);
+  if (!g) return "does not parse: " + g.status().message();
+  Status s = infer_types(**g);
+  return s ? "inferred without an error" : s.message();
+}
+
 // A Pad whose pads are near int64's limit (a fuzzer's model, tests/fuzz/corpus/
 // pad-pads-near-int64-max.onnx) is an error naming the pads, not an overflowing sum.
 TEST(PadInference, HugePadsAreAnErrorNotAnOverflow) {
-  auto g = parse_graph(
+  const std::string e = inference_error(
       "graph g(%x: f32[2,3]) {\n %p = const dense<i64[4]> [0, 2, 0, 9223372036854775806]\n"
       " %y = Pad(%x, %p) : f32[2,5]\n return %y\n}");
-  ASSERT_TRUE(g) << g.status().message();
-  Status s = infer_types(**g);
-  ASSERT_FALSE(s);
-  EXPECT_NE(s.message().find("beyond any tensor's size"), std::string::npos) << s.message();
+  EXPECT_NE(e.find("beyond any tensor's size"), std::string::npos) << e;
 }
 
 // A pad within the bound on a static dim already near int64's limit: the sum would overflow, and is
 // an error naming the dim instead.
 TEST(PadInference, PadGrowingADimPastInt64IsAnError) {
-  auto g = parse_graph(
+  const std::string e = inference_error(
       "graph g(%x: f32[9223372036854775000,3]) {\n %p = const dense<i64[4]> [0, 0, 1099511627776, 0]\n"
       " %y = Pad(%x, %p) : f32[1,3]\n return %y\n}");
-  ASSERT_TRUE(g) << g.status().message();
-  Status s = infer_types(**g);
-  ASSERT_FALSE(s);
-  EXPECT_NE(s.message().find("past int64"), std::string::npos) << s.message();
+  EXPECT_NE(e.find("past int64"), std::string::npos) << e;
 }
 
 }  // namespace

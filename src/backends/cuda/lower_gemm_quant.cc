@@ -675,8 +675,8 @@ Status emit_quantized_matmul(Lowering& L, const Node& node, const QuantProduct& 
 }
 
 // The Add of a per-column float32 constant that alone reads the product, when the body has no bias
-// (fuse-qdq-matmul leaves one out where it cannot prove it safe to move): the product takes it as
-// the body's own bias, in its epilogue.
+// (fuse-qdq-matmul runs before fold-constants, so a bias that only folding makes constant, such as
+// a Cast of an fp16 one, stays outside): the product takes it as the body's own, in its epilogue.
 const Node* outer_bias(Lowering& L, const Value* out, QuantProduct& p) {
   const Node* add = p.bias ? nullptr : L.only_consumer(out);
   if (!add || add->op != OpKind::kAdd || add->inputs.size() != 2 || !add->has_output(0) ||

@@ -97,7 +97,8 @@ class DynamicFastCpuSession : public HostSession {
     auto it = plans_.find(shapes);
     if (it != plans_.end()) return &it->second;
     if (plans_.size() >= kMaxShapePlans) plans_.clear();
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, specialize_graph(*plan_->graph, shapes, config_, {}, &derived_));
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, specialize_graph(*plan_->graph, shapes, config_, {}, &derived_,
+                                                                               nullptr, /*provenance=*/false));
     KILN_ASSIGN_OR_RETURN(Plan p, plan_host(std::move(g)));
     ShapePlan sp;
     sp.plan = std::make_shared<const Plan>(std::move(p));

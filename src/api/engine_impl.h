@@ -171,7 +171,8 @@ Status check_dim_range(const std::string& input, size_t k, const DimRange& r);
 // `values` binds value inputs (passes/value_inputs.h) as constants: index into g.inputs, value.
 // `memo` (may be null), kept by the caller across its calls for one `g`: the weights the passes derive
 // (merged projections, folded batch norms) are made on the first call only and shared after.
-// `stats` (may be null) gets where the time went.
+// `stats` (may be null) gets where the time went. `provenance`: record what the passes removed (the
+// build report's placements); plans made while serving, whose report nobody reads, skip it.
 struct SpecializeStats {
   int rounds = 0;  // times the pass pipeline ran: 1, or 2 when the first left a value's shape open
   double clone_ms = 0, infer_ms = 0, passes_ms = 0;
@@ -179,7 +180,8 @@ struct SpecializeStats {
 Expected<std::unique_ptr<Graph>> specialize_graph(const Graph& g, const std::vector<std::vector<int64_t>>& shapes,
                                                   const BuildConfig& config,
                                                   const std::vector<std::pair<size_t, Tensor>>& values = {},
-                                                  DerivedConstants* memo = nullptr, SpecializeStats* stats = nullptr);
+                                                  DerivedConstants* memo = nullptr, SpecializeStats* stats = nullptr,
+                                                  bool provenance = true);
 
 
 // The GPU side (gpu.cc; without CUDA it reports that it is missing). An optimized graph whose

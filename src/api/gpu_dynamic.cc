@@ -10,9 +10,10 @@
 //
 // The build times the choices at a grid of shapes: every symbol at its opt value, then each symbol
 // in turn at its min, max and the powers of two between with their quarter points, the others at opt and
-// again at their min. Those plans are made at build (the most recent of them kept). A saved dynamic
-// engine carries the graph and its weights (the plans are lowered again as shapes arrive) and the
-// timing cache the build left (TUNE), so loading times nothing.
+// again at their min. Those plans are made at build (the most recent of them kept), and a CUDA
+// session of each is made once and dropped, which loads the kernels new shapes will launch (warm).
+// A saved dynamic engine carries the graph and its weights and the timing cache the build left
+// (TUNE): loading times nothing, makes the grid's plans again without timing and warms them.
 //
 // Value inputs (passes/value_inputs.h: a TopK's k, Slice bounds, reduction axes fed by the caller)
 // key the plans too: each run reads them on the host (from device memory, a synchronisation) and a
@@ -84,7 +85,7 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
  public:
   DynamicGpuEngine(std::shared_ptr<const Plan> plan, BuildConfig c, std::shared_ptr<cuda::TimingCache> cache)
       : plan_(std::move(plan)), config_(std::move(c)), cache_(std::move(cache)),
-        pool_(std::make_shared<cuda::WeightPool>()) {}
+        pool_(std::make_shared<cuda::WeightPool>()), scratch_(std::make_shared<cuda::BuildScratch>()) {}
 
   // Reads the inputs' dims, the symbols' ranges and the value inputs; kUnsupported for a symbolic dim
   // with no range.
@@ -115,12 +116,10 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     return Status::ok();
   }
 
-  // Times the choices at the build's grid of shapes; their plans are kept. With value inputs there
-  // is nothing to lower before the first run.
-  Status tune(const std::string& cache_source) {
-    cache_line_ = fmt::format("timing cache: {}\n", cache_source);
-    if (!value_inputs_.empty()) return Status::ok();
-    auto t0 = std::chrono::steady_clock::now();
+  // The build's grid of shapes: every symbol at its opt value, then each symbol in turn at its min,
+  // max and the powers of two between with their quarter points, the others at opt and again at
+  // their min.
+  std::vector<Shapes> grid() const {
     std::map<std::string, int64_t> base, low;
     for (const auto& [sym, r] : ranges_) {
       base[sym] = r.opt;
@@ -150,12 +149,27 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
         }
       }
     }
-    for (const auto& a : grid) {
-      Shapes s = shapes_of(a);
-      KILN_ASSIGN_OR_RETURN(auto p, plan_for(s, {}, /*time_misses=*/true));
+    std::vector<Shapes> out;
+    for (const auto& a : grid) out.push_back(shapes_of(a));
+    return out;
+  }
+
+  // Times the choices at the build's grid of shapes; their plans are kept. With value inputs there
+  // is nothing to lower before the first run.
+  Status tune(const std::string& cache_source) {
+    cache_line_ = fmt::format("timing cache: {}\n", cache_source);
+    if (!value_inputs_.empty()) return Status::ok();
+    auto t0 = std::chrono::steady_clock::now();
+    cuda::SharedSessionMemory memory;
+    for (const Shapes& s : grid()) {
+      KILN_ASSIGN_OR_RETURN(auto p, plan_for(s, {}, PlanUse::kTuned));
       tuned_ += fmt::format("  {}: {:.0f} ms, arena {:.1f} MiB\n", shapes_text(*plan_->graph, s), p->make_ms,
                             double(p->engine->report().arena_peak) / (1 << 20));
-      if (!reference_) reference_ = p;
+      if (!reference_) {
+        reference_ = p;
+        reserve(memory);
+      }
+      warm(*p, memory);
     }
     tune_ms_ = ms_since(t0);
     cache_line_ = fmt::format("timing cache: {}, {} choices reused, {} timed\n", cache_source, cache_->hits(), cache_->misses());
@@ -164,17 +178,43 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
   }
 
   // A loaded engine: the plan at every symbol's opt value, made now (nothing timed: the file's
-  // TUNE has the build's choices), so a load that cannot run fails here.
+  // TUNE has the build's choices), so a load that cannot run fails here; then the grid warmed.
   Status prepare() {
     if (!value_inputs_.empty()) return Status::ok();
-    std::map<std::string, int64_t> base;
-    for (const auto& [sym, r] : ranges_) base[sym] = r.opt;
-    KILN_ASSIGN_OR_RETURN(reference_, plan_for(shapes_of(base), {}, /*time_misses=*/false));
+    const std::vector<Shapes> shapes = grid();
+    KILN_ASSIGN_OR_RETURN(reference_, plan_for(shapes[0], {}, PlanUse::kReference));
+    cuda::SharedSessionMemory memory;
+    reserve(memory);
+    for (const Shapes& s : shapes) {
+      auto p = plan_for(s, {}, PlanUse::kLoaded);
+      if (p) warm(**p, memory);
+    }
     return Status::ok();
   }
 
+  // Makes a CUDA session for a grid shape's plan (in `memory`) and drops it: capturing the plan's
+  // graph launches its kernels, which loads the modules they live in. CUDA loads modules lazily, at
+  // a kernel's first launch in the process, and a new shape takes the choices of the grid shapes
+  // nearest it, so without this its first run loaded those kernels (cuBLASLt's and cuDNN's) itself:
+  // 20-30 ms more on a BERT or a ResNet-50 whose engine was loaded or built from a timing cache
+  // (bench/RESULTS.md). A shape that fails here is left to its first run, which reports the error.
+  void warm(const ShapePlan& p, cuda::SharedSessionMemory& memory) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto session = p.engine->new_session(nullptr, &memory);
+    warmed_ += bool(session);
+    warm_ms_ += ms_since(t0);
+  }
+
+  // Why a plan is made: at build, its choices timed where the timing cache lacks them; a loaded
+  // engine's reference plan and its other grid plans; a shape met while running. Only the build's
+  // plans and the reference, one of which the engine's report shows, record which pass removed each
+  // node; only plans made while running count in the report's first-run line.
+  enum class PlanUse { kTuned, kReference, kLoaded, kRunning };
+
   // The plan for exact input shapes `s` and the value inputs' `values`, made on first use.
-  Expected<std::shared_ptr<ShapePlan>> plan_for(const Shapes& s, const Values& values, bool time_misses = false) {
+  Expected<std::shared_ptr<ShapePlan>> plan_for(const Shapes& s, const Values& values, PlanUse use) {
+    const bool time_misses = use == PlanUse::kTuned;
+    const bool provenance = use == PlanUse::kTuned || use == PlanUse::kReference;
     std::lock_guard<std::mutex> lock(mu_);
     PlanKey key = plan_key(s, values);
     if (auto it = plans_.find(key); it != plans_.end()) {
@@ -184,13 +224,14 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     auto t0 = std::chrono::steady_clock::now();
     auto p = std::make_shared<ShapePlan>();
     p->shapes = s;
-    auto g = specialize_graph(*plan_->graph, s, config_, values, &derived_, &p->stats);
+    auto g = specialize_graph(*plan_->graph, s, config_, values, &derived_, &p->stats, provenance);
     if (!g) return with_shape(g.status(), s, values);
     p->graph = std::move(*g);
     p->specialize_ms = ms_since(t0);
     cuda::BuildOptions bo = build_options(config_);
     bo.timing_cache = cache_;
     bo.weight_pool = pool_;
+    bo.build_scratch = scratch_;
     bo.time_misses = time_misses;
     bo.runtime_dim_kernels = true;  // one compilation of each generated kernel for every shape
     // cuDNN's operation-graph convolutions compile when finalized (a few hundred milliseconds each),
@@ -201,6 +242,14 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     p->engine = std::move(*e);
     p->make_ms = ms_since(t0);
     p->last_use = ++clock_;
+    if (use == PlanUse::kRunning) {  // what a new shape's first run pays
+      const cuda::BuildReport& r = p->engine->report();
+      ++run_made_;
+      run_specialize_ms_ += p->specialize_ms;
+      run_setup_ms_ += r.setup_ms;
+      run_lower_ms_ += r.lower_ms;
+      run_finish_ms_ += r.finish_ms;
+    }
     ++made_;
     made_ms_ += p->make_ms;
     specialize_ms_ += p->specialize_ms;
@@ -242,6 +291,23 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
                        made_ms_, specialize_ms_, clone_ms_, infer_ms_, passes_ms_, made_ms_ - specialize_ms_, nv.compiled, nv.compile_ms, nv.cached,
                        double(pool_->device_bytes()) / (1 << 20), derived_.made(), derived_.reused(), second_rounds_,
                        sessions_made_, sessions_ms_, si.sessions, si.handles_ms, si.memory_ms, si.eager_ms, si.eager_runs, si.capture_ms);
+    if (warmed_) {
+      out += fmt::format("grid warmed: a CUDA session made and dropped for {} grid plans in {:.0f} ms (loads the kernels "
+                         "they launch, which new shapes share)\n", warmed_, warm_ms_);
+    }
+    if (run_made_) {
+      const double n = run_made_;
+      out += fmt::format("shape plans made while running: {}, on average {:.1f} ms each (shapes bound and passes {:.1f}, "
+                         "handles and workspace {:.1f}, lowering {:.1f}, weights and binding {:.1f})\n", run_made_,
+                         (run_specialize_ms_ + run_setup_ms_ + run_lower_ms_ + run_finish_ms_) / n, run_specialize_ms_ / n,
+                         run_setup_ms_ / n, run_lower_ms_ / n, run_finish_ms_ / n);
+    }
+    if (sessions_made_) {
+      const double n = sessions_made_;
+      out += fmt::format("CUDA sessions made while running: {}, on average {:.1f} ms each (handles {:.1f}, memory {:.1f}, "
+                         "graph capture {:.1f}, eager forward {:.1f})\n", sessions_made_, sessions_ms_ / n,
+                         session_handles_ms_ / n, session_memory_ms_ / n, session_capture_ms_ / n, session_eager_ms_ / n);
+    }
     out += cache_line_;
     if (reference_) {
       out += fmt::format("reference plan ({}):\n{}", shapes_text(*plan_->graph, reference_->shapes),
@@ -250,10 +316,16 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     return out;
   }
   size_t weight_bytes() const override { return pool_->device_bytes(); }
-  void note_session(double ms) const {
+  // A CUDA session made for a shape while running: its time, and the process's session counters
+  // before and after (cuda::session_init_stats: where it went).
+  void note_session(double ms, const cuda::SessionInitStats& before, const cuda::SessionInitStats& after) const {
     std::lock_guard<std::mutex> lock(mu_);
     ++sessions_made_;
     sessions_ms_ += ms;
+    session_handles_ms_ += after.handles_ms - before.handles_ms;
+    session_memory_ms_ += after.memory_ms - before.memory_ms;
+    session_capture_ms_ += after.capture_ms - before.capture_ms;
+    session_eager_ms_ += after.eager_ms - before.eager_ms;
   }
   double build_ms() const override { return tune_ms_; }
   std::string load_phases() const override { return load_phases_; }
@@ -297,6 +369,7 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
   BuildConfig config_;
   std::shared_ptr<cuda::TimingCache> cache_;
   std::shared_ptr<cuda::WeightPool> pool_;
+  std::shared_ptr<cuda::BuildScratch> scratch_;  // the lowerings' handles and workspace, kept between plans
   DerivedConstants derived_;  // weights the passes make, shared by every plan's graph
   std::map<std::string, DimRange> ranges_;
   std::vector<std::vector<InputDim>> dims_;  // per input
@@ -309,9 +382,14 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
   int made_ = 0;
   double made_ms_ = 0, specialize_ms_ = 0, tune_ms_ = 0;
   int second_rounds_ = 0;                      // plans whose passes ran twice
+  int run_made_ = 0;                           // plans made without timing, and where their time went
+  double run_specialize_ms_ = 0, run_setup_ms_ = 0, run_lower_ms_ = 0, run_finish_ms_ = 0;
   double clone_ms_ = 0, infer_ms_ = 0, passes_ms_ = 0;  // of specialize_ms_
   mutable int sessions_made_ = 0;              // CUDA sessions made by this engine's sessions, and their time
   mutable double sessions_ms_ = 0;
+  mutable double session_handles_ms_ = 0, session_memory_ms_ = 0, session_capture_ms_ = 0, session_eager_ms_ = 0;
+  int warmed_ = 0;  // grid plans whose sessions were made once at build or load (warm), and the time
+  double warm_ms_ = 0;
   std::string tuned_, cache_line_;
 };
 
@@ -417,7 +495,7 @@ class DynamicGpuSession : public Session::Impl {
       it->second.last_use = ++clock_;
       return it->second.session.get();
     }
-    KILN_ASSIGN_OR_RETURN(std::shared_ptr<ShapePlan> p, e_->plan_for(shapes, values));
+    KILN_ASSIGN_OR_RETURN(std::shared_ptr<ShapePlan> p, e_->plan_for(shapes, values, DynamicGpuEngine::PlanUse::kRunning));
     if (sessions_.size() >= kKeptSessions) {  // the least recently used shape's arena goes first
       auto lru = std::min_element(sessions_.begin(), sessions_.end(),
                                   [](const auto& a, const auto& b) { return a.second.last_use < b.second.last_use; });
@@ -436,8 +514,9 @@ class DynamicGpuSession : public Session::Impl {
       memory_.device_bytes = memory_.host_bytes = 0;
     }
     auto t0 = std::chrono::steady_clock::now();
+    const cuda::SessionInitStats before = cuda::session_init_stats();
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<cuda::Session> s, p->engine->new_session(nullptr, &memory_));
-    e_->note_session(ms_since(t0));
+    e_->note_session(ms_since(t0), before, cuda::session_init_stats());
     Entry& e = sessions_[std::move(key)];
     e.plan = std::move(p);
     e.session = std::move(s);
@@ -477,7 +556,7 @@ Expected<std::shared_ptr<DeviceEngine>> load_dynamic_gpu_engine(std::shared_ptr<
   Status st = e->init();
   if (st) st = e->prepare();
   if (!st) return Status(st.code(), fmt::format("{}: {}", name, st.message()));
-  e->load_phases_ = fmt::format("first shape plan made in {:.1f} ms", ms_since(t0));
+  e->load_phases_ = fmt::format("grid plans made and warmed in {:.1f} ms", ms_since(t0));
   return std::shared_ptr<DeviceEngine>(e);
 }
 

@@ -175,7 +175,7 @@ Status check_run_shapes(const std::vector<TensorInfo>& infos, const std::vector<
 Expected<std::unique_ptr<Graph>> specialize_graph(const Graph& g, const std::vector<std::vector<int64_t>>& shapes,
                                                   const BuildConfig& config,
                                                   const std::vector<std::pair<size_t, Tensor>>& values,
-                                                  DerivedConstants* memo, SpecializeStats* stats) {
+                                                  DerivedConstants* memo, SpecializeStats* stats, bool provenance) {
   if (shapes.size() != g.inputs.size()) {
     return KILN_ERROR(kInvalidArgument, "expected {} input shapes, got {}", g.inputs.size(), shapes.size());
   }
@@ -202,6 +202,7 @@ Expected<std::unique_ptr<Graph>> specialize_graph(const Graph& g, const std::vec
   lap(st.infer_ms);
   PassOptions po;
   po.disabled = config.disabled_passes;
+  po.track_provenance = provenance;
   // Folding the shape arithmetic makes constants that inference could not see before (an Expand's
   // target from Shape -> Concat in a BERT export): infer again after the passes, and once more
   // around the pipeline if a value is still not static.

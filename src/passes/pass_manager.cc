@@ -115,13 +115,17 @@ Expected<PassReport> run_passes(Graph& g, const std::vector<Pass>& passes, const
       report.passes.push_back(r);
       continue;
     }
-    const NodeIds before = node_ids(g);
+    const NodeIds before = opt.track_provenance ? node_ids(g) : NodeIds{};
     const size_t first_new = g.absorbed.size();
     auto t0 = std::chrono::steady_clock::now();
     Expected<bool> changed = p.run(g);
     r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (!changed) return changed.status().with_context(fmt::format("pass '{}'", p.name));
-    track_removals(g, before, first_new, p.name);
+    if (opt.track_provenance) {
+      track_removals(g, before, first_new, p.name);
+    } else {
+      g.absorbed.clear();  // the passes' own records point at nodes later passes may free
+    }
     r.changed = *changed;
     r.nodes_after = g.nodes.size();
     report.total_ms += r.ms;

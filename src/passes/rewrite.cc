@@ -149,6 +149,7 @@ std::optional<int64_t> kept_reduce_axis(const Graph& g, const Node& reduce, size
 // ---- UseMap ---------------------------------------------------------------------------------
 
 UseMap::UseMap(Graph& g) : g_(g) {
+  uses_.reserve(g.values.size());
   for (const auto& n : g.nodes) add_reads(n.get());
 }
 

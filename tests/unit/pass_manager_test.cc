@@ -194,6 +194,32 @@ TEST(PassManager, RemovedNodesRecordWhereTheirWorkWent) {
   EXPECT_NE(find("dead").first, "missing");
 }
 
+// Without provenance (a dynamic engine's shape plans made while serving) the pipeline makes the
+// same graph and keeps no records, not even the ones passes note themselves, whose targets later
+// passes may free.
+TEST(PassManager, WithoutProvenanceTheGraphIsTheSameAndNothingIsRecorded) {
+  const char* text = R"(graph main(%a: f32[4,2]) {
+  %w = const dense<f32[2,3]> [1.0, 2.0, 3.0, -1.0, 0.5, 0.25]
+  %b = const dense<f32[3]> [0.5, -0.5, 1.0]
+  %m = MatMul(%a, %w) : f32[4,3] @fc
+  %y = Add(%m, %b) : f32[4,3] @fc_bias
+  %i = Identity(%y) : f32[4,3] @id
+  %d = Relu(%a) : f32[4,2] @dead
+  return %i
+}
+)";
+  auto with = parse_graph(text);
+  auto without = parse_graph(text);
+  ASSERT_TRUE(with && without);
+  PassOptions off;
+  off.track_provenance = false;
+  ASSERT_TRUE(run_passes(**with, default_pipeline()));
+  ASSERT_TRUE(run_passes(**without, default_pipeline(), off));
+  EXPECT_EQ(print_graph(**without), print_graph(**with));
+  EXPECT_FALSE((*with)->absorbed.empty());
+  EXPECT_TRUE((*without)->absorbed.empty());
+}
+
 // A node fused into one that a later pass fuses in turn ends up pointing at the last one.
 TEST(PassManager, ProvenanceFollowsLaterFusions) {
   auto g = parse_graph(R"(graph main(%x: f32[2]) {

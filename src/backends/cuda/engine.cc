@@ -180,26 +180,75 @@ class CudaStepBackend : public StepBackend {
   const std::map<OpKind, LowerFn>& table_ = lowering_table();
 };
 
-// Build-time handles and autotuning scratch, freed on every path.
+}  // namespace
+
+struct BuildScratch::Impl {
+  int device = -1;
+  cudnnHandle_t dnn = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  ~Impl() {
+    if (dnn) cudnnDestroy(dnn);
+    if (lt) cublasLtDestroy(lt);
+    if (workspace) cudaFree(workspace);
+  }
+  // Handles and a workspace of at least `bytes` on the current GPU, made on first use.
+  Status ready(size_t bytes) {
+    if (!dnn) KILN_CUDA_TRY(cudnnCreate(&dnn));
+    if (!lt) KILN_CUDA_TRY(cublasLtCreate(&lt));
+    if (workspace_bytes < bytes) {
+      if (workspace) cudaFree(workspace);
+      workspace = nullptr;
+      workspace_bytes = 0;
+      KILN_CUDA_TRY(cudaMalloc(&workspace, bytes));
+      workspace_bytes = bytes;
+    }
+    return Status::ok();
+  }
+};
+
+BuildScratch::BuildScratch() = default;
+BuildScratch::~BuildScratch() = default;
+
+namespace {
+
+// Build-time handles and autotuning scratch: a build's own (freed on every path) or the caller's.
 struct BuildResources {
   Lowering& L;
+  BuildScratch::Impl own;
+  BuildScratch::Impl* used = &own;
   ~BuildResources() {
-    if (L.dnn) cudnnDestroy(L.dnn);
-    if (L.lt) cublasLtDestroy(L.lt);
-    if (L.build_workspace) cudaFree(L.build_workspace);
+    L.dnn = nullptr;  // the handles outlive the lowering only in the caller's scratch
+    L.lt = nullptr;
+    L.build_workspace = nullptr;
+  }
+  Status acquire(const BuildOptions& opt) {
+    int dev = 0;
+    KILN_CUDA_TRY(cudaGetDevice(&dev));
+    if (BuildScratch* s = opt.build_scratch.get()) {
+      if (!s->impl) s->impl = std::make_unique<BuildScratch::Impl>();
+      if (s->impl->device < 0) s->impl->device = dev;
+      if (s->impl->device == dev) used = s->impl.get();  // another GPU's scratch: a build of its own
+    }
+    KILN_RETURN_IF_ERROR(used->ready(opt.workspace_bytes));
+    L.dnn = used->dnn;
+    L.lt = used->lt;
+    L.build_workspace = used->workspace;
+    // Zeroed, as each session's workspace is: cuBLASLt's split-K reduction reads workspace bytes its
+    // GEMM did not write (compute-sanitizer's initcheck), and timing should not depend on them.
+    KILN_CUDA_TRY(cudaMemset(L.build_workspace, 0, opt.workspace_bytes));
+    return Status::ok();
   }
 };
 
 // Lowers the graph to a device plan: records, memory plan, weights, I/O, placements.
-Expected<DevicePlan> lower_graph(const Graph& g, const BuildOptions& opt) {
+Expected<DevicePlan> lower_graph(const Graph& g, const BuildOptions& opt, double& setup_ms) {
+  auto t0 = std::chrono::steady_clock::now();
   Lowering L(g, opt);
   BuildResources res{L};
-  KILN_CUDA_TRY(cudnnCreate(&L.dnn));
-  KILN_CUDA_TRY(cublasLtCreate(&L.lt));
-  KILN_CUDA_TRY(cudaMalloc(&L.build_workspace, opt.workspace_bytes));
-  // Zeroed, as each session's workspace is: cuBLASLt's split-K reduction reads workspace bytes its
-  // GEMM did not write (compute-sanitizer's initcheck), and timing should not depend on them.
-  KILN_CUDA_TRY(cudaMemset(L.build_workspace, 0, opt.workspace_bytes));
+  KILN_RETURN_IF_ERROR(res.acquire(opt));
+  setup_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   Stages e;
   KILN_RETURN_IF_ERROR(lower_inputs(L, e));
   find_patterns(L);
@@ -245,10 +294,17 @@ Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptio
     }
   }
   auto e = std::make_shared<EngineImpl>(&g, opt);
-  KILN_ASSIGN_OR_RETURN(e->plan, lower_graph(g, opt));
+  double setup_ms = 0;
+  KILN_ASSIGN_OR_RETURN(e->plan, lower_graph(g, opt, setup_ms));
+  auto t1 = std::chrono::steady_clock::now();
   KILN_RETURN_IF_ERROR(e->finish());
-  e->plan.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  auto ms = [](auto from, auto to) { return std::chrono::duration<double, std::milli>(to - from).count(); };
+  const auto t2 = std::chrono::steady_clock::now();
+  e->plan.build_ms = ms(t0, t2);
   e->rep.build_ms = e->plan.build_ms;
+  e->rep.setup_ms = setup_ms;
+  e->rep.lower_ms = ms(t0, t1) - setup_ms;
+  e->rep.finish_ms = ms(t1, t2);
   return std::shared_ptr<Engine>(e);
 }
 

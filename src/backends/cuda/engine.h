@@ -26,6 +26,21 @@ namespace kiln::cuda {
 class TimingCache;  // timing_cache.h
 class WeightPool;   // weight_pool.h
 
+// What a lowering needs on the device besides the graph: a cuDNN and a cuBLASLt handle and the
+// autotuning workspace. Each build makes its own unless BuildOptions::build_scratch gives one: a
+// dynamic engine's shape plans, lowered one after another as shapes arrive, share one (a new cuDNN
+// handle and a 64 MiB allocation per plan were part of each new shape's first run). Made on first
+// use on the calling thread's GPU; used by one build at a time (builds hold the device mutation lock).
+class BuildScratch {
+ public:
+  BuildScratch();
+  ~BuildScratch();
+  BuildScratch(const BuildScratch&) = delete;
+  BuildScratch& operator=(const BuildScratch&) = delete;
+  struct Impl;
+  std::unique_ptr<Impl> impl;
+};
+
 // The public precision (include/kiln/engine.h), one enum for the API and the backend.
 using ::kiln::Precision;
 using ::kiln::precision_name;
@@ -58,6 +73,8 @@ struct BuildOptions {
   // plans of one dynamic engine share their weights (weight_pool.h). Such an engine is not
   // serialized on its own. Null: the engine owns its weights.
   std::shared_ptr<WeightPool> weight_pool;
+  // Handles and workspace kept across builds (BuildScratch); null: this build makes and frees its own.
+  std::shared_ptr<BuildScratch> build_scratch;
   // Half-precision NHWC convolutions as cuDNN operation graphs with their epilogue and a SiLU
   // (lower_conv_graph.cc): 0 where timing shows the graph engine beats the legacy algorithm and its
   // separate passes, 1 wherever it applies (tests), -1 never.
@@ -91,12 +108,15 @@ struct BuildReport {
   size_t weight_bytes = 0;
   size_t arena_peak = 0, arena_naive = 0, arena_lower_bound = 0;
   size_t workspace_bytes = 0;
-  size_t staging_bytes = 0;  // a session's pinned host buffers for the inputs and outputs
+  size_t staging_bytes = 0;  // a session's pinned host buffers for the inputs, outputs and bad-index counts
   int steps = 0;            // executed steps per forward (launch groups)
   int cpu_steps = 0;        // steps that run on the host (break graph capture)
   bool cuda_graph = false;  // whether sessions capture a graph
   std::string graph_note;   // "disabled", or how many graphs surround the host steps
   double build_ms = 0;
+  // Where a build's time went: handles and workspace, lowering the nodes to steps (with any
+  // timing) and the memory plan, then weights, handles and binding the steps (finish).
+  double setup_ms = 0, lower_ms = 0, finish_ms = 0;
   std::string load_phases;  // a loaded engine: "CUDA context 230.1 ms, weights 48.7 MiB in 9.0 ms, ..."
   std::string device_name;
   std::string to_text() const;  // the `kiln build --report` table

@@ -218,31 +218,62 @@ void emit_dequant_cols(Lowering& L, const Node& node, k::DT acc_dt, k::DT out_dt
   L.emit(&node, "kernel dequant_cols", {acc}, {y.id}, StepOp::kDequantCols, std::move(dw));
 }
 
+// FNV-1a over bytes, continuing from h: what a derived weight's key says of the small values
+// (scales, a bias) it was made with.
+uint64_t fnv(const void* data, size_t bytes, uint64_t h = 1469598103934665603ull) {
+  const auto* b = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
 // The weight as [N, K] bytes (both element types are one byte): the K-major operand cuBLASLt's
-// "TN" 8-bit products and the Hopper kernel read.
+// "TN" 8-bit products and the Hopper kernel read. Made once per weight for every shape plan of a
+// dynamic engine (Lowering::upload_derived: the transpose of a BERT-base's 85 MB was each new
+// shape's work).
 Expected<Ref> weight_nk(Lowering& L, const QuantProduct& p) {
-  std::vector<uint8_t> wt(size_t(p.n * p.k));
-  const auto* w = static_cast<const uint8_t*>(p.w->raw());
-  for (int64_t r = 0; r < p.k; ++r) {
-    for (int64_t c = 0; c < p.n; ++c) wt[size_t(c * p.k + r)] = w[size_t(r * p.n + c)];
-  }
-  return L.upload_raw(wt.data(), wt.size());
+  const Tensor* src = p.w;
+  const int64_t k = p.k, n = p.n;
+  return L.upload_derived(*src, "8-bit [N,K]", k::DT::kU8, [src, k, n]() -> Expected<Tensor> {
+    KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(DType::kUInt8, {n, k}));
+    auto* wt = static_cast<uint8_t*>(t.raw());
+    const auto* w = static_cast<const uint8_t*>(src->raw());
+    for (int64_t r = 0; r < k; ++r) {
+      for (int64_t c = 0; c < n; ++c) wt[size_t(c * k + r)] = w[size_t(r * n + c)];
+    }
+    return t;
+  });
 }
 
 // What turns a column's sums into y = sum * alpha[c] + beta[c]: alpha = sx * sw[c], beta = bias[c]
 // less, for int8, x's zero point times the column's sum of weights (the stored x is q - offset).
-void column_affine(const QuantProduct& p, std::vector<float>& alpha, std::vector<float>& beta) {
-  alpha.assign(size_t(p.n), 0.0f);
-  beta.assign(size_t(p.n), 0.0f);
+// Both uploaded; beta, which sums the whole weight, once per weight, scales and bias for every
+// shape plan of a dynamic engine.
+Status upload_column_affine(Lowering& L, const QuantProduct& p, Ref& alpha_ref, Ref& beta_ref) {
+  std::vector<float> alpha(size_t(p.n));
+  for (int64_t c = 0; c < p.n; ++c) alpha[size_t(c)] = float(double(p.sx) * double(p.sw[size_t(c)]));
+  KILN_ASSIGN_OR_RETURN(alpha_ref, L.upload_raw(alpha.data(), alpha.size() * sizeof(float)));
   const double zx = p.fp8 ? 0.0 : double(p.zx) - double(p.offset);
-  const auto* w = static_cast<const int8_t*>(p.w->raw());
-  for (int64_t c = 0; c < p.n; ++c) {
-    int64_t colsum = 0;
-    for (int64_t r = 0; !p.fp8 && r < p.k; ++r) colsum += w[size_t(r * p.n + c)];
-    const double a = double(p.sx) * double(p.sw[size_t(c)]);
-    alpha[size_t(c)] = float(a);
-    beta[size_t(c)] = float((p.bias ? p.bias->as_double(c) : 0.0) - a * zx * double(colsum));
-  }
+  std::vector<float> bias(size_t(p.n), 0.0f);
+  for (int64_t c = 0; p.bias && c < p.n; ++c) bias[size_t(c)] = float(p.bias->as_double(c));
+  const std::vector<float> sw = p.sw;
+  const float sx = p.sx;
+  const uint64_t h = fnv(bias.data(), bias.size() * sizeof(float), fnv(sw.data(), sw.size() * sizeof(float)));
+  const Tensor* src = p.w;
+  const bool fp8 = p.fp8;
+  const int64_t k = p.k, n = p.n;
+  KILN_ASSIGN_OR_RETURN(beta_ref, L.upload_derived(*src, fmt::format("column offsets {} {} {:016x}", sx, zx, h),
+                                                   k::DT::kF32, [src, fp8, k, n, sx, zx, sw, bias]() -> Expected<Tensor> {
+    KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(DType::kFloat32, {n}));
+    float* beta = t.data<float>();
+    const auto* w = static_cast<const int8_t*>(src->raw());
+    for (int64_t c = 0; c < n; ++c) {
+      int64_t colsum = 0;
+      for (int64_t r = 0; !fp8 && r < k; ++r) colsum += w[size_t(r * n + c)];
+      beta[c] = float(double(bias[size_t(c)]) - double(sx) * double(sw[size_t(c)]) * zx * double(colsum));
+    }
+    return t;
+  }));
+  return Status::ok();
 }
 
 // x quantized to 8 bits (k::quantize_int8 / quantize_fp8) in a scratch buffer. Products of one x at
@@ -284,10 +315,8 @@ int tile_for_rows(int64_t m) { return m >= 1024 ? 0 : 1; }
 Status emit_sm90_form(Lowering& L, const Node& node, const QuantProduct& p, const DevValue* x, int64_t m, k::DT dt,
                       const Value* from, int tile, const std::string& why) {
   KILN_ASSIGN_OR_RETURN(Ref wref, weight_nk(L, p));
-  std::vector<float> alpha, beta;
-  column_affine(p, alpha, beta);
-  KILN_ASSIGN_OR_RETURN(Ref ar, upload_vec(L, alpha));
-  KILN_ASSIGN_OR_RETURN(Ref br, upload_vec(L, beta));
+  Ref ar, br;
+  KILN_RETURN_IF_ERROR(upload_column_affine(L, p, ar, br));
   Epilogue ep;
   std::vector<const Node*> fused;
   const Value* out = fuse_product_tail(L, from, dt, ep, fused);
@@ -357,12 +386,7 @@ Status emit_16bit_form(Lowering& L, const Node& node, const QuantProduct& p, con
   xv.ir_dtype = x->ir_dtype;
   xv.dims = {m, p.k};
   // The pool shares the dequantized weight between shape plans by its source and its scales.
-  uint64_t h = 1469598103934665603ull;
-  for (float f : p.sw) {
-    uint32_t b;
-    std::memcpy(&b, &f, 4);
-    h = (h ^ b) * 1099511628211ull;
-  }
+  const uint64_t h = fnv(p.sw.data(), p.sw.size() * sizeof(float));
   const std::vector<float> sw = p.sw;
   const Tensor* w = p.w;
   KILN_ASSIGN_OR_RETURN(Ref wr, L.upload_derived(*w, fmt::format("dequantized {:016x}", h), dt, [w, sw]() -> Expected<Tensor> {
@@ -658,16 +682,14 @@ Status emit_quantized_matmul(Lowering& L, const Node& node, const QuantProduct& 
                               timed.empty() ? "" : " (" + timed.substr(2) + ")"),
            {xq}, {y.ref.id}, StepOp::kLtMatmulQuant, std::move(w8));
   } else {
-    std::vector<float> alpha, beta;
-    column_affine(p, alpha, beta);
     const k::DT acc_dt = v == Variant::kInt8Sums ? k::DT::kI32 : k::DT::kF32;
     const int acc = L.scratch(size_t(m * n) * 4);
     for (int i = 0; i < 3; ++i) put(w8, Ref{});
     put(w8, Ref{false, acc});
     L.emit(&node, fmt::format("cublasLt {} {} (sums{}){}", p.fp8 ? "fp8" : "int8", shape, timed, scaled_why), {xq}, {acc},
            StepOp::kLtMatmulQuant, std::move(w8));
-    KILN_ASSIGN_OR_RETURN(Ref ar, upload_vec(L, alpha));
-    KILN_ASSIGN_OR_RETURN(Ref br, upload_vec(L, beta));
+    Ref ar, br;
+    KILN_RETURN_IF_ERROR(upload_column_affine(L, p, ar, br));
     emit_dequant_cols(L, node, acc_dt, *odt, m, n, acc, ar, br, y.ref);
   }
   if (!copy.empty()) L.fake_quants[copy] = xq;

@@ -167,10 +167,12 @@ class CudaSession : public Session {
     const size_t bad_bytes = sizeof(int) * slots * size_t(lanes_);
     char* h = nullptr;
     if (share) {
-      KILN_RETURN_IF_ERROR(place_shared(arena_ws, staging));
-      KILN_CUDA_TRY(cudaMallocHost(&pinned_.p, bad_bytes));
-      bad_host_ = static_cast<int*>(pinned_.p);
+      // The bad-index counts are read back into the shared block too, after the staging: a session's
+      // calls never overlap another's, and a pinned allocation of its own took ~10 ms of each new
+      // shape's first run on the H200 (bench/RESULTS.md).
+      KILN_RETURN_IF_ERROR(place_shared(arena_ws, staging + bad_bytes));
       h = static_cast<char*>(shared_host_.get());
+      bad_host_ = reinterpret_cast<int*>(h + staging);
     } else {
       KILN_CUDA_TRY(cudaMallocHost(&pinned_.p, staging + bad_bytes));
       h = static_cast<char*>(pinned_.p);
@@ -834,6 +836,7 @@ Status EngineImpl::finish() {
   rep.workspace_bytes = opt.workspace_bytes;
   for (const DeviceIo& d : plan.inputs) rep.staging_bytes += align_up(io_bytes(d));
   for (const DeviceIo& d : plan.outputs) rep.staging_bytes += align_up(io_bytes(d));
+  rep.staging_bytes += align_up(sizeof(int) * size_t(std::max(1, plan.bad_index_slots)));  // the bad-index counts read back
   rep.steps = int(plan.steps.size());
   for (const DeviceStep& s : plan.steps) rep.cpu_steps += s.host;
   // Sessions capture each run of device steps between host steps as a graph of its own.

@@ -76,6 +76,11 @@ struct BuildConfig {
   // its range in every input that shares the name; an unnamed one is named "<input>_<dim>". An input
   // is named in `shapes` or here, not both.
   std::map<std::string, std::vector<DimRange>> shape_ranges;
+  // Shapes in those ranges to make ready ahead of time (`--warm-shapes`): each entry binds inputs to
+  // exact dims ("input_ids" -> {8, 128}; inputs sharing its symbols follow). A GPU engine plans
+  // them at build and load with their own timed choices and keeps them, and each new session
+  // captures their CUDA graphs before its first run, so their first run costs nothing extra.
+  std::vector<std::map<std::string, std::vector<int64_t>>> warm_shapes;
   std::vector<std::string> disabled_passes;  // graph passes to skip, by name ("fuse-attention")
   // > 1: split the model over this many ranks, Megatron style (attention heads and MLP columns,
   // then rows, one AllReduce per block; large embeddings and LM heads by vocabulary): on the GPU,

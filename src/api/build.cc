@@ -262,6 +262,12 @@ Status validate_config(const BuildConfig& c) {
     return KILN_ERROR(kInvalidArgument, "target edge runs on one device; tensor_parallel {} splits over several",
                       c.tensor_parallel);
   }
+  if (!c.warm_shapes.empty() && c.shape_ranges.empty()) {
+    return KILN_ERROR(kInvalidArgument, "warm shapes need shape ranges: a fixed-shape engine is ready for its one shape");
+  }
+  for (const auto& warm : c.warm_shapes) {
+    if (warm.empty()) return KILN_ERROR(kInvalidArgument, "a warm shape binds no input");
+  }
   if (c.workspace_bytes == 0) return KILN_ERROR(kInvalidArgument, "workspace_bytes must be positive");
   if (c.batch < 0) return KILN_ERROR(kInvalidArgument, "batch {}: expected a positive number (or 0: leave)", c.batch);
   for (const auto& [name, dims] : c.shape_ranges) {

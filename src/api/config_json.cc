@@ -19,6 +19,7 @@ nlohmann::json config_to_json(const BuildConfig& c) {
     ranges[name] = a;
   }
   j["shape_ranges"] = ranges;
+  if (!c.warm_shapes.empty()) j["warm_shapes"] = c.warm_shapes;
   j["disabled_passes"] = c.disabled_passes;
   j["autotune"] = c.autotune;
   j["cuda_graph"] = c.cuda_graph;
@@ -36,7 +37,7 @@ nlohmann::json config_to_json(const BuildConfig& c) {
 
 Expected<BuildConfig> config_from_json(const nlohmann::json& j) {
   if (!j.is_object()) return KILN_ERROR(kInvalidModel, "build configuration is not a JSON object");
-  static const std::set<std::string> kKeys = {"device", "precision", "shapes", "batch", "shape_ranges", "disabled_passes", "autotune",
+  static const std::set<std::string> kKeys = {"device", "precision", "shapes", "batch", "shape_ranges", "warm_shapes", "disabled_passes", "autotune",
                                               "cuda_graph", "workspace_bytes", "memory_budget_bytes", "timing_cache", "gemm_sm90",
                                               "gemm_sm90_tile", "tensor_parallel", "micro_batches",
                                               "deterministic", "target"};
@@ -65,6 +66,9 @@ Expected<BuildConfig> config_from_json(const nlohmann::json& j) {
         for (const auto& r : a) dims.push_back(DimRange{r.at(0).get<int64_t>(), r.at(1).get<int64_t>(), r.at(2).get<int64_t>()});
         c.shape_ranges[name] = std::move(dims);
       }
+    }
+    if (j.contains("warm_shapes")) {
+      c.warm_shapes = j.at("warm_shapes").get<std::vector<std::map<std::string, std::vector<int64_t>>>>();
     }
     c.disabled_passes = j.at("disabled_passes").get<std::vector<std::string>>();
     c.autotune = j.at("autotune").get<bool>();

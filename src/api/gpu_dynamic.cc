@@ -73,6 +73,7 @@ struct ShapePlan {
   double make_ms = 0, specialize_ms = 0;  // all of it; binding the shapes and the passes
   SpecializeStats stats;
   uint64_t last_use = 0;
+  bool warm = false;  // a warm shape's (BuildConfig::warm_shapes): never dropped
 };
 
 // An input dim: fixed, or the symbol whose value it takes.
@@ -83,6 +84,12 @@ struct InputDim {
 
 class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_this<DynamicGpuEngine> {
  public:
+  // Why a plan is made: at build, its choices timed where the timing cache lacks them; a loaded
+  // engine's reference plan and its other grid plans; a shape met while running. Only the build's
+  // plans and the reference, one of which the engine's report shows, record which pass removed each
+  // node; only plans made while running count in the report's first-run line.
+  enum class PlanUse { kTuned, kReference, kLoaded, kRunning };
+
   DynamicGpuEngine(std::shared_ptr<const Plan> plan, BuildConfig c, std::shared_ptr<cuda::TimingCache> cache)
       : plan_(std::move(plan)), config_(std::move(c)), cache_(std::move(cache)),
         pool_(std::make_shared<cuda::WeightPool>()), scratch_(std::make_shared<cuda::BuildScratch>()) {}
@@ -113,7 +120,57 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
       }
       dims_.push_back(std::move(dims));
     }
+    if (!config_.warm_shapes.empty() && !value_inputs_.empty()) {
+      return KILN_ERROR(kInvalidArgument, "warm shapes: the engine reads value inputs at each run and plans per value; "
+                        "it has no shape to warm ahead");
+    }
+    for (const auto& given : config_.warm_shapes) {
+      KILN_ASSIGN_OR_RETURN(Shapes s, warm_shape(given));
+      warm_shapes_.push_back(std::move(s));
+    }
     return Status::ok();
+  }
+
+  // A warm shape's every input from the dims it gives some of them (the others take the symbols
+  // they share); one-line errors name the input and dim.
+  Expected<Shapes> warm_shape(const std::map<std::string, std::vector<int64_t>>& given) const {
+    const Graph& g = *plan_->graph;
+    std::map<std::string, int64_t> bound;
+    for (const auto& [name, d] : given) {
+      size_t i = 0;
+      while (i < g.inputs.size() && g.inputs[i]->name != name) ++i;
+      if (i == g.inputs.size()) return KILN_ERROR(kInvalidArgument, "warm shape: the model has no input '{}'", name);
+      if (d.size() != dims_[i].size()) {
+        return KILN_ERROR(kInvalidArgument, "warm shape: input '{}' has {} dims, not {}", name, dims_[i].size(), d.size());
+      }
+      for (size_t k = 0; k < d.size(); ++k) {
+        const InputDim& x = dims_[i][k];
+        if (x.symbol.empty()) {
+          if (d[k] != x.fixed) {
+            return KILN_ERROR(kInvalidArgument, "warm shape: input '{}' dimension {} is {}, fixed at {}", name, k, d[k], x.fixed);
+          }
+          continue;
+        }
+        const DimRange& r = ranges_.at(x.symbol);
+        if (d[k] < r.min || d[k] > r.max) {
+          return KILN_ERROR(kInvalidArgument, "warm shape: input '{}' dimension {} ('{}') is {}, outside its range {}..{}",
+                            name, k, x.symbol, d[k], r.min, r.max);
+        }
+        auto [it, fresh] = bound.emplace(x.symbol, d[k]);
+        if (!fresh && it->second != d[k]) {
+          return KILN_ERROR(kInvalidArgument, "warm shape: '{}' is {} in input '{}' and {} elsewhere", x.symbol, d[k], name,
+                            it->second);
+        }
+      }
+    }
+    for (size_t i = 0; i < dims_.size(); ++i) {
+      for (const InputDim& x : dims_[i]) {
+        if (!x.symbol.empty() && !bound.count(x.symbol)) {
+          return KILN_ERROR(kInvalidArgument, "warm shape: '{}' (input '{}') is not given", x.symbol, g.inputs[i]->name);
+        }
+      }
+    }
+    return shapes_of(bound);
   }
 
   // The build's grid of shapes: every symbol at its opt value, then each symbol in turn at its min,
@@ -171,6 +228,7 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
       }
       warm(*p, memory);
     }
+    KILN_RETURN_IF_ERROR(keep_warm_shapes(PlanUse::kTuned, memory));
     tune_ms_ = ms_since(t0);
     cache_line_ = fmt::format("timing cache: {}, {} choices reused, {} timed\n", cache_source, cache_->hits(), cache_->misses());
     warn_cpu_nodes(reference_->engine->report());
@@ -189,8 +247,19 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
       auto p = plan_for(s, {}, PlanUse::kLoaded);
       if (p) warm(**p, memory);
     }
+    return keep_warm_shapes(PlanUse::kLoaded, memory);
+  }
+
+  // The warm shapes' plans, made (timed at build: their choices are their own) and kept.
+  Status keep_warm_shapes(PlanUse use, cuda::SharedSessionMemory& memory) {
+    for (const Shapes& s : warm_shapes_) {
+      KILN_ASSIGN_OR_RETURN(auto p, plan_for(s, {}, use));
+      p->warm = true;
+      warm(*p, memory);
+    }
     return Status::ok();
   }
+  const std::vector<Shapes>& warm_shapes() const { return warm_shapes_; }
 
   // Makes a CUDA session for a grid shape's plan (in `memory`) and drops it: capturing the plan's
   // graph launches its kernels, which loads the modules they live in. CUDA loads modules lazily, at
@@ -204,12 +273,6 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     warmed_ += bool(session);
     warm_ms_ += ms_since(t0);
   }
-
-  // Why a plan is made: at build, its choices timed where the timing cache lacks them; a loaded
-  // engine's reference plan and its other grid plans; a shape met while running. Only the build's
-  // plans and the reference, one of which the engine's report shows, record which pass removed each
-  // node; only plans made while running count in the report's first-run line.
-  enum class PlanUse { kTuned, kReference, kLoaded, kRunning };
 
   // The plan for exact input shapes `s` and the value inputs' `values`, made on first use.
   Expected<std::shared_ptr<ShapePlan>> plan_for(const Shapes& s, const Values& values, PlanUse use) {
@@ -258,9 +321,13 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     infer_ms_ += p->stats.infer_ms;
     passes_ms_ += p->stats.passes_ms;
     plans_[std::move(key)] = p;
-    while (plans_.size() > kKeptPlans) {  // the least recently used goes; sessions running it keep it alive
-      auto lru = std::min_element(plans_.begin(), plans_.end(),
-                                  [](const auto& a, const auto& b) { return a.second->last_use < b.second->last_use; });
+    // The least recently used goes, never a warm shape's; sessions running a plan keep it alive.
+    while (plans_.size() > kKeptPlans + warm_shapes_.size()) {
+      auto lru = plans_.end();
+      for (auto it = plans_.begin(); it != plans_.end(); ++it) {
+        if (!it->second->warm && (lru == plans_.end() || it->second->last_use < lru->second->last_use)) lru = it;
+      }
+      if (lru == plans_.end()) break;
       plans_.erase(lru);
     }
     return p;
@@ -294,6 +361,12 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     if (warmed_) {
       out += fmt::format("grid warmed: a CUDA session made and dropped for {} grid plans in {:.0f} ms (loads the kernels "
                          "they launch, which new shapes share)\n", warmed_, warm_ms_);
+    }
+    if (!warm_shapes_.empty()) {
+      std::string w;
+      for (const Shapes& x : warm_shapes_) w += fmt::format("{}{}", w.empty() ? "" : "; ", shapes_text(*plan_->graph, x));
+      out += fmt::format("warm shapes: {} (planned at build and load and kept; a new session captures the first {} before "
+                         "its first run)\n", w, kKeptSessions);
     }
     if (run_made_) {
       const double n = run_made_;
@@ -374,6 +447,7 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
   std::map<std::string, DimRange> ranges_;
   std::vector<std::vector<InputDim>> dims_;  // per input
   std::vector<size_t> value_inputs_;
+  std::vector<Shapes> warm_shapes_;  // BuildConfig::warm_shapes, every input's dims
 
   mutable std::mutex mu_;
   std::map<PlanKey, std::shared_ptr<ShapePlan>> plans_;
@@ -400,6 +474,18 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
 class DynamicGpuSession : public Session::Impl {
  public:
   explicit DynamicGpuSession(std::shared_ptr<DynamicGpuEngine> e) : e_(std::move(e)) { e_->reserve(memory_); }
+
+  // The shared memory, then the warm shapes' CUDA sessions (BuildConfig::warm_shapes; as many as the
+  // session keeps), made before the first run so that a run at one of them finds its graphs captured.
+  Status start() {
+    // The arena, workspace and pinned staging for the opt shape now, not in the first run.
+    if (memory_.reserve_device) KILN_RETURN_IF_ERROR(cuda::ensure_shared(memory_));
+    const std::vector<Shapes>& w = e_->warm_shapes();
+    for (size_t i = 0; i < w.size() && i < kKeptSessions; ++i) {
+      KILN_RETURN_IF_ERROR(session_at(w[i], {}, /*running=*/false).status());
+    }
+    return Status::ok();
+  }
   ~DynamicGpuSession() override {
     std::lock_guard<std::recursive_mutex> lock(cuda::device_mutation_mutex());
     sessions_.clear();
@@ -489,7 +575,8 @@ class DynamicGpuSession : public Session::Impl {
     return session_at(shapes, values);
   }
 
-  Expected<cuda::Session*> session_at(const Shapes& shapes, const Values& values) {
+  // `running`: made for a run (counted in the engine's report), not ahead of time for a warm shape.
+  Expected<cuda::Session*> session_at(const Shapes& shapes, const Values& values, bool running = true) {
     PlanKey key = plan_key(shapes, values);
     if (auto it = sessions_.find(key); it != sessions_.end()) {
       it->second.last_use = ++clock_;
@@ -516,7 +603,7 @@ class DynamicGpuSession : public Session::Impl {
     auto t0 = std::chrono::steady_clock::now();
     const cuda::SessionInitStats before = cuda::session_init_stats();
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<cuda::Session> s, p->engine->new_session(nullptr, &memory_));
-    e_->note_session(ms_since(t0), before, cuda::session_init_stats());
+    if (running) e_->note_session(ms_since(t0), before, cuda::session_init_stats());
     Entry& e = sessions_[std::move(key)];
     e.plan = std::move(p);
     e.session = std::move(s);
@@ -532,8 +619,9 @@ class DynamicGpuSession : public Session::Impl {
 
 Expected<std::unique_ptr<Session::Impl>> DynamicGpuEngine::create_session(void* comm) const {
   if (comm) return KILN_ERROR(kUnsupported, "a dynamic-shape engine is never one rank of a tensor-parallel engine");
-  return std::unique_ptr<Session::Impl>(
-      new DynamicGpuSession(std::const_pointer_cast<DynamicGpuEngine>(shared_from_this())));
+  auto s = std::make_unique<DynamicGpuSession>(std::const_pointer_cast<DynamicGpuEngine>(shared_from_this()));
+  KILN_RETURN_IF_ERROR(s->start());
+  return std::unique_ptr<Session::Impl>(std::move(s));
 }
 
 }  // namespace

@@ -331,6 +331,8 @@ def runtime_cases():
         ("shapes_wrong_name", ["--shapes", "nope:2x3", "--random-inputs"], "--shapes;'nope'"),
         ("shapes_contradict", ["--shapes", "x:4x4", "--random-inputs"], "input 'x';[4,4]|input 'x';4x4"),
         ("shapes_malformed", ["--shapes", "x:2xbanana", "--random-inputs"], "banana"),
+        ("warm_shapes_without_ranges", ["--warm-shapes", "x:2x3", "--random-inputs"], "warm shapes need shape ranges"),
+        ("warm_shapes_malformed", ["--warm-shapes", "x:2xbanana", "--random-inputs"], "--warm-shapes 'x:2xbanana';NAME:DIMS"),
         ("disable_pass_unknown", ["--disable-pass", "fuse-everything", "--random-inputs"],
          "--disable-pass;unknown pass 'fuse-everything';fold-constants"),
         ("dump_ir_after_unknown", ["--dump-ir-after", "nope", "--random-inputs"], "unknown pass 'nope';or all"),

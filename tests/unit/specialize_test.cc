@@ -340,3 +340,30 @@ TEST(Specialize, LargeInputsAreNeverValueInputs) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// Warm shapes (BuildConfig::warm_shapes) travel in the engine file's record of the build and need
+// shape ranges to be warm within.
+TEST(BuildConfigRecord, WarmShapesRoundTripAndNeedRanges) {
+  BuildConfig c;
+  c.shape_ranges["ids"] = {DimRange{1, 64, 0}, DimRange{16, 512, 128}};
+  c.warm_shapes = {{{"ids", {8, 128}}}, {{"ids", {1, 16}}, {"mask", {1, 16}}}};
+  ASSERT_TRUE(validate_config(c));
+  auto back = config_from_json(config_to_json(c));
+  ASSERT_TRUE(back) << back.status().message();
+  EXPECT_EQ(back->warm_shapes, c.warm_shapes);
+  EXPECT_EQ(back->shape_ranges, c.shape_ranges);
+  BuildConfig none;  // a record written before warm shapes existed has none
+  nlohmann::json j = config_to_json(none);
+  EXPECT_FALSE(j.contains("warm_shapes"));
+  EXPECT_TRUE(config_from_json(j)->warm_shapes.empty());
+  c.shape_ranges.clear();
+  Status st = validate_config(c);
+  EXPECT_FALSE(st);
+  EXPECT_NE(st.message().find("warm shapes need shape ranges"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace kiln

@@ -21,6 +21,7 @@ namespace kiln::cli {
 struct LoadOptions {
   std::string model;                 // path to the .onnx file
   std::vector<std::string> shapes;   // "NAME:1x3x224x224", repeatable
+  std::vector<std::string> warm_shapes;  // "NAME:DIMS[,NAME:DIMS...]", one shape of a dynamic engine each
 };
 
 // Phase 2: inputs and how to run.

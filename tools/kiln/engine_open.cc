@@ -85,6 +85,20 @@ Expected<BuildConfig> build_config(const LoadOptions& load, const EngineOptions&
       for (const DimRange& r : s.dims) c.shapes[s.name].push_back(r.min);
     }
   }
+  for (const std::string& f : load.warm_shapes) {
+    std::map<std::string, std::vector<int64_t>> warm;
+    for (size_t at = 0; at <= f.size();) {
+      const size_t comma = std::min(f.find(',', at), f.size());
+      auto s = parse_shape_flag(f.substr(at, comma - at));
+      if (!s) return KILN_ERROR(kInvalidArgument, "--warm-shapes '{}': expected NAME:DIMS[,NAME:DIMS...] with exact dims, "
+                                "e.g. ids:8x128", f);
+      if (!warm.emplace(s->first, s->second).second) {
+        return KILN_ERROR(kInvalidArgument, "--warm-shapes '{}': input '{}' given twice", f, s->first);
+      }
+      at = comma + 1;
+    }
+    c.warm_shapes.push_back(std::move(warm));
+  }
   c.batch = batch;
   c.tensor_parallel = eng.tensor_parallel;
   c.micro_batches = eng.micro_batches;

@@ -58,9 +58,17 @@ CLI::Validator pass_name(bool dump) {
       "PASS");
 }
 
+void add_warm_shapes_option(CLI::App* app, kiln::cli::LoadOptions& load) {
+  app->add_option("--warm-shapes", load.warm_shapes,
+                  "a dynamic engine: plan this shape at build and load and capture it in each new session before its "
+                  "first run, e.g. ids:8x128 (inputs sharing its dims follow; NAME:DIMS,NAME:DIMS for several inputs; "
+                  "repeatable)");
+}
+
 void add_load_options(CLI::App* app, kiln::cli::LoadOptions& load) {
   app->add_option("model", load.model, "ONNX model, or an engine file from `kiln build -o`")->required();
   app->add_option("--shapes", load.shapes, "bind an input's shape, e.g. input:1x3x224x224, or give ranges for a dynamic engine, e.g. ids:1..64x16..512@128 (repeatable)");
+  add_warm_shapes_option(app, load);
 }
 
 void add_input_options(CLI::App* app, kiln::cli::RunOptions& run) {
@@ -187,6 +195,7 @@ int main(int argc, char** argv) {
   CLI::App* be = app.add_subcommand("bench", "time a model's forward (CUDA events on the GPU)");
   be->add_option("model", load.model, "ONNX model or engine file")->required();
   be->add_option("--shapes", load.shapes, "bind an input's shape, e.g. input:1x3x224x224, or give ranges for a dynamic engine, e.g. ids:1..64x16..512@128 (repeatable)");
+  add_warm_shapes_option(be, load);
   add_engine_options(be, eng);
   be->add_option("--batch", bench.batch, "bind the leading symbolic dim of every input to N")->check(kPositiveInt);
   be->add_option("--warmup", bench.warmup, "untimed forwards first")->default_val(20);

@@ -132,6 +132,7 @@ int sweep_main(const LoadOptions& load, const EngineOptions& eng, const BenchOpt
     // The static engine for exactly this shape, built the way the dynamic one was.
     BuildConfig c = dyn->config();
     c.shape_ranges.clear();
+    c.warm_shapes.clear();
     c.shapes = ro.run_shapes;
     auto st = build(load.model, c);
     if (!st) return fail(st.status());

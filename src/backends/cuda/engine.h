@@ -135,6 +135,9 @@ struct SharedSessionMemory {
   size_t device_bytes = 0, host_bytes = 0;
   size_t reserve_device = 0, reserve_host = 0;  // the least a new block is made with
 };
+// Makes `m`'s blocks current with at least `device` / `host` bytes (or the reserve) unless they hold
+// that already: a dynamic session makes them when it is created, not on its first run.
+Status ensure_shared(SharedSessionMemory& m, size_t device = 0, size_t host = 0);
 
 class Engine {
  public:

@@ -474,23 +474,7 @@ class CudaSession : public Session {
   // that size (or the reserve) made current; this session keeps its blocks alive either way.
   Status place_shared(size_t device, size_t host) {
     SharedSessionMemory& m = *shared_;
-    // A block of `need` bytes (or the reserve) made current unless the current one holds that.
-    auto ensure = [](std::shared_ptr<void>& block, size_t& bytes, size_t need, size_t reserve, bool pinned) -> Status {
-      if (block && bytes >= need) return Status::ok();
-      const size_t want = std::max({need, reserve, size_t(1)});
-      void* p = nullptr;
-      if (pinned) {
-        KILN_CUDA_TRY(cudaMallocHost(&p, want));
-        block = std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
-      } else {
-        KILN_CUDA_TRY(cudaMalloc(&p, want));
-        block = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
-      }
-      bytes = want;
-      return Status::ok();
-    };
-    KILN_RETURN_IF_ERROR(ensure(m.device, m.device_bytes, device, m.reserve_device, false));
-    KILN_RETURN_IF_ERROR(ensure(m.host, m.host_bytes, host, m.reserve_host, true));
+    KILN_RETURN_IF_ERROR(ensure_shared(m, device, host));
     shared_dev_ = m.device;
     shared_host_ = m.host;
     return Status::ok();
@@ -901,6 +885,27 @@ Expected<std::unique_ptr<Session>> EngineImpl::new_lanes_session(void* comm, int
   auto s = std::make_unique<CudaSession>(shared_from_this(), comm, micro_batches, std::move(batched));
   KILN_RETURN_IF_ERROR(s->init());
   return std::unique_ptr<Session>(std::move(s));
+}
+
+Status ensure_shared(SharedSessionMemory& m, size_t device, size_t host) {
+  std::lock_guard<std::recursive_mutex> lock(device_mutation_mutex());
+  // A block of `need` bytes (or the reserve) made current unless the current one holds that.
+  auto ensure = [](std::shared_ptr<void>& block, size_t& bytes, size_t need, size_t reserve, bool pinned) -> Status {
+    if (block && bytes >= need) return Status::ok();
+    const size_t want = std::max({need, reserve, size_t(1)});
+    void* p = nullptr;
+    if (pinned) {
+      KILN_CUDA_TRY(cudaMallocHost(&p, want));
+      block = std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
+    } else {
+      KILN_CUDA_TRY(cudaMalloc(&p, want));
+      block = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+    }
+    bytes = want;
+    return Status::ok();
+  };
+  KILN_RETURN_IF_ERROR(ensure(m.device, m.device_bytes, device, m.reserve_device, false));
+  return ensure(m.host, m.host_bytes, host, m.reserve_host, true);
 }
 
 SessionInitStats session_init_stats() {

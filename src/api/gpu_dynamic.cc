@@ -73,7 +73,7 @@ struct ShapePlan {
   double make_ms = 0, specialize_ms = 0;  // all of it; binding the shapes and the passes
   SpecializeStats stats;
   uint64_t last_use = 0;
-  bool warm = false;  // a warm shape's (BuildConfig::warm_shapes): never dropped
+  bool kept = false;  // the reference plan or a warm shape's (BuildConfig::warm_shapes): never dropped
 };
 
 // An input dim: fixed, or the symbol whose value it takes.
@@ -224,6 +224,7 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
                             double(p->engine->report().arena_peak) / (1 << 20));
       if (!reference_) {
         reference_ = p;
+        keep(*p);
         reserve(memory);
       }
       warm(*p, memory);
@@ -241,6 +242,7 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     if (!value_inputs_.empty()) return Status::ok();
     const std::vector<Shapes> shapes = grid();
     KILN_ASSIGN_OR_RETURN(reference_, plan_for(shapes[0], {}, PlanUse::kReference));
+    keep(*reference_);
     cuda::SharedSessionMemory memory;
     reserve(memory);
     for (const Shapes& s : shapes) {
@@ -254,12 +256,18 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
   Status keep_warm_shapes(PlanUse use, cuda::SharedSessionMemory& memory) {
     for (const Shapes& s : warm_shapes_) {
       KILN_ASSIGN_OR_RETURN(auto p, plan_for(s, {}, use));
-      p->warm = true;
+      keep(*p);
       warm(*p, memory);
     }
     return Status::ok();
   }
   const std::vector<Shapes>& warm_shapes() const { return warm_shapes_; }
+  // Marks a plan as never dropped (plans are marked at build or load, before any session exists).
+  void keep(ShapePlan& p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    kept_ += !p.kept;
+    p.kept = true;
+  }
 
   // Makes a CUDA session for a grid shape's plan (in `memory`) and drops it: capturing the plan's
   // graph launches its kernels, which loads the modules they live in. CUDA loads modules lazily, at
@@ -321,11 +329,12 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     infer_ms_ += p->stats.infer_ms;
     passes_ms_ += p->stats.passes_ms;
     plans_[std::move(key)] = p;
-    // The least recently used goes, never a warm shape's; sessions running a plan keep it alive.
-    while (plans_.size() > kKeptPlans + warm_shapes_.size()) {
+    // The least recently used goes, never the reference or a warm shape's; sessions running a plan
+    // keep it alive.
+    while (plans_.size() > kKeptPlans + kept_) {
       auto lru = plans_.end();
       for (auto it = plans_.begin(); it != plans_.end(); ++it) {
-        if (!it->second->warm && (lru == plans_.end() || it->second->last_use < lru->second->last_use)) lru = it;
+        if (!it->second->kept && (lru == plans_.end() || it->second->last_use < lru->second->last_use)) lru = it;
       }
       if (lru == plans_.end()) break;
       plans_.erase(lru);
@@ -359,8 +368,8 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
                        double(pool_->device_bytes()) / (1 << 20), derived_.made(), derived_.reused(), second_rounds_,
                        sessions_made_, sessions_ms_, si.sessions, si.handles_ms, si.memory_ms, si.eager_ms, si.eager_runs, si.capture_ms);
     if (warmed_) {
-      out += fmt::format("grid warmed: a CUDA session made and dropped for {} grid plans in {:.0f} ms (loads the kernels "
-                         "they launch, which new shapes share)\n", warmed_, warm_ms_);
+      out += fmt::format("grid warmed: a CUDA session made and dropped for {} plans (the grid's and the warm shapes') in "
+                         "{:.0f} ms (loads the kernels they launch, which new shapes share)\n", warmed_, warm_ms_);
     }
     if (!warm_shapes_.empty()) {
       std::string w;
@@ -371,7 +380,7 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
     if (run_made_) {
       const double n = run_made_;
       out += fmt::format("shape plans made while running: {}, on average {:.1f} ms each (shapes bound and passes {:.1f}, "
-                         "handles and workspace {:.1f}, lowering {:.1f}, weights and binding {:.1f})\n", run_made_,
+                         "setup with the handles and workspace {:.1f}, lowering {:.1f}, weights and binding {:.1f})\n", run_made_,
                          (run_specialize_ms_ + run_setup_ms_ + run_lower_ms_ + run_finish_ms_) / n, run_specialize_ms_ / n,
                          run_setup_ms_ / n, run_lower_ms_ / n, run_finish_ms_ / n);
     }
@@ -448,6 +457,7 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
   std::vector<std::vector<InputDim>> dims_;  // per input
   std::vector<size_t> value_inputs_;
   std::vector<Shapes> warm_shapes_;  // BuildConfig::warm_shapes, every input's dims
+  size_t kept_ = 0;                  // plans never dropped (ShapePlan::kept)
 
   mutable std::mutex mu_;
   std::map<PlanKey, std::shared_ptr<ShapePlan>> plans_;
@@ -478,9 +488,17 @@ class DynamicGpuSession : public Session::Impl {
   // The shared memory, then the warm shapes' CUDA sessions (BuildConfig::warm_shapes; as many as the
   // session keeps), made before the first run so that a run at one of them finds its graphs captured.
   Status start() {
-    // The arena, workspace and pinned staging for the opt shape now, not in the first run.
-    if (memory_.reserve_device) KILN_RETURN_IF_ERROR(cuda::ensure_shared(memory_));
+    // The arena, workspace and pinned staging now, not in the first run: for the opt shape and the
+    // warm shapes (so that a larger warm shape does not drop the ones captured before it).
     const std::vector<Shapes>& w = e_->warm_shapes();
+    size_t device = 0, host = 0;
+    for (size_t i = 0; i < w.size() && i < kKeptSessions; ++i) {
+      KILN_ASSIGN_OR_RETURN(std::shared_ptr<ShapePlan> p, e_->plan_for(w[i], {}, DynamicGpuEngine::PlanUse::kLoaded));
+      const cuda::BuildReport& r = p->engine->report();
+      device = std::max(device, r.arena_peak + r.workspace_bytes + 1024);
+      host = std::max(host, r.staging_bytes);
+    }
+    if (memory_.reserve_device || device) KILN_RETURN_IF_ERROR(cuda::ensure_shared(memory_, device, host));
     for (size_t i = 0; i < w.size() && i < kKeptSessions; ++i) {
       KILN_RETURN_IF_ERROR(session_at(w[i], {}, /*running=*/false).status());
     }

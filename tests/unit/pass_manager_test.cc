@@ -161,10 +161,8 @@ TEST(PassManager, PipelineNamesAreKebabCaseAndUnique) {
   }
 }
 
-// Every node the pipeline removes is recorded with the pass that removed it and, for a fusion,
-// the node that now does its work.
-TEST(PassManager, RemovedNodesRecordWhereTheirWorkWent) {
-  auto g = parse_graph(R"(graph main(%a: f32[4,2]) {
+// A MatMul + bias Add that fuse into a Gemm, an Identity and a dead node.
+constexpr const char* kFusedAndDeadNodes = R"(graph main(%a: f32[4,2]) {
   %w = const dense<f32[2,3]> [1.0, 2.0, 3.0, -1.0, 0.5, 0.25]
   %b = const dense<f32[3]> [0.5, -0.5, 1.0]
   %m = MatMul(%a, %w) : f32[4,3] @fc
@@ -173,7 +171,12 @@ TEST(PassManager, RemovedNodesRecordWhereTheirWorkWent) {
   %d = Relu(%a) : f32[4,2] @dead
   return %i
 }
-)");
+)";
+
+// Every node the pipeline removes is recorded with the pass that removed it and, for a fusion,
+// the node that now does its work.
+TEST(PassManager, RemovedNodesRecordWhereTheirWorkWent) {
+  auto g = parse_graph(kFusedAndDeadNodes);
   ASSERT_TRUE(g) << g.status().message();
   ASSERT_TRUE(run_passes(**g, default_pipeline()));
   std::map<std::string, std::pair<std::string, std::string>> got;  // node -> (pass, into)
@@ -198,18 +201,8 @@ TEST(PassManager, RemovedNodesRecordWhereTheirWorkWent) {
 // same graph and keeps no records, not even the ones passes note themselves, whose targets later
 // passes may free.
 TEST(PassManager, WithoutProvenanceTheGraphIsTheSameAndNothingIsRecorded) {
-  const char* text = R"(graph main(%a: f32[4,2]) {
-  %w = const dense<f32[2,3]> [1.0, 2.0, 3.0, -1.0, 0.5, 0.25]
-  %b = const dense<f32[3]> [0.5, -0.5, 1.0]
-  %m = MatMul(%a, %w) : f32[4,3] @fc
-  %y = Add(%m, %b) : f32[4,3] @fc_bias
-  %i = Identity(%y) : f32[4,3] @id
-  %d = Relu(%a) : f32[4,2] @dead
-  return %i
-}
-)";
-  auto with = parse_graph(text);
-  auto without = parse_graph(text);
+  auto with = parse_graph(kFusedAndDeadNodes);
+  auto without = parse_graph(kFusedAndDeadNodes);
   ASSERT_TRUE(with && without);
   PassOptions off;
   off.track_provenance = false;

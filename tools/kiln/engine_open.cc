@@ -36,6 +36,7 @@ Status check_loaded(const Engine& e, const std::string& path, const LoadOptions&
     return KILN_ERROR(kInvalidArgument, "{}: {}; build another engine from the ONNX model for that", path, what);
   };
   if (!load.shapes.empty()) KILN_RETURN_IF_ERROR(engine_run_shapes(e, load).status());  // a dynamic engine's run shapes
+  if (!load.warm_shapes.empty()) return rebuild("--warm-shapes: an engine's warm shapes are fixed when it is built");
   if (batch > 0) {
     for (const TensorInfo& t : e.inputs()) {
       if (!t.shape.empty() && t.shape[0] != batch) {

@@ -189,9 +189,16 @@ struct BuildScratch::Impl {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   ~Impl() {
+    // On its own GPU and under the device lock, as every free is (a cudaFree during another
+    // thread's graph capture breaks the capture).
+    std::lock_guard<std::recursive_mutex> lock(device_mutation_mutex());
+    int current = -1;
+    const bool moved = device >= 0 && cudaGetDevice(&current) == cudaSuccess && current != device &&
+                       cudaSetDevice(device) == cudaSuccess;
     if (dnn) cudnnDestroy(dnn);
     if (lt) cublasLtDestroy(lt);
     if (workspace) cudaFree(workspace);
+    if (moved) cudaSetDevice(current);
   }
   // Handles and a workspace of at least `bytes` on the current GPU, made on first use.
   Status ready(size_t bytes) {
@@ -296,6 +303,9 @@ Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptio
   auto e = std::make_shared<EngineImpl>(&g, opt);
   double setup_ms = 0;
   KILN_ASSIGN_OR_RETURN(e->plan, lower_graph(g, opt, setup_ms));
+  // The engine never lowers again: it keeps no share in the caller's scratch, which would otherwise
+  // live (and be freed, outside the device lock) as long as the last engine holding it.
+  e->opt.build_scratch.reset();
   auto t1 = std::chrono::steady_clock::now();
   KILN_RETURN_IF_ERROR(e->finish());
   auto ms = [](auto from, auto to) { return std::chrono::duration<double, std::milli>(to - from).count(); };

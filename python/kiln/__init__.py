@@ -120,7 +120,8 @@ class Engine:
 
 def build(path: str | os.PathLike, *, device: str = "auto", precision: str = "fp32",
           shapes: Optional[Mapping[str, Sequence[int]]] = None, batch: int = 0,
-          shape_ranges: Optional[Mapping[str, Sequence]] = None, disabled_passes: Sequence[str] = (),
+          shape_ranges: Optional[Mapping[str, Sequence]] = None,
+          warm_shapes: Sequence[Mapping[str, Sequence[int]]] = (), disabled_passes: Sequence[str] = (),
           autotune: bool = True, cuda_graph: bool = True, memory_budget_mib: int = 0, timing_cache: str = "",
           tensor_parallel: int = 1, micro_batches: int = 0, deterministic: bool = False,
           target: str = "server") -> Engine:
@@ -128,13 +129,17 @@ def build(path: str | os.PathLike, *, device: str = "auto", precision: str = "fp
 
     shapes binds inputs' symbolic dims ({"input_ids": [1, 128]}); shape_ranges gives ranges for a
     dynamic engine, one entry per dim: an int (fixed) or (min, max) / (min, max, opt)
-    ({"input_ids": [(1, 64), (16, 512)]}). tensor_parallel > 1 splits the model over that many GPUs
+    ({"input_ids": [(1, 64), (16, 512)]}); warm_shapes lists shapes in those ranges that a GPU engine plans at
+    build and load and each new session captures before its first run ([{"input_ids": [8, 128]}]; inputs
+    sharing its dims follow). tensor_parallel > 1 splits the model over that many GPUs
     (CPU threads on the CPU); it needs fixed shapes, and with a batch runs micro_batches at once where
     that pays (0) or as asked (docs/tensor-parallel.md). deterministic: the same output bits at any
     CPU thread count (docs/determinism.md). target="edge": batch-1 latency on the CPU, the session's
     memory in the report and held to memory_budget_mib."""
     return Engine(_kiln.build(os.fspath(path), device, precision, {k: list(v) for k, v in (shapes or {}).items()},
-                              batch, dict(shape_ranges or {}), list(disabled_passes), autotune, cuda_graph,
+                              batch, dict(shape_ranges or {}),
+                              [{k: list(v) for k, v in w.items()} for w in warm_shapes], list(disabled_passes), autotune,
+                              cuda_graph,
                               memory_budget_mib, timing_cache, tensor_parallel, micro_batches, deterministic, target))
 
 

@@ -172,7 +172,9 @@ kiln::DimRange parse_range(nb::handle h) {
 
 kiln::BuildConfig make_config(const std::string& device, const std::string& precision,
                               const std::map<std::string, std::vector<int64_t>>& shapes, int64_t batch,
-                              const nb::dict& shape_ranges, const std::vector<std::string>& disabled_passes,
+                              const nb::dict& shape_ranges,
+                              const std::vector<std::map<std::string, std::vector<int64_t>>>& warm_shapes,
+                              const std::vector<std::string>& disabled_passes,
                               bool autotune, bool cuda_graph, int64_t memory_budget_mib, const std::string& timing_cache,
                               int tensor_parallel, int micro_batches, bool deterministic, const std::string& target) {
   kiln::BuildConfig c;
@@ -193,6 +195,7 @@ kiln::BuildConfig make_config(const std::string& device, const std::string& prec
     for (nb::handle d : dims) r.push_back(parse_range(d));
     c.shape_ranges[nb::cast<std::string>(name)] = r;
   }
+  c.warm_shapes = warm_shapes;
   c.disabled_passes = disabled_passes;
   c.autotune = autotune;
   c.cuda_graph = cuda_graph;
@@ -377,14 +380,17 @@ NB_MODULE(_kiln, m) {
 
   m.def("build", [](const std::string& path, const std::string& device, const std::string& precision,
                     const std::map<std::string, std::vector<int64_t>>& shapes, int64_t batch, const nb::dict& shape_ranges,
+                    const std::vector<std::map<std::string, std::vector<int64_t>>>& warm_shapes,
                     const std::vector<std::string>& disabled_passes, bool autotune, bool cuda_graph,
                     int64_t memory_budget_mib, const std::string& timing_cache, int tensor_parallel, int micro_batches,
                     bool deterministic, const std::string& target) {
-    kiln::BuildConfig c = make_config(device, precision, shapes, batch, shape_ranges, disabled_passes, autotune, cuda_graph,
+    kiln::BuildConfig c = make_config(device, precision, shapes, batch, shape_ranges, warm_shapes, disabled_passes, autotune,
+                                      cuda_graph,
                                       memory_budget_mib, timing_cache, tensor_parallel, micro_batches, deterministic, target);
     nb::gil_scoped_release release;
     return take(kiln::build(path, c));
-  }, "path"_a, "device"_a, "precision"_a, "shapes"_a, "batch"_a, "shape_ranges"_a, "disabled_passes"_a, "autotune"_a,
+  }, "path"_a, "device"_a, "precision"_a, "shapes"_a, "batch"_a, "shape_ranges"_a, "warm_shapes"_a, "disabled_passes"_a,
+     "autotune"_a,
      "cuda_graph"_a, "memory_budget_mib"_a, "timing_cache"_a, "tensor_parallel"_a, "micro_batches"_a, "deterministic"_a,
      "target"_a);
 

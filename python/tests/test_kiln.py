@@ -168,6 +168,12 @@ def test_shape_ranges(tmp_path):
         s.run(None, {"x": np.zeros((9, 4), np.float32)})
     static = kiln.build(path, device="cpu", shapes={"x": [2, 4]})
     assert static.inputs[0].shape == [2, 4]
+    # Warm shapes are within ranges (a GPU engine plans them ahead; the CPU's take them as any shape).
+    warm = kiln.build(path, device="cpu", shape_ranges={"x": [(1, 8), 4]}, warm_shapes=[{"x": [5, 4]}])
+    y, = warm.create_session().run(None, {"x": np.ones((5, 4), np.float32)})
+    np.testing.assert_allclose(y, np.maximum(np.ones((5, 4)) @ w0, 0) @ w1, rtol=1e-5, atol=1e-5)
+    with pytest.raises(kiln.KilnError, match="warm shapes need shape ranges"):
+        kiln.build(path, device="cpu", shapes={"x": [2, 4]}, warm_shapes=[{"x": [2, 4]}])
 
 
 def test_quantize(tmp_path):

@@ -138,9 +138,9 @@ def build(path: str | os.PathLike, *, device: str = "auto", precision: str = "fp
     memory in the report and held to memory_budget_mib."""
     return Engine(_kiln.build(os.fspath(path), device, precision, {k: list(v) for k, v in (shapes or {}).items()},
                               batch, dict(shape_ranges or {}),
-                              [{k: list(v) for k, v in w.items()} for w in warm_shapes], list(disabled_passes), autotune,
-                              cuda_graph,
-                              memory_budget_mib, timing_cache, tensor_parallel, micro_batches, deterministic, target))
+                              [{k: list(v) for k, v in w.items()} for w in warm_shapes], list(disabled_passes),
+                              autotune, cuda_graph, memory_budget_mib, timing_cache, tensor_parallel, micro_batches,
+                              deterministic, target))
 
 
 def quantize(path: str | os.PathLike, out: str | os.PathLike, *, calib_dir: str, precision: str = "int8",

@@ -385,13 +385,12 @@ NB_MODULE(_kiln, m) {
                     int64_t memory_budget_mib, const std::string& timing_cache, int tensor_parallel, int micro_batches,
                     bool deterministic, const std::string& target) {
     kiln::BuildConfig c = make_config(device, precision, shapes, batch, shape_ranges, warm_shapes, disabled_passes, autotune,
-                                      cuda_graph,
-                                      memory_budget_mib, timing_cache, tensor_parallel, micro_batches, deterministic, target);
+                                      cuda_graph, memory_budget_mib, timing_cache, tensor_parallel, micro_batches,
+                                      deterministic, target);
     nb::gil_scoped_release release;
     return take(kiln::build(path, c));
   }, "path"_a, "device"_a, "precision"_a, "shapes"_a, "batch"_a, "shape_ranges"_a, "warm_shapes"_a, "disabled_passes"_a,
-     "autotune"_a,
-     "cuda_graph"_a, "memory_budget_mib"_a, "timing_cache"_a, "tensor_parallel"_a, "micro_batches"_a, "deterministic"_a,
+     "autotune"_a, "cuda_graph"_a, "memory_budget_mib"_a, "timing_cache"_a, "tensor_parallel"_a, "micro_batches"_a, "deterministic"_a,
      "target"_a);
 
   m.def("quantize", [](const std::string& path, const std::string& out, const std::string& precision,

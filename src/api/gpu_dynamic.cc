@@ -76,6 +76,10 @@ struct ShapePlan {
   bool kept = false;  // the reference plan or a warm shape's (BuildConfig::warm_shapes): never dropped
 };
 
+// The shared device bytes a plan's session places its arena and workspace in (+ the session's
+// alignment).
+size_t shared_device_bytes(const cuda::BuildReport& r) { return r.arena_peak + r.workspace_bytes + 1024; }
+
 // An input dim: fixed, or the symbol whose value it takes.
 struct InputDim {
   int64_t fixed = -1;
@@ -428,7 +432,7 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
   void reserve(cuda::SharedSessionMemory& m) const {
     if (!reference_) return;
     const cuda::BuildReport& r = reference_->engine->report();
-    m.reserve_device = r.arena_peak + r.workspace_bytes + 1024;  // + the session's alignment
+    m.reserve_device = shared_device_bytes(r);
     m.reserve_host = r.staging_bytes;
   }
   std::string load_phases_;
@@ -466,13 +470,13 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
   int made_ = 0;
   double made_ms_ = 0, specialize_ms_ = 0, tune_ms_ = 0;
   int second_rounds_ = 0;                      // plans whose passes ran twice
-  int run_made_ = 0;                           // plans made without timing, and where their time went
+  int run_made_ = 0;                           // plans made while running, and where their time went
   double run_specialize_ms_ = 0, run_setup_ms_ = 0, run_lower_ms_ = 0, run_finish_ms_ = 0;
   double clone_ms_ = 0, infer_ms_ = 0, passes_ms_ = 0;  // of specialize_ms_
   mutable int sessions_made_ = 0;              // CUDA sessions made by this engine's sessions, and their time
   mutable double sessions_ms_ = 0;
   mutable double session_handles_ms_ = 0, session_memory_ms_ = 0, session_capture_ms_ = 0, session_eager_ms_ = 0;
-  int warmed_ = 0;  // grid plans whose sessions were made once at build or load (warm), and the time
+  int warmed_ = 0;  // grid and warm-shape plans whose sessions were made once at build or load (warm), and the time
   double warm_ms_ = 0;
   std::string tuned_, cache_line_;
 };
@@ -495,7 +499,7 @@ class DynamicGpuSession : public Session::Impl {
     for (size_t i = 0; i < w.size() && i < kKeptSessions; ++i) {
       KILN_ASSIGN_OR_RETURN(std::shared_ptr<ShapePlan> p, e_->plan_for(w[i], {}, DynamicGpuEngine::PlanUse::kLoaded));
       const cuda::BuildReport& r = p->engine->report();
-      device = std::max(device, r.arena_peak + r.workspace_bytes + 1024);
+      device = std::max(device, shared_device_bytes(r));
       host = std::max(host, r.staging_bytes);
     }
     if (memory_.reserve_device || device) KILN_RETURN_IF_ERROR(cuda::ensure_shared(memory_, device, host));
@@ -610,7 +614,7 @@ class DynamicGpuSession : public Session::Impl {
     // cuda::SharedSessionMemory): the sessions placed in them go first, so that the larger blocks
     // are not made beside them and no session is left in memory that is no longer current.
     const cuda::BuildReport& r = p->engine->report();
-    if ((memory_.device && memory_.device_bytes < r.arena_peak + r.workspace_bytes + 1024) ||
+    if ((memory_.device && memory_.device_bytes < shared_device_bytes(r)) ||
         (memory_.host && memory_.host_bytes < r.staging_bytes)) {
       std::lock_guard<std::recursive_mutex> lock(cuda::device_mutation_mutex());
       sessions_.clear();

@@ -21,6 +21,7 @@
 // at build (the values are not known yet); the report names the inputs.
 #ifdef KILN_HAVE_CUDA
 #include <algorithm>
+#include <map>
 #include <cstring>
 #include <chrono>
 #include <mutex>
@@ -324,6 +325,8 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
       run_setup_ms_ += r.setup_ms;
       run_lower_ms_ += r.lower_ms;
       run_finish_ms_ += r.finish_ms;
+      for (const auto& [op, ms] : r.lower_ms_by_op) run_lower_by_op_[op] += ms;
+      run_last_finish_ = r.load_phases;
     }
     ++made_;
     made_ms_ += p->make_ms;
@@ -387,6 +390,11 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
                          "setup with the handles and workspace {:.1f}, lowering {:.1f}, weights and binding {:.1f})\n", run_made_,
                          (run_specialize_ms_ + run_setup_ms_ + run_lower_ms_ + run_finish_ms_) / n, run_specialize_ms_ / n,
                          run_setup_ms_ / n, run_lower_ms_ / n, run_finish_ms_ / n);
+      std::vector<std::pair<std::string, double>> by_op(run_lower_by_op_.begin(), run_lower_by_op_.end());
+      std::sort(by_op.begin(), by_op.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+      std::string ops;
+      for (size_t i = 0; i < by_op.size() && i < 6; ++i) ops += fmt::format("{}{} {:.1f}", i ? ", " : "", by_op[i].first, by_op[i].second / n);
+      out += fmt::format("  lowering by op, ms a plan: {}; the last one's weights and binding: {}\n", ops, run_last_finish_);
     }
     if (sessions_made_) {
       const double n = sessions_made_;
@@ -472,6 +480,8 @@ class DynamicGpuEngine : public DeviceEngine, public std::enable_shared_from_thi
   int second_rounds_ = 0;                      // plans whose passes ran twice
   int run_made_ = 0;                           // plans made while running, and where their time went
   double run_specialize_ms_ = 0, run_setup_ms_ = 0, run_lower_ms_ = 0, run_finish_ms_ = 0;
+  std::map<std::string, double> run_lower_by_op_;  // lowering time per op kind, summed over the plans made while running
+  std::string run_last_finish_;
   double clone_ms_ = 0, infer_ms_ = 0, passes_ms_ = 0;  // of specialize_ms_
   mutable int sessions_made_ = 0;              // CUDA sessions made by this engine's sessions, and their time
   mutable double sessions_ms_ = 0;

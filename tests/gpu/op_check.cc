@@ -45,6 +45,7 @@ struct Case {
   int graph_conv = 0;                 // BuildOptions::graph_conv (1: cuDNN operation graphs wherever they apply)
   int quant_form = 0;                 // BuildOptions::quant_form (8 / 16: quantized products in that form)
   const char* half_impl_16 = "fake_quant";  // half_impl of a quantized case's 16-bit form
+  int group_norm_one = 0;             // BuildOptions::group_norm_one (1: one-launch GroupNorm wherever it applies)
 };
 
 #include "op_cases.inc"
@@ -122,7 +123,7 @@ const std::set<std::string> kThroughPasses = {
     "groupnorm_export_form", "conv_group_norm_silu_nhwc_wide", "qmatmul_u8s8_per_channel_bias", "qmatmul_s8s8_zero_point", "qmatmul_fp8_per_channel_bias",
     "qmatmul_fp8_per_tensor", "qmatmul_s8s8_residual_gelu", "qmatmul_u8s8_multi_tile", "qmatmul_fp8_multi_tile",
     "qmatmul_u8_zero_point_37", "qmatmul_s8s8_bias_through_cast",
-    "attention_swin_windows", "attention_sdpa_guarded"};
+    "attention_swin_windows", "attention_sdpa_guarded", "conv_group_norm_silu_one_launch", "conv_group_norm_silu_three_launches"};
 
 Expected<Reference> cpu_reference(const Case& c, uint64_t seed) {
   Reference r;
@@ -187,6 +188,7 @@ Status run_case(const Case& c, cuda::Precision prec, uint64_t seed, double* err,
   bo.gemm_sm90 = c.gemm_sm90;
   bo.gemm_sm90_tile = c.gemm_sm90_tile;
   bo.graph_conv = c.graph_conv;
+  bo.group_norm_one = c.group_norm_one;
   bo.quant_form = c.quant_form;
   auto tuning = std::make_shared<cuda::TimingCache>("op-check");
   bo.timing_cache = tuning;

@@ -165,7 +165,7 @@ int sweep_main(const LoadOptions& load, const EngineOptions& eng, const BenchOpt
   }
   const std::string rep = dyn->report();
   for (const char* line : {"shape plans made so far", "grid warmed", "shape plans made while running",
-                           "CUDA sessions made while running"}) {
+                           "  lowering by op", "CUDA sessions made while running"}) {
     if (size_t at = rep.find(line); at != std::string::npos) {
       std::printf("%s\n", rep.substr(at, rep.find('\n', at) - at).c_str());
     }

@@ -4,6 +4,7 @@
 // ahead at single consumers), then planning (lifetimes come from the emitted steps).
 #include <algorithm>
 #include <chrono>
+#include <map>
 
 #include "backends/cuda/device.h"
 #include "backends/cuda/engine_impl.h"
@@ -145,6 +146,18 @@ class CudaStepBackend : public StepBackend {
   void set_constant(const Value* v, Tensor t) override { L_.set_constant(v, std::move(t)); }
 
   Expected<Lowered> lower(const Node& n) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    Expected<Lowered> r = lower_timed(n);
+    ms_by_op[std::string(op_name(n.op))] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  }
+
+  Status lower_host(const Node& n) override { return lower_on_cpu(L_, n); }
+
+  std::map<std::string, double> ms_by_op;  // lowering time per ONNX op kind, declines included
+
+ private:
+  Expected<Lowered> lower_timed(const Node& n) {
     const size_t emitted = L_.steps.size();
     Status s;
     if (auto rp = L_.replacements.find(&n); rp != L_.replacements.end()) {
@@ -173,9 +186,6 @@ class CudaStepBackend : public StepBackend {
     return r;
   }
 
-  Status lower_host(const Node& n) override { return lower_on_cpu(L_, n); }
-
- private:
   Lowering& L_;
   const std::map<OpKind, LowerFn>& table_ = lowering_table();
 };
@@ -250,7 +260,8 @@ struct BuildResources {
 };
 
 // Lowers the graph to a device plan: records, memory plan, weights, I/O, placements.
-Expected<DevicePlan> lower_graph(const Graph& g, const BuildOptions& opt, double& setup_ms) {
+Expected<DevicePlan> lower_graph(const Graph& g, const BuildOptions& opt, double& setup_ms,
+                                 std::vector<std::pair<std::string, double>>& ms_by_op) {
   auto t0 = std::chrono::steady_clock::now();
   Lowering L(g, opt);
   BuildResources res{L};
@@ -262,6 +273,8 @@ Expected<DevicePlan> lower_graph(const Graph& g, const BuildOptions& opt, double
   CudaStepBackend backend(L);
   static const std::unique_ptr<Backend> cpu = make_cpu_backend();
   KILN_ASSIGN_OR_RETURN(std::vector<NodePlacement> rows, place_nodes(g, backend, *cpu));
+  ms_by_op.assign(backend.ms_by_op.begin(), backend.ms_by_op.end());
+  std::sort(ms_by_op.begin(), ms_by_op.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
   KILN_RETURN_IF_ERROR(lower_outputs(L, e));
   std::vector<bool> pinned(L.buffer_bytes.size(), false);
   for (const DevValue& d : e.output_stage) {
@@ -302,7 +315,8 @@ Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptio
   }
   auto e = std::make_shared<EngineImpl>(&g, opt);
   double setup_ms = 0;
-  KILN_ASSIGN_OR_RETURN(e->plan, lower_graph(g, opt, setup_ms));
+  std::vector<std::pair<std::string, double>> ms_by_op;
+  KILN_ASSIGN_OR_RETURN(e->plan, lower_graph(g, opt, setup_ms, ms_by_op));
   // The engine never lowers again: it keeps no share in the caller's scratch, which would otherwise
   // live (and be freed, outside the device lock) as long as the last engine holding it.
   e->opt.build_scratch.reset();
@@ -315,6 +329,7 @@ Expected<std::shared_ptr<Engine>> Engine::build(const Graph& g, const BuildOptio
   e->rep.setup_ms = setup_ms;
   e->rep.lower_ms = ms(t0, t1) - setup_ms;
   e->rep.finish_ms = ms(t1, t2);
+  e->rep.lower_ms_by_op = std::move(ms_by_op);
   return std::shared_ptr<Engine>(e);
 }
 

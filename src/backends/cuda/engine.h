@@ -79,6 +79,9 @@ struct BuildOptions {
   // (lower_conv_graph.cc): 0 where timing shows the graph engine beats the legacy algorithm and its
   // separate passes, 1 wherever it applies (tests), -1 never.
   int graph_conv = 0;
+  // NHWC GroupNormalization in one cooperative launch (k::group_norm_nhwc_one_launch): 0 where timing
+  // shows it beats the three launches, 1 wherever it applies (tests), -1 never.
+  int group_norm_one = 0;
   // A QDQ model's quantized products (QuantizedMatMul) in a 16-bit build: 0 in 8 bits or 16 bits,
   // whichever its timing finds faster (lower_gemm_quant.cc), 8 always in 8 bits, 16 always in 16.
   // With 8 and gemm_sm90 = 1 the 8-bit product is the Hopper kernel wherever it applies
@@ -117,6 +120,7 @@ struct BuildReport {
   // Where a build's time went: handles and workspace, lowering the nodes to steps (with any
   // timing) and the memory plan, then weights, handles and binding the steps (finish).
   double setup_ms = 0, lower_ms = 0, finish_ms = 0;
+  std::vector<std::pair<std::string, double>> lower_ms_by_op;  // lowering time per ONNX op kind, largest first
   std::string load_phases;  // a loaded engine: "CUDA context 230.1 ms, weights 48.7 MiB in 9.0 ms, ..."
   std::string device_name;
   std::string to_text() const;  // the `kiln build --report` table

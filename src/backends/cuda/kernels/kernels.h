@@ -183,6 +183,16 @@ size_t group_norm_nhwc_scratch_bytes(int64_t n, int64_t groups, int64_t spatial,
 cudaError_t group_norm_nhwc(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t n, int64_t c,
                             int64_t groups, int64_t spatial, int64_t pixels, float eps, int act, void* scratch,
                             cudaStream_t s);
+// The same in one cooperative launch: b blocks per image, all resident at once, a grid barrier
+// between the statistics and the output. group_norm_nhwc_one_blocks gives the b to use on the
+// current GPU (as many as fit it at once, shared by the images, at most `spatial`), or 0 where this
+// kernel cannot run (channel vectors past one block, more images than fit); `scratch` holds
+// group_norm_nhwc_one_scratch_bytes(n, groups, b) bytes.
+int group_norm_nhwc_one_blocks(DT dt, int64_t n, int64_t c, int64_t groups, int64_t spatial);
+size_t group_norm_nhwc_one_scratch_bytes(int64_t n, int64_t groups, int b);
+cudaError_t group_norm_nhwc_one_launch(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t n,
+                                       int64_t c, int64_t groups, int64_t spatial, int b, float eps, int act, void* scratch,
+                                       cudaStream_t s);
 
 // Pad of x (dims in_dims) into y (out_dims), rank <= kMaxRank, any element width up to 8 bytes:
 // y[o] = x[src(o - begin)] per dim, where a coordinate outside x is the constant `value_bits`

@@ -9,6 +9,8 @@
 // the chunks (Chan et al.'s pairwise update, stable where sum/sum-of-squares cancels); an
 // elementwise pass applies the row's statistics with the channel's scale and shift. All math in f32.
 // NHWC inputs (a convolution's output in half builds) have their own statistics kernel.
+#include <cooperative_groups.h>
+
 #include "backends/cuda/kernels/common.cuh"
 
 namespace kiln::cuda::k {
@@ -105,7 +107,7 @@ __global__ void group_apply_kernel(const T* __restrict__ x, const float2* __rest
 // the block folds rows into channels and channels into groups: the group's partial, stored where
 // the NCHW kernel stores them (row = image * groups + group), so one merge serves both. Fixed order throughout (no atomics): a forward gives the same bits every run.
 constexpr int64_t kPixels = 256, kMinPixels = 32;  // pixels per statistics block
-constexpr int kNhwcThreads = 256;
+constexpr int kNhwcThreads = 256, kOneThreads = 512, kBatch = 4;
 
 template <class T>
 constexpr int vec_width() { return int(16 / sizeof(T)); }
@@ -234,6 +236,139 @@ __global__ void group_apply_nhwc_kernel(const T* __restrict__ x, const float2* _
   }
 }
 
+// The whole normalization in one cooperative launch, for channel vectors that fit one block
+// (c / V <= kOneThreads): `b` blocks per image (grid b x n, all resident at once), block r taking an
+// equal share of the image's pixels. A thread keeps one vector slot (V channels) and walks its
+// pixels with a stride of `lanes` pixels, so its channels, scale and shift never change and the
+// loops divide nothing. One pass gives each block's per-group sums of (v - K) and (v - K)^2, K the
+// group's first value in the image (the shifted-data method: no cancellation where the mean is far
+// from zero, and sums that merge by adding); after a grid barrier every block adds the image's b
+// partials for each group in a fixed order (the same bits in every block and every run), and
+// normalizes its pixels, re-read from L1/L2. Timed against the three launches per shape at build:
+// 25-40% faster on 4-25 MB activations, a tie on a batch-1 UNet's (bench/RESULTS.md,
+// thirty-seventh session, with the designs that lost: a cluster of 16 blocks per image, bound by
+// its SMs' instruction rate, and a block per group).
+template <class T, int V>
+__global__ void __launch_bounds__(kOneThreads) group_norm_one_kernel(const T* __restrict__ x,
+                                                                     const float* __restrict__ scale,
+                                                                     const float* __restrict__ shift, T* __restrict__ y,
+                                                                     int64_t spatial, int64_t c, int64_t groups, float eps,
+                                                                     int act, float2* __restrict__ parts) {
+  namespace cg = cooperative_groups;
+  extern __shared__ float sh[];  // s1[lanes][c], s2[lanes][c], then per group: mean, inv_std
+  const int nblk = int(gridDim.x), r = int(blockIdx.x);
+  const int vectors = int(c / V), lanes = kOneThreads / vectors;  // lanes >= 1 (the host checks)
+  const int tid = int(threadIdx.x), slot = tid % vectors, lane = tid / vectors;
+  const bool active = lane < lanes;
+  const int64_t share = (spatial + nblk - 1) / nblk;
+  const int64_t p0 = r * share < spatial ? r * share : spatial, p1 = p0 + share < spatial ? p0 + share : spatial;
+  const int per = int(c / groups);
+  float* s1 = sh;
+  float* s2 = s1 + int64_t(lanes) * c;
+  float* mean = s2 + int64_t(lanes) * c;
+  float* inv = mean + groups;
+  const T* xi = x + blockIdx.y * spatial * c;
+  const T* xb = xi + slot * V;
+  T* yb = y + blockIdx.y * spatial * c + slot * V;
+  float2* pi = parts + blockIdx.y * int64_t(nblk) * groups;  // [block][group] of this image
+
+  // f(pixel, its V values) for each of this thread's pixels, kBatch loads issued before the first use.
+  auto walk = [&](auto f) {
+    for (int64_t p = p0 + lane; p < p1; p += int64_t(kBatch) * lanes) {
+      float v[kBatch][V];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        if (p + int64_t(u) * lanes < p1) load_vec<T, V>(xb + (p + int64_t(u) * lanes) * c, v[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        if (p + int64_t(u) * lanes < p1) f(p + int64_t(u) * lanes, v[u]);
+      }
+    }
+  };
+
+  float kv[V], a1[V], a2[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    kv[j] = to_f(xi[((slot * V + j) / per) * per]);  // K: the group's first value in the image
+    a1[j] = a2[j] = 0.f;
+  }
+  if (active) {
+    walk([&](int64_t, const float(&v)[V]) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float d = v[j] - kv[j];
+        a1[j] += d;
+        a2[j] += d * d;
+      }
+    });
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      s1[int64_t(lane) * c + slot * V + j] = a1[j];
+      s2[int64_t(lane) * c + slot * V + j] = a2[j];
+    }
+  }
+  __syncthreads();
+  for (int rows = lanes; rows > 1;) {  // rows [half, rows) onto [0, rows - half), a tree
+    const int half = (rows + 1) / 2;
+    for (int64_t i = tid; i < int64_t(rows - half) * c; i += kOneThreads) {
+      s1[i] += s1[int64_t(half) * c + i];
+      s2[i] += s2[int64_t(half) * c + i];
+    }
+    __syncthreads();
+    rows = half;
+  }
+  for (int64_t g = tid; g < groups; g += kOneThreads) {
+    float t1 = 0.f, t2 = 0.f;
+    for (int64_t ch = g * per; ch < (g + 1) * per; ++ch) {
+      t1 += s1[ch];
+      t2 += s2[ch];
+    }
+    pi[int64_t(r) * groups + g] = make_float2(t1, t2);
+  }
+  cg::this_grid().sync();
+  // A group's b partials: 16 lanes of a warp each add every 16th, then a butterfly.
+  constexpr int kSub = 16;
+  const int sub = tid % kSub;
+  const float count = float(spatial) * float(per);
+  for (int64_t g0 = 0; g0 < groups; g0 += kOneThreads / kSub) {
+    const int64_t g = g0 + tid / kSub;
+    float t1 = 0.f, t2 = 0.f;
+    if (g < groups) {
+      for (int i = sub; i < nblk; i += kSub) {
+        const float2 q = pi[int64_t(i) * groups + g];
+        t1 += q.x;
+        t2 += q.y;
+      }
+    }
+    for (int off = 1; off < kSub; off *= 2) {
+      t1 += __shfl_xor_sync(0xffffffffu, t1, off);
+      t2 += __shfl_xor_sync(0xffffffffu, t2, off);
+    }
+    if (g < groups && sub == 0) {
+      const float m = t1 / count;
+      mean[g] = to_f(xi[g * per]) + m;
+      inv[g] = rsqrtf(fmaxf(t2 / count - m * m, 0.f) + eps);
+    }
+  }
+  __syncthreads();
+  if (active) {
+    float ka[V], kb[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int ch = slot * V + j, g = ch / per;
+      ka[j] = scale[ch] * inv[g];
+      kb[j] = shift[ch] - mean[g] * ka[j];
+    }
+    walk([&](int64_t p, const float(&v)[V]) {
+      float o[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) o[j] = activate(v[j] * ka[j] + kb[j], act);
+      store_vec<T, V>(yb + p * c, o);
+    });
+  }
+}
+
 }  // namespace
 
 int64_t group_norm_nhwc_pixels(int64_t n, int64_t spatial, int64_t target_blocks) {
@@ -246,6 +381,51 @@ size_t group_norm_nhwc_smem(DT dt, int64_t c) {
   const int v = dt == DT::kF32 ? vec_width<float>() : vec_width<__half>();
   const int64_t vectors = c % v == 0 ? c / v : c;
   return size_t(2 * (kNhwcThreads / nhwc_slots(vectors)) * c) * sizeof(float);
+}
+
+// The one-launch kernel's shared memory for vectors of v channels: the two row-sum tables, then
+// each group's mean and 1 / std.
+size_t one_smem(int v, int64_t c, int64_t groups) {
+  return size_t(2 * int64_t(kOneThreads / (c / v)) * c + 2 * groups) * sizeof(float);
+}
+
+// The one-launch kernel for dt's vector width (16 bytes where c and the pointers allow): launched
+// cooperatively (grid b x n), or with `blocks` set to how many of its blocks fit the GPU at once.
+cudaError_t run_one(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t n, int64_t c,
+                    int64_t groups, int64_t spatial, int b, float eps, int act, void* parts, cudaStream_t s,
+                    int* blocks = nullptr) {
+  return dispatch_f32ish(dt, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    constexpr int kV = vec_width<T>();
+    const bool aligned = c % kV == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+    auto go = [&](auto width) -> cudaError_t {
+      constexpr int V = decltype(width)::value;
+      const size_t smem = one_smem(V, c, groups);
+      if (c / V > kOneThreads || smem > 48 * 1024) return cudaErrorInvalidValue;
+      auto* kern = group_norm_one_kernel<T, V>;
+      if (blocks) {
+        int per_sm = 0, dev = 0, sms = 0;
+        cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kOneThreads, smem);
+        if (e == cudaSuccess) e = cudaGetDevice(&dev);
+        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        *blocks = e == cudaSuccess ? per_sm * sms : 0;
+        return e;
+      }
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(static_cast<unsigned>(b), static_cast<unsigned>(n));
+      cfg.blockDim = dim3(kOneThreads);
+      cfg.dynamicSmemBytes = smem;
+      cfg.stream = s;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeCooperative;
+      attr[0].val.cooperative = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      return cudaLaunchKernelEx(&cfg, kern, static_cast<const T*>(x), scale, shift, static_cast<T*>(y), spatial, c, groups,
+                                eps, act, static_cast<float2*>(parts));
+    };
+    return aligned ? go(std::integral_constant<int, kV>{}) : go(std::integral_constant<int, 1>{});
+  });
 }
 
 size_t group_norm_nhwc_scratch_bytes(int64_t n, int64_t groups, int64_t spatial, int64_t pixels) {
@@ -289,6 +469,41 @@ cudaError_t group_norm_nhwc(DT dt, const void* x, const float* scale, const floa
     const bool aligned = c % kV == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
     return aligned ? run(std::integral_constant<int, kV>{}) : run(std::integral_constant<int, 1>{});
   });
+}
+
+int group_norm_nhwc_one_blocks(DT dt, int64_t n, int64_t c, int64_t groups, int64_t spatial) {
+  if (n < 1 || c < 1 || groups < 1 || c % groups != 0 || spatial < 1 || n > 65535) return 0;
+  int fit = 0;
+  // Null pointers are aligned: the widest vectors, as an aligned run takes them (an unaligned one
+  // needs no more room).
+  if (run_one(dt, nullptr, nullptr, nullptr, nullptr, n, c, groups, spatial, 0, 0.f, 0, nullptr, nullptr, &fit) !=
+      cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  // One block per SM where the batch allows (more would add to the barrier and the merge, not to
+  // the bandwidth), as many as fit where the images outnumber the SMs.
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  const int64_t total = n <= sms && sms < fit ? sms : fit;
+  const int64_t b = total / n < spatial ? total / n : spatial;
+  return int(b);
+}
+
+size_t group_norm_nhwc_one_scratch_bytes(int64_t n, int64_t groups, int b) { return size_t(n * groups * b) * sizeof(float2); }
+
+cudaError_t group_norm_nhwc_one_launch(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t n,
+                                       int64_t c, int64_t groups, int64_t spatial, int b, float eps, int act, void* scratch,
+                                       cudaStream_t s) {
+  if (n < 0 || c < 1 || spatial < 0 || groups <= 0 || c % groups != 0 || act < 0 || act > 2 || b < 1 || n > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  if (n == 0 || spatial == 0) return cudaSuccess;
+  const cudaError_t e = run_one(dt, x, scale, shift, y, n, c, groups, spatial, b, eps, act, scratch, s);
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 size_t group_norm_scratch_bytes(int64_t n, int64_t c, int64_t groups, int64_t spatial) {

@@ -260,7 +260,7 @@ int sm_count() {
 
 // The blocks an image for the one-launch NHWC normalization (k::group_norm_nhwc_one_launch), or 0
 // for the three launches. Where the build autotunes, the three launches, one launch with as many
-// blocks as fit and with half of them are timed inside a graph on this shape (the input hot in L2,
+// blocks as fit and with a half and a quarter of them are timed inside a graph on this shape (the input hot in L2,
 // as a convolution just wrote it) and the choice kept in the timing cache; a dynamic engine's shape
 // plan takes the nearest timed shape's; without timing, the three launches (bench/RESULTS.md,
 // thirty-seventh session: each wins somewhere).
@@ -286,8 +286,10 @@ Expected<int> pick_group_norm_launch(Lowering& L, k::DT dt, int64_t nb, int64_t 
   float best_ms = -1;
   if (x.ok() && y.ok() && p.ok() && scratch.ok()) {
     const auto* pp = static_cast<const float*>(p.copy(0));
-    for (int b : {0, most, most / 2}) {
-      if (b == most / 2 && (b < 1 || b == most)) continue;
+    int last = -1;
+    for (int b : {0, most, most / 2, most / 4}) {
+      if (b == last || (b < 1 && last >= 0)) continue;  // small batches: fewer, fuller blocks merge faster
+      last = b;
       const float ms = time_in_graph(8, [&](int, cudaStream_t s) {
         return (b == 0 ? k::group_norm_nhwc(dt, x.copy(0), pp, pp, y.copy(0), nb, c, groups, spatial, pixels, 1e-5f, act,
                                             scratch.copy(0), s)

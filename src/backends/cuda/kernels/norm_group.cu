@@ -302,14 +302,30 @@ __global__ void __launch_bounds__(kOneThreads) group_norm_one_kernel(const T* __
         a2[j] += d * d;
       }
     });
+  }
+  // Lanes of one warp that share a slot (32 / vectors of them where that divides) add with
+  // shuffles first, lower lane first: a row per warp goes to shared memory.
+  const bool in_warp = vectors < 32 && 32 % vectors == 0;
+  if (in_warp) {
+    for (int off = vectors; off < 32; off *= 2) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float o1 = __shfl_xor_sync(0xffffffffu, a1[j], off), o2 = __shfl_xor_sync(0xffffffffu, a2[j], off);
+        a1[j] = (tid & off) ? o1 + a1[j] : a1[j] + o1;
+        a2[j] = (tid & off) ? o2 + a2[j] : a2[j] + o2;
+      }
+    }
+  }
+  const int row = in_warp ? tid / 32 : lane, stored = in_warp ? kOneThreads / 32 : lanes;
+  if (active && (!in_warp || (tid & 31) < vectors)) {
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      s1[int64_t(lane) * c + slot * V + j] = a1[j];
-      s2[int64_t(lane) * c + slot * V + j] = a2[j];
+      s1[int64_t(row) * c + slot * V + j] = a1[j];
+      s2[int64_t(row) * c + slot * V + j] = a2[j];
     }
   }
   __syncthreads();
-  for (int rows = lanes; rows > 1;) {  // rows [half, rows) onto [0, rows - half), a tree
+  for (int rows = stored; rows > 1;) {  // rows [half, rows) onto [0, rows - half), a tree
     const int half = (rows + 1) / 2;
     for (int64_t i = tid; i < int64_t(rows - half) * c; i += kOneThreads) {
       s1[i] += s1[int64_t(half) * c + i];
@@ -335,6 +351,7 @@ __global__ void __launch_bounds__(kOneThreads) group_norm_one_kernel(const T* __
     const int64_t g = g0 + tid / kSub;
     float t1 = 0.f, t2 = 0.f;
     if (g < groups) {
+#pragma unroll 4
       for (int i = sub; i < nblk; i += kSub) {
         const float2 q = pi[int64_t(i) * groups + g];
         t1 += q.x;

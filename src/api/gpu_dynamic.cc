@@ -21,9 +21,9 @@
 // at build (the values are not known yet); the report names the inputs.
 #ifdef KILN_HAVE_CUDA
 #include <algorithm>
-#include <map>
-#include <cstring>
 #include <chrono>
+#include <cstring>
+#include <map>
 #include <mutex>
 
 #include "api/gpu_common.h"

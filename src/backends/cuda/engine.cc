@@ -148,13 +148,14 @@ class CudaStepBackend : public StepBackend {
   Expected<Lowered> lower(const Node& n) override {
     const auto t0 = std::chrono::steady_clock::now();
     Expected<Lowered> r = lower_timed(n);
-    ms_by_op[std::string(op_name(n.op))] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ms_by_op_[std::string(op_name(n.op))] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return r;
   }
 
   Status lower_host(const Node& n) override { return lower_on_cpu(L_, n); }
 
-  std::map<std::string, double> ms_by_op;  // lowering time per ONNX op kind, declines included
+  // Lowering time per ONNX op kind, declines included.
+  const std::map<std::string, double>& ms_by_op() const { return ms_by_op_; }
 
  private:
   Expected<Lowered> lower_timed(const Node& n) {
@@ -188,6 +189,7 @@ class CudaStepBackend : public StepBackend {
 
   Lowering& L_;
   const std::map<OpKind, LowerFn>& table_ = lowering_table();
+  std::map<std::string, double> ms_by_op_;
 };
 
 }  // namespace
@@ -273,7 +275,7 @@ Expected<DevicePlan> lower_graph(const Graph& g, const BuildOptions& opt, double
   CudaStepBackend backend(L);
   static const std::unique_ptr<Backend> cpu = make_cpu_backend();
   KILN_ASSIGN_OR_RETURN(std::vector<NodePlacement> rows, place_nodes(g, backend, *cpu));
-  ms_by_op.assign(backend.ms_by_op.begin(), backend.ms_by_op.end());
+  ms_by_op.assign(backend.ms_by_op().begin(), backend.ms_by_op().end());
   std::sort(ms_by_op.begin(), ms_by_op.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
   KILN_RETURN_IF_ERROR(lower_outputs(L, e));
   std::vector<bool> pinned(L.buffer_bytes.size(), false);

@@ -260,21 +260,23 @@ int sm_count() {
 
 // The blocks an image for the one-launch NHWC normalization (k::group_norm_nhwc_one_launch), or 0
 // for the three launches. Where the build autotunes, the three launches, one launch with as many
-// blocks as fit and with a half and a quarter of them are timed inside a graph on this shape (the input hot in L2,
-// as a convolution just wrote it) and the choice kept in the timing cache; a dynamic engine's shape
-// plan takes the nearest timed shape's; without timing, the three launches (bench/RESULTS.md,
-// thirty-seventh session: each wins somewhere).
+// blocks as fit and with a half and a quarter of them are timed inside a graph on this shape (the
+// input hot in L2, as a convolution just wrote it) and the choice kept in the timing cache as
+// "three" or "one/D" (the blocks that fit divided by D, so that a dynamic engine's shape plan taking
+// the nearest timed shape's choice scales it to its own batch); without timing, the three launches
+// (bench/RESULTS.md, thirty-seventh session: each wins somewhere).
 Expected<int> pick_group_norm_launch(Lowering& L, k::DT dt, int64_t nb, int64_t c, int64_t groups, int64_t spatial,
                                      int64_t pixels, int act) {
   const int most = L.options().group_norm_one < 0 ? 0 : k::group_norm_nhwc_one_blocks(dt, nb, c, groups, spatial);
   if (most == 0 || L.options().group_norm_one == 1) return most;
   TimingCache* cache = L.options().autotune ? L.options().timing_cache.get() : nullptr;
   const std::string key = fmt::format("dt{} c{} g{} a{} @ {}x{}", int(dt), c, groups, act, nb, spatial);
-  auto valid = [&](int b) { return b >= 0 && b <= most ? b : 0; };  // a cached choice from a larger GPU
   if (cache) {
     std::optional<std::string> v = cache->get("groupnorm", key);
     if (!v && !L.options().time_misses) v = cache->nearest("groupnorm", key);
-    if (v) return valid(std::atoi(v->c_str()));
+    int d = 0;
+    if (v && std::sscanf(v->c_str(), "one/%d", &d) == 1 && (d == 1 || d == 2 || d == 4)) return std::max(most / d, 1);
+    if (v && *v == "three") return 0;
   }
   if (!L.options().autotune || !L.options().time_misses) return 0;
   const size_t bytes = size_t(nb * spatial * c) * size_t(k::dt_size(dt));
@@ -282,29 +284,27 @@ Expected<int> pick_group_norm_launch(Lowering& L, k::DT dt, int64_t nb, int64_t 
       scratch(std::max(k::group_norm_nhwc_scratch_bytes(nb, groups, spatial, pixels),
                        k::group_norm_nhwc_one_scratch_bytes(nb, groups, most)),
               false);
-  int best = 0;
+  int best = 0;  // the divisor of `most`; 0: three launches
   float best_ms = -1;
   if (x.ok() && y.ok() && p.ok() && scratch.ok()) {
     const auto* pp = static_cast<const float*>(p.copy(0));
-    int last = -1;
-    for (int b : {0, most, most / 2, most / 4}) {
-      if (b == last || (b < 1 && last >= 0)) continue;  // small batches: fewer, fuller blocks merge faster
-      last = b;
+    for (int d : {0, 1, 2, 4}) {
+      if (d > 1 && most / d < 1) continue;  // small batches: fewer, fuller blocks merge faster
       const float ms = time_in_graph(8, [&](int, cudaStream_t s) {
-        return (b == 0 ? k::group_norm_nhwc(dt, x.copy(0), pp, pp, y.copy(0), nb, c, groups, spatial, pixels, 1e-5f, act,
+        return (d == 0 ? k::group_norm_nhwc(dt, x.copy(0), pp, pp, y.copy(0), nb, c, groups, spatial, pixels, 1e-5f, act,
                                             scratch.copy(0), s)
-                       : k::group_norm_nhwc_one_launch(dt, x.copy(0), pp, pp, y.copy(0), nb, c, groups, spatial, b, 1e-5f,
-                                                       act, scratch.copy(0), s)) == cudaSuccess;
+                       : k::group_norm_nhwc_one_launch(dt, x.copy(0), pp, pp, y.copy(0), nb, c, groups, spatial, most / d,
+                                                       1e-5f, act, scratch.copy(0), s)) == cudaSuccess;
       });
       if (ms > 0 && (best_ms < 0 || ms < best_ms)) {
-        best = b;
+        best = d;
         best_ms = ms;
       }
     }
   }
   KILN_RETURN_IF_ERROR(finish_timing("group normalization"));
-  if (cache) cache->put("groupnorm", key, std::to_string(best));
-  return best;
+  if (cache) cache->put("groupnorm", key, best ? fmt::format("one/{}", best) : "three");
+  return best ? most / best : 0;
 }
 
 Status lower_group_norm(Lowering& L, const Node& n) {
@@ -360,9 +360,11 @@ Status lower_group_norm(Lowering& L, const Node& n) {
   if (nhwc) {
     KILN_ASSIGN_OR_RETURN(one_blocks, pick_group_norm_launch(L, x->dt, nb, c, groups, spatial, pixels, act));
   }
-  const int scratch = L.scratch(one_blocks ? k::group_norm_nhwc_one_scratch_bytes(nb, groups, one_blocks)
-                                : nhwc  ? k::group_norm_nhwc_scratch_bytes(nb, groups, spatial, pixels)
-                                        : k::group_norm_scratch_bytes(nb, c, groups, spatial));
+  // The one-launch path keeps room for the three launches too: a session binds them instead where
+  // its GPU cannot hold the recorded blocks at once (bind_group_norm).
+  const int scratch = L.scratch(nhwc ? std::max(k::group_norm_nhwc_scratch_bytes(nb, groups, spatial, pixels),
+                                                k::group_norm_nhwc_one_scratch_bytes(nb, groups, one_blocks))
+                                     : k::group_norm_scratch_bytes(nb, c, groups, spatial));
   const DevValue& y = L.define(out, nhwc ? Layout::kNHWC : Layout::kRowMajor);
   const float eps = n.attr_float("epsilon", 1e-5f);
   ByteWriter w;
@@ -377,9 +379,10 @@ Status lower_group_norm(Lowering& L, const Node& n) {
   w.put(int32_t(act));
   // Layout: 0 NCHW, 1 NHWC in 256-pixel blocks (engines from before the split was chosen), 2 NHWC
   // with the pixels per block recorded after it, 3 NHWC in one cooperative launch with the blocks an
-  // image recorded after it.
+  // image and then layout 2's pixels recorded after it.
   w.u8(one_blocks ? 3 : nhwc ? 2 : 0);
-  if (nhwc) w.i64(one_blocks ? one_blocks : pixels);
+  if (one_blocks) w.i64(one_blocks);
+  if (nhwc) w.i64(pixels);
   if (act) L.mark_fused(next, &n);
   std::vector<int> reads = {read_id(x), scratch};
   reads.insert(reads.end(), param_reads.begin(), param_reads.end());
@@ -398,17 +401,21 @@ Expected<StepFn> bind_group_norm(Params& in, BindCtx&) {
   const int32_t act = in.i32();
   const int layout = in.u8_in(3);
   const bool nhwc = layout != 0;
-  const int64_t pixels = layout >= 2 ? in.i64() : 256;  // layout 3: the blocks an image
+  const int64_t blocks = layout == 3 ? in.i64() : 0;
+  const int64_t pixels = layout >= 2 ? in.i64() : 256;
   KILN_RETURN_IF_ERROR(in.done());
   if (nb < 0 || c < 1 || groups < 1 || c % groups != 0 || spatial < 0 || act < 0 || act > 2 || scr.weight ||
-      layout < 0 || layout > 3 || pixels < 1 || (layout == 3 && pixels > std::max<int64_t>(spatial, 1))) {
+      layout < 0 || layout > 3 || pixels < 1 || (layout == 3 && (blocks < 1 || blocks > std::max<int64_t>(spatial, 1)))) {
     return KILN_ERROR(kInvalidModel, "{}: malformed group_norm parameters", in.step().label);
   }
+  // A cooperative launch needs all its blocks resident at once: where this GPU (or its share of one)
+  // holds fewer than the build's, the three launches run instead.
+  const bool one = layout == 3 && k::group_norm_nhwc_one_blocks(dt, nb, c, groups, spatial) >= blocks;
   return StepFn([=](const RunCtx& cx) {
-    if (layout == 3) {
+    if (one) {
       return cuda_status(k::group_norm_nhwc_one_launch(dt, cx.ptr(xr), static_cast<const float*>(cx.ptr(sr)),
                                                        static_cast<const float*>(cx.ptr(tr)), cx.ptr(yr), nb, c, groups,
-                                                       spatial, int(pixels), eps, act, cx.ptr(scr), cx.stream),
+                                                       spatial, int(blocks), eps, act, cx.ptr(scr), cx.stream),
                          "group_norm_nhwc_one_launch");
     }
     if (nhwc) {

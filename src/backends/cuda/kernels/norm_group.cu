@@ -8,7 +8,8 @@
 // squared deviations (two passes over the chunk, the second from L2); one thread per row merges
 // the chunks (Chan et al.'s pairwise update, stable where sum/sum-of-squares cancels); an
 // elementwise pass applies the row's statistics with the channel's scale and shift. All math in f32.
-// NHWC inputs (a convolution's output in half builds) have their own statistics kernel.
+// NHWC inputs (a convolution's output in half builds) have their own statistics kernel, and a path
+// in one cooperative launch (group_norm_one_kernel).
 #include <cooperative_groups.h>
 
 #include "backends/cuda/kernels/common.cuh"
@@ -244,10 +245,10 @@ __global__ void group_apply_nhwc_kernel(const T* __restrict__ x, const float2* _
 // group's first value in the image (the shifted-data method: no cancellation where the mean is far
 // from zero, and sums that merge by adding); after a grid barrier every block adds the image's b
 // partials for each group in a fixed order (the same bits in every block and every run), and
-// normalizes its pixels, re-read from L1/L2. Timed against the three launches per shape at build:
-// 25-40% faster on 4-25 MB activations, a tie on a batch-1 UNet's (bench/RESULTS.md,
-// thirty-seventh session, with the designs that lost: a cluster of 16 blocks per image, bound by
-// its SMs' instruction rate, and a block per group).
+// normalizes its pixels, re-read from L1/L2. One shift per group, not the three-launch path's
+// pairwise (Chan) merges: the variance cancels only where the group's first value lies many
+// standard deviations from its mean. The build times it against the three launches per shape
+// (lower_norm.cc; bench/RESULTS.md, thirty-seventh session, also for the designs that lost).
 template <class T, int V>
 __global__ void __launch_bounds__(kOneThreads) group_norm_one_kernel(const T* __restrict__ x,
                                                                      const float* __restrict__ scale,
@@ -341,8 +342,9 @@ __global__ void __launch_bounds__(kOneThreads) group_norm_one_kernel(const T* __
       t2 += s2[ch];
     }
     pi[int64_t(r) * groups + g] = make_float2(t1, t2);
+    mean[g] = to_f(xi[g * per]);  // K, read before any block writes y; the mean once merged
   }
-  cg::this_grid().sync();
+  cg::this_grid().sync();  // also this block's barrier: mean[] holds every group's K
   // A group's b partials: 16 lanes of a warp each add every 16th, then a butterfly.
   constexpr int kSub = 16;
   const int sub = tid % kSub;
@@ -364,7 +366,7 @@ __global__ void __launch_bounds__(kOneThreads) group_norm_one_kernel(const T* __
     }
     if (g < groups && sub == 0) {
       const float m = t1 / count;
-      mean[g] = to_f(xi[g * per]) + m;
+      mean[g] += m;
       inv[g] = rsqrtf(fmaxf(t2 / count - m * m, 0.f) + eps);
     }
   }
@@ -399,6 +401,8 @@ size_t group_norm_nhwc_smem(DT dt, int64_t c) {
   const int64_t vectors = c % v == 0 ? c / v : c;
   return size_t(2 * (kNhwcThreads / nhwc_slots(vectors)) * c) * sizeof(float);
 }
+
+namespace {
 
 // The one-launch kernel's shared memory for vectors of v channels: the two row-sum tables, then
 // each group's mean and 1 / std.
@@ -444,6 +448,8 @@ cudaError_t run_one(DT dt, const void* x, const float* scale, const float* shift
     return aligned ? go(std::integral_constant<int, kV>{}) : go(std::integral_constant<int, 1>{});
   });
 }
+
+}  // namespace
 
 size_t group_norm_nhwc_scratch_bytes(int64_t n, int64_t groups, int64_t spatial, int64_t pixels) {
   if (groups <= 0 || pixels < 1) return 0;

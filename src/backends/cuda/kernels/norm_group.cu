@@ -305,15 +305,15 @@ __global__ void __launch_bounds__(kOneThreads) group_norm_one_kernel(const T* __
     });
   }
   // Lanes of one warp that share a slot (32 / vectors of them where that divides) add with
-  // shuffles first, lower lane first: a row per warp goes to shared memory.
+  // shuffles first (both lanes of a pair get the same sum): a row per warp goes to shared memory.
   const bool in_warp = vectors < 32 && 32 % vectors == 0;
   if (in_warp) {
     for (int off = vectors; off < 32; off *= 2) {
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const float o1 = __shfl_xor_sync(0xffffffffu, a1[j], off), o2 = __shfl_xor_sync(0xffffffffu, a2[j], off);
-        a1[j] = (tid & off) ? o1 + a1[j] : a1[j] + o1;
-        a2[j] = (tid & off) ? o2 + a2[j] : a2[j] + o2;
+        a1[j] += o1;
+        a2[j] += o2;
       }
     }
   }

@@ -78,7 +78,8 @@ def write_repo(args, root):
            f"instance_group [ {{ count: {args.instances} }} ]"]
     if args.max_batch_size > 0:
         cfg.append(f"max_batch_size: {args.max_batch_size}")
-        cfg.append(f"dynamic_batching {{ max_queue_delay_microseconds: {args.delay_us} }}")
+        preferred = "".join(f" preferred_batch_size: {b}" for b in args.preferred.split(",") if b)
+        cfg.append(f"dynamic_batching {{ max_queue_delay_microseconds: {args.delay_us}{preferred} }}")
         names = args.input_names.split(",") if args.input_names else \
             [i.name for i in onnx.load(args.model, load_external_data=False).graph.input]
         for name, dims in zip(names, (args.input_dims or "").split(",") if args.input_dims else []):
@@ -194,6 +195,7 @@ def main():
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--max-batch-size", type=int, default=0)
     ap.add_argument("--delay-us", type=int, default=1000)
+    ap.add_argument("--preferred", default="", help="the batcher's preferred_batch_size list, comma-separated")
     ap.add_argument("--input-dims", default="")
     ap.add_argument("--instances", type=int, default=1)
     ap.add_argument("--protocols", default="http,grpc")
@@ -211,6 +213,7 @@ def main():
     result = {"model": args.model, "device": args.device,
               "precision": "as built (engine file)" if args.model.endswith(".kiln") else args.precision,
               "max_batch_size": args.max_batch_size, "delay_us": args.delay_us, "instances": args.instances,
+              "preferred": args.preferred,
               "client": args.client,
               "engine": [engine_latency(args, int(b)) for b in args.engine_batches.split(",")], "levels": []}
     with tempfile.TemporaryDirectory() as root:

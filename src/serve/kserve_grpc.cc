@@ -255,6 +255,10 @@ bool GrpcServer::start(const std::string& address) {
   // parsed in parallel, so the batcher sees them together.
   b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS,
                         int(std::max(2u, std::thread::hardware_concurrency())));
+  // A thread that answered a call polls its queue again unless this many already do, in which case
+  // it exits (gRPC's default is 2). A batch's requests are answered together, so under load the
+  // default ended a thread per answer and started one per new request.
+  b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 16);
   impl_->server = b.BuildAndStart();
   return impl_->server && port != 0;
 }

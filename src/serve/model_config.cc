@@ -251,12 +251,12 @@ Expected<ModelSettings> read_model_settings(const std::string& model_dir, std::v
 void choose_batch_sizes(ModelSettings& s, Device device) {
   s.batch_sizes.clear();
   if (!s.dynamic_batching) return;
-  if (!s.preferred_batch_sizes.empty()) {
-    s.batch_sizes = s.preferred_batch_sizes;
-  } else if (device == Device::kCuda) {
-    for (int64_t b = 1; b < s.max_batch_size; b *= 2) s.batch_sizes.push_back(int(b));
-    s.batch_sizes.push_back(s.max_batch_size);
-  }
+  if (device != Device::kCuda) return;
+  for (int64_t b = 1; b < s.max_batch_size; b *= 2) s.batch_sizes.push_back(int(b));
+  s.batch_sizes.push_back(s.max_batch_size);
+  s.batch_sizes.insert(s.batch_sizes.end(), s.preferred_batch_sizes.begin(), s.preferred_batch_sizes.end());
+  std::sort(s.batch_sizes.begin(), s.batch_sizes.end());
+  s.batch_sizes.erase(std::unique(s.batch_sizes.begin(), s.batch_sizes.end()), s.batch_sizes.end());
 }
 
 Status check_settings(const ModelSettings& s, const Engine& e, const std::string& model) {

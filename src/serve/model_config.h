@@ -34,11 +34,11 @@ struct ModelSettings {
   int max_batch_size = 0;  // 0: dim 0 is not a batch dim; requests run one at a time
   bool dynamic_batching = false;
   std::vector<int> preferred_batch_sizes;
-  // The sizes the batcher forms (ascending; empty: any up to max_batch_size). The preferred sizes
-  // when the config gives them; for a GPU engine without them, the powers of two up to
-  // max_batch_size and max_batch_size itself: a dynamic GPU engine makes a plan and captures a graph
-  // per exact shape, so batches of every size from 1 to 64 thrash its caches (bench/RESULTS.md,
-  // twenty-sixth session).
+  // The sizes the batcher trims a batch to when its queue delay runs out before a preferred size is
+  // reached (ascending; empty: any up to max_batch_size). For a GPU engine, the powers of two up to
+  // max_batch_size, max_batch_size itself and the preferred sizes: a dynamic GPU engine makes a plan
+  // and captures a graph per exact shape, so batches of every size from 1 to 64 thrash its caches
+  // (bench/RESULTS.md, twenty-sixth session). Empty on the CPU.
   std::vector<int> batch_sizes;
   uint64_t max_queue_delay_us = 0;
   uint64_t default_timeout_us = 0;  // 0: requests wait as long as it takes

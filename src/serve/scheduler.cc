@@ -33,6 +33,7 @@ HostTensor slice_rows(const HostTensor& t, int64_t begin, int64_t rows) {
   std::vector<int64_t> shape = t.shape();
   const int64_t row = shape[0] ? t.numel() / shape[0] : 0;
   shape[0] = rows;
+  if (!t.raw()) return HostTensor(t.dtype(), shape, nullptr, nullptr);  // written in place already
   const size_t n = size_t(rows * row);
   if (t.dtype() == DType::kString) {
     auto keep = std::make_shared<std::vector<std::string>>(t.data<std::string>() + begin * row,
@@ -175,30 +176,34 @@ std::vector<Scheduler::Pending*> Scheduler::take(std::unique_lock<std::mutex>& l
   if (!settings_.dynamic_batching) {
     batch.push_back(queue_.front());
   } else {
-    // Wait (up to the head request's queue delay) until the compatible rows reach the largest size
-    // the batcher forms (batch_sizes), or max_batch_size. Requests may leave meanwhile (timeouts):
-    // read the head anew.
+    // Wait (up to the head request's queue delay) until the compatible rows reach max_batch_size or,
+    // as in Triton, a preferred size: a batch of a preferred size that can be formed runs at once.
+    // Requests may leave meanwhile (timeouts): read the head anew.
     forming_ = true;
-    const int64_t want = settings_.batch_sizes.empty() ? settings_.max_batch_size : settings_.batch_sizes.back();
+    const std::vector<int>& preferred = settings_.preferred_batch_sizes;
     for (;;) {
       if (queue_.empty()) break;
       const Pending* head = queue_.front();
       const int64_t rows = joinable_rows();
       const Clock::time_point end = head->enqueued + std::chrono::microseconds(settings_.max_queue_delay_us);
-      if (rows >= want || stopping_ || Clock::now() >= end) break;
+      const bool full = rows >= settings_.max_batch_size || (!preferred.empty() && rows >= preferred.front());
+      if (full || stopping_ || Clock::now() >= end) break;
       queued_.wait_until(lock, end);
     }
     forming_ = false;
     if (!queue_.empty()) {
-      // The rows at hand, trimmed to the largest size the batcher may form (batch_sizes) that they
-      // reach; fewer rows than the smallest size run as they are.
+      // The rows at hand, trimmed to the largest preferred size they reach, else (the delay ran out)
+      // to the largest size the batcher forms (batch_sizes) that they reach; fewer rows than the
+      // smallest size run as they are.
       const Pending* head = queue_.front();
       const int64_t avail = joinable_rows();
-      int64_t target = avail;
-      if (!settings_.batch_sizes.empty()) {
-        auto it = std::upper_bound(settings_.batch_sizes.begin(), settings_.batch_sizes.end(), avail);
-        if (it != settings_.batch_sizes.begin()) target = *std::prev(it);
-      }
+      auto largest_within = [avail](const std::vector<int>& sizes) -> int64_t {
+        auto it = std::upper_bound(sizes.begin(), sizes.end(), avail);
+        return it == sizes.begin() ? 0 : *std::prev(it);
+      };
+      int64_t target = largest_within(preferred);
+      if (!target) target = largest_within(settings_.batch_sizes);
+      if (!target) target = avail;
       // The head always goes (FIFO), whatever its size; then those behind it that fit.
       int64_t rows = head->rows;
       batch.push_back(queue_.front());
@@ -219,6 +224,61 @@ std::vector<Scheduler::Pending*> Scheduler::take(std::unique_lock<std::mutex>& l
   return batch;
 }
 
+std::optional<std::vector<std::vector<int64_t>>> Scheduler::output_shapes(int64_t rows) const {
+  if (!gpu_) return std::nullopt;
+  std::vector<std::vector<int64_t>> shapes;
+  for (const TensorInfo& o : outputs_) {
+    std::vector<int64_t> shape = o.shape;
+    if (settings_.max_batch_size > 0 && !shape.empty() && shape[0] < 0) shape[0] = rows;
+    for (int64_t d : shape) {
+      if (d < 0) return std::nullopt;
+    }
+    if (o.dtype == DType::kString) return std::nullopt;
+    shapes.push_back(std::move(shape));
+  }
+  return shapes;
+}
+
+bool Scheduler::scatters_on_device(const std::vector<Pending*>& batch, int64_t rows) const {
+  std::optional<std::vector<std::vector<int64_t>>> shapes = output_shapes(rows);
+  if (!shapes || settings_.max_batch_size <= 0) return false;
+  for (const Pending* p : batch) {
+    if (!p->targets) return false;
+    for (size_t k = 0; k < outputs_.size(); ++k) {
+      const OutputTarget& t = (*p->targets)[k];
+      TensorView v{outputs_[k].dtype, (*shapes)[k], nullptr, false};
+      v.shape[0] = p->rows;
+      if (!t.data || !t.on_device || v.bytes() > t.capacity) return false;
+    }
+  }
+  return true;
+}
+
+Expected<std::vector<HostTensor>> Scheduler::run_scattered(Session& s, const std::vector<TensorView>& inputs,
+                                                           const std::vector<Pending*>& batch, int64_t rows,
+                                                           DeviceStaging& staging) {
+  const std::vector<std::vector<int64_t>> shapes = *output_shapes(rows);
+  std::vector<TensorView> views;
+  std::vector<HostTensor> out;
+  for (size_t k = 0; k < outputs_.size(); ++k) {
+    TensorView v{outputs_[k].dtype, shapes[k], nullptr, true};
+    v.data = staging.buffer(inputs.size() + k, std::max<size_t>(v.bytes(), 1));  // after the inputs' buffers
+    out.emplace_back(v.dtype, v.shape, nullptr, nullptr);
+    views.push_back(std::move(v));
+  }
+  if (Status st = s.run(inputs, views, staging.stream()); !st) return st;
+  for (size_t k = 0; k < views.size(); ++k) {
+    const size_t row = rows ? views[k].bytes() / size_t(rows) : 0;
+    size_t at = 0;
+    for (const Pending* p : batch) {
+      const size_t n = row * size_t(p->rows);
+      staging.copy((*p->targets)[k].data, static_cast<const unsigned char*>(views[k].data) + at, n);
+      at += n;
+    }
+  }
+  return out;
+}
+
 Expected<std::vector<HostTensor>> Scheduler::run_views(Session& s, const std::vector<TensorView>& inputs, int64_t rows,
                                                        std::optional<DeviceStaging>& staging,
                                                        const std::vector<OutputTarget>* direct) {
@@ -227,16 +287,8 @@ Expected<std::vector<HostTensor>> Scheduler::run_views(Session& s, const std::ve
   if (!device) return s.run(inputs);
   if (!staging) staging.emplace();
   // The outputs' shapes: the engine's, dim 0 the batch's rows when the model batches.
-  std::vector<std::vector<int64_t>> shapes;
-  bool known = gpu_;
-  for (const TensorInfo& o : outputs_) {
-    std::vector<int64_t> shape = o.shape;
-    if (settings_.max_batch_size > 0 && !shape.empty() && shape[0] < 0) shape[0] = rows;
-    for (int64_t d : shape) known &= d >= 0;
-    known &= o.dtype != DType::kString;
-    shapes.push_back(std::move(shape));
-  }
-  if (known) {
+  if (std::optional<std::vector<std::vector<int64_t>>> known = output_shapes(rows)) {
+    const std::vector<std::vector<int64_t>>& shapes = *known;
     std::vector<HostTensor> out;
     std::vector<TensorView> views;
     for (size_t k = 0; k < outputs_.size(); ++k) {
@@ -344,7 +396,9 @@ void Scheduler::execute(Session& s, const std::vector<Pending*>& batch, Scratch&
       }
       views.push_back(std::move(v));
     }
-    out = run_views(s, views, total, staging);
+    // Inputs in device memory and every output wanted there: no trip through the host.
+    const bool scatter = staging && scatters_on_device(batch, total);
+    out = scatter ? run_scattered(s, views, batch, total, *staging) : run_views(s, views, total, staging);
   }
   const uint64_t compute = us_between(start, Clock::now());
   metrics_.executions += 1;

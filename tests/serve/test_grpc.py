@@ -50,6 +50,12 @@ max_batch_size: 8
 dynamic_batching { max_queue_delay_microseconds: 300000 preferred_batch_size: [ 4 ] }
 instance_group [ { count: 1 } ]
 """
+# A long queue delay and two preferred sizes: two requests form a preferred batch and run at once.
+PREFERRED_CONFIG = """
+max_batch_size: 8
+dynamic_batching { max_queue_delay_microseconds: 60000000 preferred_batch_size: [ 2, 8 ] }
+instance_group [ { count: 1 } ]
+"""
 TABLE = np.arange(40, dtype=np.float32).reshape(10, 4)
 
 
@@ -91,6 +97,9 @@ def server(tmp_path_factory):
     write_gather(os.path.join(repo, "gather", "1", "model.onnx"))
     with open(os.path.join(repo, "gather", "config.pbtxt"), "w") as f:
         f.write(GATHER_CONFIG)
+    write_gather(os.path.join(repo, "preferred", "1", "model.onnx"))
+    with open(os.path.join(repo, "preferred", "config.pbtxt"), "w") as f:
+        f.write(PREFERRED_CONFIG)
     os.makedirs(os.path.join(repo, "effnet", "1"))
     shutil.copy(os.path.join(MODEL_DIR, "model.onnx"), os.path.join(repo, "effnet", "1", "model.onnx"))
     with open(os.path.join(repo, "effnet", "config.pbtxt"), "w") as f:
@@ -181,6 +190,30 @@ def test_concurrent_requests_are_batched_and_split_back(server):
     assert after["nv_inference_exec_count"] - before["nv_inference_exec_count"] <= len(rows) // 2
     with pytest.raises(InferenceServerException, match="batch of 9 is over the model's max_batch_size 8"):
         c.infer("mlp", [mlp_input(np.zeros((9, 4), np.float32))])
+
+
+def test_a_preferred_batch_size_runs_without_waiting_out_the_delay(server):
+    """As in Triton: once the queued rows form a preferred size (2 of [2, 8]), the batch runs, rather
+    than waiting the 60 s queue delay for the larger one."""
+    results = {}
+
+    def work(k):
+        i = tg.InferInput("ids", [1, 2], "INT64")
+        i.set_data_from_numpy(np.array([[k, k + 1]], np.int64))
+        results[k] = tg.InferenceServerClient(server.url).infer("preferred", [i]).as_numpy("y")
+    before = counters(server, "preferred", 1)
+    threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(2)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(results) == [0, 1], f"answered after {time.monotonic() - start:.1f} s: {sorted(results)}"
+    for k in range(2):
+        np.testing.assert_array_equal(results[k], TABLE[[[k, k + 1]]])
+    after = counters(server, "preferred", 1)
+    assert after["nv_inference_exec_count"] - before.get("nv_inference_exec_count", 0) == 1
+    assert after["nv_inference_count"] - before.get("nv_inference_count", 0) == 2
 
 
 def test_a_bad_request_does_not_fail_its_batch(server):

@@ -267,15 +267,23 @@ Expected<std::vector<HostTensor>> Scheduler::run_scattered(Session& s, const std
     views.push_back(std::move(v));
   }
   if (Status st = s.run(inputs, views, staging.stream()); !st) return st;
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<size_t> sizes;
   for (size_t k = 0; k < views.size(); ++k) {
     const size_t row = rows ? views[k].bytes() / size_t(rows) : 0;
     size_t at = 0;
     for (const Pending* p : batch) {
       const size_t n = row * size_t(p->rows);
-      staging.copy((*p->targets)[k].data, static_cast<const unsigned char*>(views[k].data) + at, n);
+      if (n) {
+        dsts.push_back((*p->targets)[k].data);
+        srcs.push_back(static_cast<const unsigned char*>(views[k].data) + at);
+        sizes.push_back(n);
+      }
       at += n;
     }
   }
+  staging.copy_all(dsts, srcs, sizes);
   return out;
 }
 
@@ -377,12 +385,20 @@ void Scheduler::execute(Session& s, const std::vector<Pending*>& batch, Scratch&
       } else if (v.on_device) {  // requests batch together only when their inputs lie alike (same_past_batch)
         if (!staging) staging.emplace();
         unsigned char* all = staging->buffer(k, size_t(v.numel()) * es);
+        std::vector<void*> dsts;
+        std::vector<const void*> srcs;
+        std::vector<size_t> sizes;
         size_t at = 0;
         for (Pending* p : batch) {
           const TensorView& in = (*p->inputs)[k];
-          staging->copy(all + at, in.data, in.bytes());
+          if (in.bytes()) {
+            dsts.push_back(all + at);
+            srcs.push_back(in.data);
+            sizes.push_back(in.bytes());
+          }
           at += in.bytes();
         }
+        staging->copy_all(dsts, srcs, sizes);
         v.data = all;
       } else {
         unsigned char* all = scratch.get(k, size_t(v.numel()) * es);

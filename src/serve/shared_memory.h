@@ -101,6 +101,9 @@ class DeviceStaging {
   // Copies on the staging stream (any direction: unified addressing tells host from device);
   // sync() waits for them.
   void copy(void* dst, const void* src, size_t bytes);
+  // Copies dsts[i] <- srcs[i] (sizes[i] bytes), all device memory, on the staging stream in one
+  // kernel launch (a batch's requests gathered or scattered), in no order among themselves.
+  void copy_all(const std::vector<void*>& dsts, const std::vector<const void*>& srcs, const std::vector<size_t>& sizes);
   void sync();
   void* stream() const { return stream_; }
 

@@ -245,6 +245,11 @@ struct HttpServer::Impl {
     // Responses go out as soon as they are written: with Nagle's algorithm a reply's last segment
     // waits for the client's delayed ACK, 40 ms per request on Linux.
     http.set_tcp_nodelay(true);
+    // A client's connection serves 1,000 requests before the server closes it, as nginx's
+    // keepalive_requests (cpp-httplib's default, 5, made a new TCP connection every fifth request: a
+    // tail under load). Not unbounded: a connection holds one of the --http-thread-count threads
+    // while it lives, and a client past that many waits for one to close.
+    http.set_keep_alive_max_count(1000);
   }
 };
 

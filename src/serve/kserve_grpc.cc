@@ -6,7 +6,6 @@
 #include <climits>
 #include <cstring>
 #include <optional>
-#include <thread>
 
 #include "grpc_service.grpc.pb.h"
 #include "model_config.pb.h"
@@ -251,14 +250,13 @@ bool GrpcServer::start(const std::string& address) {
   // Tensors are large: no 4 MiB limit (the codec bounds what a request may claim).
   b.SetMaxReceiveMessageSize(INT_MAX);
   b.SetMaxSendMessageSize(INT_MAX);
-  // A completion queue per core (gRPC's default is one): requests of many clients are read and
-  // parsed in parallel, so the batcher sees them together.
-  b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS,
-                        int(std::max(2u, std::thread::hardware_concurrency())));
-  // A thread that answered a call polls its queue again unless this many already do, in which case
-  // it exits (gRPC's default is 2). A batch's requests are answered together, so under load the
-  // default ended a thread per answer and started one per new request.
-  b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 16);
+  // One completion queue with up to 64 threads polling it. A thread that answered a call polls
+  // again unless 64 already do, in which case it exits: a batch's requests are answered together,
+  // and gRPC's default of 2 ended a thread per answer under load and started one per new request.
+  // A queue per core answered fewer calls a second at 64 clients; with 2 pollers each it answered a
+  // lone client sooner (bench/RESULTS.md, thirty-eighth session).
+  b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
+  b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 64);
   impl_->server = b.BuildAndStart();
   return impl_->server && port != 0;
 }

@@ -4,7 +4,7 @@
 set -euo pipefail
 debs=(cmake g++ make clang libprotobuf-dev protobuf-compiler libcli11-dev nlohmann-json3-dev
       libfmt-dev libgtest-dev libonnx-testdata libcpp-httplib-dev libgrpc++-dev protobuf-compiler-grpc pkgconf
-      python3 python3-pip)
+      python3 python3-pip iproute2)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

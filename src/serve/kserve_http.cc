@@ -5,10 +5,12 @@
 #include "serve/model_config.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <optional>
 
 namespace kiln::serve {
@@ -253,15 +255,35 @@ struct HttpServer::Impl {
   }
 };
 
+namespace {
+
+// Listens with the kernel's largest backlog. cpp-httplib 0.11 listens with a backlog of 5 (compiled
+// into Debian's library): 64 clients connecting at once overflowed it, and connections the kernel
+// then completed with SYN cookies were reset at their first request (a client's "Read" error).
+bool listen_deep(httplib::Server& server, const std::string& host, int port) {
+  auto fd = std::make_shared<int>(-1);
+  server.set_socket_options([fd](socket_t sock) {  // on each socket tried, before its bind
+    httplib::default_socket_options(sock);
+    *fd = sock;
+  });
+  const bool bound = server.bind_to_port(host, port);
+  server.set_socket_options(httplib::default_socket_options);
+  if (!bound) return false;
+  ::listen(*fd, SOMAXCONN);  // a second listen() on a listening socket sets its backlog anew
+  return server.listen_after_bind();
+}
+
+}  // namespace
+
 HttpServer::HttpServer(Repository& repo, SharedMemory& shm, int threads) : impl_(std::make_unique<Impl>(repo, shm)) {
   impl_->http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
 }
 HttpServer::~HttpServer() = default;
-bool HttpServer::listen(const std::string& host, int port) { return impl_->http.listen(host, port); }
+bool HttpServer::listen(const std::string& host, int port) { return listen_deep(impl_->http, host, port); }
 void HttpServer::stop() {
   impl_->http.stop();
   impl_->metrics.stop();
 }
-bool HttpServer::listen_metrics(const std::string& host, int port) { return impl_->metrics.listen(host, port); }
+bool HttpServer::listen_metrics(const std::string& host, int port) { return listen_deep(impl_->metrics, host, port); }
 
 }  // namespace kiln::serve

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # kiln serve on the GPU machine against issue 26's targets, in one call: ResNet-50 (torchvision,
 # exported there) built once as a dynamic fp16 engine for batch 1..64, served with the dynamic batcher
-# (max_batch_size 64) on two sessions, driven by kiln-serve-load over gRPC and HTTP at concurrency
-# 1..64, beside `kiln bench` of the same engine at batch 1 and 64.
+# (max_batch_size 64) on one session (two shared the GPU and formed smaller batches: bench/RESULTS.md,
+# thirty-eighth session), driven by kiln-serve-load over gRPC and HTTP at concurrency 1..64, beside
+# `kiln bench` of the same engine at batch 1 and 64.
 #
 #   bash bench/serve-gpu.sh BIN OUT [DELAY_US] [INSTANCES] [SHM] [PROTOCOLS] [CONCURRENCY]
-#   (BIN: the unpacked pack's bin/; SHM: none,system,cuda - where the tensors travel)
+#   (BIN: the unpacked pack's bin/; defaults 200, 1, cuda, grpc,http, 1,8,32,64; SHM: none, system or
+#   cuda, comma-separated - where the tensors travel)
 set -euo pipefail
 BIN=$1
 OUT=$2
 DELAY=${3:-200}
-INSTANCES=${4:-2}
-SHM=${5:-none}
+INSTANCES=${4:-1}
+SHM=${5:-cuda}
 PROTOCOLS=${6:-grpc,http}
 CONCURRENCY=${7:-1,8,32,64}
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -1,7 +1,7 @@
-// Many device-to-device copies in one kernel launch: the batcher gathers a batch's requests from
-// their CUDA shared memory regions and scatters the outputs back to them. One cudaMemcpyAsync per
-// request cost ~5 us of host time each (and cudaMemcpyBatchAsync no less): ~150 us a 30-row batch
-// each way (bench/RESULTS.md, thirty-eighth session).
+// Many device-to-device copies in a kernel launch (per 64 of them): the batcher gathers a batch's
+// requests from their CUDA shared memory regions and scatters the outputs back to them. A
+// cudaMemcpyAsync per request (or cudaMemcpyBatchAsync) cost host time per copy that grew with the
+// batch (bench/RESULTS.md, thirty-eighth session).
 #pragma once
 
 #include <cstddef>
@@ -15,5 +15,10 @@ namespace kiln::serve {
 // opened with cudaIpcOpenMemHandle included). Returns an empty string or the launch's error.
 std::string copy_on_device(const std::vector<void*>& dsts, const std::vector<const void*>& srcs,
                            const std::vector<size_t>& sizes, void* stream);
+
+// Loads the copy kernel's module (CUDA loads modules lazily, at a kernel's first launch), so that a
+// batch's first copy does not load it while a session may be capturing a graph. Call with the
+// device mutation lock held.
+void load_device_copy();
 
 }  // namespace kiln::serve

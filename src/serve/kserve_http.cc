@@ -8,7 +8,9 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -269,7 +271,11 @@ bool listen_deep(httplib::Server& server, const std::string& host, int port) {
   const bool bound = server.bind_to_port(host, port);
   server.set_socket_options(httplib::default_socket_options);
   if (!bound) return false;
-  ::listen(*fd, SOMAXCONN);  // a second listen() on a listening socket sets its backlog anew
+  // A second listen() on a listening socket sets its backlog anew.
+  if (::listen(*fd, SOMAXCONN) != 0) {
+    std::fprintf(stderr, "kiln serve: warning: port %d keeps cpp-httplib's backlog of 5 (listen: %s)\n", port,
+                 std::strerror(errno));
+  }
   return server.listen_after_bind();
 }
 

@@ -162,13 +162,17 @@ void Scheduler::work(Session s) {
   }
 }
 
-int64_t Scheduler::joinable_rows() const {
+Scheduler::Joinable Scheduler::joinable() const {
   const Pending* head = queue_.front();
-  int64_t rows = 0;
+  const std::vector<int>& preferred = settings_.preferred_batch_sizes;
+  Joinable j;
   for (const Pending* p : queue_) {
-    if (rows + p->rows <= settings_.max_batch_size && same_past_batch(*head->inputs, *p->inputs)) rows += p->rows;
+    if (j.rows + p->rows <= settings_.max_batch_size && same_past_batch(*head->inputs, *p->inputs)) {
+      j.rows += p->rows;
+      if (std::binary_search(preferred.begin(), preferred.end(), j.rows)) j.preferred = j.rows;
+    }
   }
-  return rows;
+  return j;
 }
 
 std::vector<Scheduler::Pending*> Scheduler::take(std::unique_lock<std::mutex>& lock) {
@@ -177,33 +181,29 @@ std::vector<Scheduler::Pending*> Scheduler::take(std::unique_lock<std::mutex>& l
     batch.push_back(queue_.front());
   } else {
     // Wait (up to the head request's queue delay) until the compatible rows reach max_batch_size or,
-    // as in Triton, a preferred size: a batch of a preferred size that can be formed runs at once.
-    // Requests may leave meanwhile (timeouts): read the head anew.
+    // as in Triton, make a preferred size: a batch of a preferred size that can be formed runs at
+    // once. Requests may leave meanwhile (timeouts): read the head anew.
     forming_ = true;
-    const std::vector<int>& preferred = settings_.preferred_batch_sizes;
     for (;;) {
       if (queue_.empty()) break;
       const Pending* head = queue_.front();
-      const int64_t rows = joinable_rows();
+      const Joinable j = joinable();
       const Clock::time_point end = head->enqueued + std::chrono::microseconds(settings_.max_queue_delay_us);
-      const bool full = rows >= settings_.max_batch_size || (!preferred.empty() && rows >= preferred.front());
-      if (full || stopping_ || Clock::now() >= end) break;
+      if (j.rows >= settings_.max_batch_size || j.preferred || stopping_ || Clock::now() >= end) break;
       queued_.wait_until(lock, end);
     }
     forming_ = false;
     if (!queue_.empty()) {
-      // The rows at hand, trimmed to the largest preferred size they reach, else (the delay ran out)
-      // to the largest size the batcher forms (batch_sizes) that they reach; fewer rows than the
-      // smallest size run as they are.
+      // The largest preferred size the rows make; else (the delay ran out, or the rows reached
+      // max_batch_size) the rows trimmed to the largest size the batcher forms (batch_sizes) that
+      // they reach; fewer rows than the smallest size run as they are.
       const Pending* head = queue_.front();
-      const int64_t avail = joinable_rows();
-      auto largest_within = [avail](const std::vector<int>& sizes) -> int64_t {
-        auto it = std::upper_bound(sizes.begin(), sizes.end(), avail);
-        return it == sizes.begin() ? 0 : *std::prev(it);
-      };
-      int64_t target = largest_within(preferred);
-      if (!target) target = largest_within(settings_.batch_sizes);
-      if (!target) target = avail;
+      const Joinable j = joinable();
+      int64_t target = j.preferred;
+      if (!target) {
+        auto it = std::upper_bound(settings_.batch_sizes.begin(), settings_.batch_sizes.end(), j.rows);
+        target = it == settings_.batch_sizes.begin() ? j.rows : *std::prev(it);
+      }
       // The head always goes (FIFO), whatever its size; then those behind it that fit.
       int64_t rows = head->rows;
       batch.push_back(queue_.front());
@@ -413,7 +413,8 @@ void Scheduler::execute(Session& s, const std::vector<Pending*>& batch, Scratch&
       views.push_back(std::move(v));
     }
     // Inputs in device memory and every output wanted there: no trip through the host.
-    const bool scatter = staging && scatters_on_device(batch, total);
+    const bool device = std::any_of(views.begin(), views.end(), [](const TensorView& v) { return v.on_device; });
+    const bool scatter = device && staging && scatters_on_device(batch, total);
     out = scatter ? run_scattered(s, views, batch, total, *staging) : run_views(s, views, total, staging);
   }
   const uint64_t compute = us_between(start, Clock::now());

@@ -1,9 +1,10 @@
 // The queue in front of a model's sessions, and its dynamic batcher. Every request of a loaded model
 // version goes through one Scheduler: it waits in a FIFO queue until a session is free; with dynamic
 // batching, a free session takes the requests at the head of the queue whose inputs agree past dim 0
-// (up to max_batch_size rows), waits up to max_queue_delay for more (or until the largest size it
-// forms is reached), trims the batch to the largest of its sizes (ModelSettings::batch_sizes) the
-// rows reach, runs it as one and splits the outputs back along dim 0. A request that waits
+// (up to max_batch_size rows) as soon as they make a preferred size (Triton's rule) or reach
+// max_batch_size, else once the head has waited max_queue_delay (then trimmed to the largest of
+// ModelSettings::batch_sizes the rows reach), runs them as one and splits the outputs back along
+// dim 0. A request that waits
 // past its timeout is answered "timed out" (504) and never runs; one that finds the queue full is
 // answered 503. Destroying the scheduler lets the queued requests finish first.
 #pragma once
@@ -71,8 +72,12 @@ class Scheduler {
   // batching wants them.
   std::vector<Pending*> take(std::unique_lock<std::mutex>& lock);
   // The rows of the queued requests that can join the head's batch, in queue order up to
-  // max_batch_size (lock held, queue not empty).
-  int64_t joinable_rows() const;
+  // max_batch_size, and the largest preferred size that the rows make on the way (0: none) (lock
+  // held, queue not empty). take() forms exactly that many when it is not 0.
+  struct Joinable {
+    int64_t rows = 0, preferred = 0;
+  };
+  Joinable joinable() const;
   // Device staging (`staging`) is made on the first batch that has an input in device memory.
   void execute(Session& s, const std::vector<Pending*>& batch, Scratch& scratch, std::optional<DeviceStaging>& staging);
   // One run of `inputs` (`rows` rows when batched). Inputs in device memory go to the GPU engine in

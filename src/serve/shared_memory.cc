@@ -290,6 +290,10 @@ uint64_t SharedMemory::write(const ShmRef& ref, const HostTensor& t, const std::
 
 #ifdef KILN_HAVE_CUDA
 DeviceStaging::DeviceStaging() {
+  {
+    std::lock_guard<std::recursive_mutex> lock(cuda::device_mutation_mutex());
+    load_device_copy();
+  }
   cudaStream_t s = nullptr;
   cuda_try(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "a staging stream for shared memory");
   stream_ = s;

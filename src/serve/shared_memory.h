@@ -96,13 +96,14 @@ class DeviceStaging {
   ~DeviceStaging();
   DeviceStaging(const DeviceStaging&) = delete;
   DeviceStaging& operator=(const DeviceStaging&) = delete;
-  // Device memory of at least `bytes` for input k, kept from call to call.
+  // Device memory of at least `bytes` for slot k, kept from call to call (the batcher's inputs
+  // 0..n-1, then its outputs).
   unsigned char* buffer(size_t k, size_t bytes);
   // Copies on the staging stream (any direction: unified addressing tells host from device);
   // sync() waits for them.
   void copy(void* dst, const void* src, size_t bytes);
-  // Copies dsts[i] <- srcs[i] (sizes[i] bytes), all device memory, on the staging stream in one
-  // kernel launch (a batch's requests gathered or scattered), in no order among themselves.
+  // Copies dsts[i] <- srcs[i] (sizes[i] bytes), all device memory, on the staging stream (a batch's
+  // requests gathered or scattered): a kernel launch per 64 copies, in no order among themselves.
   void copy_all(const std::vector<void*>& dsts, const std::vector<const void*>& srcs, const std::vector<size_t>& sizes);
   void sync();
   void* stream() const { return stream_; }

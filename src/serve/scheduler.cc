@@ -239,25 +239,26 @@ std::optional<std::vector<std::vector<int64_t>>> Scheduler::output_shapes(int64_
   return shapes;
 }
 
-bool Scheduler::scatters_on_device(const std::vector<Pending*>& batch, int64_t rows) const {
+std::optional<std::vector<std::vector<int64_t>>> Scheduler::scatter_shapes(const std::vector<Pending*>& batch,
+                                                                          int64_t rows) const {
   std::optional<std::vector<std::vector<int64_t>>> shapes = output_shapes(rows);
-  if (!shapes || settings_.max_batch_size <= 0) return false;
+  if (!shapes || settings_.max_batch_size <= 0) return std::nullopt;
   for (const Pending* p : batch) {
-    if (!p->targets) return false;
+    if (!p->targets) return std::nullopt;
     for (size_t k = 0; k < outputs_.size(); ++k) {
       const OutputTarget& t = (*p->targets)[k];
       TensorView v{outputs_[k].dtype, (*shapes)[k], nullptr, false};
       v.shape[0] = p->rows;
-      if (!t.data || !t.on_device || v.bytes() > t.capacity) return false;
+      if (!t.data || !t.on_device || v.bytes() > t.capacity) return std::nullopt;
     }
   }
-  return true;
+  return shapes;
 }
 
 Expected<std::vector<HostTensor>> Scheduler::run_scattered(Session& s, const std::vector<TensorView>& inputs,
                                                            const std::vector<Pending*>& batch, int64_t rows,
+                                                           const std::vector<std::vector<int64_t>>& shapes,
                                                            DeviceStaging& staging) {
-  const std::vector<std::vector<int64_t>> shapes = *output_shapes(rows);
   std::vector<TensorView> views;
   std::vector<HostTensor> out;
   for (size_t k = 0; k < outputs_.size(); ++k) {
@@ -267,23 +268,17 @@ Expected<std::vector<HostTensor>> Scheduler::run_scattered(Session& s, const std
     views.push_back(std::move(v));
   }
   if (Status st = s.run(inputs, views, staging.stream()); !st) return st;
-  std::vector<void*> dsts;
-  std::vector<const void*> srcs;
-  std::vector<size_t> sizes;
+  DeviceCopies copies;
   for (size_t k = 0; k < views.size(); ++k) {
     const size_t row = rows ? views[k].bytes() / size_t(rows) : 0;
     size_t at = 0;
     for (const Pending* p : batch) {
       const size_t n = row * size_t(p->rows);
-      if (n) {
-        dsts.push_back((*p->targets)[k].data);
-        srcs.push_back(static_cast<const unsigned char*>(views[k].data) + at);
-        sizes.push_back(n);
-      }
+      copies.add((*p->targets)[k].data, static_cast<const unsigned char*>(views[k].data) + at, n);
       at += n;
     }
   }
-  staging.copy_all(dsts, srcs, sizes);
+  staging.copy_all(copies);
   return out;
 }
 
@@ -385,20 +380,14 @@ void Scheduler::execute(Session& s, const std::vector<Pending*>& batch, Scratch&
       } else if (v.on_device) {  // requests batch together only when their inputs lie alike (same_past_batch)
         if (!staging) staging.emplace();
         unsigned char* all = staging->buffer(k, size_t(v.numel()) * es);
-        std::vector<void*> dsts;
-        std::vector<const void*> srcs;
-        std::vector<size_t> sizes;
+        DeviceCopies copies;
         size_t at = 0;
         for (Pending* p : batch) {
           const TensorView& in = (*p->inputs)[k];
-          if (in.bytes()) {
-            dsts.push_back(all + at);
-            srcs.push_back(in.data);
-            sizes.push_back(in.bytes());
-          }
+          copies.add(all + at, in.data, in.bytes());
           at += in.bytes();
         }
-        staging->copy_all(dsts, srcs, sizes);
+        staging->copy_all(copies);
         v.data = all;
       } else {
         unsigned char* all = scratch.get(k, size_t(v.numel()) * es);
@@ -414,8 +403,9 @@ void Scheduler::execute(Session& s, const std::vector<Pending*>& batch, Scratch&
     }
     // Inputs in device memory and every output wanted there: no trip through the host.
     const bool device = std::any_of(views.begin(), views.end(), [](const TensorView& v) { return v.on_device; });
-    const bool scatter = device && staging && scatters_on_device(batch, total);
-    out = scatter ? run_scattered(s, views, batch, total, *staging) : run_views(s, views, total, staging);
+    std::optional<std::vector<std::vector<int64_t>>> scatter;  // staging exists: it gathered the inputs
+    if (device) scatter = scatter_shapes(batch, total);
+    out = scatter ? run_scattered(s, views, batch, total, *scatter, *staging) : run_views(s, views, total, staging);
   }
   const uint64_t compute = us_between(start, Clock::now());
   metrics_.executions += 1;

@@ -89,14 +89,16 @@ class Scheduler {
   // The engine's output shapes for a run of `rows` rows, when they follow from the rows (a GPU engine,
   // no string outputs); nullopt otherwise.
   std::optional<std::vector<std::vector<int64_t>>> output_shapes(int64_t rows) const;
-  // Whether every request of `batch` (`rows` rows in all) wants every output in device memory where
-  // its rows fit, so run_scattered can serve it.
-  bool scatters_on_device(const std::vector<Pending*>& batch, int64_t rows) const;
-  // One run of a batch whose outputs go to the requests' device targets: the engine writes them to
-  // device staging and each request's rows are copied to its targets on the staging stream (left for
-  // the caller to sync). Returns the outputs' shapes with no data (the requests' results).
+  // The output shapes of a run of `batch` (`rows` rows in all) when every request wants every
+  // output in device memory where its rows fit, so run_scattered can serve it; nullopt otherwise.
+  std::optional<std::vector<std::vector<int64_t>>> scatter_shapes(const std::vector<Pending*>& batch, int64_t rows) const;
+  // One run of a batch whose outputs (of `shapes`) go to the requests' device targets: the engine
+  // writes them to device staging and each request's rows are copied to its targets on the staging
+  // stream (left for the caller to sync). Returns the outputs' shapes with no data (the requests'
+  // results).
   Expected<std::vector<HostTensor>> run_scattered(Session& s, const std::vector<TensorView>& inputs,
-                                                  const std::vector<Pending*>& batch, int64_t rows, DeviceStaging& staging);
+                                                  const std::vector<Pending*>& batch, int64_t rows,
+                                                  const std::vector<std::vector<int64_t>>& shapes, DeviceStaging& staging);
   // Writes a request's outputs that have targets (and were not written in place) there; an output
   // larger than its target fails the request. Device copies are left on `staging` to sync.
   void deliver(Pending& p, std::optional<DeviceStaging>& staging);

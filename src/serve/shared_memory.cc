@@ -330,10 +330,9 @@ void DeviceStaging::copy(void* dst, const void* src, size_t bytes) {
   if (bytes) cuda_try(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream_)), "a shared memory copy");
 }
 
-void DeviceStaging::copy_all(const std::vector<void*>& dsts, const std::vector<const void*>& srcs,
-                             const std::vector<size_t>& sizes) {
-  if (dsts.size() == 1) return copy(dsts[0], srcs[0], sizes[0]);
-  if (std::string err = copy_on_device(dsts, srcs, sizes, stream_); !err.empty()) {
+void DeviceStaging::copy_all(const DeviceCopies& c) {
+  if (c.dsts.size() == 1) return copy(c.dsts[0], c.srcs[0], c.sizes[0]);
+  if (std::string err = copy_on_device(c.dsts, c.srcs, c.sizes, stream_); !err.empty()) {
     throw HttpError{500, "copying a batch's tensors on the device: " + err};
   }
 }
@@ -347,9 +346,7 @@ DeviceStaging::DeviceStaging() = default;
 DeviceStaging::~DeviceStaging() = default;
 unsigned char* DeviceStaging::buffer(size_t, size_t) { no_cuda(); }
 void DeviceStaging::copy(void*, const void*, size_t) { no_cuda(); }
-void DeviceStaging::copy_all(const std::vector<void*>&, const std::vector<const void*>&, const std::vector<size_t>&) {
-  no_cuda();
-}
+void DeviceStaging::copy_all(const DeviceCopies&) { no_cuda(); }
 void DeviceStaging::sync() { no_cuda(); }
 #endif
 

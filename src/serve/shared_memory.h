@@ -90,6 +90,19 @@ class SharedMemory {
 // Device memory for the batcher's concatenated inputs and the copies into and out of CUDA regions,
 // on a stream of its own (the sessions' captured graphs never wait for it). Without CUDA in the
 // build every call throws HttpError 400 (no CUDA region can exist to need it).
+// Device-to-device copies collected for one DeviceStaging::copy_all; empty ones are left out.
+struct DeviceCopies {
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<size_t> sizes;
+  void add(void* dst, const void* src, size_t bytes) {
+    if (!bytes) return;
+    dsts.push_back(dst);
+    srcs.push_back(src);
+    sizes.push_back(bytes);
+  }
+};
+
 class DeviceStaging {
  public:
   DeviceStaging();
@@ -104,7 +117,7 @@ class DeviceStaging {
   void copy(void* dst, const void* src, size_t bytes);
   // Copies dsts[i] <- srcs[i] (sizes[i] bytes), all device memory, on the staging stream (a batch's
   // requests gathered or scattered): a kernel launch per 64 copies, in no order among themselves.
-  void copy_all(const std::vector<void*>& dsts, const std::vector<const void*>& srcs, const std::vector<size_t>& sizes);
+  void copy_all(const DeviceCopies& c);
   void sync();
   void* stream() const { return stream_; }
 

@@ -61,15 +61,16 @@ struct Scheduler::Pending {
 Scheduler::Scheduler(std::vector<Session> sessions, const ModelSettings& settings, ModelMetrics& metrics,
                      std::vector<TensorInfo> outputs, bool gpu)
     : settings_(settings), metrics_(metrics), outputs_(std::move(outputs)), gpu_(gpu) {
-  for (Session& s : sessions) workers_.emplace_back([this, s = std::move(s)]() mutable { work(std::move(s)); });
+  for (Session& s : sessions) slots_.push_back(std::make_unique<Slot>(std::move(s)));
+  for (auto& slot : slots_) workers_.emplace_back([this, s = slot.get()] { work(*s); });
 }
 
 Scheduler::~Scheduler() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
+  std::unique_lock<std::mutex> lock(mu_);
+  stopping_ = true;
   queued_.notify_all();
+  drained_.wait(lock, [&] { return callers_ == 0; });
+  lock.unlock();
   for (std::thread& t : workers_) t.join();
 }
 
@@ -106,12 +107,35 @@ Expected<std::vector<HostTensor>> Scheduler::run(const std::vector<TensorView>& 
     throw HttpError{503, "the model's queue is full (max_queue_size " + std::to_string(settings_.max_queue_size) + ")"};
   }
   queue_.push_back(&p);
-  queued_.notify_all();
+  ++callers_;
+  // Leaves with the lock held on every path: the destructor waits for the last caller.
+  struct Leave {
+    Scheduler& s;
+    ~Leave() {
+      if (--s.callers_ == 0 && s.stopping_) s.drained_.notify_all();
+    }
+  } leave{*this};
+  // Alone in the queue, with a session idle and no batch forming: this thread forms and runs the
+  // batch itself (no hand-off to a worker and back). Otherwise a worker (or the batch forming) is told.
+  Slot* idle = nullptr;
+  if (queue_.size() == 1 && !forming_) {
+    for (auto& slot : slots_) {
+      if (!slot->busy) {
+        idle = slot.get();
+        break;
+      }
+    }
+  }
+  if (idle) {
+    run_batch(lock, *idle, until);
+  } else {
+    queued_.notify_all();
+  }
   if (until == Clock::time_point::max()) {
     p.answered.wait(lock, [&] { return p.done; });
   } else if (!p.answered.wait_until(lock, until, [&] { return p.done; }) && !p.taken) {
     queue_.erase(std::find(queue_.begin(), queue_.end(), &p));
-    queued_.notify_all();  // a worker forming a batch around this request looks again
+    queued_.notify_all();  // a batch forming around this request looks again
     throw HttpError{504, "the request timed out after " + std::to_string(us_between(p.enqueued, Clock::now())) +
                              " us in the queue, before it ran"};
   } else {
@@ -120,33 +144,22 @@ Expected<std::vector<HostTensor>> Scheduler::run(const std::vector<TensorView>& 
   return std::move(*p.result);
 }
 
-unsigned char* Scheduler::Scratch::get(size_t k, size_t bytes) {
-  if (inputs.size() <= k) inputs.resize(k + 1);
-  Buffer& b = inputs[k];
-  if (b.size < bytes) {
-    const size_t n = std::max(bytes, b.size * 2);
-    b.p = std::shared_ptr<unsigned char>(static_cast<unsigned char*>(::operator new[](n, std::align_val_t(64))),
-                                         [](unsigned char* q) { ::operator delete[](q, std::align_val_t(64)); });
-    b.size = n;
-  }
-  return b.p.get();
-}
-
-void Scheduler::work(Session s) {
-  Scratch scratch;
-  std::optional<DeviceStaging> staging;  // made on the first batch with an input in device memory
+void Scheduler::work(Slot& slot) {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    queued_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !forming_); });
-    if (queue_.empty()) {
-      if (stopping_) return;
-      continue;
-    }
-    std::vector<Pending*> batch = take(lock);
-    if (batch.empty()) continue;
+    queued_.wait(lock, [&] { return (stopping_ && queue_.empty()) || (!queue_.empty() && !forming_ && !slot.busy); });
+    if (queue_.empty()) return;  // stopping, and every request answered or being answered
+    run_batch(lock, slot, Clock::time_point::max());
+  }
+}
+
+void Scheduler::run_batch(std::unique_lock<std::mutex>& lock, Slot& slot, Clock::time_point until) {
+  slot.busy = true;
+  std::vector<Pending*> batch = take(lock, until);
+  if (!batch.empty()) {
     lock.unlock();
     try {
-      execute(s, batch, scratch, staging);
+      execute(slot.session, batch, slot.scratch, slot.staging);
     } catch (const HttpError& e) {  // device staging that failed (out of device memory...)
       for (Pending* p : batch) p->result = Status(e.status >= 500 ? ErrorCode::kInternal : ErrorCode::kInvalidArgument, e.message);
     } catch (const std::bad_alloc&) {  // a batch too large for host memory fails, the server stays
@@ -160,6 +173,20 @@ void Scheduler::work(Session s) {
       p->answered.notify_one();
     }
   }
+  slot.busy = false;
+  if (!queue_.empty()) queued_.notify_all();  // the slot's worker may take the next batch
+}
+
+unsigned char* Scheduler::Scratch::get(size_t k, size_t bytes) {
+  if (inputs.size() <= k) inputs.resize(k + 1);
+  Buffer& b = inputs[k];
+  if (b.size < bytes) {
+    const size_t n = std::max(bytes, b.size * 2);
+    b.p = std::shared_ptr<unsigned char>(static_cast<unsigned char*>(::operator new[](n, std::align_val_t(64))),
+                                         [](unsigned char* q) { ::operator delete[](q, std::align_val_t(64)); });
+    b.size = n;
+  }
+  return b.p.get();
 }
 
 Scheduler::Joinable Scheduler::joinable() const {
@@ -175,7 +202,7 @@ Scheduler::Joinable Scheduler::joinable() const {
   return j;
 }
 
-std::vector<Scheduler::Pending*> Scheduler::take(std::unique_lock<std::mutex>& lock) {
+std::vector<Scheduler::Pending*> Scheduler::take(std::unique_lock<std::mutex>& lock, Clock::time_point until) {
   std::vector<Pending*> batch;
   if (!settings_.dynamic_batching) {
     batch.push_back(queue_.front());
@@ -190,7 +217,12 @@ std::vector<Scheduler::Pending*> Scheduler::take(std::unique_lock<std::mutex>& l
       const Joinable j = joinable();
       const Clock::time_point end = head->enqueued + std::chrono::microseconds(settings_.max_queue_delay_us);
       if (j.rows >= settings_.max_batch_size || j.preferred || stopping_ || Clock::now() >= end) break;
-      queued_.wait_until(lock, end);
+      if (Clock::now() >= until) {  // the forming caller's own deadline: it leaves, a worker forms
+        forming_ = false;
+        queued_.notify_all();
+        return batch;
+      }
+      queued_.wait_until(lock, std::min(end, until));
     }
     forming_ = false;
     if (!queue_.empty()) {
@@ -220,7 +252,7 @@ std::vector<Scheduler::Pending*> Scheduler::take(std::unique_lock<std::mutex>& l
     p->taken = true;
     queue_.erase(std::find(queue_.begin(), queue_.end(), p));
   }
-  queued_.notify_all();  // another free worker may form the next batch
+  if (!queue_.empty()) queued_.notify_all();  // another idle worker may form the next batch
   return batch;
 }
 

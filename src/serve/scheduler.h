@@ -7,6 +7,13 @@
 // dim 0. A request that waits
 // past its timeout is answered "timed out" (504) and never runs; one that finds the queue full is
 // answered 503. Destroying the scheduler lets the queued requests finish first.
+//
+// Each session has a worker thread that forms and runs batches while requests are queued. A request
+// that arrives to an empty queue, with a session idle and no batch forming, is run by the thread
+// that called run() (a server's handler thread): it forms the batch itself (others arriving
+// meanwhile join it) and runs it on the idle session, with no hand-off to a worker and back (two
+// thread wake-ups, each tens to hundreds of microseconds on a virtual machine). Under load the queue
+// is rarely empty and the workers, which go from one batch to the next without waking, do the work.
 #pragma once
 
 #include <chrono>
@@ -14,6 +21,7 @@
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -53,7 +61,7 @@ class Scheduler {
   // rows (400).
   Expected<std::vector<HostTensor>> run(const std::vector<TensorView>& inputs, uint64_t timeout_us,
                                         Clock::time_point deadline, const std::vector<OutputTarget>* targets = nullptr);
-  int sessions() const { return int(workers_.size()); }
+  int sessions() const { return int(slots_.size()); }
 
  private:
   struct Pending;
@@ -67,10 +75,21 @@ class Scheduler {
     std::vector<Buffer> inputs;
     unsigned char* get(size_t k, size_t bytes);
   };
-  void work(Session s);
+  // A session and what its runs keep from batch to batch.
+  struct Slot {
+    explicit Slot(Session s) : session(std::move(s)) {}
+    Session session;
+    Scratch scratch;
+    std::optional<DeviceStaging> staging;  // made on the first batch with an input in device memory
+    bool busy = false;                     // forming or running a batch (its worker or a caller)
+  };
+  void work(Slot& slot);
+  // Forms a batch, runs it on `slot` and answers its requests (lock held on entry and exit).
+  // `until`: the forming caller's own deadline (forming stops there, running nothing).
+  void run_batch(std::unique_lock<std::mutex>& lock, Slot& slot, Clock::time_point until);
   // The requests the next run takes, removed from the queue (lock held); waits for more while
-  // batching wants them.
-  std::vector<Pending*> take(std::unique_lock<std::mutex>& lock);
+  // batching wants them, but not past `until` (then returns none).
+  std::vector<Pending*> take(std::unique_lock<std::mutex>& lock, Clock::time_point until);
   // The rows of the queued requests that can join the head's batch, in queue order up to
   // max_batch_size, and the largest preferred size that the rows make on the way (0: none) (lock
   // held, queue not empty). take() forms exactly that many when it is not 0.
@@ -108,11 +127,14 @@ class Scheduler {
   std::vector<TensorInfo> outputs_;
   bool gpu_ = false;
   std::mutex mu_;
-  std::condition_variable queued_;  // a request was queued, or stopping
+  std::condition_variable queued_;   // for the caller forming a batch: a request was queued or left, or stopping
+  std::condition_variable drained_;  // for the destructor: the last caller left
   std::deque<Pending*> queue_;
-  bool forming_ = false;  // a worker is waiting for a batch to fill
+  bool forming_ = false;  // a caller is waiting for a batch to fill
   bool stopping_ = false;
-  std::vector<std::thread> workers_;
+  int callers_ = 0;  // threads inside run()
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<std::thread> workers_;  // one a slot
 };
 
 }  // namespace kiln::serve

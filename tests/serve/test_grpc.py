@@ -56,6 +56,13 @@ max_batch_size: 8
 dynamic_batching { max_queue_delay_microseconds: 60000000 preferred_batch_size: [ 2, 8 ] }
 instance_group [ { count: 1 } ]
 """
+# Two sessions behind one queue: a request alone in the queue runs on its handler thread, others on
+# the sessions' workers.
+TWO_CONFIG = """
+max_batch_size: 8
+dynamic_batching { max_queue_delay_microseconds: 2000 }
+instance_group [ { count: 2 } ]
+"""
 TABLE = np.arange(40, dtype=np.float32).reshape(10, 4)
 
 
@@ -97,6 +104,9 @@ def server(tmp_path_factory):
     write_gather(os.path.join(repo, "gather", "1", "model.onnx"))
     with open(os.path.join(repo, "gather", "config.pbtxt"), "w") as f:
         f.write(GATHER_CONFIG)
+    write_mlp(os.path.join(repo, "two", "1", "model.onnx"), 1)
+    with open(os.path.join(repo, "two", "config.pbtxt"), "w") as f:
+        f.write(TWO_CONFIG)
     write_gather(os.path.join(repo, "preferred", "1", "model.onnx"))
     with open(os.path.join(repo, "preferred", "config.pbtxt"), "w") as f:
         f.write(PREFERRED_CONFIG)
@@ -214,6 +224,34 @@ def test_a_preferred_batch_size_runs_without_waiting_out_the_delay(server):
     after = counters(server, "preferred", 1)
     assert after["nv_inference_exec_count"] - before.get("nv_inference_exec_count", 0) == 1
     assert after["nv_inference_count"] - before.get("nv_inference_count", 0) == 2
+
+
+def test_two_sessions_under_bursts_answer_every_request_with_its_own_rows(server):
+    """24 clients, each sending 20 requests of 1-3 rows back to back, to a model with two sessions:
+    requests run alone on their handler thread when the queue is empty and in batches on the
+    sessions' workers when it is not; every answer must be the request's own rows."""
+    errors, answered = [], [0] * 24
+
+    def work(k):
+        rng = np.random.default_rng(k)
+        c = tg.InferenceServerClient(server.url)
+        try:
+            for _ in range(20):
+                x = rng.standard_normal((int(rng.integers(1, 4)), 4)).astype(np.float32)
+                np.testing.assert_allclose(c.infer("two", [mlp_input(x)]).as_numpy("y"), mlp_ref(x, 1), rtol=1e-5, atol=1e-5)
+                answered[k] += 1
+        except Exception as e:  # noqa: BLE001 - counted
+            errors.append(repr(e))
+    before = counters(server, "two", 1)
+    threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and sum(answered) == 24 * 20, (errors[:3], sum(answered))
+    after = counters(server, "two", 1)
+    assert after["nv_inference_request_success"] - before.get("nv_inference_request_success", 0) == 24 * 20
+    assert after["nv_inference_exec_count"] - before.get("nv_inference_exec_count", 0) <= 24 * 20
 
 
 def test_a_bad_request_does_not_fail_its_batch(server):

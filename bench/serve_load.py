@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -229,7 +230,11 @@ def main():
                     with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/m/ready", timeout=5) as r:
                         if r.status == 200:
                             break
-                except Exception:  # noqa: BLE001 - not up yet
+                except urllib.error.HTTPError:  # the server is up (it loads before it listens): why not ready?
+                    req = urllib.request.Request(f"http://127.0.0.1:{http_port}/v2/repository/index", data=b"{}")
+                    with urllib.request.urlopen(req, timeout=5) as r:
+                        raise RuntimeError(f"kiln serve did not load the model: {r.read().decode()}")
+                except OSError:  # noqa: BLE001 - not up yet
                     pass
                 if server.poll() is not None or time.time() > deadline:
                     raise RuntimeError("kiln serve did not load the model: " + (server.stdout.read() if server.poll() is not None else ""))

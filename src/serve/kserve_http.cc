@@ -52,6 +52,12 @@ struct HttpServer::Impl {
     };
   }
 
+  // guarded(f) for a POST whose body is not read (see routes()).
+  template <typename F>
+  static httplib::Server::HandlerWithContentReader bodyless(F f) {
+    return [g = guarded(f)](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader&) { g(req, res); };
+  }
+
   void infer(const httplib::Request& req, httplib::Response& res) {
     std::shared_ptr<LoadedModel> m = repo.find(req.matches[1], req.matches[2]);
     CountedRequest counted(*m);
@@ -204,8 +210,8 @@ struct HttpServer::Impl {
       try {
         repo.find(req.matches[1], req.matches[2]);
         res.status = 200;
-      } catch (const HttpError&) {
-        res.status = 400;
+      } catch (const HttpError& e) {  // not ready: 400, saying why (not loaded, which versions are)
+        fail(res, {400, e.message});
       }
     }));
     http.Get(m, guarded([this](const httplib::Request& req, httplib::Response& res) {
@@ -220,7 +226,10 @@ struct HttpServer::Impl {
       res.set_content(config_json(repo.find(req.matches[1], req.matches[2])->config()), "application/json");
     }));
     http.Post(m + "/infer", guarded([this](const httplib::Request& req, httplib::Response& res) { infer(req, res); }));
-    http.Post("/v2/repository/index", guarded([this](const httplib::Request&, httplib::Response& res) {
+    // The repository's POSTs take an optional body that kiln does not read: registered with a content
+    // reader, they also answer a POST that has no body and no Content-Length (`curl -X POST`, as
+    // Triton's documentation writes it), which cpp-httplib otherwise refuses before routing.
+    http.Post("/v2/repository/index", bodyless([this](const httplib::Request&, httplib::Response& res) {
       json a = json::array();
       // One entry per version on disk: READY when it serves.
       for (const auto& e : repo.index()) {
@@ -234,16 +243,21 @@ struct HttpServer::Impl {
       }
       reply(res, 200, a);
     }));
-    http.Post(R"(/v2/repository/models/([^/]+)/load)", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    http.Post(R"(/v2/repository/models/([^/]+)/load)", bodyless([this](const httplib::Request& req, httplib::Response& res) {
       if (Status s = repo.load(req.matches[1]); !s) throw HttpError{400, s.message()};
       reply(res, 200, json::object());
     }));
-    http.Post(R"(/v2/repository/models/([^/]+)/unload)", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    http.Post(R"(/v2/repository/models/([^/]+)/unload)", bodyless([this](const httplib::Request& req, httplib::Response& res) {
       if (Status s = repo.unload(req.matches[1]); !s) throw HttpError{400, s.message()};
       reply(res, 200, json::object());
     }));
     http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-      if (res.body.empty()) reply(res, res.status, {{"error", "no route for " + req.method + " " + req.path}});
+      if (!res.body.empty()) return;
+      const std::string what = req.method + " " + req.path;
+      reply(res, res.status,
+            {{"error", res.status == 404   ? "no route for " + what
+                       : res.status == 400 ? "cannot read " + what + " (a body needs a Content-Length or chunked encoding)"
+                                           : "HTTP " + std::to_string(res.status) + " for " + what}});
     });
     http.set_payload_max_length(size_t(1) << 31);
     // Responses go out as soon as they are written: with Nagle's algorithm a reply's last segment

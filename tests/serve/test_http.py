@@ -6,6 +6,7 @@ repository index/unload/load, a failed load leaving the serving version; malform
 4xx while the server keeps serving; 64 concurrent requests all answered; SIGTERM draining requests in
 flight and exiting 0.
 """
+import http.client
 import json
 import os
 import shutil
@@ -167,6 +168,18 @@ def test_repository_load_unload(server):
     assert index["mlp"]["state"] == "READY" and index["mlp"]["version"] == "2"
     c.unload_model("mlp")
     assert not c.is_model_ready("mlp")
+    status, reply = raw(server, "GET", "/v2/models/mlp/ready")  # not ready, and the answer says why
+    assert status == 400 and "'mlp' is not loaded" in json.loads(reply)["error"], reply
+    # A POST with no body and no Content-Length (`curl -X POST .../index`) is answered, not refused.
+    host, port = server.url.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.putrequest("POST", "/v2/repository/index")
+    conn.endheaders()
+    r = conn.getresponse()
+    index = json.loads(r.read())
+    assert r.status == 200 and any(m["name"] == "mlp" and m.get("version") == "2" and m["state"] == "UNAVAILABLE"
+                                   for m in index), index
+    conn.close()
     x = np.ones((2, 4), np.float32)
     i = th.InferInput("x", [2, 4], "FP32")
     i.set_data_from_numpy(x)

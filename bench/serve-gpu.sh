@@ -3,7 +3,7 @@
 # exported there) built once as a dynamic fp16 engine for batch 1..64, served with the dynamic batcher
 # (max_batch_size 64) on one session (two shared the GPU and formed smaller batches: bench/RESULTS.md,
 # thirty-eighth session), driven by kiln-serve-load over gRPC and HTTP at concurrency 1..64, beside
-# `kiln bench` of the same engine at batch 1 and 64.
+# `kiln bench` of the same engine at batch 1, 32 and 64.
 #
 #   bash bench/serve-gpu.sh BIN OUT [DELAY_US] [INSTANCES] [SHM] [PROTOCOLS] [CONCURRENCY]
 #   (BIN: the unpacked pack's bin/; defaults 200, 1, cuda, grpc,http, 1,8,32,64; SHM: none, system or
@@ -33,5 +33,5 @@ echo "build: $(( $(date +%s) - t0 )) s"
 fi
 PYTHONUNBUFFERED=1 python3 bench/serve_load.py --kiln "$BIN/kiln" --model /tmp/r50.kiln --device cuda \
   --max-batch-size 64 --delay-us "$DELAY" --input-dims 3x224x224 --input-names input --instances "$INSTANCES" \
-  --engine-batches 1,64 --engine-shapes 'input:{b}x3x224x224' --client cpp --protocols "$PROTOCOLS" \
+  --engine-batches 1,32,64 --engine-shapes 'input:{b}x3x224x224' --client cpp --protocols "$PROTOCOLS" \
   --shared-memory "$SHM" --output-shared-memory-size 4096 --concurrency "$CONCURRENCY" --seconds 8 --out "$OUT/serve-gpu.json"

@@ -208,6 +208,13 @@ class Session {
   // stream), and returns once the outputs are written. Host views work here too.
   Status run(const std::vector<TensorView>& inputs, const std::vector<TensorView>& outputs,
              void* cuda_stream = nullptr);
+  // As run(inputs, outputs, cuda_stream), but returns once the run is queued (TensorRT's
+  // enqueueV3): `cuda_stream` is made to wait for it, so work queued there next sees the outputs,
+  // and the buffers must stay valid until the stream gets there. Queue every run of a session on
+  // one stream. An engine that checks its result on the host after each run (index bounds of
+  // Gather and its kin) answers kUnsupported, queuing nothing: use run() for it.
+  Status enqueue(const std::vector<TensorView>& inputs, const std::vector<TensorView>& outputs,
+                 void* cuda_stream);
 
   // Times `iterations` forwards after `warmup` with the inputs staged once: milliseconds each
   // (CUDA events around each graph replay on the GPU, the wall clock on the CPU).

@@ -300,7 +300,11 @@ Expected<std::vector<HostTensor>> Session::run(const std::vector<TensorView>& in
 }
 
 Status Session::run(const std::vector<TensorView>& inputs, const std::vector<TensorView>& outputs, void* stream) {
-  return impl_->run_device(inputs, outputs, stream);
+  return impl_->run_device(inputs, outputs, stream, true);
+}
+
+Status Session::enqueue(const std::vector<TensorView>& inputs, const std::vector<TensorView>& outputs, void* stream) {
+  return impl_->run_device(inputs, outputs, stream, false);
 }
 
 Expected<std::vector<double>> Session::benchmark(const std::vector<TensorView>& inputs, int warmup, int iterations) {

@@ -74,8 +74,9 @@ struct Session::Impl {
   virtual ~Impl() = default;
   std::vector<TensorInfo> inputs, outputs;  // the engine's, for messages and checks
   virtual Expected<std::vector<Data>> run(std::vector<Data> inputs) = 0;
+  // `wait` false: Session::enqueue.
   virtual Status run_device(const std::vector<TensorView>& inputs, const std::vector<TensorView>& outputs,
-                            void* stream) = 0;
+                            void* stream, bool wait) = 0;
   virtual Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) = 0;
   virtual Expected<std::vector<StepTime>> profile(const std::vector<Data>& inputs) = 0;
   virtual Expected<std::vector<NonFiniteStep>> check_finite(const std::vector<Data>& inputs) = 0;
@@ -85,7 +86,7 @@ struct Session::Impl {
 // What every CPU session shares: host tensors only, a host-clock benchmark over run(), no device
 // memory; profile and check_finite report nothing unless a session knows its steps.
 struct HostSession : Session::Impl {
-  Status run_device(const std::vector<TensorView>&, const std::vector<TensorView>&, void*) override {
+  Status run_device(const std::vector<TensorView>&, const std::vector<TensorView>&, void*, bool) override {
     return KILN_ERROR(kInvalidArgument, "this engine runs on the CPU: pass host tensors to Session::run(inputs)");
   }
   Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) override {

@@ -50,12 +50,13 @@ class GpuSession : public Session::Impl {
   GpuSession(std::shared_ptr<const Plan> plan, const cuda::BuildReport& report, std::unique_ptr<cuda::Session> s)
       : plan_(std::move(plan)), report_(report), s_(std::move(s)) {}
   Expected<std::vector<Data>> run(std::vector<Data> inputs) override { return s_->run(inputs); }
-  Status run_device(const std::vector<TensorView>& inputs, const std::vector<TensorView>& outputs, void* stream) override {
+  Status run_device(const std::vector<TensorView>& inputs, const std::vector<TensorView>& outputs, void* stream,
+                    bool wait) override {
     // Counts, dtypes and shapes are checked by the CUDA session, against its staged buffers.
     std::vector<cuda::IoBuffer> in, out;
     for (const TensorView& v : inputs) in.push_back({v.dtype, v.shape, v.data, v.on_device});
     for (const TensorView& v : outputs) out.push_back({v.dtype, v.shape, v.data, v.on_device});
-    return s_->run_buffers(in, out, stream);
+    return s_->run_buffers(in, out, stream, wait);
   }
   Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) override {
     return s_->benchmark(inputs, warmup, iterations);

@@ -528,7 +528,11 @@ class DynamicGpuSession : public Session::Impl {
     KILN_ASSIGN_OR_RETURN(cuda::Session * s, session_for(inputs));
     return finished(s, s->run(inputs));
   }
-  Status run_device(const std::vector<TensorView>& inputs, const std::vector<TensorView>& outputs, void* stream) override {
+  // Queued runs (wait false) of different shapes use different sessions on their own streams and
+  // one arena: each waits for the caller's stream, which waits for the run before, so they never
+  // overlap as long as the caller queues them all on one stream (Session::enqueue says so).
+  Status run_device(const std::vector<TensorView>& inputs, const std::vector<TensorView>& outputs, void* stream,
+                    bool wait) override {
     Shapes shapes;
     for (const TensorView& v : inputs) shapes.push_back(v.shape);
     if (inputs.size() != this->inputs.size()) {
@@ -551,11 +555,16 @@ class DynamicGpuSession : public Session::Impl {
       }
       values.emplace_back(i, std::move(t));
     }
+    if (!wait && !sessions_.count(plan_key(shapes, values))) {
+      // A new shape's session readies itself with a forward in the shared arena (and may evict
+      // another's): the runs still queued end first.
+      for (auto& [key, e] : sessions_) e.session->wait();
+    }
     KILN_ASSIGN_OR_RETURN(cuda::Session * s, session_at(shapes, values));
     std::vector<cuda::IoBuffer> in, out;
     for (const TensorView& v : inputs) in.push_back({v.dtype, v.shape, v.data, v.on_device});
     for (const TensorView& v : outputs) out.push_back({v.dtype, v.shape, v.data, v.on_device});
-    return finished(s, s->run_buffers(in, out, stream));
+    return finished(s, s->run_buffers(in, out, stream, wait));
   }
   Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) override {
     KILN_ASSIGN_OR_RETURN(cuda::Session * s, session_for(inputs));

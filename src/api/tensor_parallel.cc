@@ -273,7 +273,7 @@ class TensorParallelSession : public Session::Impl {
     }
     return joined;
   }
-  Status run_device(const std::vector<TensorView>&, const std::vector<TensorView>&, void*) override {
+  Status run_device(const std::vector<TensorView>&, const std::vector<TensorView>&, void*, bool) override {
     return KILN_ERROR(kUnsupported, "a tensor-parallel engine takes host tensors (Session::run(inputs)): its ranks "
                       "each read them on their own GPU");
   }

@@ -145,11 +145,73 @@ Expected<std::vector<HostTensor>> Scheduler::run(const std::vector<TensorView>& 
 }
 
 void Scheduler::work(Slot& slot) {
+  std::optional<InFlight> flying;  // a batch queued on the GPU, not yet answered
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
+    if (flying) {
+      // Once the GPU is done with it, the next batch (formed from what queued meanwhile, when that
+      // needs no waiting) is queued before this one's requests are answered: the answers (a thread
+      // woken per request) overlap the next run instead of delaying it. Forming the next batch
+      // before this one ends, or only after answering when fewer rows wait than this batch had,
+      // made the batches smaller (bench/RESULTS.md, thirty-ninth session).
+      lock.unlock();
+      finish(slot, *flying);
+      lock.lock();
+      std::vector<Pending*> next;
+      if (!queue_.empty() && !forming_ && forms_now()) next = take(lock, Clock::time_point::max());
+      lock.unlock();
+      std::optional<InFlight> queued;
+      if (next.empty() || !launch(slot, next, queued.emplace())) queued.reset();
+      lock.lock();
+      answer(flying->batch);
+      if (!next.empty() && !queued) {  // not for the GPU's queue: run as it comes
+        lock.unlock();
+        execute_batch(slot, next);
+        lock.lock();
+        answer(next);
+      }
+      flying = std::move(queued);
+      if (!flying) {
+        slot.busy = false;
+        if (!queue_.empty()) queued_.notify_all();
+      }
+      continue;
+    }
     queued_.wait(lock, [&] { return (stopping_ && queue_.empty()) || (!queue_.empty() && !forming_ && !slot.busy); });
     if (queue_.empty()) return;  // stopping, and every request answered or being answered
-    run_batch(lock, slot, Clock::time_point::max());
+    slot.busy = true;
+    std::vector<Pending*> batch = take(lock, Clock::time_point::max());
+    lock.unlock();
+    InFlight f;
+    const bool queued = !batch.empty() && launch(slot, batch, f);
+    if (!queued && !batch.empty()) execute_batch(slot, batch);
+    lock.lock();
+    if (queued) {
+      flying = std::move(f);
+      continue;
+    }
+    answer(batch);
+    slot.busy = false;
+    if (!queue_.empty()) queued_.notify_all();
+  }
+}
+
+void Scheduler::answer(const std::vector<Pending*>& batch) {
+  for (Pending* p : batch) {
+    p->done = true;
+    p->answered.notify_one();
+  }
+}
+
+void Scheduler::execute_batch(Slot& slot, const std::vector<Pending*>& batch) {
+  try {
+    execute(slot.session, batch, slot.scratch, slot.staging);
+  } catch (const HttpError& e) {  // device staging that failed (out of device memory...)
+    for (Pending* p : batch) p->result = Status(e.status >= 500 ? ErrorCode::kInternal : ErrorCode::kInvalidArgument, e.message);
+  } catch (const std::bad_alloc&) {  // a batch too large for host memory fails, the server stays
+    for (Pending* p : batch) p->result = Status(ErrorCode::kOutOfMemory, "out of host memory running the batch");
+  } catch (const std::exception& e) {
+    for (Pending* p : batch) p->result = Status(ErrorCode::kInternal, std::string("internal error: ") + e.what());
   }
 }
 
@@ -158,23 +220,74 @@ void Scheduler::run_batch(std::unique_lock<std::mutex>& lock, Slot& slot, Clock:
   std::vector<Pending*> batch = take(lock, until);
   if (!batch.empty()) {
     lock.unlock();
-    try {
-      execute(slot.session, batch, slot.scratch, slot.staging);
-    } catch (const HttpError& e) {  // device staging that failed (out of device memory...)
-      for (Pending* p : batch) p->result = Status(e.status >= 500 ? ErrorCode::kInternal : ErrorCode::kInvalidArgument, e.message);
-    } catch (const std::bad_alloc&) {  // a batch too large for host memory fails, the server stays
-      for (Pending* p : batch) p->result = Status(ErrorCode::kOutOfMemory, "out of host memory running the batch");
-    } catch (const std::exception& e) {
-      for (Pending* p : batch) p->result = Status(ErrorCode::kInternal, std::string("internal error: ") + e.what());
-    }
+    execute_batch(slot, batch);
     lock.lock();
-    for (Pending* p : batch) {
-      p->done = true;
-      p->answered.notify_one();
-    }
+    answer(batch);
   }
   slot.busy = false;
   if (!queue_.empty()) queued_.notify_all();  // the slot's worker may take the next batch
+}
+
+bool Scheduler::launch(Slot& slot, const std::vector<Pending*>& batch, InFlight& f) {
+  if (!gpu_ || !slot.queue_runs || settings_.max_batch_size <= 0) return false;
+  for (const TensorView& v : *batch[0]->inputs) {  // the batch's requests lie alike (same_past_batch)
+    if (!v.on_device) return false;
+  }
+  f.start = Clock::now();
+  f.rows = 0;
+  for (const Pending* p : batch) f.rows += p->rows;
+  std::optional<std::vector<std::vector<int64_t>>> shapes = scatter_shapes(batch, f.rows);
+  if (!shapes) return false;
+  try {
+    if (!slot.staging) slot.staging.emplace();
+    std::vector<TensorView> views;
+    for (size_t k = 0; k < batch[0]->inputs->size(); ++k) views.push_back(gather_on_device(batch, k, f.rows, *slot.staging));
+    Expected<std::vector<HostTensor>> out = run_scattered(slot.session, views, batch, f.rows, *shapes, *slot.staging, true);
+    if (!out) {  // nothing queued: execute() runs it (and reports a bad request as its own)
+      if (out.status().code() == ErrorCode::kUnsupported) slot.queue_runs = false;
+      return false;
+    }
+    slot.staging->mark();
+  } catch (const std::exception&) {  // staging that failed: execute() tries again and reports it
+    return false;
+  }
+  for (const Pending* p : batch) metrics_.queue_us += us_between(p->enqueued, f.start);
+  f.batch = batch;
+  f.shapes = std::move(*shapes);
+  return true;
+}
+
+void Scheduler::finish(Slot& slot, InFlight& f) {
+  std::optional<Status> failed;
+  try {
+    slot.staging->wait();
+  } catch (const HttpError& e) {
+    failed = Status(ErrorCode::kInternal, e.message);
+  }
+  const uint64_t compute = us_between(f.start, Clock::now());
+  metrics_.executions += 1;
+  metrics_.compute_us += compute * f.batch.size();
+  metrics_.inferences += uint64_t(f.rows);
+  for (Pending* p : f.batch) {
+    if (failed) {
+      p->result = *failed;
+      continue;
+    }
+    std::vector<HostTensor> mine;  // written in the request's regions: shapes only
+    for (size_t k = 0; k < outputs_.size(); ++k) {
+      std::vector<int64_t> shape = f.shapes[k];
+      shape[0] = p->rows;
+      mine.emplace_back(outputs_[k].dtype, std::move(shape), nullptr, nullptr);
+    }
+    p->result = std::move(mine);
+  }
+}
+
+bool Scheduler::forms_now() const {
+  if (!settings_.dynamic_batching) return true;
+  const Joinable j = joinable();
+  return j.rows >= settings_.max_batch_size || j.preferred ||
+         Clock::now() >= queue_.front()->enqueued + std::chrono::microseconds(settings_.max_queue_delay_us);
 }
 
 unsigned char* Scheduler::Scratch::get(size_t k, size_t bytes) {
@@ -213,10 +326,8 @@ std::vector<Scheduler::Pending*> Scheduler::take(std::unique_lock<std::mutex>& l
     forming_ = true;
     for (;;) {
       if (queue_.empty()) break;
-      const Pending* head = queue_.front();
-      const Joinable j = joinable();
-      const Clock::time_point end = head->enqueued + std::chrono::microseconds(settings_.max_queue_delay_us);
-      if (j.rows >= settings_.max_batch_size || j.preferred || stopping_ || Clock::now() >= end) break;
+      if (stopping_ || forms_now()) break;
+      const Clock::time_point end = queue_.front()->enqueued + std::chrono::microseconds(settings_.max_queue_delay_us);
       if (Clock::now() >= until) {  // the forming caller's own deadline: it leaves, a worker forms
         forming_ = false;
         queued_.notify_all();
@@ -256,6 +367,23 @@ std::vector<Scheduler::Pending*> Scheduler::take(std::unique_lock<std::mutex>& l
   return batch;
 }
 
+TensorView Scheduler::gather_on_device(const std::vector<Pending*>& batch, size_t k, int64_t rows,
+                                      DeviceStaging& staging) const {
+  TensorView v = (*batch[0]->inputs)[k];
+  v.shape[0] = rows;
+  unsigned char* all = staging.buffer(k, size_t(v.numel()) * dtype_size(v.dtype));
+  DeviceCopies copies;
+  size_t at = 0;
+  for (const Pending* p : batch) {
+    const TensorView& in = (*p->inputs)[k];
+    copies.add(all + at, in.data, in.bytes());
+    at += in.bytes();
+  }
+  staging.copy_all(copies);
+  v.data = all;
+  return v;
+}
+
 std::optional<std::vector<std::vector<int64_t>>> Scheduler::output_shapes(int64_t rows) const {
   if (!gpu_) return std::nullopt;
   std::vector<std::vector<int64_t>> shapes;
@@ -290,7 +418,7 @@ std::optional<std::vector<std::vector<int64_t>>> Scheduler::scatter_shapes(const
 Expected<std::vector<HostTensor>> Scheduler::run_scattered(Session& s, const std::vector<TensorView>& inputs,
                                                            const std::vector<Pending*>& batch, int64_t rows,
                                                            const std::vector<std::vector<int64_t>>& shapes,
-                                                           DeviceStaging& staging) {
+                                                           DeviceStaging& staging, bool queue) {
   std::vector<TensorView> views;
   std::vector<HostTensor> out;
   for (size_t k = 0; k < outputs_.size(); ++k) {
@@ -299,7 +427,7 @@ Expected<std::vector<HostTensor>> Scheduler::run_scattered(Session& s, const std
     out.emplace_back(v.dtype, v.shape, nullptr, nullptr);
     views.push_back(std::move(v));
   }
-  if (Status st = s.run(inputs, views, staging.stream()); !st) return st;
+  if (Status st = queue ? s.enqueue(inputs, views, staging.stream()) : s.run(inputs, views, staging.stream()); !st) return st;
   DeviceCopies copies;
   for (size_t k = 0; k < views.size(); ++k) {
     const size_t row = rows ? views[k].bytes() / size_t(rows) : 0;
@@ -411,16 +539,7 @@ void Scheduler::execute(Session& s, const std::vector<Pending*>& batch, Scratch&
         keep.push_back(all);
       } else if (v.on_device) {  // requests batch together only when their inputs lie alike (same_past_batch)
         if (!staging) staging.emplace();
-        unsigned char* all = staging->buffer(k, size_t(v.numel()) * es);
-        DeviceCopies copies;
-        size_t at = 0;
-        for (Pending* p : batch) {
-          const TensorView& in = (*p->inputs)[k];
-          copies.add(all + at, in.data, in.bytes());
-          at += in.bytes();
-        }
-        staging->copy_all(copies);
-        v.data = all;
+        v = gather_on_device(batch, k, total, *staging);
       } else {
         unsigned char* all = scratch.get(k, size_t(v.numel()) * es);
         size_t at = 0;

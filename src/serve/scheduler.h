@@ -14,6 +14,9 @@
 // meanwhile join it) and runs it on the idle session, with no hand-off to a worker and back (two
 // thread wake-ups, each tens to hundreds of microseconds on a virtual machine). Under load the queue
 // is rarely empty and the workers, which go from one batch to the next without waking, do the work.
+// A worker whose batch lies in device memory (CUDA shared memory in and out) queues it on the GPU
+// (Session::enqueue, the copies after it) and, once it is done, queues the next batch (when one
+// forms without waiting) before it answers the first: the answers overlap the next run.
 #pragma once
 
 #include <chrono>
@@ -82,7 +85,28 @@ class Scheduler {
     Scratch scratch;
     std::optional<DeviceStaging> staging;  // made on the first batch with an input in device memory
     bool busy = false;                     // forming or running a batch (its worker or a caller)
+    bool queue_runs = true;                // the engine takes Session::enqueue (until it says not)
   };
+  // A batch queued on the GPU, answered once the staging stream passes its mark.
+  struct InFlight {
+    std::vector<Pending*> batch;
+    std::vector<std::vector<int64_t>> shapes;  // the outputs' (the batch's rows)
+    int64_t rows = 0;
+    Clock::time_point start;
+  };
+  // Queues `batch` on the GPU when its inputs lie in device memory and its outputs go there
+  // (run_scattered without waiting); false when it does not apply or queuing failed (then the
+  // batch runs through execute()). Without the lock.
+  bool launch(Slot& slot, const std::vector<Pending*>& batch, InFlight& f);
+  // Waits for a queued batch and sets its requests' results. Without the lock.
+  void finish(Slot& slot, InFlight& f);
+  // execute() with its failures turned into the requests' results. Without the lock.
+  void execute_batch(Slot& slot, const std::vector<Pending*>& batch);
+  // Marks a batch's requests answered and wakes their callers (lock held).
+  static void answer(const std::vector<Pending*>& batch);
+  // Whether the batch at the head of the queue would be formed without waiting (lock held, queue
+  // not empty).
+  bool forms_now() const;
   void work(Slot& slot);
   // Forms a batch, runs it on `slot` and answers its requests (lock held on entry and exit).
   // `until`: the forming caller's own deadline (forming stops there, running nothing).
@@ -115,9 +139,13 @@ class Scheduler {
   // writes them to device staging and each request's rows are copied to its targets on the staging
   // stream (left for the caller to sync). Returns the outputs' shapes with no data (the requests'
   // results).
+  // `queue`: Session::enqueue instead of run (the copies follow on the staging stream either way).
   Expected<std::vector<HostTensor>> run_scattered(Session& s, const std::vector<TensorView>& inputs,
                                                   const std::vector<Pending*>& batch, int64_t rows,
-                                                  const std::vector<std::vector<int64_t>>& shapes, DeviceStaging& staging);
+                                                  const std::vector<std::vector<int64_t>>& shapes, DeviceStaging& staging,
+                                                  bool queue = false);
+  // Input k of `batch` (every request's rows, in order) gathered into device staging slot k.
+  TensorView gather_on_device(const std::vector<Pending*>& batch, size_t k, int64_t rows, DeviceStaging& staging) const;
   // Writes a request's outputs that have targets (and were not written in place) there; an output
   // larger than its target fails the request. Device copies are left on `staging` to sync.
   void deliver(Pending& p, std::optional<DeviceStaging>& staging);

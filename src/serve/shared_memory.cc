@@ -301,6 +301,7 @@ DeviceStaging::DeviceStaging() {
 
 DeviceStaging::~DeviceStaging() {
   cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  if (mark_) cudaEventDestroy(static_cast<cudaEvent_t>(mark_));
   // Freeing synchronizes the device: not while a session captures a graph.
   std::lock_guard<std::recursive_mutex> lock(cuda::device_mutation_mutex());
   for (auto& [p, n] : buffers_) cudaFree(p);
@@ -338,6 +339,17 @@ void DeviceStaging::copy_all(const DeviceCopies& c) {
 }
 
 void DeviceStaging::sync() { cuda_try(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "a shared memory copy"); }
+
+void DeviceStaging::mark() {
+  if (!mark_) {
+    cudaEvent_t e = nullptr;
+    cuda_try(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "an event for a queued batch");
+    mark_ = e;
+  }
+  cuda_try(cudaEventRecord(static_cast<cudaEvent_t>(mark_), static_cast<cudaStream_t>(stream_)), "marking a queued batch");
+}
+
+void DeviceStaging::wait() { cuda_try(cudaEventSynchronize(static_cast<cudaEvent_t>(mark_)), "a queued batch"); }
 #else
 namespace {
 [[noreturn]] void no_cuda() { throw HttpError{400, "this kiln serve was built without CUDA"}; }
@@ -348,6 +360,8 @@ unsigned char* DeviceStaging::buffer(size_t, size_t) { no_cuda(); }
 void DeviceStaging::copy(void*, const void*, size_t) { no_cuda(); }
 void DeviceStaging::copy_all(const DeviceCopies&) { no_cuda(); }
 void DeviceStaging::sync() { no_cuda(); }
+void DeviceStaging::mark() { no_cuda(); }
+void DeviceStaging::wait() { no_cuda(); }
 #endif
 
 }  // namespace kiln::serve

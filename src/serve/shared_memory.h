@@ -119,10 +119,14 @@ class DeviceStaging {
   // requests gathered or scattered): a kernel launch per 64 copies, in no order among themselves.
   void copy_all(const DeviceCopies& c);
   void sync();
+  // Marks the stream's current point; wait() returns once the stream has passed the last mark.
+  void mark();
+  void wait();
   void* stream() const { return stream_; }
 
  private:
   void* stream_ = nullptr;
+  void* mark_ = nullptr;  // cudaEvent_t
   std::vector<std::pair<void*, size_t>> buffers_;
 };
 

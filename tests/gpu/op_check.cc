@@ -430,7 +430,7 @@ Status check_session_churn(uint64_t seed) {
 
 // Session::run_buffers (the public API's device-pointer run): inputs and outputs in device memory,
 // ordered after work on the caller's own stream, and host buffers through the same call; both
-// bit-identical to Session::run.
+// bit-identical to Session::run; then two runs queued without waiting (Session::enqueue).
 Status check_device_buffers(uint64_t seed) {
   Rng rng{std::mt19937_64(seed)};
   KILN_ASSIGN_OR_RETURN(auto g, mlp_graph(rng));
@@ -438,19 +438,25 @@ Status check_device_buffers(uint64_t seed) {
   KILN_ASSIGN_OR_RETURN(auto session, engine->new_session());
   std::vector<Data> in = {Data(rng.random(DType::kFloat32, {16, 64}, 0))};
   KILN_ASSIGN_OR_RETURN(auto want, session->run(in));
+  std::vector<Data> in2 = {Data(rng.random(DType::kFloat32, {16, 64}, 0))};
+  KILN_ASSIGN_OR_RETURN(auto want2, session->run(in2));
   const Tensor& x = in[0].tensor;
   const Tensor& y = want[0].tensor;
-  void *dx = nullptr, *dy = nullptr;
+  const Tensor& x2 = in2[0].tensor;
+  const Tensor& y2 = want2[0].tensor;
+  void *dx = nullptr, *dy = nullptr, *dy2 = nullptr;
   cudaStream_t user = nullptr;
   auto release = [&] {
     if (dx) cudaFree(dx);
     if (dy) cudaFree(dy);
+    if (dy2) cudaFree(dy2);
     if (user) cudaStreamDestroy(user);
   };
   auto run = [&]() -> Status {
     KILN_CUDA_TRY(cudaStreamCreateWithFlags(&user, cudaStreamNonBlocking));
     KILN_CUDA_TRY(cudaMalloc(&dx, x.nbytes()));
     KILN_CUDA_TRY(cudaMalloc(&dy, y.nbytes()));
+    KILN_CUDA_TRY(cudaMalloc(&dy2, y2.nbytes()));
     KILN_CUDA_TRY(cudaMemsetAsync(dy, 0xFF, y.nbytes(), user));
     // The input arrives on the caller's stream: run_buffers must wait for it.
     KILN_CUDA_TRY(cudaMemcpyAsync(dx, x.raw(), x.nbytes(), cudaMemcpyHostToDevice, user));
@@ -469,6 +475,22 @@ Status check_device_buffers(uint64_t seed) {
     }
     KILN_ASSIGN_OR_RETURN(auto again, session->run(in));
     if (std::memcmp(again[0].tensor.raw(), y.raw(), y.nbytes()) != 0) return KILN_ERROR(kInternal, "run after an error differs");
+    // Queued runs (wait false) back to back on the caller's stream, the second input written over
+    // the first's once it is read: the stream alone orders them, and each output is read by work
+    // queued after it there.
+    KILN_CUDA_TRY(cudaMemsetAsync(dy, 0xFF, y.nbytes(), user));
+    KILN_CUDA_TRY(cudaMemsetAsync(dy2, 0xFF, y2.nbytes(), user));
+    KILN_RETURN_IF_ERROR(session->run_buffers({{x.dtype(), x.dims(), dx, true}}, {{y.dtype(), y.dims(), dy, true}}, user, false));
+    KILN_CUDA_TRY(cudaMemcpyAsync(dx, x2.raw(), x2.nbytes(), cudaMemcpyHostToDevice, user));
+    KILN_RETURN_IF_ERROR(session->run_buffers({{x.dtype(), x.dims(), dx, true}}, {{y.dtype(), y.dims(), dy2, true}}, user, false));
+    KILN_ASSIGN_OR_RETURN(Tensor q1, Tensor::create(y.dtype(), y.dims()));
+    KILN_ASSIGN_OR_RETURN(Tensor q2, Tensor::create(y.dtype(), y.dims()));
+    KILN_CUDA_TRY(cudaMemcpyAsync(q1.raw(), dy, y.nbytes(), cudaMemcpyDeviceToHost, user));
+    KILN_CUDA_TRY(cudaMemcpyAsync(q2.raw(), dy2, y.nbytes(), cudaMemcpyDeviceToHost, user));
+    KILN_CUDA_TRY(cudaStreamSynchronize(user));
+    if (std::memcmp(q1.raw(), y.raw(), y.nbytes()) != 0 || std::memcmp(q2.raw(), y2.raw(), y.nbytes()) != 0) {
+      return KILN_ERROR(kInternal, "queued runs: an output differs");
+    }
     return Status::ok();
   };
   Status st = run();

@@ -6,7 +6,7 @@ helpers (cuda-python IPC handles). Not in `make serve` (no GPU there); on the GP
 A GPU model (batched, max_batch_size 8) reads its input where the client put it in device memory and
 writes its output into the client's device region, over gRPC and over HTTP (raw KServe JSON naming the
 regions); concurrent requests from device regions are batched (concatenated on the device) and each
-answered in its own region; a CPU model given a device region copies it to the host and answers the
+answered in its own region, also under sustained load (batches queued on the GPU behind each other); a CPU model given a device region copies it to the host and answers the
 same; status, unregister, and a handle of the wrong size are checked.
 """
 import json
@@ -141,6 +141,50 @@ def test_concurrent_device_requests_are_batched_on_the_device(server, regions):
     for k, x in enumerate(xs):
         np.testing.assert_allclose(cudashm.get_contents_as_numpy(outs[k], np.float32, [rows[k], 3]), mlp_ref(x, 1),
                                    rtol=1e-4, atol=1e-4)
+
+
+def test_sustained_device_load_answers_each_request_in_its_region(server, regions):
+    """16 clients, 25 requests each, new data every time: batches form back to back, each queued on
+    the GPU (Session::enqueue) before the one before it is answered; every output must be its own
+    request's, in its own region."""
+    n, per = 16, 25
+    c = tg.InferenceServerClient(server.grpc)
+    hin, hout = [], []
+    for k in range(n):
+        hin.append(regions(f"si{k}", 2 * 16))
+        hout.append(regions(f"so{k}", 2 * 12))
+        register(c, f"si{k}", hin[k], 2 * 16)
+        register(c, f"so{k}", hout[k], 2 * 12)
+    before = counters(server, "mlp", 1)
+    errors = []
+
+    def work(k):
+        rng = np.random.default_rng(100 + k)
+        client = tg.InferenceServerClient(server.grpc)
+        try:
+            for _ in range(per):
+                rows = int(rng.integers(1, 3))
+                x = rng.standard_normal((rows, 4)).astype(np.float32)
+                cudashm.set_shared_memory_region(hin[k], [x])
+                i = tg.InferInput("x", [rows, 4], "FP32")
+                i.set_shared_memory(f"si{k}", x.nbytes)
+                o = tg.InferRequestedOutput("y")
+                o.set_shared_memory(f"so{k}", rows * 12)
+                client.infer("mlp", [i], outputs=[o])
+                np.testing.assert_allclose(cudashm.get_contents_as_numpy(hout[k], np.float32, [rows, 3]), mlp_ref(x, 1),
+                                           rtol=1e-4, atol=1e-4)
+        except Exception as e:  # noqa: BLE001 - counted
+            errors.append(repr(e))
+    threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    c.unregister_cuda_shared_memory()
+    assert not errors, errors[:3]
+    after = counters(server, "mlp", 1)
+    assert after["nv_inference_request_success"] - before.get("nv_inference_request_success", 0) == n * per
+    assert after["nv_inference_exec_count"] - before.get("nv_inference_exec_count", 0) < n * per
 
 
 def test_bad_handle_is_refused(server):

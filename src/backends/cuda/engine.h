@@ -201,9 +201,11 @@ class Session {
   virtual void wait() = 0;
   // Reads inputs from and writes outputs to the caller's buffers (device pointers copied on the
   // device, host ones through DMA), after the work already queued on `stream` (a cudaStream_t,
-  // null: the legacy default stream); returns once the outputs are written.
+  // null: the legacy default stream); returns once the outputs are written, or with `wait` false
+  // once the run is queued, `stream` made to wait for it (kUnsupported, nothing queued, where the
+  // plan's result needs a look on the host: index-bound counters).
   virtual Status run_buffers(const std::vector<IoBuffer>& inputs, const std::vector<IoBuffer>& outputs,
-                             void* stream) = 0;
+                             void* stream, bool wait = true) = 0;
 };
 
 // True when a CUDA device usable by this build is present (reason otherwise).

@@ -105,6 +105,7 @@ class CudaSession : public Session {
     batched_.resize(e_->plan.inputs.size(), false);
   }
   ~CudaSession() override {
+    if (stream_) cudaStreamSynchronize(stream_);  // a queued run (run_buffers without wait) ends first
     std::lock_guard<std::recursive_mutex> lock(device_mutation_mutex());
     for (const Segment& g : segments_) {
       if (g.exec) cudaGraphExecDestroy(g.exec);
@@ -120,6 +121,7 @@ class CudaSession : public Session {
     if (dnn_) DnnPool::get().give_back(dnn_);
     if (lt_) cublasLtDestroy(lt_);
     if (io_event_) cudaEventDestroy(io_event_);
+    if (done_event_) cudaEventDestroy(done_event_);
     if (stream_) cudaStreamDestroy(stream_);
     mem_.reset();
     pinned_.reset();
@@ -144,6 +146,7 @@ class CudaSession : public Session {
     };
     KILN_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     KILN_CUDA_TRY(cudaEventCreateWithFlags(&io_event_, cudaEventDisableTiming));
+    KILN_CUDA_TRY(cudaEventCreateWithFlags(&done_event_, cudaEventDisableTiming));
     // A library's handle only where a step uses it: a cold process pays ~100 ms for cuDNN's first
     // handle (bench/RESULTS.md, init_costs), which a transformer never needs.
     if (e_->uses_lt) KILN_CUDA_TRY(cublasLtCreate(&lt_));
@@ -392,8 +395,12 @@ class CudaSession : public Session {
     if (comm_stream_) cudaStreamSynchronize(comm_stream_);
   }
 
-  Status run_buffers(const std::vector<IoBuffer>& inputs, const std::vector<IoBuffer>& outputs, void* stream) override {
+  Status run_buffers(const std::vector<IoBuffer>& inputs, const std::vector<IoBuffer>& outputs, void* stream,
+                     bool wait) override {
     if (lanes_ > 1) return KILN_ERROR(kUnsupported, "a micro-batched session takes host tensors");
+    if (!wait && e_->plan.bad_index_slots) {
+      return KILN_ERROR(kUnsupported, "this engine checks index bounds on the host after each run: it cannot be queued");
+    }
     const Graph& g = *e_->graph;
     const DevicePlan& P = e_->plan;
     auto check = [](const char* what, size_t i, const Value* v, const DeviceIo& d, const IoBuffer& b) -> Status {
@@ -429,6 +436,11 @@ class CudaSession : public Session {
       const DeviceIo& d = P.outputs[i];
       KILN_CUDA_TRY(cudaMemcpyAsync(outputs[i].data, ctx_.ptr(d.ref), io_bytes(d),
                                     outputs[i].on_device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost, stream_));
+    }
+    if (!wait) {  // the caller's stream goes on once the outputs are written
+      KILN_CUDA_TRY(cudaEventRecord(done_event_, stream_));
+      KILN_CUDA_TRY(cudaStreamWaitEvent(caller, done_event_));
+      return Status::ok();
     }
     if (P.bad_index_slots) {
       KILN_CUDA_TRY(cudaMemcpyAsync(bad_host_, ctx_.bad_index, sizeof(int) * size_t(P.bad_index_slots),
@@ -702,7 +714,8 @@ class CudaSession : public Session {
   std::vector<cudaEvent_t> lane_events_; // per lane: ready for its collective, collective done; one to fork and join
   size_t lane_bytes_ = 0;
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t io_event_ = nullptr;  // orders run_buffers after the caller's stream
+  cudaEvent_t io_event_ = nullptr;    // orders run_buffers after the caller's stream
+  cudaEvent_t done_event_ = nullptr;  // and the caller's stream after a queued run_buffers
   cublasLtHandle_t lt_ = nullptr;
   cudnnHandle_t dnn_ = nullptr;
   struct Segment {

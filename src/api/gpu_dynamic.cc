@@ -555,16 +555,13 @@ class DynamicGpuSession : public Session::Impl {
       }
       values.emplace_back(i, std::move(t));
     }
-    if (!wait && !sessions_.count(plan_key(shapes, values))) {
-      // A new shape's session readies itself with a forward in the shared arena (and may evict
-      // another's): the runs still queued end first.
-      for (auto& [key, e] : sessions_) e.session->wait();
-    }
     KILN_ASSIGN_OR_RETURN(cuda::Session * s, session_at(shapes, values));
     std::vector<cuda::IoBuffer> in, out;
     for (const TensorView& v : inputs) in.push_back({v.dtype, v.shape, v.data, v.on_device});
     for (const TensorView& v : outputs) out.push_back({v.dtype, v.shape, v.data, v.on_device});
-    return finished(s, s->run_buffers(in, out, stream, wait));
+    Status st = finished(s, s->run_buffers(in, out, stream, wait));
+    queued_ = st && !wait ? s : nullptr;  // waited for, or failed (finished() waited)
+    return st;
   }
   Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) override {
     KILN_ASSIGN_OR_RETURN(cuda::Session * s, session_for(inputs));
@@ -603,6 +600,14 @@ class DynamicGpuSession : public Session::Impl {
     return r;
   }
 
+  // The shapes' sessions share one arena, each on its own stream: a run queued without waiting
+  // (Session::enqueue) ends before another session's work starts.
+  void settle(cuda::Session* next) {
+    if (queued_ && queued_ != next) queued_->wait();
+    if (queued_ != next) queued_ = nullptr;
+  }
+  cuda::Session* queued_ = nullptr;  // the session whose run may still be queued
+
   Expected<cuda::Session*> session_for(const std::vector<Data>& inputs) {
     Shapes shapes;
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -621,8 +626,10 @@ class DynamicGpuSession : public Session::Impl {
     PlanKey key = plan_key(shapes, values);
     if (auto it = sessions_.find(key); it != sessions_.end()) {
       it->second.last_use = ++clock_;
+      settle(it->second.session.get());
       return it->second.session.get();
     }
+    settle(nullptr);  // a new session readies itself with a forward in the shared arena (and may evict)
     KILN_ASSIGN_OR_RETURN(std::shared_ptr<ShapePlan> p, e_->plan_for(shapes, values, DynamicGpuEngine::PlanUse::kRunning));
     if (sessions_.size() >= kKeptSessions) {  // the least recently used shape's arena goes first
       auto lru = std::min_element(sessions_.begin(), sessions_.end(),

@@ -52,10 +52,16 @@ struct HttpServer::Impl {
     };
   }
 
-  // guarded(f) for a POST whose body is not read (see routes()).
+  // guarded(f) for a POST whose body kiln does not use (see routes()): a declared body is read and
+  // dropped, so the next request on the kept-alive connection starts where this one ends.
   template <typename F>
   static httplib::Server::HandlerWithContentReader bodyless(F f) {
-    return [g = guarded(f)](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader&) { g(req, res); };
+    return [g = guarded(f)](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
+      if (req.has_header("Content-Length") || req.get_header_value("Transfer-Encoding") == "chunked") {
+        read([](const char*, size_t) { return true; });
+      }
+      g(req, res);
+    };
   }
 
   void infer(const httplib::Request& req, httplib::Response& res) {

@@ -70,6 +70,7 @@ Scheduler::~Scheduler() {
   stopping_ = true;
   queued_.notify_all();
   drained_.wait(lock, [&] { return callers_ == 0; });
+  queued_.notify_all();  // the queue is empty now and stays so: workers asleep on a busy slot leave
   lock.unlock();
   for (std::thread& t : workers_) t.join();
 }
@@ -130,6 +131,12 @@ Expected<std::vector<HostTensor>> Scheduler::run(const std::vector<TensorView>& 
     run_batch(lock, *idle, until);
   } else {
     queued_.notify_all();
+  }
+  if (!p.taken && Clock::now() >= until) {  // its deadline passed while it formed the batch (lock held since)
+    queue_.erase(std::find(queue_.begin(), queue_.end(), &p));
+    queued_.notify_all();
+    throw HttpError{504, "the request timed out after " + std::to_string(us_between(p.enqueued, Clock::now())) +
+                             " us in the queue, before it ran"};
   }
   if (until == Clock::time_point::max()) {
     p.answered.wait(lock, [&] { return p.done; });
@@ -238,7 +245,7 @@ bool Scheduler::launch(Slot& slot, const std::vector<Pending*>& batch, InFlight&
   for (const Pending* p : batch) f.rows += p->rows;
   std::optional<std::vector<std::vector<int64_t>>> shapes = scatter_shapes(batch, f.rows);
   if (!shapes) return false;
-  try {
+  try {  // anything that fails here (staging out of device memory...) is execute()'s to try and report
     if (!slot.staging) slot.staging.emplace();
     std::vector<TensorView> views;
     for (size_t k = 0; k < batch[0]->inputs->size(); ++k) views.push_back(gather_on_device(batch, k, f.rows, *slot.staging));
@@ -248,7 +255,7 @@ bool Scheduler::launch(Slot& slot, const std::vector<Pending*>& batch, InFlight&
       return false;
     }
     slot.staging->mark();
-  } catch (const std::exception&) {  // staging that failed: execute() tries again and reports it
+  } catch (...) {  // HttpError or std::exception: nothing answered yet; execute() runs it on the same streams
     return false;
   }
   for (const Pending* p : batch) metrics_.queue_us += us_between(p->enqueued, f.start);
@@ -403,6 +410,9 @@ std::optional<std::vector<std::vector<int64_t>>> Scheduler::scatter_shapes(const
                                                                           int64_t rows) const {
   std::optional<std::vector<std::vector<int64_t>>> shapes = output_shapes(rows);
   if (!shapes || settings_.max_batch_size <= 0) return std::nullopt;
+  for (const std::vector<int64_t>& shape : *shapes) {  // not a batch along dim 0: execute() says so
+    if (shape.empty() || shape[0] != rows) return std::nullopt;
+  }
   for (const Pending* p : batch) {
     if (!p->targets) return std::nullopt;
     for (size_t k = 0; k < outputs_.size(); ++k) {

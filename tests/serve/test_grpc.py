@@ -63,6 +63,12 @@ max_batch_size: 8
 dynamic_batching { max_queue_delay_microseconds: 2000 }
 instance_group [ { count: 2 } ]
 """
+# A 2 s queue delay and request timeouts honoured: a lone request waits for company until its timeout.
+PATIENT_CONFIG = """
+max_batch_size: 8
+dynamic_batching { max_queue_delay_microseconds: 2000000 default_queue_policy { allow_timeout_override: true } }
+instance_group [ { count: 1 } ]
+"""
 TABLE = np.arange(40, dtype=np.float32).reshape(10, 4)
 
 
@@ -107,6 +113,9 @@ def server(tmp_path_factory):
     write_mlp(os.path.join(repo, "two", "1", "model.onnx"), 1)
     with open(os.path.join(repo, "two", "config.pbtxt"), "w") as f:
         f.write(TWO_CONFIG)
+    write_gather(os.path.join(repo, "patient", "1", "model.onnx"))
+    with open(os.path.join(repo, "patient", "config.pbtxt"), "w") as f:
+        f.write(PATIENT_CONFIG)
     write_gather(os.path.join(repo, "preferred", "1", "model.onnx"))
     with open(os.path.join(repo, "preferred", "config.pbtxt"), "w") as f:
         f.write(PREFERRED_CONFIG)
@@ -284,6 +293,23 @@ def test_a_bad_request_does_not_fail_its_batch(server):
     i.set_data_from_numpy(np.array([[0, 1]], np.int64))
     np.testing.assert_array_equal(tg.InferenceServerClient(server.url).infer("gather", [i], timeout=2**63 - 1)
                                   .as_numpy("y"), TABLE[[[0, 1]]])
+
+
+def test_a_lone_request_times_out_while_it_waits_for_a_batch(server):
+    """Alone in the queue, the request's own handler thread forms the batch; when its 50 ms timeout
+    passes during the 2 s queue delay it is answered "timed out" then, and never runs."""
+    i = tg.InferInput("ids", [1, 2], "INT64")
+    i.set_data_from_numpy(np.array([[0, 1]], np.int64))
+    before = counters(server, "patient", 1)
+    start = time.monotonic()
+    with pytest.raises(InferenceServerException, match="timed out"):
+        tg.InferenceServerClient(server.url).infer("patient", [i], timeout=50000)
+    elapsed = time.monotonic() - start
+    assert 0.04 <= elapsed < 1.0, elapsed
+    after = counters(server, "patient", 1)
+    assert after.get("nv_inference_exec_count", 0) == before.get("nv_inference_exec_count", 0)
+    # The model serves the next request as usual (it waits out the delay alone, then runs).
+    np.testing.assert_array_equal(tg.InferenceServerClient(server.url).infer("patient", [i]).as_numpy("y"), TABLE[[[0, 1]]])
 
 
 def slow_input(rows):

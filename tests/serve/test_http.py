@@ -179,6 +179,20 @@ def test_repository_load_unload(server):
     index = json.loads(r.read())
     assert r.status == 200 and any(m["name"] == "mlp" and m.get("version") == "2" and m["state"] == "UNAVAILABLE"
                                    for m in index), index
+    # A body the repository POSTs do not use, sent after the headers, is read and dropped: the next
+    # request on the same kept-alive connection is answered as its own.
+    conn.putrequest("POST", "/v2/repository/index")
+    conn.putheader("Content-Length", "4000")
+    conn.endheaders()
+    time.sleep(0.1)
+    conn.send(b"x" * 4000)
+    r = conn.getresponse()
+    assert r.status == 200, r.read()
+    r.read()
+    conn.request("GET", "/v2/health/ready")
+    r = conn.getresponse()
+    assert r.status == 200, r.read()
+    r.read()
     conn.close()
     x = np.ones((2, 4), np.float32)
     i = th.InferInput("x", [2, 4], "FP32")

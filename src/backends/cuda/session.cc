@@ -421,6 +421,34 @@ class CudaSession : public Session {
     }
     // The forward starts after the caller's queued work (which may be producing the inputs).
     auto caller = static_cast<cudaStream_t>(stream);
+    if (!wait) {  // a queued run that fails part way returns once what it queued is done
+      Status st = queue_buffers(inputs, outputs, caller);
+      if (!st) cudaStreamSynchronize(stream_);
+      return st;
+    }
+    return run_buffers_waiting(inputs, outputs, caller);
+  }
+
+ private:
+  // run_buffers' work once the buffers are checked: queued and left for the caller's stream to wait
+  // for, or waited for here (with the index-bound check).
+  Status queue_buffers(const std::vector<IoBuffer>& inputs, const std::vector<IoBuffer>& outputs, cudaStream_t caller) {
+    KILN_RETURN_IF_ERROR(copy_in_and_run(inputs, outputs, caller));
+    KILN_CUDA_TRY(cudaEventRecord(done_event_, stream_));
+    return cuda_status(cudaStreamWaitEvent(caller, done_event_), "cudaStreamWaitEvent");
+  }
+  Status run_buffers_waiting(const std::vector<IoBuffer>& inputs, const std::vector<IoBuffer>& outputs, cudaStream_t caller) {
+    const DevicePlan& P = e_->plan;
+    KILN_RETURN_IF_ERROR(copy_in_and_run(inputs, outputs, caller));
+    if (P.bad_index_slots) {
+      KILN_CUDA_TRY(cudaMemcpyAsync(bad_host_, ctx_.bad_index, sizeof(int) * size_t(P.bad_index_slots),
+                                    cudaMemcpyDeviceToHost, stream_));
+    }
+    KILN_CUDA_TRY(cudaStreamSynchronize(stream_));
+    return check_bad_indices();
+  }
+  Status copy_in_and_run(const std::vector<IoBuffer>& inputs, const std::vector<IoBuffer>& outputs, cudaStream_t caller) {
+    const DevicePlan& P = e_->plan;
     KILN_CUDA_TRY(cudaEventRecord(io_event_, caller));
     KILN_CUDA_TRY(cudaStreamWaitEvent(stream_, io_event_));
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -437,20 +465,8 @@ class CudaSession : public Session {
       KILN_CUDA_TRY(cudaMemcpyAsync(outputs[i].data, ctx_.ptr(d.ref), io_bytes(d),
                                     outputs[i].on_device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost, stream_));
     }
-    if (!wait) {  // the caller's stream goes on once the outputs are written
-      KILN_CUDA_TRY(cudaEventRecord(done_event_, stream_));
-      KILN_CUDA_TRY(cudaStreamWaitEvent(caller, done_event_));
-      return Status::ok();
-    }
-    if (P.bad_index_slots) {
-      KILN_CUDA_TRY(cudaMemcpyAsync(bad_host_, ctx_.bad_index, sizeof(int) * size_t(P.bad_index_slots),
-                                    cudaMemcpyDeviceToHost, stream_));
-    }
-    KILN_CUDA_TRY(cudaStreamSynchronize(stream_));
-    return check_bad_indices();
+    return Status::ok();
   }
-
- private:
   Status run_steps() {
     for (size_t i = 0; i < e_->fns.size(); ++i) KILN_RETURN_IF_ERROR(run_step(i));
     return Status::ok();

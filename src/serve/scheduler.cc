@@ -127,24 +127,23 @@ Expected<std::vector<HostTensor>> Scheduler::run(const std::vector<TensorView>& 
       }
     }
   }
+  // A request still queued at its deadline leaves the queue, never to run (lock held).
+  auto time_out = [&] {
+    queue_.erase(std::find(queue_.begin(), queue_.end(), &p));
+    queued_.notify_all();  // a batch forming around this request looks again
+    return HttpError{504, "the request timed out after " + std::to_string(us_between(p.enqueued, Clock::now())) +
+                              " us in the queue, before it ran"};
+  };
   if (idle) {
     run_batch(lock, *idle, until);
   } else {
     queued_.notify_all();
   }
-  if (!p.taken && Clock::now() >= until) {  // its deadline passed while it formed the batch (lock held since)
-    queue_.erase(std::find(queue_.begin(), queue_.end(), &p));
-    queued_.notify_all();
-    throw HttpError{504, "the request timed out after " + std::to_string(us_between(p.enqueued, Clock::now())) +
-                             " us in the queue, before it ran"};
-  }
+  if (!p.taken && Clock::now() >= until) throw time_out();  // passed while it formed the batch (lock held since)
   if (until == Clock::time_point::max()) {
     p.answered.wait(lock, [&] { return p.done; });
   } else if (!p.answered.wait_until(lock, until, [&] { return p.done; }) && !p.taken) {
-    queue_.erase(std::find(queue_.begin(), queue_.end(), &p));
-    queued_.notify_all();  // a batch forming around this request looks again
-    throw HttpError{504, "the request timed out after " + std::to_string(us_between(p.enqueued, Clock::now())) +
-                             " us in the queue, before it ran"};
+    throw time_out();
   } else {
     p.answered.wait(lock, [&] { return p.done; });  // taken in time: it runs to the end
   }
@@ -155,6 +154,7 @@ void Scheduler::work(Slot& slot) {
   std::optional<InFlight> flying;  // a batch queued on the GPU, not yet answered
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
+    std::vector<Pending*> batch;
     if (flying) {
       // Once the GPU is done with it, the next batch (formed from what queued meanwhile, when that
       // needs no waiting) is queued before this one's requests are answered: the answers (a thread
@@ -164,42 +164,29 @@ void Scheduler::work(Slot& slot) {
       lock.unlock();
       finish(slot, *flying);
       lock.lock();
-      std::vector<Pending*> next;
-      if (!queue_.empty() && !forming_ && forms_now()) next = take(lock, Clock::time_point::max());
-      lock.unlock();
-      std::optional<InFlight> queued;
-      if (next.empty() || !launch(slot, next, queued.emplace())) queued.reset();
-      lock.lock();
-      answer(flying->batch);
-      if (!next.empty() && !queued) {  // not for the GPU's queue: run as it comes
-        lock.unlock();
-        execute_batch(slot, next);
-        lock.lock();
-        answer(next);
-      }
-      flying = std::move(queued);
-      if (!flying) {
-        slot.busy = false;
-        if (!queue_.empty()) queued_.notify_all();
-      }
-      continue;
+      if (!queue_.empty() && !forming_ && forms_now()) batch = take(lock, Clock::time_point::max());
+    } else {
+      queued_.wait(lock, [&] { return (stopping_ && queue_.empty()) || (!queue_.empty() && !forming_ && !slot.busy); });
+      if (queue_.empty()) return;  // stopping, and every request answered or being answered
+      slot.busy = true;
+      batch = take(lock, Clock::time_point::max());
     }
-    queued_.wait(lock, [&] { return (stopping_ && queue_.empty()) || (!queue_.empty() && !forming_ && !slot.busy); });
-    if (queue_.empty()) return;  // stopping, and every request answered or being answered
-    slot.busy = true;
-    std::vector<Pending*> batch = take(lock, Clock::time_point::max());
     lock.unlock();
-    InFlight f;
-    const bool queued = !batch.empty() && launch(slot, batch, f);
-    if (!queued && !batch.empty()) execute_batch(slot, batch);
+    std::optional<InFlight> queued;
+    if (batch.empty() || !launch(slot, batch, queued.emplace())) queued.reset();
     lock.lock();
-    if (queued) {
-      flying = std::move(f);
-      continue;
+    if (flying) answer(flying->batch);
+    if (!batch.empty() && !queued) {  // not for the GPU's queue: run as it comes
+      lock.unlock();
+      execute_batch(slot, batch);
+      lock.lock();
+      answer(batch);
     }
-    answer(batch);
-    slot.busy = false;
-    if (!queue_.empty()) queued_.notify_all();
+    flying = std::move(queued);
+    if (!flying) {
+      slot.busy = false;
+      if (!queue_.empty()) queued_.notify_all();
+    }
   }
 }
 
@@ -255,12 +242,12 @@ bool Scheduler::launch(Slot& slot, const std::vector<Pending*>& batch, InFlight&
       return false;
     }
     slot.staging->mark();
+    f.out = std::move(*out);
   } catch (...) {  // HttpError or std::exception: nothing answered yet; execute() runs it on the same streams
     return false;
   }
   for (const Pending* p : batch) metrics_.queue_us += us_between(p->enqueued, f.start);
   f.batch = batch;
-  f.shapes = std::move(*shapes);
   return true;
 }
 
@@ -281,11 +268,7 @@ void Scheduler::finish(Slot& slot, InFlight& f) {
       continue;
     }
     std::vector<HostTensor> mine;  // written in the request's regions: shapes only
-    for (size_t k = 0; k < outputs_.size(); ++k) {
-      std::vector<int64_t> shape = f.shapes[k];
-      shape[0] = p->rows;
-      mine.emplace_back(outputs_[k].dtype, std::move(shape), nullptr, nullptr);
-    }
+    for (const HostTensor& t : f.out) mine.push_back(slice_rows(t, 0, p->rows));
     p->result = std::move(mine);
   }
 }

@@ -12,7 +12,7 @@
 // that arrives to an empty queue, with a session idle and no batch forming, is run by the thread
 // that called run() (a server's handler thread): it forms the batch itself (others arriving
 // meanwhile join it) and runs it on the idle session, with no hand-off to a worker and back (two
-// thread wake-ups, each tens to hundreds of microseconds on a virtual machine). Under load the queue
+// thread wake-ups; bench/RESULTS.md, thirty-ninth session, has what that saved). Under load the queue
 // is rarely empty and the workers, which go from one batch to the next without waking, do the work.
 // A worker whose batch lies in device memory (CUDA shared memory in and out) queues it on the GPU
 // (Session::enqueue, the copies after it) and, once it is done, queues the next batch (when one
@@ -90,7 +90,7 @@ class Scheduler {
   // A batch queued on the GPU, answered once the staging stream passes its mark.
   struct InFlight {
     std::vector<Pending*> batch;
-    std::vector<std::vector<int64_t>> shapes;  // the outputs' (the batch's rows)
+    std::vector<HostTensor> out;  // the outputs' shapes (the batch's rows), no data
     int64_t rows = 0;
     Clock::time_point start;
   };

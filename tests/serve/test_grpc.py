@@ -260,7 +260,6 @@ def test_two_sessions_under_bursts_answer_every_request_with_its_own_rows(server
     assert not errors and sum(answered) == 24 * 20, (errors[:3], sum(answered))
     after = counters(server, "two", 1)
     assert after["nv_inference_request_success"] - before.get("nv_inference_request_success", 0) == 24 * 20
-    assert after["nv_inference_exec_count"] - before.get("nv_inference_exec_count", 0) <= 24 * 20
 
 
 def test_a_bad_request_does_not_fail_its_batch(server):

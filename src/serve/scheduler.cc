@@ -53,8 +53,12 @@ struct Scheduler::Pending {
   const std::vector<OutputTarget>* targets = nullptr;
   int64_t rows = 1;
   Clock::time_point enqueued;
+  bool taken = false;  // by a batch (the scheduler's lock)
+  // Answered under the request's own lock, not the scheduler's: the threads woken by a batch's
+  // answers each take only their own, while new requests queue and the next batch forms.
+  std::mutex m;
   std::condition_variable answered;
-  bool taken = false, done = false;
+  bool done = false;  // m
   std::optional<Expected<std::vector<HostTensor>>> result;
 };
 
@@ -109,13 +113,21 @@ Expected<std::vector<HostTensor>> Scheduler::run(const std::vector<TensorView>& 
   }
   queue_.push_back(&p);
   ++callers_;
-  // Leaves with the lock held on every path: the destructor waits for the last caller.
+  // The destructor waits for the last caller to leave (told under the scheduler's lock, which the
+  // caller holds when it leaves with an error and not when it leaves answered).
   struct Leave {
     Scheduler& s;
+    std::unique_lock<std::mutex>& lock;
     ~Leave() {
-      if (--s.callers_ == 0 && s.stopping_) s.drained_.notify_all();
+      if (--s.callers_ != 0 || !s.stopping_) return;
+      if (lock.owns_lock()) {
+        s.drained_.notify_all();
+      } else {
+        std::lock_guard<std::mutex> g(s.mu_);
+        s.drained_.notify_all();
+      }
     }
-  } leave{*this};
+  } leave{*this, lock};
   // Alone in the queue, with a session idle and no batch forming: this thread forms and runs the
   // batch itself (no hand-off to a worker and back). Otherwise a worker (or the batch forming) is told.
   Slot* idle = nullptr;
@@ -140,12 +152,17 @@ Expected<std::vector<HostTensor>> Scheduler::run(const std::vector<TensorView>& 
     queued_.notify_all();
   }
   if (!p.taken && Clock::now() >= until) throw time_out();  // passed while it formed the batch (lock held since)
+  lock.unlock();
+  std::unique_lock<std::mutex> mine(p.m);
   if (until == Clock::time_point::max()) {
-    p.answered.wait(lock, [&] { return p.done; });
-  } else if (!p.answered.wait_until(lock, until, [&] { return p.done; }) && !p.taken) {
-    throw time_out();
-  } else {
-    p.answered.wait(lock, [&] { return p.done; });  // taken in time: it runs to the end
+    p.answered.wait(mine, [&] { return p.done; });
+  } else if (!p.answered.wait_until(mine, until, [&] { return p.done; })) {
+    mine.unlock();
+    lock.lock();
+    if (!p.taken) throw time_out();
+    lock.unlock();
+    mine.lock();
+    p.answered.wait(mine, [&] { return p.done; });  // taken in time: it runs to the end
   }
   return std::move(*p.result);
 }
@@ -174,14 +191,12 @@ void Scheduler::work(Slot& slot) {
     lock.unlock();
     std::optional<InFlight> queued;
     if (batch.empty() || !launch(slot, batch, queued.emplace())) queued.reset();
-    lock.lock();
     if (flying) answer(flying->batch);
     if (!batch.empty() && !queued) {  // not for the GPU's queue: run as it comes
-      lock.unlock();
       execute_batch(slot, batch);
-      lock.lock();
       answer(batch);
     }
+    lock.lock();
     flying = std::move(queued);
     if (!flying) {
       slot.busy = false;
@@ -192,6 +207,8 @@ void Scheduler::work(Slot& slot) {
 
 void Scheduler::answer(const std::vector<Pending*>& batch) {
   for (Pending* p : batch) {
+    // Told under its lock: its caller cannot leave (and free it) before this is done with it.
+    std::lock_guard<std::mutex> g(p->m);
     p->done = true;
     p->answered.notify_one();
   }
@@ -215,8 +232,8 @@ void Scheduler::run_batch(std::unique_lock<std::mutex>& lock, Slot& slot, Clock:
   if (!batch.empty()) {
     lock.unlock();
     execute_batch(slot, batch);
-    lock.lock();
     answer(batch);
+    lock.lock();
   }
   slot.busy = false;
   if (!queue_.empty()) queued_.notify_all();  // the slot's worker may take the next batch

@@ -19,6 +19,7 @@
 // forms without waiting) before it answers the first: the answers overlap the next run.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -102,7 +103,8 @@ class Scheduler {
   void finish(Slot& slot, InFlight& f);
   // execute() with its failures turned into the requests' results. Without the lock.
   void execute_batch(Slot& slot, const std::vector<Pending*>& batch);
-  // Marks a batch's requests answered and wakes their callers (lock held).
+  // Marks a batch's requests answered and wakes their callers, each under its own lock (without the
+  // scheduler's).
   static void answer(const std::vector<Pending*>& batch);
   // Whether the batch at the head of the queue would be formed without waiting (lock held, queue
   // not empty).
@@ -159,8 +161,9 @@ class Scheduler {
   std::condition_variable drained_;  // for the destructor: the last caller left
   std::deque<Pending*> queue_;
   bool forming_ = false;  // a caller is waiting for a batch to fill
-  bool stopping_ = false;
-  int callers_ = 0;  // threads inside run()
+  // Written under mu_; read without it by a caller leaving answered (run()'s Leave).
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> callers_{0};  // threads inside run()
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<std::thread> workers_;  // one a slot
 };

@@ -7,7 +7,8 @@
 #
 #   bash bench/serve-gpu.sh BIN OUT [DELAY_US] [INSTANCES] [SHM] [PROTOCOLS] [CONCURRENCY]
 #   (BIN: the unpacked pack's bin/; defaults 200, 1, cuda, grpc,http, 1,8,32,64; SHM: none, system or
-#   cuda, comma-separated - where the tensors travel)
+#   cuda, comma-separated - where the tensors travel; PROTOCOLS may add grpc-async). SOAK=M (minutes)
+#   then keeps the load on and samples the server's host and GPU memory (serve_load.py --soak-minutes).
 set -euo pipefail
 BIN=$1
 OUT=$2
@@ -34,4 +35,4 @@ fi
 PYTHONUNBUFFERED=1 python3 bench/serve_load.py --kiln "$BIN/kiln" --model /tmp/r50.kiln --device cuda \
   --max-batch-size 64 --delay-us "$DELAY" --input-dims 3x224x224 --input-names input --instances "$INSTANCES" \
   --engine-batches 1,32,64 --engine-shapes 'input:{b}x3x224x224' --client cpp --protocols "$PROTOCOLS" \
-  --shared-memory "$SHM" --output-shared-memory-size 4096 --concurrency "$CONCURRENCY" --seconds 8 --out "$OUT/serve-gpu.json"
+  --shared-memory "$SHM" --output-shared-memory-size 4096 --concurrency "$CONCURRENCY" --seconds 8 --soak-minutes "${SOAK:-0}" --out "$OUT/serve-gpu.json"

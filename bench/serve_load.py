@@ -5,13 +5,16 @@
     python3 bench/serve_load.py --kiln build/kiln [--model models/efficientnet-lite0/model.onnx]
         [--device cpu] [--precision fp32] [--max-batch-size 8 --delay-us 2000 --input-dims 3x224x224]
         [--instances 2] [--protocols http,grpc] [--concurrency 1,4,16,64] [--seconds 10] [--out r.json]
-        [--client python|cpp] [--engine-batches 1,64 --engine-shapes input:{b}x3x224x224]
+        [--client python|cpp] [--engine-batches 1,64 --engine-shapes input:{b}x3x224x224] [--soak-minutes M]
 
 --model may be an engine file (model.kiln, e.g. built with `kiln build --shapes input:1..64x3x224x224`),
 served as it is; `kiln bench` then times it at --engine-shapes with {b} replaced by each engine batch.
 --client cpp drives the server with kiln-serve-load (C++ threads, built beside kiln), for GPU rates;
 with it, --shared-memory none,system,cuda repeats each protocol's levels with the inputs in a registered
-shared memory region (and, with --output-shared-memory-size, the outputs) instead of in the requests.
+shared memory region (and, with --output-shared-memory-size, the outputs) instead of in the requests,
+and --protocols takes grpc-async: gRPC requests driven through completion queues by a few client threads
+(perf_analyzer's --async) instead of a blocked thread each. --soak-minutes M then keeps the load on
+for M minutes at changing concurrencies and fails when the server's host or GPU memory grows (issue 30).
 
 A temporary repository holds the model (built at load); with --max-batch-size > 0 its config.pbtxt
 turns on the dynamic batcher (the model's dim 0 must be a batch; --input-dims gives the other dims of
@@ -125,12 +128,66 @@ def per_request(a, b):
             "rows_per_execution": d.get("nv_inference_count", 0.0) / execs if execs else 0.0}
 
 
+def server_memory(pid, metrics_port):
+    """The server's resident memory (MiB) and, from its own gauge, the GPU memory in use (MiB; nan
+    without a GPU)."""
+    rss = float("nan")
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) / 1024
+    gpu = float("nan")
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("nv_gpu_memory_used_bytes"):
+                gpu = float(line.rsplit(" ", 1)[1]) / 2**20
+    return rss, gpu
+
+
+def soak(args, run, pid, metrics_port):
+    """--soak-minutes of load in 20 s rounds at concurrencies that make different batches (1, 7, 33,
+    the largest level), the server's memory sampled after each round. Growth is judged on the second
+    half (allocators, caches and the dynamic engine's per-shape plans settle in the first): the
+    least-squares slope and the largest minus the first sample; more than 8 MiB of host or device
+    memory there fails, as does any failed request (bench/soak.py's bounds)."""
+    top = max(int(x) for x in args.concurrency.split(","))
+    cycle = [1, 7, 33, top]
+    samples, requests, failures = [], 0, 0
+    t0 = time.time()
+    while time.time() - t0 < args.soak_minutes * 60:
+        r = run(cycle[len(samples) % len(cycle)], 20.0)
+        requests += r["requests"]
+        failures += r.get("failures", len(r["errors"]))
+        rss, gpu = server_memory(pid, metrics_port)
+        samples.append({"minutes": (time.time() - t0) / 60, "rss_mib": rss, "gpu_mib": gpu, "requests": requests})
+        print(json.dumps({"soak": samples[-1]}), flush=True)
+    half = [x for x in samples if x["minutes"] >= samples[-1]["minutes"] / 2]
+    out = {"minutes": samples[-1]["minutes"], "requests": requests, "failures": failures, "samples": samples}
+    ok = failures == 0
+    for key in ("rss_mib", "gpu_mib"):
+        v = [x[key] for x in half]
+        if any(x != x for x in v):  # nan: not measured
+            continue
+        t = [x["minutes"] for x in half]
+        n, mt, mv = len(v), sum(t) / len(t), sum(v) / len(v)
+        den = sum((a - mt) ** 2 for a in t)
+        out[key] = {"first": samples[0][key], "last": samples[-1][key],
+                    "slope_per_min": sum((a - mt) * (b - mv) for a, b in zip(t, v)) / den if n > 2 and den else 0.0,
+                    "second_half_growth": max(v) - v[0]}
+        ok &= out[key]["second_half_growth"] <= 8
+    out["ok"] = ok
+    print(json.dumps({"soak_result": {k: v for k, v in out.items() if k != "samples"}}), flush=True)
+    return out
+
+
 def level_cpp(args, protocol, url, concurrency, seconds, shm="none"):
     """The same level driven by kiln-serve-load (C++ threads), tensors in shared memory or not."""
     tool = os.path.join(os.path.dirname(os.path.abspath(args.kiln)), "kiln-serve-load")
     extra = ["--shared-memory", shm] if shm != "none" else []
     if shm != "none" and args.output_shared_memory_size:
         extra += ["--output-shared-memory-size", str(args.output_shared_memory_size)]
+    if protocol == "grpc-async":  # gRPC driven by completion queues (perf_analyzer's --async)
+        protocol, extra = "grpc", extra + ["--async"]
     out = subprocess.run([tool, "--url", url, "--protocol", protocol, "--model", "m", "--concurrency", str(concurrency),
                           "--seconds", str(seconds)] + extra, capture_output=True, text=True, timeout=seconds + 300)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
@@ -139,6 +196,7 @@ def level_cpp(args, protocol, url, concurrency, seconds, shm="none"):
     r = json.loads(lines[-1])
     r["errors"] = [r["first_error"]] if r.get("failures") else []
     r["client"] = "cpp"
+    r["protocol"] = "grpc-async" if r.get("async") else r["protocol"]
     return r
 
 
@@ -199,7 +257,7 @@ def main():
     ap.add_argument("--preferred", default="", help="the batcher's preferred_batch_size list, comma-separated")
     ap.add_argument("--input-dims", default="")
     ap.add_argument("--instances", type=int, default=1)
-    ap.add_argument("--protocols", default="http,grpc")
+    ap.add_argument("--protocols", default="http,grpc", help="http, grpc, and with --client cpp grpc-async")
     ap.add_argument("--concurrency", default="1,4,16,64")
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--engine-batches", default="1", help="batches `kiln bench` times the engine at")
@@ -208,8 +266,12 @@ def main():
     ap.add_argument("--client", default="python", choices=["python", "cpp"])
     ap.add_argument("--shared-memory", default="none", help="with --client cpp: none, system, cuda (comma-separated)")
     ap.add_argument("--output-shared-memory-size", type=int, default=0, help="bytes per output region per client thread")
+    ap.add_argument("--soak-minutes", type=float, default=0,
+                    help="after the levels: load for this long, the server's memory sampled (issue 30)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
+    if "grpc-async" in args.protocols.split(",") and args.client != "cpp":
+        ap.error("--protocols grpc-async needs --client cpp")
 
     result = {"model": args.model, "device": args.device,
               "precision": "as built (engine file)" if args.model.endswith(".kiln") else args.precision,
@@ -241,7 +303,7 @@ def main():
                 time.sleep(0.5)
             with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/m", timeout=30) as r:
                 meta = json.loads(r.read())
-            urls = {"http": f"127.0.0.1:{http_port}", "grpc": f"127.0.0.1:{grpc_port}"}
+            urls = {"http": f"127.0.0.1:{http_port}", "grpc": f"127.0.0.1:{grpc_port}", "grpc-async": f"127.0.0.1:{grpc_port}"}
             modes = args.shared_memory.split(",") if args.client == "cpp" else ["none"]
             for protocol, shm in ((p, m) for p in args.protocols.split(",") for m in modes):
                 if args.client == "cpp":
@@ -255,6 +317,8 @@ def main():
                     r["server"] = per_request(before, server_counters(metrics_port))
                     result["levels"].append(r)
                     print(json.dumps(r), flush=True)
+            if args.soak_minutes > 0:
+                result["soak"] = soak(args, run, server.pid, metrics_port)
             # Triton's GPU gauges (NVML) as the server reports them after the load.
             with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as r:
                 result["gpu_metrics"] = [line for line in r.read().decode().splitlines() if line.startswith("nv_gpu_")]
@@ -265,7 +329,8 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
-    return 0 if all(not r["errors"] for r in result["levels"]) else 1
+    soak_ok = result.get("soak", {}).get("ok", True)
+    return 0 if soak_ok and all(not r["errors"] for r in result["levels"]) else 1
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ each answered with their own rows; timeouts, a full queue, malformed requests; l
 load leaving the serving versions in place.
 """
 import contextlib
+import json
 import os
 import shutil
+import subprocess
 import threading
 import time
 import urllib.request
@@ -260,6 +262,26 @@ def test_two_sessions_under_bursts_answer_every_request_with_its_own_rows(server
     assert not errors and sum(answered) == 24 * 20, (errors[:3], sum(answered))
     after = counters(server, "two", 1)
     assert after["nv_inference_request_success"] - before.get("nv_inference_request_success", 0) == 24 * 20
+
+
+@pytest.mark.parametrize("mode", [["--protocol", "grpc"], ["--protocol", "grpc", "--async", "--client-threads", "2"],
+                                  ["--protocol", "http"]], ids=["grpc", "grpc-async", "http"])
+def test_load_tool_counts_every_request_the_server_answered(server, mode):
+    """kiln-serve-load (bench/serve_load.py's client for GPU rates) against two sessions: no failure,
+    and as many requests answered as the server counted, each of one row."""
+    tool = os.path.join(os.path.dirname(os.path.abspath(KILN)), "kiln-serve-load")
+    url = server.http if "http" in mode else server.grpc
+    before = counters(server, "two", 1)
+    out = subprocess.run([tool, "--url", url, "--model", "two", "--concurrency", "6", "--seconds", "1.5"] + mode,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    after = counters(server, "two", 1)
+    assert r["failures"] == 0 and r["requests"] > 20, r
+    assert r["async"] == ("--async" in mode)
+    assert after["nv_inference_request_success"] - before["nv_inference_request_success"] == r["requests"]
+    assert after["nv_inference_count"] - before["nv_inference_count"] == r["requests"]
+    assert 0 < r["p50_ms"] <= r["p99_ms"]
 
 
 def test_a_bad_request_does_not_fail_its_batch(server):

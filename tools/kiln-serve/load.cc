@@ -2,7 +2,7 @@
 // client half of bench/serve_load.py where Python clients would be the bottleneck (GPU rates).
 //
 //   kiln-serve-load --url 127.0.0.1:8001 --protocol grpc|http --model M [--version V]
-//                   [--concurrency 64] [--seconds 10] [--batch 1]
+//                   [--concurrency 64] [--seconds 10] [--batch 1] [--async [--client-threads 4]]
 //                   [--shared-memory none|system|cuda [--output-shared-memory-size BYTES]]
 //
 // Reads the model's inputs from its metadata, makes one request of `batch` rows per input (random
@@ -229,6 +229,8 @@ int main(int argc, char** argv) {
   int concurrency = 1, batch = 1;
   size_t output_shm_size = 0;
   double seconds = 10;
+  bool async = false;
+  int client_threads = 4;
   CLI::App app{"kiln-serve-load: closed-loop load on a KServe v2 server (gRPC or HTTP binary tensors)"};
   app.add_option("--url", url, "host:port");
   app.add_option("--protocol", protocol)->check(CLI::IsMember({"grpc", "http"}));
@@ -240,7 +242,13 @@ int main(int argc, char** argv) {
   app.add_option("--shared-memory", shared_memory, "inputs in a registered region instead of the requests")
       ->check(CLI::IsMember({"none", "system", "cuda"}));
   app.add_option("--output-shared-memory-size", output_shm_size, "with --shared-memory: bytes per output in a region per thread");
+  app.add_flag("--async", async, "gRPC: requests driven by completion queues, not a thread each");
+  app.add_option("--client-threads", client_threads, "with --async: threads driving the requests")->check(CLI::Range(1, 256));
   CLI11_PARSE(app, argc, argv);
+  if (async && protocol != "grpc") {
+    std::fprintf(stderr, "kiln-serve-load: error: --async is for --protocol grpc\n");
+    return 2;
+  }
 
   // The model's inputs and outputs, from its metadata.
   std::vector<Tensor> meta;
@@ -367,15 +375,71 @@ int main(int argc, char** argv) {
   const Clock::time_point stop = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   std::vector<std::thread> threads;
   const Clock::time_point t0 = Clock::now();
-  for (int k = 0; k < concurrency; ++k) {
+  // One connection per request in flight (channel arguments that differ keep gRPC from sharing one).
+  auto make_stub = [&](int k) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(INT32_MAX);
+    args.SetInt("kiln.load.thread", k);
+    return inference::GRPCInferenceService::NewStub(grpc::CreateCustomChannel(url, grpc::InsecureChannelCredentials(), args));
+  };
+  // --async: thread t drives requests t, t + T, ... on its own completion queue; each answer starts
+  // that request again until the time is up.
+  struct Call {
+    std::unique_ptr<inference::GRPCInferenceService::Stub> stub;
+    std::unique_ptr<grpc::ClientContext> ctx;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<inference::ModelInferResponse>> reader;
+    inference::ModelInferResponse r;
+    grpc::Status s;
+    Clock::time_point start;
+  };
+  const int drivers = async ? std::min(client_threads, concurrency) : 0;
+  for (int t = 0; t < drivers; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<double> mine;
+      grpc::CompletionQueue cq;
+      std::vector<std::unique_ptr<Call>> calls;
+      auto start = [&](Call& c, int k) {
+        c.ctx = std::make_unique<grpc::ClientContext>();
+        c.r.Clear();
+        c.start = Clock::now();
+        c.reader = c.stub->AsyncModelInfer(c.ctx.get(), requests[size_t(k)].grpc, &cq);
+        c.reader->Finish(&c.r, &c.s, reinterpret_cast<void*>(intptr_t(k)));
+      };
+      for (int k = t; k < concurrency; k += drivers) {
+        calls.push_back(std::make_unique<Call>());
+        calls.back()->stub = make_stub(k);
+      }
+      size_t running = 0;
+      for (int k = t; k < concurrency; k += drivers, ++running) start(*calls[size_t((k - t) / drivers)], k);
+      void* tag = nullptr;
+      bool ok = false;
+      while (running > 0 && cq.Next(&tag, &ok)) {
+        const int k = int(reinterpret_cast<intptr_t>(tag));
+        Call& c = *calls[size_t((k - t) / drivers)];
+        const Clock::time_point now = Clock::now();
+        if (!ok || !c.s.ok()) {
+          totals.fail(ok ? c.s.error_message() : "the completion queue failed the call");
+        } else {
+          mine.push_back(std::chrono::duration<double, std::milli>(now - c.start).count());
+        }
+        if (now < stop) {
+          start(c, k);
+        } else {
+          --running;
+        }
+      }
+      cq.Shutdown();
+      while (cq.Next(&tag, &ok)) {
+      }
+      std::lock_guard<std::mutex> lock(totals.mu);
+      totals.ms.insert(totals.ms.end(), mine.begin(), mine.end());
+    });
+  }
+  for (int k = 0; k < (async ? 0 : concurrency); ++k) {
     threads.emplace_back([&, k] {
       std::vector<double> mine;
       if (protocol == "grpc") {
-        grpc::ChannelArguments args;
-        args.SetMaxReceiveMessageSize(INT32_MAX);
-        args.SetInt("kiln.load.thread", k);  // a channel (connection) of its own per thread
-        auto stub = inference::GRPCInferenceService::NewStub(
-            grpc::CreateCustomChannel(url, grpc::InsecureChannelCredentials(), args));
+        auto stub = make_stub(k);
         while (Clock::now() < stop) {
           grpc::ClientContext ctx;
           inference::ModelInferResponse r;
@@ -416,6 +480,7 @@ int main(int argc, char** argv) {
     if (output_shm_size) registration(url, protocol, out_region, true, err);
   }
   nlohmann::json out = {{"protocol", protocol},
+                        {"async", async},
                         {"shared_memory", shared_memory},
                         {"concurrency", concurrency},
                         {"batch", batch},

@@ -23,8 +23,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
-#include <functional>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <memory>
@@ -67,16 +65,6 @@ class Scheduler {
   // rows (400).
   Expected<std::vector<HostTensor>> run(const std::vector<TensorView>& inputs, uint64_t timeout_us,
                                         Clock::time_point deadline, const std::vector<OutputTarget>* targets = nullptr);
-  // What submit() answers with: the result, and the HTTP status of a failure (504 for a request that
-  // timed out in the queue, else status_of(result)); 200 when it succeeded.
-  using Done = std::function<void(Expected<std::vector<HostTensor>> result, int status)>;
-  // run() without waiting (a server whose handlers must not block: gRPC's callback API). `done` is
-  // called once: on a worker thread, on the timer thread (a timeout), or on this thread before
-  // submit returns (a request run here: alone in the queue, a session idle, nothing to wait for).
-  // A request refused at once throws HttpError as run() does, and `done` is not called. The inputs
-  // and targets must stay alive until `done` returns; the scheduler is not destroyed before then.
-  void submit(const std::vector<TensorView>& inputs, uint64_t timeout_us, Clock::time_point deadline,
-              const std::vector<OutputTarget>* targets, Done done);
   int sessions() const { return int(slots_.size()); }
 
  private:
@@ -115,22 +103,9 @@ class Scheduler {
   void finish(Slot& slot, InFlight& f);
   // execute() with its failures turned into the requests' results. Without the lock.
   void execute_batch(Slot& slot, const std::vector<Pending*>& batch);
-  // Marks a batch's requests answered and wakes their callers, each under its own lock, or calls a
-  // submitted request's `done` (without the scheduler's lock).
-  void answer(const std::vector<Pending*>& batch);
-  // A request's checks and deadline, shared by run() and submit(): throws HttpError for a bad one.
-  void prepare(Pending& p, const std::vector<TensorView>& inputs, uint64_t timeout_us, Clock::time_point deadline,
-               const std::vector<OutputTarget>* targets) const;
-  // Queues `p` (lock held); throws HttpError 503 when stopping or the queue is full.
-  void enqueue(Pending& p);
-  // A slot that can run `p` on the calling thread: p alone in the queue, no batch forming, a slot idle
-  // (lock held); null otherwise.
-  Slot* idle_slot();
-  // One caller or submitted request fewer; tells the destructor when it was the last. `locked`:
-  // whether this thread holds the lock.
-  void leave(bool locked);
-  // The timer thread: answers submitted requests that are still queued at their deadline (504).
-  void expire();
+  // Marks a batch's requests answered and wakes their callers, each under its own lock (without the
+  // scheduler's).
+  static void answer(const std::vector<Pending*>& batch);
   // Whether the batch at the head of the queue would be formed without waiting (lock held, queue
   // not empty).
   bool forms_now() const;
@@ -184,16 +159,13 @@ class Scheduler {
   std::mutex mu_;
   std::condition_variable queued_;   // for the caller forming a batch: a request was queued or left, or stopping
   std::condition_variable drained_;  // for the destructor: the last caller left
-  std::condition_variable timer_;    // for the timer thread: a submitted request with a deadline came, or stopping
-  std::multimap<Clock::time_point, Pending*> deadlines_;  // submitted requests queued with a deadline
   std::deque<Pending*> queue_;
   bool forming_ = false;  // a caller is waiting for a batch to fill
   // Written under mu_; read without it by a caller leaving answered (run()'s Leave).
   std::atomic<bool> stopping_{false};
-  std::atomic<int> callers_{0};  // threads inside run() and submitted requests not yet answered
+  std::atomic<int> callers_{0};  // threads inside run()
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<std::thread> workers_;  // one a slot
-  std::thread timer_thread_;
 };
 
 }  // namespace kiln::serve

@@ -129,8 +129,8 @@ def per_request(a, b):
 
 
 def server_memory(pid, metrics_port):
-    """The server's resident memory (MiB) and, from its own gauge, the GPU memory in use (MiB; nan
-    without a GPU)."""
+    """The server's resident memory (MiB) and, from its own gauge, the first GPU's memory in use by
+    every process on it (MiB; nan without a GPU)."""
     rss = float("nan")
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -139,42 +139,53 @@ def server_memory(pid, metrics_port):
     gpu = float("nan")
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as r:
         for line in r.read().decode().splitlines():
-            if line.startswith("nv_gpu_memory_used_bytes"):
+            if line.startswith("nv_gpu_memory_used_bytes") and gpu != gpu:  # the first GPU's
                 gpu = float(line.rsplit(" ", 1)[1]) / 2**20
     return rss, gpu
 
 
 def soak(args, run, pid, metrics_port):
     """--soak-minutes of load in 20 s rounds at concurrencies that make different batches (1, 7, 33,
-    the largest level), the server's memory sampled after each round. Growth is judged on the second
-    half (allocators, caches and the dynamic engine's per-shape plans settle in the first): the
-    least-squares slope and the largest minus the first sample; more than 8 MiB of host or device
-    memory there fails, as does any failed request (bench/soak.py's bounds)."""
+    the largest level), the last protocol and shared-memory mode of the levels, the server's memory
+    sampled after each round. Memory differs with the concurrency (request buffers, threads' malloc
+    arenas), so growth is judged between rounds at the same concurrency, in the second half (allocators,
+    caches and the dynamic engine's per-shape plans settle in the first): for each concurrency the
+    largest sample minus its first, and the least-squares slope of the largest concurrency's samples.
+    More than 8 MiB of host or GPU memory fails (bench/soak.py's bound), as does any failed request."""
     top = max(int(x) for x in args.concurrency.split(","))
     cycle = [1, 7, 33, top]
     samples, requests, failures = [], 0, 0
     t0 = time.time()
-    while time.time() - t0 < args.soak_minutes * 60:
-        r = run(cycle[len(samples) % len(cycle)], 20.0)
+    while time.time() - t0 < args.soak_minutes * 60 or len(samples) < 2 * len(cycle):
+        c = cycle[len(samples) % len(cycle)]
+        r = run(c, 20.0)
         requests += r["requests"]
         failures += r.get("failures", len(r["errors"]))
         rss, gpu = server_memory(pid, metrics_port)
-        samples.append({"minutes": (time.time() - t0) / 60, "rss_mib": rss, "gpu_mib": gpu, "requests": requests})
+        samples.append({"minutes": (time.time() - t0) / 60, "concurrency": c, "rss_mib": rss, "gpu_mib": gpu,
+                        "requests": requests})
         print(json.dumps({"soak": samples[-1]}), flush=True)
     half = [x for x in samples if x["minutes"] >= samples[-1]["minutes"] / 2]
     out = {"minutes": samples[-1]["minutes"], "requests": requests, "failures": failures, "samples": samples}
     ok = failures == 0
     for key in ("rss_mib", "gpu_mib"):
-        v = [x[key] for x in half]
-        if any(x != x for x in v):  # nan: not measured
+        if any(x[key] != x[key] for x in half):  # nan: not measured
             continue
-        t = [x["minutes"] for x in half]
-        n, mt, mv = len(v), sum(t) / len(t), sum(v) / len(v)
-        den = sum((a - mt) ** 2 for a in t)
-        out[key] = {"first": samples[0][key], "last": samples[-1][key],
-                    "slope_per_min": sum((a - mt) * (b - mv) for a, b in zip(t, v)) / den if n > 2 and den else 0.0,
-                    "second_half_growth": max(v) - v[0]}
-        ok &= out[key]["second_half_growth"] <= 8
+        growth = 0.0
+        for c in cycle:
+            v = [x[key] for x in half if x["concurrency"] == c]
+            if v:
+                growth = max(growth, max(v) - v[0])
+        t = [x["minutes"] for x in half if x["concurrency"] == top]
+        v = [x[key] for x in half if x["concurrency"] == top]
+        slope = 0.0
+        if len(v) > 2:
+            mt, mv = sum(t) / len(t), sum(v) / len(v)
+            den = sum((a - mt) ** 2 for a in t)
+            slope = sum((a - mt) * (b - mv) for a, b in zip(t, v)) / den if den else 0.0
+        out[key] = {"first": samples[0][key], "last": samples[-1][key], "slope_per_min": slope,
+                    "second_half_growth": growth}
+        ok &= growth <= 8
     out["ok"] = ok
     print(json.dumps({"soak_result": {k: v for k, v in out.items() if k != "samples"}}), flush=True)
     return out

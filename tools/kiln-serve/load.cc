@@ -399,6 +399,7 @@ int main(int argc, char** argv) {
       grpc::CompletionQueue cq;
       std::vector<std::unique_ptr<Call>> calls;
       auto start = [&](Call& c, int k) {
+        c.reader.reset();  // it lives in the old call's arena, which the old context frees
         c.ctx = std::make_unique<grpc::ClientContext>();
         c.r.Clear();
         c.start = Clock::now();

@@ -7,7 +7,7 @@
 cmake_language(DEFER DIRECTORY ${CMAKE_SOURCE_DIR} CALL _kiln_fuzz_link_libfuzzer)
 function(_kiln_fuzz_link_libfuzzer)
   foreach(_t kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run kiln_fuzz_engine kiln_fuzz_ir_text kiln_fuzz_kserve
-          kiln_fuzz_grpc)
+          kiln_fuzz_grpc kiln_fuzz_calib)
     if(NOT TARGET ${_t})
       message(FATAL_ERROR "tests/fuzz/fuzz.cmake: no ${_t} target (configure with -DKILN_FUZZ=ON)")
     endif()

@@ -5,9 +5,11 @@
 # file loader (tests/fuzz/fuzz_engine.cc, seeded from tests/fuzz/corpus-engine), the IR text
 # parser (tests/fuzz/fuzz_ir_text.cc, seeded with the pass goldens' graphs) and the KServe v2
 # request decoder of `kiln serve` (tests/fuzz/fuzz_kserve.cc, seeded from tests/fuzz/corpus-kserve) and
-# its gRPC request decoder (tests/fuzz/fuzz_grpc.cc, seeded from tests/fuzz/corpus-grpc).
+# its gRPC request decoder (tests/fuzz/fuzz_grpc.cc, seeded from tests/fuzz/corpus-grpc), and
+# calibration folders with the QDQ models `kiln quantize` writes from them (tests/fuzz/fuzz_calib.cc,
+# seeded here with every folder layout and the usual mistakes).
 #
-#   bash tests/fuzz/run.sh [BUILD_DIR] [SECONDS] [each]  (make fuzz: build-fuzz, 60 s; make
+#   bash tests/fuzz/run.sh [BUILD_DIR] [SECONDS] [each]  (make fuzz: build-fuzz, 45 s; make
 #                                                        fuzz-long SECONDS=N: N s for every target)
 #
 # Configures BUILD_DIR with clang and ASan+UBSan+libFuzzer instrumentation, builds only the fuzz
@@ -66,8 +68,9 @@ cmake -S "$ROOT" -B "$BUILD" \
   echo "fuzz: cmake configure failed (log: $BUILD/fuzz-configure.log)" >&2
   exit 2
 }
-cmake --build "$BUILD" --target kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run kiln_fuzz_engine kiln_fuzz_ir_text kiln_fuzz_kserve kiln_fuzz_grpc -j "$(nproc)"
-for t in kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run kiln_fuzz_engine kiln_fuzz_ir_text kiln_fuzz_kserve kiln_fuzz_grpc; do
+cmake --build "$BUILD" --target kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run kiln_fuzz_engine kiln_fuzz_ir_text kiln_fuzz_kserve kiln_fuzz_grpc kiln_fuzz_calib -j "$(nproc)"
+for t in kiln_fuzz_import kiln_fuzz_npy kiln_fuzz_run kiln_fuzz_engine kiln_fuzz_ir_text kiln_fuzz_kserve kiln_fuzz_grpc \
+         kiln_fuzz_calib; do
   [[ -x "$BUILD/tests/$t" ]] || { echo "fuzz: $BUILD/tests/$t was not built" >&2; exit 2; }
 done
 
@@ -253,4 +256,42 @@ GRPC_CORPUS="$BUILD/grpc-corpus"
 mkdir -p "$GRPC_CORPUS"
 fuzz_target kiln_fuzz_grpc "$QUARTER" "$BUILD/artifacts-grpc" "$BUILD/fuzz-grpc.log" "$GRPC_CORPUS" \
   "$ROOT/tests/fuzz/corpus-grpc" || status=1
+# Calibration folders in fuzz_calib.cc's record format: the three layouts calibration.h reads, each
+# quantization option, and the mistakes users make (wrong dtype, shape or name, NaN, constant data).
+CALIB_SEEDS="$BUILD/calib-seeds" CALIB_CORPUS="$BUILD/calib-corpus"
+rm -rf "$CALIB_SEEDS"
+mkdir -p "$CALIB_SEEDS" "$CALIB_CORPUS"
+python3 - "$CALIB_SEEDS" <<'PY'
+import io, os, struct, sys
+import numpy as np
+out = sys.argv[1]
+rng = np.random.default_rng(1)
+def npy(a):
+    b = io.BytesIO()
+    np.save(b, a)
+    return b.getvalue()
+def seed(name, options, files):
+    data = bytes([options])
+    for path, a in files:
+        body = a if isinstance(a, bytes) else npy(a)
+        data += bytes([len(path)]) + path.encode() + struct.pack("<I", len(body)) + body
+    open(os.path.join(out, name), "wb").write(data)
+img = lambda *lead: rng.standard_normal(lead + (3, 6, 6)).astype(np.float32)
+off = lambda *lead: rng.standard_normal(lead + (10,)).astype(np.float32)
+per_sample = [(f"s{i}/{n}", a) for i in range(3) for n, a in (("image.npy", img(1)), ("offset_1.npy", off(1)))]
+for opt in (0x00, 0x01, 0x02, 0x04, 0x05, 0x08, 0x10, 0x20, 0x31):
+    seed(f"per-sample-{opt:02x}", opt, per_sample)
+seed("stacked-new-axis", 0x00, [("image.npy", img(4, 1)), ("offset_1.npy", off(4, 1))])
+seed("stacked-own-axis", 0x04, [("image.npy", img(4)), ("offset_1.npy", off(4))])
+seed("wrong-dtype", 0x00, [("image.npy", img(2).astype(np.float64)), ("offset_1.npy", off(2))])
+seed("wrong-shape", 0x00, [("image.npy", rng.standard_normal((2, 3, 5, 6)).astype(np.float32)), ("offset_1.npy", off(2))])
+nan = img(2); nan[1, 2, 3, 4] = np.nan
+seed("nan", 0x00, [("image.npy", nan), ("offset_1.npy", off(2))])
+seed("constant", 0x02, [("image.npy", np.ones((2, 3, 6, 6), np.float32)), ("offset_1.npy", np.ones((2, 10), np.float32))])
+seed("missing-input", 0x00, [("s0/image.npy", img(1))])
+seed("row-mismatch", 0x00, [("image.npy", img(3)), ("offset_1.npy", off(2))])
+seed("truncated", 0x00, [("image.npy", npy(img(2))[:200]), ("offset_1.npy", off(2))])
+seed("empty-folder", 0x00, [])
+PY
+fuzz_target kiln_fuzz_calib "$QUARTER" "$BUILD/artifacts-calib" "$BUILD/fuzz-calib.log" "$CALIB_CORPUS" "$CALIB_SEEDS" || status=1
 exit "$status"

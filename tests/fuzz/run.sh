@@ -19,7 +19,8 @@
 # (crash, sanitizer report, leak, timeout, OOM); the inputs are kept in BUILD_DIR/artifacts
 # (importer), BUILD_DIR/artifacts-npy and BUILD_DIR/artifacts-run. Re-running reuses the build and
 # the grown corpora. tests/fuzz/corpus holds committed regression models, read by the importer and
-# run targets every time.
+# run targets every time, and QDQ models as users bring them (onnxruntime's quantize_static S8S8 and
+# U8S8 per channel, kiln's own int8 and FP8 E4M3: grouped and plain convolutions, MatMul, Gemm).
 #
 # Layout of BUILD_DIR:
 #   tests/kiln_fuzz_import   the importer fuzzer (replay one input: tests/kiln_fuzz_import FILE)

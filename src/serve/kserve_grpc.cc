@@ -41,13 +41,127 @@ grpc::Status guarded(F f) {
 }
 
 // The client's deadline on the steady clock (max when it set none or one past a day).
-Clock::time_point steady_deadline(const grpc::ServerContext& ctx) {
+Clock::time_point steady_deadline(const grpc::ServerContextBase& ctx) {
   const auto left = ctx.deadline() - std::chrono::system_clock::now();
   if (left > std::chrono::hours(24)) return Clock::time_point::max();
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(left);
 }
 
-class Service final : public inference::GRPCInferenceService::Service {
+// One ModelInfer call on gRPC's callback API: decoded and submitted to the model's scheduler on the
+// gRPC thread that received it, which returns at once (unless the request runs there: alone, a session
+// idle); answered (encoded, Finish) by one of the scheduler's answer threads, or by the thread that
+// ran it. On the H200 at 64 clients this answered 8-13% more calls a second than the synchronous API
+// (a thread blocked per call in flight); answered by the worker that ran the batch, 11% fewer
+// (bench/RESULTS.md, fortieth session).
+class InferCall final : public grpc::ServerUnaryReactor {
+ public:
+  InferCall(Repository& repo, SharedMemory& shm, grpc::CallbackServerContext& ctx, const inference::ModelInferRequest& q,
+            inference::ModelInferResponse& r)
+      : repo_(repo), shm_(shm), ctx_(ctx), q_(q), r_(r) {}
+
+  void start() {
+    // The model is held here only: once submitted, the scheduler is not destroyed before it has
+    // answered (an unload waits), and the answer must not drop the last reference on the thread that
+    // runs it (a worker of that scheduler).
+    std::shared_ptr<LoadedModel> m;
+    grpc::Status refused = guarded([&] {
+      m = repo_.find(q_.model_name(), q_.model_version());
+      model_ = m.get();
+      counted_.emplace(*m);
+      decode();
+      m->submit(views_, grpc_timeout_us(q_), steady_deadline(ctx_), &targets_,
+                [this](Expected<std::vector<HostTensor>> out, int status) { complete(std::move(out), status); });
+    });
+    if (!refused.ok()) {  // nothing submitted: answered here
+      counted_.reset();
+      Finish(refused);
+    }
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void decode() {
+    const auto& infos = model_->engine().inputs();
+    inputs_ = decode_grpc_inputs(q_, infos);
+    shm_.attach(inputs_);
+    for (size_t k = 0; k < inputs_.size(); ++k) {
+      if (!inputs_[k].info) {
+        throw HttpError{400, "input '" + infos[k].name + "' of model '" + model_->name() + "' is missing"};
+      }
+      views_.push_back(inputs_[k].view());
+    }
+    const auto& onfo = model_->engine().outputs();
+    for (const auto& o : q_.outputs()) {  // output index, a region to write it into
+      size_t k = 0;
+      while (k < onfo.size() && onfo[k].name != o.name()) ++k;
+      if (k == onfo.size()) throw HttpError{400, "unknown output '" + o.name() + "' for model '" + model_->name() + "'"};
+      for (const auto& w : wanted_) {
+        if (w.first == k) throw HttpError{400, "output '" + o.name() + "' is requested twice"};
+      }
+      wanted_.emplace_back(k, shm_ref_grpc(o.parameters(), "output '" + o.name() + "'"));
+    }
+    if (q_.outputs_size() == 0) {
+      for (size_t k = 0; k < onfo.size(); ++k) wanted_.emplace_back(k, std::nullopt);
+    }
+    // Outputs that name a region are written there by the thread that runs the request.
+    std::vector<std::pair<size_t, const ShmRef*>> in_shm;
+    for (const auto& [k, ref] : wanted_) in_shm.emplace_back(k, ref ? &*ref : nullptr);
+    targets_ = shm_.targets(in_shm, onfo, keep_);
+  }
+
+  // The scheduler's answer, on the thread that ran the batch (or the timer's, or start()'s).
+  void complete(Expected<std::vector<HostTensor>> out, int status) {
+    grpc::Status s = guarded([&] {
+      if (!out) throw HttpError{status, out.status().message()};
+      encode(*out);
+      counted_->answered();
+    });
+    counted_.reset();  // counted before the client has its answer
+    Finish(s);
+  }
+
+  void encode(const std::vector<HostTensor>& out) {
+    const auto& onfo = model_->engine().outputs();
+    r_.set_model_name(model_->name());
+    r_.set_model_version(std::to_string(model_->version()));
+    r_.set_id(q_.id());
+    for (const auto& [k, ref] : wanted_) {
+      const HostTensor& t = out[k];
+      auto* o = r_.add_outputs();
+      o->set_name(onfo[k].name);
+      o->set_datatype(kserve_type(t.dtype()).value_or("?"));
+      for (int64_t d : t.shape()) o->add_shape(d);
+      if (!ref) {
+        r_.add_raw_output_contents(encode_binary(t));
+        continue;
+      }
+      // In the region; an empty raw entry keeps raw_output_contents in step with outputs.
+      const uint64_t written = shm_.written(*ref, targets_[k], t, onfo[k].name);
+      auto& p = *o->mutable_parameters();
+      p["shared_memory_region"].set_string_param(ref->region);
+      p["shared_memory_byte_size"].set_int64_param(int64_t(written));
+      if (ref->offset) p["shared_memory_offset"].set_int64_param(int64_t(ref->offset));
+      r_.add_raw_output_contents();
+    }
+  }
+
+  Repository& repo_;
+  SharedMemory& shm_;
+  grpc::CallbackServerContext& ctx_;
+  const inference::ModelInferRequest& q_;
+  inference::ModelInferResponse& r_;
+  LoadedModel* model_ = nullptr;
+  std::optional<CountedRequest> counted_;
+  std::vector<Input> inputs_;
+  std::vector<TensorView> views_;
+  std::vector<std::pair<size_t, std::optional<ShmRef>>> wanted_;
+  std::vector<std::shared_ptr<const void>> keep_;
+  std::vector<OutputTarget> targets_;
+};
+
+// ModelInfer on the callback API (InferCall), every other method synchronous.
+class Service final : public inference::GRPCInferenceService::WithCallbackMethod_ModelInfer<
+                          inference::GRPCInferenceService::Service> {
  public:
   Service(Repository& r, SharedMemory& shm) : repo_(r), shm_(shm) {}
 
@@ -99,9 +213,11 @@ class Service final : public inference::GRPCInferenceService::Service {
                            inference::ModelConfigResponse* r) override {
     return guarded([&] { *r->mutable_config() = repo_.find(q->name(), q->version())->config(); });
   }
-  grpc::Status ModelInfer(grpc::ServerContext* ctx, const inference::ModelInferRequest* q,
-                          inference::ModelInferResponse* r) override {
-    return guarded([&] { infer(*ctx, *q, *r); });
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* ctx, const inference::ModelInferRequest* q,
+                                       inference::ModelInferResponse* r) override {
+    auto* call = new InferCall(repo_, shm_, *ctx, *q, *r);
+    call->start();  // may be answered, and deleted, before it returns
+    return call;
   }
   grpc::Status RepositoryIndex(grpc::ServerContext*, const inference::RepositoryIndexRequest* q,
                                inference::RepositoryIndexResponse* r) override {
@@ -170,63 +286,6 @@ class Service final : public inference::GRPCInferenceService::Service {
   }
 
  private:
-  void infer(const grpc::ServerContext& ctx, const inference::ModelInferRequest& q, inference::ModelInferResponse& r) {
-    std::shared_ptr<LoadedModel> m = repo_.find(q.model_name(), q.model_version());
-    CountedRequest counted(*m);
-    const auto& infos = m->engine().inputs();
-    std::vector<Input> inputs = decode_grpc_inputs(q, infos);
-    shm_.attach(inputs);
-    std::vector<TensorView> views;
-    for (size_t k = 0; k < inputs.size(); ++k) {
-      if (!inputs[k].info) throw HttpError{400, "input '" + infos[k].name + "' of model '" + m->name() + "' is missing"};
-      views.push_back(inputs[k].view());
-    }
-    const uint64_t timeout_us = grpc_timeout_us(q);
-    const auto& onfo = m->engine().outputs();
-    std::vector<std::pair<size_t, std::optional<ShmRef>>> wanted;  // output index, a region to write it into
-    for (const auto& o : q.outputs()) {
-      size_t k = 0;
-      while (k < onfo.size() && onfo[k].name != o.name()) ++k;
-      if (k == onfo.size()) throw HttpError{400, "unknown output '" + o.name() + "' for model '" + m->name() + "'"};
-      for (const auto& w : wanted) {
-        if (w.first == k) throw HttpError{400, "output '" + o.name() + "' is requested twice"};
-      }
-      wanted.emplace_back(k, shm_ref_grpc(o.parameters(), "output '" + o.name() + "'"));
-    }
-    if (q.outputs_size() == 0) {
-      for (size_t k = 0; k < onfo.size(); ++k) wanted.emplace_back(k, std::nullopt);
-    }
-    // Outputs that name a region are written there by the worker that runs the request.
-    std::vector<std::pair<size_t, const ShmRef*>> in_shm;
-    for (const auto& [k, ref] : wanted) in_shm.emplace_back(k, ref ? &*ref : nullptr);
-    std::vector<std::shared_ptr<const void>> keep;
-    const std::vector<OutputTarget> targets = shm_.targets(in_shm, onfo, keep);
-    auto out = m->infer(views, timeout_us, steady_deadline(ctx), &targets);
-    if (!out) throw HttpError{status_of(out.status()), out.status().message()};
-    r.set_model_name(m->name());
-    r.set_model_version(std::to_string(m->version()));
-    r.set_id(q.id());
-    for (const auto& [k, ref] : wanted) {
-      const HostTensor& t = (*out)[k];
-      auto* o = r.add_outputs();
-      o->set_name(onfo[k].name);
-      o->set_datatype(kserve_type(t.dtype()).value_or("?"));
-      for (int64_t d : t.shape()) o->add_shape(d);
-      if (!ref) {
-        r.add_raw_output_contents(encode_binary(t));
-        continue;
-      }
-      // In the region; an empty raw entry keeps raw_output_contents in step with outputs.
-      const uint64_t written = shm_.written(*ref, targets[k], t, onfo[k].name);
-      auto& p = *o->mutable_parameters();
-      p["shared_memory_region"].set_string_param(ref->region);
-      p["shared_memory_byte_size"].set_int64_param(int64_t(written));
-      if (ref->offset) p["shared_memory_offset"].set_int64_param(int64_t(ref->offset));
-      r.add_raw_output_contents();
-    }
-    counted.answered();
-  }
-
   Repository& repo_;
   SharedMemory& shm_;
 };
@@ -250,11 +309,10 @@ bool GrpcServer::start(const std::string& address) {
   // Tensors are large: no 4 MiB limit (the codec bounds what a request may claim).
   b.SetMaxReceiveMessageSize(INT_MAX);
   b.SetMaxSendMessageSize(INT_MAX);
-  // One completion queue with up to 64 threads polling it. A thread that answered a call polls
-  // again unless 64 already do, in which case it exits: a batch's requests are answered together,
-  // and gRPC's default of 2 ended a thread per answer under load and started one per new request.
-  // A queue per core answered fewer calls a second at 64 clients; with 2 pollers each it answered a
-  // lone client sooner (bench/RESULTS.md, thirty-eighth session).
+  // The synchronous methods (all but ModelInfer): one completion queue with up to 64 threads polling
+  // it, as measured for the synchronous ModelInfer before it moved to the callback API (gRPC's
+  // default of 2 pollers ended a thread per answer under load; bench/RESULTS.md, thirty-eighth
+  // session). gRPC runs the callback handlers on the threads that poll.
   b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
   b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 64);
   impl_->server = b.BuildAndStart();

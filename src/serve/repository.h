@@ -52,6 +52,11 @@ class LoadedModel {
                                           const std::vector<OutputTarget>* targets = nullptr) {
     return scheduler_->run(inputs, timeout_us, deadline, targets);
   }
+  // The same without waiting (Scheduler::submit): `done` gets the result.
+  void submit(const std::vector<TensorView>& inputs, uint64_t timeout_us, Clock::time_point deadline,
+              const std::vector<OutputTarget>* targets, Scheduler::Done done) {
+    scheduler_->submit(inputs, timeout_us, deadline, targets, std::move(done));
+  }
 
  private:
   std::string name_;

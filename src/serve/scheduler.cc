@@ -46,14 +46,25 @@ HostTensor slice_rows(const HostTensor& t, int64_t begin, int64_t rows) {
   return HostTensor(t.dtype(), shape, keep, keep->data());
 }
 
+std::string timed_out_message(Clock::time_point enqueued) {
+  return "the request timed out after " + std::to_string(us_between(enqueued, Clock::now())) +
+         " us in the queue, before it ran";
+}
+
 }  // namespace
 
 struct Scheduler::Pending {
   const std::vector<TensorView>* inputs = nullptr;
   const std::vector<OutputTarget>* targets = nullptr;
   int64_t rows = 1;
-  Clock::time_point enqueued;
+  Clock::time_point enqueued, until = Clock::time_point::max();  // until: when it leaves the queue unrun
   bool taken = false;  // by a batch (the scheduler's lock)
+  // Submitted (submit()): answered by calling done_cb, owned by the scheduler until then; with a
+  // deadline, its entry in deadlines_ while it is queued.
+  Done done_cb;
+  std::multimap<Clock::time_point, Pending*>::iterator deadline;
+  bool has_deadline = false;
+  int status = 0;  // 504 once the timer thread gave up on it
   // Answered under the request's own lock, not the scheduler's: the threads woken by a batch's
   // answers each take only their own, while new requests queue and the next batch forms.
   std::mutex m;
@@ -67,6 +78,8 @@ Scheduler::Scheduler(std::vector<Session> sessions, const ModelSettings& setting
     : settings_(settings), metrics_(metrics), outputs_(std::move(outputs)), gpu_(gpu) {
   for (Session& s : sessions) slots_.push_back(std::make_unique<Slot>(std::move(s)));
   for (auto& slot : slots_) workers_.emplace_back([this, s = slot.get()] { work(*s); });
+  timer_thread_ = std::thread([this] { expire(); });
+  for (int k = 0; k < 4; ++k) answerers_.emplace_back([this] { answer_loop(); });
 }
 
 Scheduler::~Scheduler() {
@@ -75,13 +88,20 @@ Scheduler::~Scheduler() {
   queued_.notify_all();
   drained_.wait(lock, [&] { return callers_ == 0; });
   queued_.notify_all();  // the queue is empty now and stays so: workers asleep on a busy slot leave
+  timer_.notify_all();
   lock.unlock();
   for (std::thread& t : workers_) t.join();
+  timer_thread_.join();
+  {
+    std::lock_guard<std::mutex> g(answers_mu_);
+    answers_stop_ = true;  // every submitted request was answered (callers_ is 0)
+  }
+  answers_cv_.notify_all();
+  for (std::thread& t : answerers_) t.join();
 }
 
-Expected<std::vector<HostTensor>> Scheduler::run(const std::vector<TensorView>& inputs, uint64_t timeout_us,
-                                                 Clock::time_point deadline, const std::vector<OutputTarget>* targets) {
-  Pending p;
+void Scheduler::prepare(Pending& p, const std::vector<TensorView>& inputs, uint64_t timeout_us, Clock::time_point deadline,
+                        const std::vector<OutputTarget>* targets) const {
   p.inputs = &inputs;
   if (targets && targets->size() != outputs_.size()) throw HttpError{500, "output targets do not match the engine's outputs"};
   p.targets = targets;
@@ -103,48 +123,59 @@ Expected<std::vector<HostTensor>> Scheduler::run(const std::vector<TensorView>& 
   if (timeout_us && settings_.allow_timeout_override) t = timeout_us;
   if (t > kMaxTimeoutUs) t = 0;  // longer than a day: no timeout (and no overflow in the clock's arithmetic)
   p.enqueued = Clock::now();
-  Clock::time_point until = deadline;
-  if (t && settings_.reject_on_timeout) until = std::min(until, p.enqueued + std::chrono::microseconds(t));
+  p.until = deadline;
+  if (t && settings_.reject_on_timeout) p.until = std::min(p.until, p.enqueued + std::chrono::microseconds(t));
+}
 
-  std::unique_lock<std::mutex> lock(mu_);
+void Scheduler::enqueue(Pending& p) {
   if (stopping_) throw HttpError{503, "the model is being unloaded"};
   if (settings_.max_queue_size && queue_.size() >= settings_.max_queue_size) {
     throw HttpError{503, "the model's queue is full (max_queue_size " + std::to_string(settings_.max_queue_size) + ")"};
   }
   queue_.push_back(&p);
   ++callers_;
+}
+
+Scheduler::Slot* Scheduler::idle_slot() {
+  if (queue_.size() != 1 || forming_) return nullptr;
+  for (auto& slot : slots_) {
+    if (!slot->busy) return slot.get();
+  }
+  return nullptr;
+}
+
+void Scheduler::leave(bool locked) {
+  if (--callers_ != 0 || !stopping_) return;
+  if (locked) {
+    drained_.notify_all();
+  } else {
+    std::lock_guard<std::mutex> g(mu_);
+    drained_.notify_all();
+  }
+}
+
+Expected<std::vector<HostTensor>> Scheduler::run(const std::vector<TensorView>& inputs, uint64_t timeout_us,
+                                                 Clock::time_point deadline, const std::vector<OutputTarget>* targets) {
+  Pending p;
+  prepare(p, inputs, timeout_us, deadline, targets);
+  const Clock::time_point until = p.until;
+  std::unique_lock<std::mutex> lock(mu_);
+  enqueue(p);
   // The destructor waits for the last caller to leave (told under the scheduler's lock, which the
   // caller holds when it leaves with an error and not when it leaves answered).
   struct Leave {
     Scheduler& s;
     std::unique_lock<std::mutex>& lock;
-    ~Leave() {
-      if (--s.callers_ != 0 || !s.stopping_) return;
-      if (lock.owns_lock()) {
-        s.drained_.notify_all();
-      } else {
-        std::lock_guard<std::mutex> g(s.mu_);
-        s.drained_.notify_all();
-      }
-    }
+    ~Leave() { s.leave(lock.owns_lock()); }
   } leave{*this, lock};
   // Alone in the queue, with a session idle and no batch forming: this thread forms and runs the
   // batch itself (no hand-off to a worker and back). Otherwise a worker (or the batch forming) is told.
-  Slot* idle = nullptr;
-  if (queue_.size() == 1 && !forming_) {
-    for (auto& slot : slots_) {
-      if (!slot->busy) {
-        idle = slot.get();
-        break;
-      }
-    }
-  }
+  Slot* idle = idle_slot();
   // A request still queued at its deadline leaves the queue, never to run (lock held).
   auto time_out = [&] {
     queue_.erase(std::find(queue_.begin(), queue_.end(), &p));
     queued_.notify_all();  // a batch forming around this request looks again
-    return HttpError{504, "the request timed out after " + std::to_string(us_between(p.enqueued, Clock::now())) +
-                              " us in the queue, before it ran"};
+    return HttpError{504, timed_out_message(p.enqueued)};
   };
   if (idle) {
     run_batch(lock, *idle, until);
@@ -165,6 +196,60 @@ Expected<std::vector<HostTensor>> Scheduler::run(const std::vector<TensorView>& 
     p.answered.wait(mine, [&] { return p.done; });  // taken in time: it runs to the end
   }
   return std::move(*p.result);
+}
+
+void Scheduler::submit(const std::vector<TensorView>& inputs, uint64_t timeout_us, Clock::time_point deadline,
+                       const std::vector<OutputTarget>* targets, Done done) {
+  auto owned = std::make_unique<Pending>();
+  Pending* p = owned.get();
+  prepare(*p, inputs, timeout_us, deadline, targets);
+  p->done_cb = std::move(done);
+  std::unique_lock<std::mutex> lock(mu_);
+  enqueue(*p);
+  owned.release();  // the scheduler's until answer() calls done_cb
+  if (p->until != Clock::time_point::max()) {
+    p->deadline = deadlines_.emplace(p->until, p);
+    p->has_deadline = true;
+    if (p->deadline == deadlines_.begin()) timer_.notify_one();
+  }
+  // Run here only when the batch forms at once: the callback API's handlers must not block on a
+  // queue delay (gRPC runs them on a few threads).
+  Slot* idle = idle_slot();
+  if (idle && forms_now()) {
+    run_batch(lock, *idle, Clock::time_point::max());
+  } else {
+    queued_.notify_all();
+  }
+}
+
+void Scheduler::expire() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_ || callers_ != 0) {
+    if (deadlines_.empty()) {
+      timer_.wait(lock);
+      continue;
+    }
+    const Clock::time_point first = deadlines_.begin()->first;
+    if (Clock::now() < first) {
+      timer_.wait_until(lock, first);
+      continue;
+    }
+    std::vector<Pending*> late;  // still queued at their deadline (take() removes the taken)
+    const Clock::time_point now = Clock::now();
+    while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+      Pending* p = deadlines_.begin()->second;
+      deadlines_.erase(deadlines_.begin());
+      p->has_deadline = false;
+      queue_.erase(std::find(queue_.begin(), queue_.end(), p));
+      p->status = 504;
+      p->result = Status(ErrorCode::kInvalidArgument, timed_out_message(p->enqueued));
+      late.push_back(p);
+    }
+    queued_.notify_all();  // a batch forming around them looks again
+    lock.unlock();
+    answer(late);
+    lock.lock();
+  }
 }
 
 void Scheduler::work(Slot& slot) {
@@ -205,13 +290,51 @@ void Scheduler::work(Slot& slot) {
   }
 }
 
-void Scheduler::answer(const std::vector<Pending*>& batch) {
+void Scheduler::deliver_done(std::unique_ptr<Pending> own) {
+  Expected<std::vector<HostTensor>> r = std::move(*own->result);
+  const int status = own->status ? own->status : r ? 200 : status_of(r.status());
+  Done done = std::move(own->done_cb);
+  own.reset();
+  try {
+    done(std::move(r), status);
+  } catch (...) {  // the server's to handle; this thread goes on answering
+  }
+  leave(false);
+}
+
+void Scheduler::answer_loop() {
+  std::unique_lock<std::mutex> lock(answers_mu_);
+  for (;;) {
+    answers_cv_.wait(lock, [&] { return answers_stop_ || !answers_.empty(); });
+    if (answers_.empty()) return;
+    std::unique_ptr<Pending> p(answers_.front());
+    answers_.pop_front();
+    lock.unlock();
+    deliver_done(std::move(p));
+    lock.lock();
+  }
+}
+
+void Scheduler::answer(const std::vector<Pending*>& batch, bool here) {
+  size_t handed = 0;
   for (Pending* p : batch) {
+    if (p->done_cb) {
+      if (here) {
+        deliver_done(std::unique_ptr<Pending>(p));
+      } else {
+        std::lock_guard<std::mutex> g(answers_mu_);
+        answers_.push_back(p);
+        ++handed;
+      }
+      continue;
+    }
     // Told under its lock: its caller cannot leave (and free it) before this is done with it.
     std::lock_guard<std::mutex> g(p->m);
     p->done = true;
     p->answered.notify_one();
   }
+  if (handed == 1) answers_cv_.notify_one();
+  if (handed > 1) answers_cv_.notify_all();
 }
 
 void Scheduler::execute_batch(Slot& slot, const std::vector<Pending*>& batch) {
@@ -232,7 +355,7 @@ void Scheduler::run_batch(std::unique_lock<std::mutex>& lock, Slot& slot, Clock:
   if (!batch.empty()) {
     lock.unlock();
     execute_batch(slot, batch);
-    answer(batch);
+    answer(batch, true);  // the thread that formed it answers it
     lock.lock();
   }
   slot.busy = false;
@@ -369,6 +492,10 @@ std::vector<Scheduler::Pending*> Scheduler::take(std::unique_lock<std::mutex>& l
   for (Pending* p : batch) {
     p->taken = true;
     queue_.erase(std::find(queue_.begin(), queue_.end(), p));
+    if (p->has_deadline) {
+      deadlines_.erase(p->deadline);
+      p->has_deadline = false;
+    }
   }
   if (!queue_.empty()) queued_.notify_all();  // another idle worker may form the next batch
   return batch;

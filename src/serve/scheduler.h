@@ -17,12 +17,19 @@
 // A worker whose batch lies in device memory (CUDA shared memory in and out) queues it on the GPU
 // (Session::enqueue, the copies after it) and, once it is done, queues the next batch (when one
 // forms without waiting) before it answers the first: the answers overlap the next run.
+//
+// submit() is run() for a server whose handlers must not block (gRPC's callback API): the request is
+// queued and `done` called with its answer later. A worker hands the submitted requests of a batch it
+// ran to answer threads, which call their `done` (encoding and sending the answer) while it goes on;
+// a timer thread answers those still queued at their deadline.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <memory>
@@ -65,6 +72,16 @@ class Scheduler {
   // rows (400).
   Expected<std::vector<HostTensor>> run(const std::vector<TensorView>& inputs, uint64_t timeout_us,
                                         Clock::time_point deadline, const std::vector<OutputTarget>* targets = nullptr);
+  // What submit() answers with: the result, and the HTTP status of a failure (504 for a request that
+  // timed out in the queue, else status_of(result)); 200 when it succeeded.
+  using Done = std::function<void(Expected<std::vector<HostTensor>> result, int status)>;
+  // run() without waiting (a server whose handlers must not block: gRPC's callback API). `done` is
+  // called once: on a worker thread, on the timer thread (a timeout), or on this thread before
+  // submit returns (a request run here: alone in the queue, a session idle, nothing to wait for).
+  // A request refused at once throws HttpError as run() does, and `done` is not called. The inputs
+  // and targets must stay alive until `done` returns; the scheduler is not destroyed before then.
+  void submit(const std::vector<TensorView>& inputs, uint64_t timeout_us, Clock::time_point deadline,
+              const std::vector<OutputTarget>* targets, Done done);
   int sessions() const { return int(slots_.size()); }
 
  private:
@@ -103,9 +120,28 @@ class Scheduler {
   void finish(Slot& slot, InFlight& f);
   // execute() with its failures turned into the requests' results. Without the lock.
   void execute_batch(Slot& slot, const std::vector<Pending*>& batch);
-  // Marks a batch's requests answered and wakes their callers, each under its own lock (without the
-  // scheduler's).
-  static void answer(const std::vector<Pending*>& batch);
+  // Marks a batch's requests answered and wakes their callers, each under its own lock, and hands the
+  // submitted ones to the answer threads, or with `here` calls their `done` on this thread (without
+  // the scheduler's lock).
+  void answer(const std::vector<Pending*>& batch, bool here = false);
+  // A submitted request's `done` called with its result; the request is freed.
+  void deliver_done(std::unique_ptr<Pending> p);
+  // An answer thread: calls the `done` of the submitted requests a worker answered, so that the
+  // worker goes on to the next batch instead of encoding and sending every answer itself.
+  void answer_loop();
+  // A request's checks and deadline, shared by run() and submit(): throws HttpError for a bad one.
+  void prepare(Pending& p, const std::vector<TensorView>& inputs, uint64_t timeout_us, Clock::time_point deadline,
+               const std::vector<OutputTarget>* targets) const;
+  // Queues `p` (lock held); throws HttpError 503 when stopping or the queue is full.
+  void enqueue(Pending& p);
+  // A slot that can run `p` on the calling thread: p alone in the queue, no batch forming, a slot idle
+  // (lock held); null otherwise.
+  Slot* idle_slot();
+  // One caller or submitted request fewer; tells the destructor when it was the last. `locked`:
+  // whether this thread holds the lock.
+  void leave(bool locked);
+  // The timer thread: answers submitted requests that are still queued at their deadline (504).
+  void expire();
   // Whether the batch at the head of the queue would be formed without waiting (lock held, queue
   // not empty).
   bool forms_now() const;
@@ -159,13 +195,21 @@ class Scheduler {
   std::mutex mu_;
   std::condition_variable queued_;   // for the caller forming a batch: a request was queued or left, or stopping
   std::condition_variable drained_;  // for the destructor: the last caller left
+  std::condition_variable timer_;    // for the timer thread: a submitted request with a deadline came, or stopping
+  std::multimap<Clock::time_point, Pending*> deadlines_;  // submitted requests queued with a deadline
   std::deque<Pending*> queue_;
   bool forming_ = false;  // a caller is waiting for a batch to fill
   // Written under mu_; read without it by a caller leaving answered (run()'s Leave).
   std::atomic<bool> stopping_{false};
-  std::atomic<int> callers_{0};  // threads inside run()
+  std::atomic<int> callers_{0};  // threads inside run() and submitted requests not yet answered
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<std::thread> workers_;  // one a slot
+  std::thread timer_thread_;
+  std::mutex answers_mu_;
+  std::condition_variable answers_cv_;
+  std::deque<Pending*> answers_;  // submitted requests answered by a worker, their `done` not yet called
+  bool answers_stop_ = false;     // answers_mu_
+  std::vector<std::thread> answerers_;
 };
 
 }  // namespace kiln::serve

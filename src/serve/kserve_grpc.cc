@@ -216,7 +216,7 @@ class Service final : public inference::GRPCInferenceService::WithCallbackMethod
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* ctx, const inference::ModelInferRequest* q,
                                        inference::ModelInferResponse* r) override {
     auto* call = new InferCall(repo_, shm_, *ctx, *q, *r);
-    call->start();  // may be answered, and deleted, before it returns
+    call->start();  // may be answered (Finish) before it returns
     return call;
   }
   grpc::Status RepositoryIndex(grpc::ServerContext*, const inference::RepositoryIndexRequest* q,
@@ -312,7 +312,8 @@ bool GrpcServer::start(const std::string& address) {
   // The synchronous methods (all but ModelInfer): one completion queue with up to 64 threads polling
   // it, as measured for the synchronous ModelInfer before it moved to the callback API (gRPC's
   // default of 2 pollers ended a thread per answer under load; bench/RESULTS.md, thirty-eighth
-  // session). gRPC runs the callback handlers on the threads that poll.
+  // session). These options do not reach the callback handlers: gRPC runs them on threads of its
+  // own, which a request run inline (Scheduler::submit) holds for its run.
   b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
   b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 64);
   impl_->server = b.BuildAndStart();

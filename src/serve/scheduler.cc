@@ -207,19 +207,19 @@ void Scheduler::submit(const std::vector<TensorView>& inputs, uint64_t timeout_u
   std::unique_lock<std::mutex> lock(mu_);
   enqueue(*p);
   owned.release();  // the scheduler's until answer() calls done_cb
-  if (p->until != Clock::time_point::max()) {
-    p->deadline = deadlines_.emplace(p->until, p);
-    p->has_deadline = true;
-    if (p->deadline == deadlines_.begin()) timer_.notify_one();
-  }
   // Run here only when the batch forms at once: the callback API's handlers must not block on a
   // queue delay (gRPC runs them on a few threads).
   Slot* idle = idle_slot();
   if (idle && forms_now()) {
     run_batch(lock, *idle, Clock::time_point::max());
-  } else {
-    queued_.notify_all();
+    return;
   }
+  if (p->until != Clock::time_point::max()) {  // queued: the timer answers it if it is still there then
+    p->deadline = deadlines_.emplace(p->until, p);
+    p->has_deadline = true;
+    if (p->deadline == deadlines_.begin()) timer_.notify_one();
+  }
+  queued_.notify_all();
 }
 
 void Scheduler::expire() {

@@ -76,8 +76,9 @@ class Scheduler {
   // timed out in the queue, else status_of(result)); 200 when it succeeded.
   using Done = std::function<void(Expected<std::vector<HostTensor>> result, int status)>;
   // run() without waiting (a server whose handlers must not block: gRPC's callback API). `done` is
-  // called once: on a worker thread, on the timer thread (a timeout), or on this thread before
-  // submit returns (a request run here: alone in the queue, a session idle, nothing to wait for).
+  // called once: on an answer thread (a worker ran it), on the thread that formed its batch (a caller
+  // of run(), or this one before submit returns: alone in the queue, a session idle, nothing to wait
+  // for), or on the timer thread (504).
   // A request refused at once throws HttpError as run() does, and `done` is not called. The inputs
   // and targets must stay alive until `done` returns; the scheduler is not destroyed before then.
   void submit(const std::vector<TensorView>& inputs, uint64_t timeout_us, Clock::time_point deadline,

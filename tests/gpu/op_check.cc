@@ -123,7 +123,8 @@ const std::set<std::string> kThroughPasses = {
     "groupnorm_export_form", "conv_group_norm_silu_nhwc_wide", "qmatmul_u8s8_per_channel_bias", "qmatmul_s8s8_zero_point", "qmatmul_fp8_per_channel_bias",
     "qmatmul_fp8_per_tensor", "qmatmul_s8s8_residual_gelu", "qmatmul_u8s8_multi_tile", "qmatmul_fp8_multi_tile",
     "qmatmul_u8_zero_point_37", "qmatmul_s8s8_bias_through_cast",
-    "attention_swin_windows", "attention_sdpa_guarded", "conv_group_norm_silu_one_launch", "conv_group_norm_silu_three_launches"};
+    "attention_swin_windows", "attention_sdpa_guarded", "conv_group_norm_silu_one_launch", "conv_group_norm_silu_three_launches",
+    "conv_add_emb_group_norm_silu_one_launch", "conv_add_emb_group_norm_three_launches", "conv_add_shared_bias_group_norm"};
 
 Expected<Reference> cpu_reference(const Case& c, uint64_t seed) {
   Reference r;

@@ -140,6 +140,14 @@ struct InputClip {
   float lo = 0, hi = 0;
 };
 
+// An Add in front of a GroupNorm of a value broadcast per image and channel, applied by the norm
+// as it reads x (find_norm_input_bias): `stride` elements of `bias` per image, 0 for one shared.
+struct NormInputBias {
+  const Value* x = nullptr;
+  const Value* bias = nullptr;
+  int64_t stride = 0;
+};
+
 struct AttentionMatch;  // lower_attention.cc
 // An Attention node run as the fused kernel, rooted where its output is written (the node, or a
 // head Transpose after it); `fused` are the nodes it swallows (lower_attention.cc).
@@ -232,6 +240,7 @@ class Lowering {
   std::unordered_map<const Value*, DevValue> staged_inputs;
   std::unordered_map<const Node*, Replacement> replacements;  // root node -> pattern
   std::unordered_map<const Node*, InputClip> input_clips;     // depthwise Conv -> its fused input Clip
+  std::unordered_map<const Node*, NormInputBias> norm_input_bias;  // GroupNorm -> the Add fused in front
   int bad_index_slots() const { return bad_index_slots_; }
   int node_index(const Node* n) const;  // position in the graph's top-level nodes, -1 if none
 
@@ -282,6 +291,7 @@ Status lower_replacement(Lowering& L, const Node& n, const Replacement& r);
 // Attention nodes (and the views feeding them) -> one fused kernel (lower_attention.cc).
 void find_attention(Lowering& L);
 void find_conv_input_clips(Lowering& L);  // lower_conv.cc
+void find_norm_input_bias(Lowering& L);   // lower_norm.cc
 Status lower_attention(Lowering& L, const Node& root, const AttentionMatch& m);
 
 // A cuBLASLt matmul, row-major: y = act(alpha * a.b + beta * c + bias). Used by MatMul/Gemm and

@@ -416,7 +416,7 @@ Expected<bool> small_channel_wins(Lowering& L, const Value* xv, const DevValue& 
 
 const Node* next_op(Lowering& L, const Value* v, OpKind want) {
   const Node* c = L.only_consumer(v);
-  return c && c->op == want ? c : nullptr;
+  return c && c->op == want && !L.is_fused(c) ? c : nullptr;  // not one a pattern has taken
 }
 
 // The nodes computing v * sigmoid(v) from v when nothing else reads v: a FusedElementwise of just

@@ -415,7 +415,7 @@ namespace {
 // The node consuming `v` alone, if it is op `want`.
 const Node* next_op(Lowering& L, const Value* v, OpKind want) {
   const Node* c = L.only_consumer(v);
-  return c && c->op == want ? c : nullptr;
+  return c && c->op == want && !L.is_fused(c) ? c : nullptr;  // not one a pattern has taken
 }
 
 }  // namespace

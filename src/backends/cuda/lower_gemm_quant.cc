@@ -700,7 +700,7 @@ Status emit_quantized_matmul(Lowering& L, const Node& node, const QuantProduct& 
 // a Cast of an fp16 one, stays outside): the product takes it as the body's own, in its epilogue.
 const Node* outer_bias(Lowering& L, const Value* out, QuantProduct& p) {
   const Node* add = p.bias ? nullptr : L.only_consumer(out);
-  if (!add || add->op != OpKind::kAdd || add->inputs.size() != 2 || !add->has_output(0) ||
+  if (!add || add->op != OpKind::kAdd || L.is_fused(add) || add->inputs.size() != 2 || !add->has_output(0) ||
       !(add->outputs[0]->type == out->type)) {
     return nullptr;
   }

@@ -243,11 +243,64 @@ Expected<StepFn> bind_channel_affine(Params& in, BindCtx&) {
   });
 }
 
-// InstanceNormalization and GroupNormalization (k::group_norm): statistics per (batch, group) in
-// f32, the channel's scale and shift (constants, per channel or, GroupNormalization-18, per group;
-// or per-channel values computed at run time),
-// and the output's only reader fused in when it is Relu or SiLU (diffusion UNets' GroupNorm ->
-// SiLU). NCHW x, or NHWC straight from a convolution; statistics scratch in the arena.
+// Whether lower_group_norm takes n (its declines, checked ahead): float x of static rank >= 3,
+// channels in whole groups, rows the statistics kernels can take, constant parameters of c or
+// `groups` values.
+bool group_norm_lowers(const Lowering& L, const Node& n) {
+  const Type& t = n.inputs[0]->type;
+  if (!t.is_tensor() || !t.has_rank() || !t.shape->is_static() || t.shape->rank() < 3) return false;
+  if (t.dtype != DType::kFloat32 && t.dtype != DType::kFloat16 && t.dtype != DType::kBFloat16) return false;
+  const std::vector<int64_t> d = *t.shape->static_dims();
+  const int64_t c = d[1], groups = n.op == OpKind::kInstanceNormalization ? c : n.attr_int("num_groups", 0);
+  if (groups < 1 || c % groups != 0 || (c / groups) * prod_of(d, 2, d.size()) > int64_t(65535) * 8192) return false;
+  for (int i : {1, 2}) {
+    const Tensor* p = n.has_input(i) ? L.constant(n.inputs[i]) : nullptr;
+    if (!p || (p->numel() != c && p->numel() != groups)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+// A diffusion UNet's ResBlock adds the timestep embedding between its first convolution and its
+// second GroupNorm, h + emb[:, :, None, None]: the normalization adds it as it reads h
+// (k::GroupNormArgs::x_bias) and the Add's pass over h, a launch and a round trip, disappears.
+// The Add must be the norm's input alone, h of the Add's shape and dtype, the other operand
+// broadcasting only along the batch (per image, or one for all) and the channels.
+void find_norm_input_bias(Lowering& L) {
+  for (const auto& up : L.graph().nodes) {
+    const Node& add = *up;
+    if (add.op != OpKind::kAdd || L.is_fused(&add) || add.inputs.size() != 2 || !add.outputs[0]) continue;
+    const Node* norm = L.only_consumer(add.outputs[0]);
+    if (!norm || (norm->op != OpKind::kGroupNormalization && norm->op != OpKind::kInstanceNormalization) ||
+        norm->inputs[0] != add.outputs[0] || L.is_fused(norm) || !group_norm_lowers(L, *norm)) {
+      continue;
+    }
+    const Type& yt = add.outputs[0]->type;
+    const std::vector<int64_t> yd = *yt.shape->static_dims();  // static: group_norm_lowers checked
+    for (int i : {0, 1}) {
+      const Value* h = add.inputs[size_t(i)];
+      const Value* b = add.inputs[size_t(1 - i)];
+      if (!(h->type == yt) || L.constant(h) || !b->type.is_tensor() || b->type.dtype != yt.dtype || !b->type.has_rank() ||
+          !b->type.shape->is_static() || b->type.shape->rank() > yd.size()) {
+        continue;
+      }
+      const std::vector<int64_t> bd = *b->type.shape->static_dims();
+      const size_t lead = yd.size() - bd.size();
+      auto dim = [&](size_t a) { return a < lead ? int64_t(1) : bd[a - lead]; };
+      bool ok = dim(1) == yd[1] && (dim(0) == yd[0] || dim(0) == 1) && prod_of(bd, 0, bd.size()) < prod_of(yd, 0, yd.size());
+      for (size_t a = 2; a < yd.size(); ++a) ok = ok && dim(a) == 1;
+      if (!ok) continue;
+      L.norm_input_bias[norm] = NormInputBias{h, b, dim(0) == yd[0] && yd[0] > 1 ? yd[1] : 0};
+      L.mark_fused(&add, norm);
+      break;
+    }
+  }
+}
+
+
+namespace {
+
 // The current GPU's SMs (132 on an H100 SXM when the driver cannot say).
 int sm_count() {
   int dev = 0, sms = 0;
@@ -287,14 +340,21 @@ Expected<int> pick_group_norm_launch(Lowering& L, k::DT dt, int64_t nb, int64_t 
   int best = 0;  // the divisor of `most`; 0: three launches
   float best_ms = -1;
   if (x.ok() && y.ok() && p.ok() && scratch.ok()) {
-    const auto* pp = static_cast<const float*>(p.copy(0));
+    k::GroupNormArgs a;
+    a.dt = dt;
+    a.x = x.copy(0);
+    a.scale = a.shift = static_cast<const float*>(p.copy(0));
+    a.y = y.copy(0);
+    a.n = nb;
+    a.c = c;
+    a.groups = groups;
+    a.spatial = spatial;
+    a.act = act;
+    a.scratch = scratch.copy(0);
     for (int d : {0, 1, 2, 4}) {
       if (d > 1 && most / d < 1) continue;  // small batches: fewer, fuller blocks merge faster
       const float ms = time_in_graph(8, [&](int, cudaStream_t s) {
-        return (d == 0 ? k::group_norm_nhwc(dt, x.copy(0), pp, pp, y.copy(0), nb, c, groups, spatial, pixels, 1e-5f, act,
-                                            scratch.copy(0), s)
-                       : k::group_norm_nhwc_one_launch(dt, x.copy(0), pp, pp, y.copy(0), nb, c, groups, spatial, most / d,
-                                                       1e-5f, act, scratch.copy(0), s)) == cudaSuccess;
+        return (d == 0 ? k::group_norm_nhwc(a, pixels, s) : k::group_norm_nhwc_one_launch(a, most / d, s)) == cudaSuccess;
       });
       if (ms > 0 && (best_ms < 0 || ms < best_ms)) {
         best = d;
@@ -307,17 +367,25 @@ Expected<int> pick_group_norm_launch(Lowering& L, k::DT dt, int64_t nb, int64_t 
   return best ? most / best : 0;
 }
 
-Status lower_group_norm(Lowering& L, const Node& n) {
+// InstanceNormalization and GroupNormalization (k::group_norm): statistics per (batch, group) in
+// f32, the channel's scale and shift (constants, per channel or, GroupNormalization-18, per group;
+// or per-channel values computed at run time),
+// and the output's only reader fused in when it is Relu or SiLU (diffusion UNets' GroupNorm ->
+// SiLU), and an Add in front of it of a value broadcast per image and channel (find_norm_input_bias).
+// NCHW x, or NHWC straight from a convolution; statistics scratch in the arena.
+
+Status lower_group_norm_with(Lowering& L, const Node& n, const NormInputBias* ib) {
   const bool instance = n.op == OpKind::kInstanceNormalization;
   // A convolution's NHWC output is normalized in its layout (no round trip through NCHW), its
   // statistics split over about two blocks per SM whatever the batch (bench/RESULTS.md, twenty-eighth
   // session: the UNet's round trips at batch 1 and 16).
-  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(n.inputs[0]));
+  const Value* xv = ib ? ib->x : n.inputs[0];
+  KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(xv));
   const int64_t groups_attr = instance ? (x->dims.size() > 1 ? x->dims[1] : 0) : n.attr_int("num_groups", 0);
   const bool nhwc = x->layout == Layout::kNHWC && x->dims.size() == 4 && groups_attr >= 1 &&
                     k::group_norm_nhwc_smem(x->dt, x->dims[1]) <= 48 * 1024;
   if (!nhwc) {
-    KILN_ASSIGN_OR_RETURN(x, L.rowmajor(n.inputs[0]));
+    KILN_ASSIGN_OR_RETURN(x, L.rowmajor(xv));
   }
   if (!is_float_dt(x->dt) || x->dims.size() < 2) KILN_UNSUPPORTED("{} on {}", op_name(n.op), dtype_name(x->ir_dtype));
   const int64_t nb = x->dims[0], c = x->dims[1], spatial = prod_of(x->dims, 2, x->dims.size());
@@ -365,6 +433,13 @@ Status lower_group_norm(Lowering& L, const Node& n) {
   const int scratch = L.scratch(nhwc ? std::max(k::group_norm_nhwc_scratch_bytes(nb, groups, spatial, pixels),
                                                 k::group_norm_nhwc_one_scratch_bytes(nb, groups, one_blocks))
                                      : k::group_norm_scratch_bytes(nb, c, groups, spatial));
+  Ref br;
+  if (ib) {  // [n or 1, c, 1...]: the same bytes row-major or NHWC
+    KILN_ASSIGN_OR_RETURN(const DevValue* b, L.rowmajor(ib->bias));
+    if (b->dt != x->dt) KILN_UNSUPPORTED("an input bias of {} on {}", dtype_name(b->ir_dtype), dtype_name(x->ir_dtype));
+    br = b->ref;
+    param_reads.push_back(read_id(b));
+  }
   const DevValue& y = L.define(out, nhwc ? Layout::kNHWC : Layout::kRowMajor);
   const float eps = n.attr_float("epsilon", 1e-5f);
   ByteWriter w;
@@ -379,18 +454,34 @@ Status lower_group_norm(Lowering& L, const Node& n) {
   w.put(int32_t(act));
   // Layout: 0 NCHW, 1 NHWC in 256-pixel blocks (engines from before the split was chosen), 2 NHWC
   // with the pixels per block recorded after it, 3 NHWC in one cooperative launch with the blocks an
-  // image and then layout 2's pixels recorded after it.
-  w.u8(one_blocks ? 3 : nhwc ? 2 : 0);
+  // image and then layout 2's pixels recorded after it. Plus 8 where an input bias follows (its
+  // buffer and elements per image).
+  w.u8(uint8_t((one_blocks ? 3 : nhwc ? 2 : 0) | (ib ? 8 : 0)));
   if (one_blocks) w.i64(one_blocks);
   if (nhwc) w.i64(pixels);
+  if (ib) {
+    put(w, br);
+    w.i64(ib->stride);
+  }
   if (act) L.mark_fused(next, &n);
   std::vector<int> reads = {read_id(x), scratch};
   reads.insert(reads.end(), param_reads.begin(), param_reads.end());
-  L.emit(&n, fmt::format("kernel group_norm ({} groups{}){}{}", groups, nhwc ? ", NHWC" : "",
+  L.emit(&n, fmt::format("kernel group_norm ({} groups{}){}{}{}", groups, nhwc ? ", NHWC" : "",
                          one_blocks ? fmt::format(" in one launch ({} blocks an image)", one_blocks) : "",
-                         act == 1 ? " +relu" : act == 2 ? " +silu" : ""),
+                         ib ? " +input bias" : "", act == 1 ? " +relu" : act == 2 ? " +silu" : ""),
          std::move(reads), {y.ref.id, scratch}, StepOp::kGroupNorm, std::move(w));
   return Status::ok();
+}
+
+Status lower_group_norm(Lowering& L, const Node& n) {
+  const auto ib_it = L.norm_input_bias.find(&n);
+  const NormInputBias* ib = ib_it == L.norm_input_bias.end() ? nullptr : &ib_it->second;
+  if (ib) {  // the Add fused in is no step of its own: declining now would leave its output unwritten
+    Status s = lower_group_norm_with(L, n, ib);
+    if (!s) return KILN_ERROR(kInternal, "{} with the Add in front of it: {}", n.describe(), s.message());
+    return s;
+  }
+  return lower_group_norm_with(L, n, nullptr);
 }
 
 Expected<StepFn> bind_group_norm(Params& in, BindCtx&) {
@@ -399,35 +490,41 @@ Expected<StepFn> bind_group_norm(Params& in, BindCtx&) {
   const int64_t nb = in.i64(), c = in.i64(), groups = in.i64(), spatial = in.i64();
   const float eps = in.f32();
   const int32_t act = in.i32();
-  const int layout = in.u8_in(3);
-  const bool nhwc = layout != 0;
+  const int code = in.u8_in(11);
+  const int layout = code & 7;
+  const bool nhwc = layout != 0, biased = (code & 8) != 0;
   const int64_t blocks = layout == 3 ? in.i64() : 0;
   const int64_t pixels = layout >= 2 ? in.i64() : 256;
+  const Ref br = biased ? in.ref() : Ref{};
+  const int64_t bstride = biased ? in.i64() : 0;
   KILN_RETURN_IF_ERROR(in.done());
   if (nb < 0 || c < 1 || groups < 1 || c % groups != 0 || spatial < 0 || act < 0 || act > 2 || scr.weight ||
-      layout < 0 || layout > 3 || pixels < 1 || (layout == 3 && (blocks < 1 || blocks > std::max<int64_t>(spatial, 1)))) {
+      layout > 3 || pixels < 1 || (layout == 3 && (blocks < 1 || blocks > std::max<int64_t>(spatial, 1))) ||
+      (biased && bstride != 0 && bstride != c)) {
     return KILN_ERROR(kInvalidModel, "{}: malformed group_norm parameters", in.step().label);
   }
   // A cooperative launch needs all its blocks resident at once: where this GPU (or its share of one)
   // holds fewer than the build's, the three launches run instead.
   const bool one = layout == 3 && k::group_norm_nhwc_one_blocks(dt, nb, c, groups, spatial) >= blocks;
   return StepFn([=](const RunCtx& cx) {
-    if (one) {
-      return cuda_status(k::group_norm_nhwc_one_launch(dt, cx.ptr(xr), static_cast<const float*>(cx.ptr(sr)),
-                                                       static_cast<const float*>(cx.ptr(tr)), cx.ptr(yr), nb, c, groups,
-                                                       spatial, int(blocks), eps, act, cx.ptr(scr), cx.stream),
-                         "group_norm_nhwc_one_launch");
-    }
-    if (nhwc) {
-      return cuda_status(k::group_norm_nhwc(dt, cx.ptr(xr), static_cast<const float*>(cx.ptr(sr)),
-                                            static_cast<const float*>(cx.ptr(tr)), cx.ptr(yr), nb, c, groups, spatial, pixels,
-                                            eps, act, cx.ptr(scr), cx.stream),
-                         "group_norm_nhwc");
-    }
-    return cuda_status(k::group_norm(dt, cx.ptr(xr), static_cast<const float*>(cx.ptr(sr)),
-                                     static_cast<const float*>(cx.ptr(tr)), cx.ptr(yr), nb, c, groups, spatial, eps, act,
-                                     cx.ptr(scr), cx.stream),
-                       "group_norm");
+    k::GroupNormArgs a;
+    a.dt = dt;
+    a.x = cx.ptr(xr);
+    a.x_bias = biased ? cx.ptr(br) : nullptr;
+    a.bias_stride = bstride;
+    a.scale = static_cast<const float*>(cx.ptr(sr));
+    a.shift = static_cast<const float*>(cx.ptr(tr));
+    a.y = cx.ptr(yr);
+    a.n = nb;
+    a.c = c;
+    a.groups = groups;
+    a.spatial = spatial;
+    a.eps = eps;
+    a.act = act;
+    a.scratch = cx.ptr(scr);
+    if (one) return cuda_status(k::group_norm_nhwc_one_launch(a, int(blocks), cx.stream), "group_norm_nhwc_one_launch");
+    if (nhwc) return cuda_status(k::group_norm_nhwc(a, pixels, cx.stream), "group_norm_nhwc");
+    return cuda_status(k::group_norm(a, cx.stream), "group_norm");
   });
 }
 

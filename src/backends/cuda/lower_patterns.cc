@@ -1,6 +1,7 @@
 // Multi-node patterns the lowering runs as one kernel, found before lowering starts (so the inner
 // nodes are skipped as they come up in topological order): Attention nodes with the views that
-// feed them (lower_attention.cc) and a Clip read by a depthwise convolution (lower_conv.cc). Which
+// feed them (lower_attention.cc), a Clip read by a depthwise convolution (lower_conv.cc) and a
+// broadcast Add read by a GroupNorm (lower_norm.cc). Which
 // nodes fuse is the graph passes' decision (fuse-gelu, fuse-attention...); these only choose how
 // a fused node is run.
 #include "backends/cuda/lower.h"
@@ -10,6 +11,7 @@ namespace kiln::cuda {
 void find_patterns(Lowering& L) {
   find_attention(L);
   find_conv_input_clips(L);
+  find_norm_input_bias(L);
 }
 
 Status lower_replacement(Lowering& L, const Node& n, const Replacement& r) { return lower_attention(L, n, *r.attention); }

@@ -167,22 +167,34 @@ cudaError_t arg_reduce(bool is_max, bool last, DT dt, const void* x, int64_t* y,
 cudaError_t channel_affine(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t outer,
                            int64_t c, int64_t inner, float lo, float hi, cudaStream_t s);
 
-// GroupNormalization / InstanceNormalization (groups == c) of NCHW x viewed as [n, c, spatial]:
-// each (batch, group) is normalized by its own statistics, then y = act(x_hat * scale[ch] +
-// shift[ch]) with act 0 none, 1 relu, 2 silu (scale and shift f32). `scratch` holds
-// group_norm_scratch_bytes(...) bytes (per-row statistics and per-chunk partials).
+// GroupNormalization / InstanceNormalization (groups == c): each (batch, group) of x is normalized
+// by its own statistics, then y = act(x_hat * scale[ch] + shift[ch]) with act 0 none, 1 relu, 2 silu.
+// x_bias, when set, is added to x first (x + b[image, channel], b of dt with bias_stride elements
+// per image: c for an [n, c] value such as a diffusion UNet's timestep embedding, 0 for one [c]
+// every image shares), so that the Add in front of the normalization needs no pass of its own.
+struct GroupNormArgs {
+  DT dt = DT::kF32;
+  const void* x = nullptr;       // [n, c, spatial] in NCHW order, [n, spatial, c] for the _nhwc forms
+  const void* x_bias = nullptr;  // optional
+  int64_t bias_stride = 0;
+  const float* scale = nullptr;  // [c], f32
+  const float* shift = nullptr;  // [c], f32
+  void* y = nullptr;             // x's layout
+  int64_t n = 0, c = 0, groups = 0, spatial = 0;
+  float eps = 1e-5f;
+  int act = 0;
+  void* scratch = nullptr;
+};
+// NCHW: `scratch` holds group_norm_scratch_bytes(...) bytes (per-row statistics and per-chunk partials).
 size_t group_norm_scratch_bytes(int64_t n, int64_t c, int64_t groups, int64_t spatial);
-cudaError_t group_norm(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t n, int64_t c,
-                       int64_t groups, int64_t spatial, float eps, int act, void* scratch, cudaStream_t s);
-// The same for x in NHWC ([n, spatial, c]); y in NHWC too. Its statistics run one block per
-// `pixels` pixels of an image; group_norm_nhwc_pixels picks 256, or fewer (down to 8) so that
-// about target_blocks blocks run (a small batch would leave most SMs idle with 256).
+cudaError_t group_norm(const GroupNormArgs& a, cudaStream_t s);
+// NHWC ([n, spatial, c]), y in NHWC too. Its statistics run one block per `pixels` pixels of an
+// image; group_norm_nhwc_pixels picks 256, or fewer (down to 8) so that about target_blocks blocks
+// run (a small batch would leave most SMs idle with 256).
 int64_t group_norm_nhwc_pixels(int64_t n, int64_t spatial, int64_t target_blocks);
 size_t group_norm_nhwc_smem(DT dt, int64_t c);  // shared memory its statistics kernel needs
 size_t group_norm_nhwc_scratch_bytes(int64_t n, int64_t groups, int64_t spatial, int64_t pixels);
-cudaError_t group_norm_nhwc(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t n, int64_t c,
-                            int64_t groups, int64_t spatial, int64_t pixels, float eps, int act, void* scratch,
-                            cudaStream_t s);
+cudaError_t group_norm_nhwc(const GroupNormArgs& a, int64_t pixels, cudaStream_t s);
 // The same in one cooperative launch: b blocks per image, all resident at once, a grid barrier
 // between the statistics and the output. group_norm_nhwc_one_blocks gives the b to use on the
 // current GPU (as many as fit it at once, shared by the images, at most `spatial`), or 0 where this
@@ -190,9 +202,7 @@ cudaError_t group_norm_nhwc(DT dt, const void* x, const float* scale, const floa
 // group_norm_nhwc_one_scratch_bytes(n, groups, b) bytes.
 int group_norm_nhwc_one_blocks(DT dt, int64_t n, int64_t c, int64_t groups, int64_t spatial);
 size_t group_norm_nhwc_one_scratch_bytes(int64_t n, int64_t groups, int b);
-cudaError_t group_norm_nhwc_one_launch(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t n,
-                                       int64_t c, int64_t groups, int64_t spatial, int b, float eps, int act, void* scratch,
-                                       cudaStream_t s);
+cudaError_t group_norm_nhwc_one_launch(const GroupNormArgs& a, int b, cudaStream_t s);
 
 // Pad of x (dims in_dims) into y (out_dims), rank <= kMaxRank, any element width up to 8 bytes:
 // y[o] = x[src(o - begin)] per dim, where a coordinate outside x is the constant `value_bits`

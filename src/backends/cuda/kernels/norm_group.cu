@@ -25,19 +25,23 @@ struct Partial {
   float n, mean, m2;
 };
 
+// xb: the optional input bias (GroupNormArgs::x_bias), bstride elements per image.
 template <class T>
-__global__ void group_stats_kernel(const T* __restrict__ x, int64_t row_len, int64_t chunks, Partial* __restrict__ out) {
+__global__ void group_stats_kernel(const T* __restrict__ x, const T* __restrict__ xb, int64_t bstride, int64_t groups,
+                                   int64_t per, int64_t spatial, int64_t chunks, Partial* __restrict__ out) {
   __shared__ float smem[32];
-  const int64_t row = blockIdx.x, chunk = blockIdx.y;
+  const int64_t row = blockIdx.x, chunk = blockIdx.y, row_len = per * spatial;
   const int64_t begin = chunk * kChunk, end = begin + kChunk < row_len ? begin + kChunk : row_len;
   const T* xr = x + row * row_len;
+  const T* br = xb ? xb + (row / groups) * bstride + (row % groups) * per : nullptr;  // the row's first channel
+  auto value = [&](int64_t i) { return br ? to_f(xr[i]) + to_f(br[i / spatial]) : to_f(xr[i]); };
   float sum = 0.f;
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) sum += to_f(xr[i]);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) sum += value(i);
   const float cnt = static_cast<float>(end - begin);
   const float mean = group_reduce<kStatBlock, false>(sum, smem) / cnt;
   float sq = 0.f;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float d = to_f(xr[i]) - mean;
+    const float d = value(i) - mean;
     sq += d * d;
   }
   const float m2 = group_reduce<kStatBlock, false>(sq, smem);
@@ -87,14 +91,16 @@ __device__ __forceinline__ float activate(float v, int act) {
 }
 
 template <class U, class T>
-__global__ void group_apply_kernel(const T* __restrict__ x, const float2* __restrict__ stats, const float* __restrict__ scale,
+__global__ void group_apply_kernel(const T* __restrict__ x, const T* __restrict__ xb, int64_t bstride,
+                                   const float2* __restrict__ stats, const float* __restrict__ scale,
                                    const float* __restrict__ shift, T* __restrict__ y, int64_t c, int64_t per_group,
                                    int64_t spatial, int64_t total, int act) {
   for (int64_t i = global_tid(); i < total; i += global_threads()) {
     const U ch_all = static_cast<U>(i) / static_cast<U>(spatial);  // n * c + ch
     const U ch = ch_all % static_cast<U>(c), nb = ch_all / static_cast<U>(c);
     const float2 s = stats[static_cast<int64_t>(nb) * (c / per_group) + static_cast<int64_t>(ch / static_cast<U>(per_group))];
-    const float v = (to_f(x[i]) - s.x) * s.y * scale[ch] + shift[ch];
+    const float xv = xb ? to_f(x[i]) + to_f(xb[static_cast<int64_t>(nb) * bstride + ch]) : to_f(x[i]);
+    const float v = (xv - s.x) * s.y * scale[ch] + shift[ch];
     y[i] = from_f<T>(activate(v, act));
   }
 }
@@ -143,8 +149,16 @@ __device__ __forceinline__ void store_vec(T* p, const float (&f)[V]) {
   }
 }
 
+// The input bias (GroupNormArgs::x_bias) of an image's V channels from ch0, or zeros.
 template <class T, int V>
-__global__ void __launch_bounds__(kNhwcThreads) group_stats_nhwc_kernel(const T* __restrict__ x, int64_t spatial,
+__device__ __forceinline__ void load_bias(const T* xb, int64_t bstride, int64_t nb, int64_t ch0, float (&b)[V]) {
+#pragma unroll
+  for (int j = 0; j < V; ++j) b[j] = xb ? to_f(xb[nb * bstride + ch0 + j]) : 0.f;
+}
+
+template <class T, int V>
+__global__ void __launch_bounds__(kNhwcThreads) group_stats_nhwc_kernel(const T* __restrict__ x, const T* __restrict__ xb,
+                                                                        int64_t bstride, int64_t spatial,
                                                                         int64_t c, int64_t groups, int64_t chunks,
                                                                         int64_t pixels, Partial* __restrict__ out) {
   extern __shared__ float sh[];  // [rows][c] means, then [rows][c] M2s
@@ -153,7 +167,7 @@ __global__ void __launch_bounds__(kNhwcThreads) group_stats_nhwc_kernel(const T*
   const int row = int(threadIdx.x) / slots, slot0 = int(threadIdx.x) % slots;
   const int64_t nb = blockIdx.y, chunk = blockIdx.x;
   const int64_t p0 = chunk * pixels, p1 = p0 + pixels < spatial ? p0 + pixels : spatial;
-  const T* xb = x + nb * spatial * c;
+  const T* xi = x + nb * spatial * c;
   float* smean = sh;
   float* sm2 = sh + int64_t(rows) * c;
   // Row r takes pixels p0 + r, p0 + r + rows, ...: q of them, one more for the first rem rows.
@@ -162,16 +176,17 @@ __global__ void __launch_bounds__(kNhwcThreads) group_stats_nhwc_kernel(const T*
   if (row < rows) {
     const float cnt = row_count(row);
     for (int64_t s = slot0; s < vectors; s += slots) {
-      float k[V], sum[V], sq[V];
+      float k[V], sum[V], sq[V], b[V];
+      load_bias<T, V>(xb, bstride, nb, s * V, b);
 #pragma unroll
       for (int j = 0; j < V; ++j) k[j] = sum[j] = sq[j] = 0.f;
-      if (p0 + row < p1) load_vec<T, V>(xb + (p0 + row) * c + s * V, k);
+      if (p0 + row < p1) load_vec<T, V>(xi + (p0 + row) * c + s * V, k);
       for (int64_t p = p0 + row; p < p1; p += rows) {
         float v[V];
-        load_vec<T, V>(xb + p * c + s * V, v);
+        load_vec<T, V>(xi + p * c + s * V, v);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          const float d = v[j] - k[j];
+          const float d = v[j] - k[j];  // the bias cancels: shifted by the first value, biased alike
           sum[j] += d;
           sq[j] += d * d;
         }
@@ -179,7 +194,7 @@ __global__ void __launch_bounds__(kNhwcThreads) group_stats_nhwc_kernel(const T*
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const int64_t ch = s * V + j;
-        smean[row * c + ch] = cnt > 0.f ? k[j] + sum[j] / cnt : 0.f;
+        smean[row * c + ch] = cnt > 0.f ? k[j] + b[j] + sum[j] / cnt : 0.f;
         sm2[row * c + ch] = cnt > 0.f ? fmaxf(sq[j] - sum[j] * sum[j] / cnt, 0.f) : 0.f;
       }
     }
@@ -218,20 +233,22 @@ __global__ void __launch_bounds__(kNhwcThreads) group_stats_nhwc_kernel(const T*
 
 // y = act((x - mean) * inv_std * scale + shift), a vector of V channels per thread.
 template <class U, class T, int V>
-__global__ void group_apply_nhwc_kernel(const T* __restrict__ x, const float2* __restrict__ stats,
-                                        const float* __restrict__ scale, const float* __restrict__ shift, T* __restrict__ y,
-                                        int64_t c, int64_t per_group, int64_t spatial, int64_t vectors_total, int act) {
+__global__ void group_apply_nhwc_kernel(const T* __restrict__ x, const T* __restrict__ xb, int64_t bstride,
+                                        const float2* __restrict__ stats, const float* __restrict__ scale,
+                                        const float* __restrict__ shift, T* __restrict__ y, int64_t c, int64_t per_group,
+                                        int64_t spatial, int64_t vectors_total, int act) {
   const U vectors = static_cast<U>(c / V), per = static_cast<U>(per_group);
   for (int64_t i = global_tid(); i < vectors_total; i += global_threads()) {
     const U slot = static_cast<U>(i) % vectors, nb = static_cast<U>(i) / vectors / static_cast<U>(spatial);
     const float2* st = stats + static_cast<int64_t>(nb) * (c / per_group);
-    float v[V];
+    float v[V], b[V];
     load_vec<T, V>(x + i * V, v);
+    load_bias<T, V>(xb, bstride, nb, static_cast<int64_t>(slot) * V, b);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const U ch = slot * V + j;
       const float2 s = st[ch / per];
-      v[j] = activate((v[j] - s.x) * s.y * scale[ch] + shift[ch], act);
+      v[j] = activate((v[j] + b[j] - s.x) * s.y * scale[ch] + shift[ch], act);
     }
     store_vec<T, V>(y + i * V, v);
   }
@@ -250,8 +267,8 @@ __global__ void group_apply_nhwc_kernel(const T* __restrict__ x, const float2* _
 // standard deviations from its mean. The build times it against the three launches per shape
 // (lower_norm.cc; bench/RESULTS.md, thirty-seventh session, also for the designs that lost).
 template <class T, int V>
-__global__ void __launch_bounds__(kOneThreads) group_norm_one_kernel(const T* __restrict__ x,
-                                                                     const float* __restrict__ scale,
+__global__ void __launch_bounds__(kOneThreads) group_norm_one_kernel(const T* __restrict__ x, const T* __restrict__ xb,
+                                                                     int64_t bstride, const float* __restrict__ scale,
                                                                      const float* __restrict__ shift, T* __restrict__ y,
                                                                      int64_t spatial, int64_t c, int64_t groups, float eps,
                                                                      int act, float2* __restrict__ parts) {
@@ -269,17 +286,25 @@ __global__ void __launch_bounds__(kOneThreads) group_norm_one_kernel(const T* __
   float* mean = s2 + int64_t(lanes) * c;
   float* inv = mean + groups;
   const T* xi = x + blockIdx.y * spatial * c;
-  const T* xb = xi + slot * V;
+  const T* xs = xi + slot * V;
   T* yb = y + blockIdx.y * spatial * c + slot * V;
   float2* pi = parts + blockIdx.y * int64_t(nblk) * groups;  // [block][group] of this image
+  const T* bi = xb ? xb + blockIdx.y * bstride : nullptr;      // this image's input bias
+  auto first = [&](int64_t g) { return to_f(xi[g * per]) + (bi ? to_f(bi[g * per]) : 0.f); };  // K, biased too
+  float bv[V];
+  load_bias<T, V>(xb, bstride, blockIdx.y, int64_t(slot) * V, bv);
 
-  // f(pixel, its V values) for each of this thread's pixels, kBatch loads issued before the first use.
+  // f(pixel, its V values + bias) for each of this thread's pixels, kBatch loads issued before the first use.
   auto walk = [&](auto f) {
     for (int64_t p = p0 + lane; p < p1; p += int64_t(kBatch) * lanes) {
       float v[kBatch][V];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        if (p + int64_t(u) * lanes < p1) load_vec<T, V>(xb + (p + int64_t(u) * lanes) * c, v[u]);
+        if (p + int64_t(u) * lanes < p1) {
+          load_vec<T, V>(xs + (p + int64_t(u) * lanes) * c, v[u]);
+#pragma unroll
+          for (int j = 0; j < V; ++j) v[u][j] += bv[j];
+        }
       }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
@@ -291,7 +316,7 @@ __global__ void __launch_bounds__(kOneThreads) group_norm_one_kernel(const T* __
   float kv[V], a1[V], a2[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) {
-    kv[j] = to_f(xi[((slot * V + j) / per) * per]);  // K: the group's first value in the image
+    kv[j] = first((slot * V + j) / per);  // K: the group's first value in the image
     a1[j] = a2[j] = 0.f;
   }
   if (active) {
@@ -342,7 +367,7 @@ __global__ void __launch_bounds__(kOneThreads) group_norm_one_kernel(const T* __
       t2 += s2[ch];
     }
     pi[int64_t(r) * groups + g] = make_float2(t1, t2);
-    mean[g] = to_f(xi[g * per]);  // K, read before any block writes y; the mean once merged
+    mean[g] = first(g);  // K, read before any block writes y; the mean once merged
   }
   cg::this_grid().sync();  // also this block's barrier: mean[] holds every group's K
   // A group's b partials: 16 lanes of a warp each add every 16th, then a butterfly.
@@ -412,13 +437,12 @@ size_t one_smem(int v, int64_t c, int64_t groups) {
 
 // The one-launch kernel for dt's vector width (16 bytes where c and the pointers allow): launched
 // cooperatively (grid b x n), or with `blocks` set to how many of its blocks fit the GPU at once.
-cudaError_t run_one(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t n, int64_t c,
-                    int64_t groups, int64_t spatial, int b, float eps, int act, void* parts, cudaStream_t s,
-                    int* blocks = nullptr) {
-  return dispatch_f32ish(dt, [&](auto tag) -> cudaError_t {
+cudaError_t run_one(const GroupNormArgs& a, int b, cudaStream_t s, int* blocks = nullptr) {
+  const int64_t c = a.c, groups = a.groups;
+  return dispatch_f32ish(a.dt, [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;
     constexpr int kV = vec_width<T>();
-    const bool aligned = c % kV == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+    const bool aligned = c % kV == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
     auto go = [&](auto width) -> cudaError_t {
       constexpr int V = decltype(width)::value;
       const size_t smem = one_smem(V, c, groups);
@@ -433,7 +457,7 @@ cudaError_t run_one(DT dt, const void* x, const float* scale, const float* shift
         return e;
       }
       cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(static_cast<unsigned>(b), static_cast<unsigned>(n));
+      cfg.gridDim = dim3(static_cast<unsigned>(b), static_cast<unsigned>(a.n));
       cfg.blockDim = dim3(kOneThreads);
       cfg.dynamicSmemBytes = smem;
       cfg.stream = s;
@@ -442,8 +466,9 @@ cudaError_t run_one(DT dt, const void* x, const float* scale, const float* shift
       attr[0].val.cooperative = 1;
       cfg.attrs = attr;
       cfg.numAttrs = 1;
-      return cudaLaunchKernelEx(&cfg, kern, static_cast<const T*>(x), scale, shift, static_cast<T*>(y), spatial, c, groups,
-                                eps, act, static_cast<float2*>(parts));
+      return cudaLaunchKernelEx(&cfg, kern, static_cast<const T*>(a.x), static_cast<const T*>(a.x_bias), a.bias_stride,
+                                a.scale, a.shift, static_cast<T*>(a.y), a.spatial, c, groups, a.eps, a.act,
+                                static_cast<float2*>(a.scratch));
     };
     return aligned ? go(std::integral_constant<int, kV>{}) : go(std::integral_constant<int, 1>{});
   });
@@ -457,39 +482,46 @@ size_t group_norm_nhwc_scratch_bytes(int64_t n, int64_t groups, int64_t spatial,
   return size_t(n * groups) * (sizeof(float2) + size_t(chunks < 1 ? 1 : chunks) * sizeof(Partial));
 }
 
-cudaError_t group_norm_nhwc(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t n, int64_t c,
-                            int64_t groups, int64_t spatial, int64_t pixels, float eps, int act, void* scratch,
-                            cudaStream_t s) {
-  if (n < 0 || c < 1 || spatial < 0 || groups <= 0 || c % groups != 0 || act < 0 || act > 2 || pixels < 1) {
-    return cudaErrorInvalidValue;
-  }
-  if (n == 0 || spatial == 0) return cudaSuccess;
+namespace {
+
+bool bad_args(const GroupNormArgs& a) {
+  return a.n < 0 || a.c < 0 || a.spatial < 0 || a.groups <= 0 || a.c % a.groups != 0 || a.act < 0 || a.act > 2 ||
+         (a.x_bias && a.bias_stride != 0 && a.bias_stride != a.c);
+}
+
+}  // namespace
+
+cudaError_t group_norm_nhwc(const GroupNormArgs& a, int64_t pixels, cudaStream_t s) {
+  if (bad_args(a) || pixels < 1) return cudaErrorInvalidValue;
+  const int64_t n = a.n, c = a.c, groups = a.groups, spatial = a.spatial;
+  if (n == 0 || spatial == 0 || c == 0) return cudaSuccess;
   const int64_t chunks = (spatial + pixels - 1) / pixels, rows = n * groups;
-  const size_t smem = group_norm_nhwc_smem(dt, c);
+  const size_t smem = group_norm_nhwc_smem(a.dt, c);
   if (chunks > 0x7fffffff || n > 65535 || smem > 48 * 1024) return cudaErrorInvalidValue;
-  auto* stats = static_cast<float2*>(scratch);
+  auto* stats = static_cast<float2*>(a.scratch);
   auto* parts = reinterpret_cast<Partial*>(stats + rows);
-  return dispatch_f32ish(dt, [&](auto tag) {
+  return dispatch_f32ish(a.dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
     auto run = [&](auto width) {
       constexpr int V = decltype(width)::value;
-      const auto* xt = static_cast<const T*>(x);
+      const auto* xt = static_cast<const T*>(a.x);
+      const auto* xb = static_cast<const T*>(a.x_bias);
       group_stats_nhwc_kernel<T, V><<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(n)), kNhwcThreads, smem, s>>>(
-          xt, spatial, c, groups, chunks, pixels, parts);
-      group_merge_kernel<<<merge_blocks(rows), kBlock, 0, s>>>(parts, rows, chunks, eps, stats);
+          xt, xb, a.bias_stride, spatial, c, groups, chunks, pixels, parts);
+      group_merge_kernel<<<merge_blocks(rows), kBlock, 0, s>>>(parts, rows, chunks, a.eps, stats);
       const int64_t vectors = n * spatial * (c / V);
       if (fits_u32(vectors * V)) {
         group_apply_nhwc_kernel<uint32_t, T, V><<<grid_for(vectors), kBlock, 0, s>>>(
-            xt, stats, scale, shift, static_cast<T*>(y), c, c / groups, spatial, vectors, act);
+            xt, xb, a.bias_stride, stats, a.scale, a.shift, static_cast<T*>(a.y), c, c / groups, spatial, vectors, a.act);
       } else {
         group_apply_nhwc_kernel<uint64_t, T, V><<<grid_for(vectors), kBlock, 0, s>>>(
-            xt, stats, scale, shift, static_cast<T*>(y), c, c / groups, spatial, vectors, act);
+            xt, xb, a.bias_stride, stats, a.scale, a.shift, static_cast<T*>(a.y), c, c / groups, spatial, vectors, a.act);
       }
       return cudaGetLastError();
     };
     // 16-byte vectors where every pixel's channels start on a 16-byte boundary.
     constexpr int kV = vec_width<T>();
-    const bool aligned = c % kV == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+    const bool aligned = c % kV == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
     return aligned ? run(std::integral_constant<int, kV>{}) : run(std::integral_constant<int, 1>{});
   });
 }
@@ -499,8 +531,13 @@ int group_norm_nhwc_one_blocks(DT dt, int64_t n, int64_t c, int64_t groups, int6
   int fit = 0;
   // Null pointers are aligned: the widest vectors, as an aligned run takes them (an unaligned one
   // needs no more room).
-  if (run_one(dt, nullptr, nullptr, nullptr, nullptr, n, c, groups, spatial, 0, 0.f, 0, nullptr, nullptr, &fit) !=
-      cudaSuccess) {
+  GroupNormArgs probe;
+  probe.dt = dt;
+  probe.n = n;
+  probe.c = c;
+  probe.groups = groups;
+  probe.spatial = spatial;
+  if (run_one(probe, 0, nullptr, &fit) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
@@ -518,14 +555,10 @@ int group_norm_nhwc_one_blocks(DT dt, int64_t n, int64_t c, int64_t groups, int6
 
 size_t group_norm_nhwc_one_scratch_bytes(int64_t n, int64_t groups, int b) { return size_t(n * groups * b) * sizeof(float2); }
 
-cudaError_t group_norm_nhwc_one_launch(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t n,
-                                       int64_t c, int64_t groups, int64_t spatial, int b, float eps, int act, void* scratch,
-                                       cudaStream_t s) {
-  if (n < 0 || c < 1 || spatial < 0 || groups <= 0 || c % groups != 0 || act < 0 || act > 2 || b < 1 || n > 65535) {
-    return cudaErrorInvalidValue;
-  }
-  if (n == 0 || spatial == 0) return cudaSuccess;
-  const cudaError_t e = run_one(dt, x, scale, shift, y, n, c, groups, spatial, b, eps, act, scratch, s);
+cudaError_t group_norm_nhwc_one_launch(const GroupNormArgs& a, int b, cudaStream_t s) {
+  if (bad_args(a) || b < 1 || a.n > 65535) return cudaErrorInvalidValue;
+  if (a.n == 0 || a.spatial == 0 || a.c == 0) return cudaSuccess;
+  const cudaError_t e = run_one(a, b, s);
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 
@@ -536,28 +569,29 @@ size_t group_norm_scratch_bytes(int64_t n, int64_t c, int64_t groups, int64_t sp
   return size_t(rows) * (sizeof(float2) + size_t(chunks < 1 ? 1 : chunks) * sizeof(Partial));
 }
 
-cudaError_t group_norm(DT dt, const void* x, const float* scale, const float* shift, void* y, int64_t n, int64_t c,
-                       int64_t groups, int64_t spatial, float eps, int act, void* scratch, cudaStream_t s) {
-  if (n < 0 || c < 0 || spatial < 0 || groups <= 0 || c % groups != 0 || act < 0 || act > 2) return cudaErrorInvalidValue;
-  const int64_t rows = n * groups, row_len = (c / groups) * spatial;
+cudaError_t group_norm(const GroupNormArgs& a, cudaStream_t s) {
+  if (bad_args(a)) return cudaErrorInvalidValue;
+  const int64_t c = a.c, groups = a.groups, spatial = a.spatial, per = c / groups;
+  const int64_t rows = a.n * groups, row_len = per * spatial;
   if (rows == 0 || row_len == 0) return cudaSuccess;
   const int64_t chunks = (row_len + kChunk - 1) / kChunk;
   if (chunks > 65535 || rows > 0x7fffffff) return cudaErrorInvalidValue;  // grid.y and grid.x limits
-  auto* stats = static_cast<float2*>(scratch);
+  auto* stats = static_cast<float2*>(a.scratch);
   auto* parts = reinterpret_cast<Partial*>(stats + rows);
-  return dispatch_f32ish(dt, [&](auto tag) {
+  return dispatch_f32ish(a.dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const auto* xt = static_cast<const T*>(x);
+    const auto* xt = static_cast<const T*>(a.x);
+    const auto* xb = static_cast<const T*>(a.x_bias);
     group_stats_kernel<T><<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(chunks)), kStatBlock, 0, s>>>(
-        xt, row_len, chunks, parts);
-    group_merge_kernel<<<merge_blocks(rows), kBlock, 0, s>>>(parts, rows, chunks, eps, stats);
+        xt, xb, a.bias_stride, groups, per, spatial, chunks, parts);
+    group_merge_kernel<<<merge_blocks(rows), kBlock, 0, s>>>(parts, rows, chunks, a.eps, stats);
     const int64_t total = rows * row_len;
     if (fits_u32(total)) {
-      group_apply_kernel<uint32_t, T><<<grid_for(total), kBlock, 0, s>>>(xt, stats, scale, shift, static_cast<T*>(y), c,
-                                                                        c / groups, spatial, total, act);
+      group_apply_kernel<uint32_t, T><<<grid_for(total), kBlock, 0, s>>>(xt, xb, a.bias_stride, stats, a.scale, a.shift,
+                                                                        static_cast<T*>(a.y), c, per, spatial, total, a.act);
     } else {
-      group_apply_kernel<uint64_t, T><<<grid_for(total), kBlock, 0, s>>>(xt, stats, scale, shift, static_cast<T*>(y), c,
-                                                                        c / groups, spatial, total, act);
+      group_apply_kernel<uint64_t, T><<<grid_for(total), kBlock, 0, s>>>(xt, xb, a.bias_stride, stats, a.scale, a.shift,
+                                                                        static_cast<T*>(a.y), c, per, spatial, total, a.act);
     }
     return cudaGetLastError();
   });

@@ -12,6 +12,9 @@
 // in one cooperative launch (group_norm_one_kernel).
 #include <cooperative_groups.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "backends/cuda/kernels/common.cuh"
 
 namespace kiln::cuda::k {
@@ -85,7 +88,7 @@ unsigned merge_blocks(int64_t rows) {
 __device__ __forceinline__ float activate(float v, int act) {
   switch (act) {
     case 1: return fmaxf(v, 0.f);                  // Relu
-    case 2: return v / (1.f + __expf(-v));          // SiLU (x * sigmoid(x))
+    case 2: return __fdividef(v, 1.f + __expf(-v));  // SiLU (x * sigmoid(x)); 0 where exp overflows
     default: return v;
   }
 }
@@ -114,7 +117,7 @@ __global__ void group_apply_kernel(const T* __restrict__ x, const T* __restrict_
 // the block folds rows into channels and channels into groups: the group's partial, stored where
 // the NCHW kernel stores them (row = image * groups + group), so one merge serves both. Fixed order throughout (no atomics): a forward gives the same bits every run.
 constexpr int64_t kPixels = 256, kMinPixels = 32;  // pixels per statistics block
-constexpr int kNhwcThreads = 256, kOneThreads = 512, kBatch = 4;
+constexpr int kNhwcThreads = 256, kOneThreads = 512;
 
 template <class T>
 constexpr int vec_width() { return int(16 / sizeof(T)); }
@@ -266,61 +269,81 @@ __global__ void group_apply_nhwc_kernel(const T* __restrict__ x, const T* __rest
 // pairwise (Chan) merges: the variance cancels only where the group's first value lies many
 // standard deviations from its mean. The build times it against the three launches per shape
 // (lower_norm.cc; bench/RESULTS.md, thirty-seventh session, also for the designs that lost).
-template <class T, int V>
+// kResident: every thread has at most two pixels (a small image, or many blocks), which stay in its
+// registers from the statistics to the output; otherwise it walks its pixels again, four loads at a time.
+template <class T, int V, bool kResident>
 __global__ void __launch_bounds__(kOneThreads) group_norm_one_kernel(const T* __restrict__ x, const T* __restrict__ xb,
                                                                      int64_t bstride, const float* __restrict__ scale,
                                                                      const float* __restrict__ shift, T* __restrict__ y,
-                                                                     int64_t spatial, int64_t c, int64_t groups, float eps,
-                                                                     int act, float2* __restrict__ parts) {
+                                                                     int spatial, int c, int groups, float eps, int act,
+                                                                     float2* __restrict__ parts) {
   namespace cg = cooperative_groups;
   extern __shared__ float sh[];  // s1[lanes][c], s2[lanes][c], then per group: mean, inv_std
+  // Offsets inside one image are 32-bit (the host checks spatial * c < 2^31): the kernel is short,
+  // and its time at batch 1 goes to its instruction count (bench/RESULTS.md, forty-first session).
   const int nblk = int(gridDim.x), r = int(blockIdx.x);
-  const int vectors = int(c / V), lanes = kOneThreads / vectors;  // lanes >= 1 (the host checks)
+  const int vectors = c / V, lanes = kOneThreads / vectors;  // lanes >= 1 (the host checks)
   const int tid = int(threadIdx.x), slot = tid % vectors, lane = tid / vectors;
   const bool active = lane < lanes;
-  const int64_t share = (spatial + nblk - 1) / nblk;
-  const int64_t p0 = r * share < spatial ? r * share : spatial, p1 = p0 + share < spatial ? p0 + share : spatial;
-  const int per = int(c / groups);
+  const int share = (spatial + nblk - 1) / nblk;
+  const int p0 = min(r * share, spatial), p1 = min(p0 + share, spatial);
+  const int per = c / groups;
+  // A channel's group without an integer division: exact for channels below 2^22 (c <= 4096 here).
+  const float inv_per = 1.f / float(per);
+  auto group_of = [&](int ch) { return int((float(ch) + 0.5f) * inv_per); };
   float* s1 = sh;
-  float* s2 = s1 + int64_t(lanes) * c;
-  float* mean = s2 + int64_t(lanes) * c;
+  float* s2 = s1 + lanes * c;
+  float* mean = s2 + lanes * c;
   float* inv = mean + groups;
-  const T* xi = x + blockIdx.y * spatial * c;
+  const int64_t image = int64_t(blockIdx.y) * spatial * c;
+  const T* xi = x + image;
   const T* xs = xi + slot * V;
-  T* yb = y + blockIdx.y * spatial * c + slot * V;
-  float2* pi = parts + blockIdx.y * int64_t(nblk) * groups;  // [block][group] of this image
-  const T* bi = xb ? xb + blockIdx.y * bstride : nullptr;      // this image's input bias
-  auto first = [&](int64_t g) { return to_f(xi[g * per]) + (bi ? to_f(bi[g * per]) : 0.f); };  // K, biased too
-  float bv[V];
+  T* yb = y + image + slot * V;
+  float2* pi = parts + int64_t(blockIdx.y) * nblk * groups;  // [block][group] of this image
+  const T* bi = xb ? xb + blockIdx.y * bstride : nullptr;    // this image's input bias
+  auto first = [&](int g) { return to_f(xi[g * per]) + (bi ? to_f(bi[g * per]) : 0.f); };  // K, biased too
+  float bv[V], sc[V], sf[V];  // the input bias, scale and shift of this thread's channels, read up front
   load_bias<T, V>(xb, bstride, blockIdx.y, int64_t(slot) * V, bv);
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    sc[j] = scale[slot * V + j];
+    sf[j] = shift[slot * V + j];
+  }
 
-  // f(pixel, its V values + bias) for each of this thread's pixels, kBatch loads issued before the first use.
+  // f(pixel, its V values + bias) for each of this thread's pixels, kBatch loads issued before the
+  // first use; a resident thread's (at most two) are loaded once and kept.
+  constexpr int kBatch = kResident ? 2 : 4;
+  float held[kBatch][V];
+  auto load = [&](int p, float(&v)[kBatch][V]) {
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (p + u * lanes < p1) {
+        load_vec<T, V>(xs + (p + u * lanes) * c, v[u]);
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[u][j] += bv[j];
+      }
+    }
+  };
+  if (kResident) load(p0 + lane, held);
   auto walk = [&](auto f) {
-    for (int64_t p = p0 + lane; p < p1; p += int64_t(kBatch) * lanes) {
-      float v[kBatch][V];
+    for (int p = p0 + lane; p < p1; p += kBatch * lanes) {
+      if (!kResident) load(p, held);
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        if (p + int64_t(u) * lanes < p1) {
-          load_vec<T, V>(xs + (p + int64_t(u) * lanes) * c, v[u]);
-#pragma unroll
-          for (int j = 0; j < V; ++j) v[u][j] += bv[j];
-        }
+        if (p + u * lanes < p1) f(p + u * lanes, held[u]);
       }
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        if (p + int64_t(u) * lanes < p1) f(p + int64_t(u) * lanes, v[u]);
-      }
+      if (kResident) break;
     }
   };
 
   float kv[V], a1[V], a2[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) {
-    kv[j] = first((slot * V + j) / per);  // K: the group's first value in the image
+    kv[j] = first(group_of(slot * V + j));  // K: the group's first value in the image
     a1[j] = a2[j] = 0.f;
   }
   if (active) {
-    walk([&](int64_t, const float(&v)[V]) {
+    walk([&](int, const float(&v)[V]) {
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const float d = v[j] - kv[j];
@@ -346,41 +369,58 @@ __global__ void __launch_bounds__(kOneThreads) group_norm_one_kernel(const T* __
   if (active && (!in_warp || (tid & 31) < vectors)) {
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      s1[int64_t(row) * c + slot * V + j] = a1[j];
-      s2[int64_t(row) * c + slot * V + j] = a2[j];
+      s1[row * c + slot * V + j] = a1[j];
+      s2[row * c + slot * V + j] = a2[j];
     }
   }
   __syncthreads();
   for (int rows = stored; rows > 1;) {  // rows [half, rows) onto [0, rows - half), a tree
     const int half = (rows + 1) / 2;
-    for (int64_t i = tid; i < int64_t(rows - half) * c; i += kOneThreads) {
-      s1[i] += s1[int64_t(half) * c + i];
-      s2[i] += s2[int64_t(half) * c + i];
+    for (int i = tid; i < (rows - half) * c; i += kOneThreads) {
+      s1[i] += s1[half * c + i];
+      s2[i] += s2[half * c + i];
     }
     __syncthreads();
     rows = half;
   }
-  for (int64_t g = tid; g < groups; g += kOneThreads) {
-    float t1 = 0.f, t2 = 0.f;
-    for (int64_t ch = g * per; ch < (g + 1) * per; ++ch) {
-      t1 += s1[ch];
-      t2 += s2[ch];
+  // Channels into groups: by shuffles where a group's channels share a warp (a power of two of
+  // them, up to 32), else a thread per group.
+  if ((per & (per - 1)) == 0 && per <= 32) {
+    for (int ch0 = 0; ch0 < c; ch0 += kOneThreads) {
+      const int ch = ch0 + tid;
+      float t1 = ch < c ? s1[ch] : 0.f, t2 = ch < c ? s2[ch] : 0.f;
+      for (int off = 1; off < per; off *= 2) {
+        t1 += __shfl_xor_sync(0xffffffffu, t1, off);
+        t2 += __shfl_xor_sync(0xffffffffu, t2, off);
+      }
+      if (ch < c && ch % per == 0) {
+        pi[r * groups + ch / per] = make_float2(t1, t2);
+        mean[ch / per] = first(ch / per);  // K, read before any block writes y; the mean once merged
+      }
     }
-    pi[int64_t(r) * groups + g] = make_float2(t1, t2);
-    mean[g] = first(g);  // K, read before any block writes y; the mean once merged
+  } else {
+    for (int g = tid; g < groups; g += kOneThreads) {
+      float t1 = 0.f, t2 = 0.f;
+      for (int ch = g * per; ch < (g + 1) * per; ++ch) {
+        t1 += s1[ch];
+        t2 += s2[ch];
+      }
+      pi[r * groups + g] = make_float2(t1, t2);
+      mean[g] = first(g);
+    }
   }
   cg::this_grid().sync();  // also this block's barrier: mean[] holds every group's K
   // A group's b partials: 16 lanes of a warp each add every 16th, then a butterfly.
   constexpr int kSub = 16;
   const int sub = tid % kSub;
-  const float count = float(spatial) * float(per);
-  for (int64_t g0 = 0; g0 < groups; g0 += kOneThreads / kSub) {
-    const int64_t g = g0 + tid / kSub;
+  const float rcount = 1.f / (float(spatial) * float(per));
+  for (int g0 = 0; g0 < groups; g0 += kOneThreads / kSub) {
+    const int g = g0 + tid / kSub;
     float t1 = 0.f, t2 = 0.f;
     if (g < groups) {
 #pragma unroll 4
       for (int i = sub; i < nblk; i += kSub) {
-        const float2 q = pi[int64_t(i) * groups + g];
+        const float2 q = pi[i * groups + g];
         t1 += q.x;
         t2 += q.y;
       }
@@ -390,26 +430,35 @@ __global__ void __launch_bounds__(kOneThreads) group_norm_one_kernel(const T* __
       t2 += __shfl_xor_sync(0xffffffffu, t2, off);
     }
     if (g < groups && sub == 0) {
-      const float m = t1 / count;
+      const float m = t1 * rcount;
       mean[g] += m;
-      inv[g] = rsqrtf(fmaxf(t2 / count - m * m, 0.f) + eps);
+      inv[g] = rsqrtf(fmaxf(t2 * rcount - m * m, 0.f) + eps);
     }
   }
   __syncthreads();
-  if (active) {
-    float ka[V], kb[V];
+  if (!active) return;
+  float ka[V], kb[V];
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const int ch = slot * V + j, g = ch / per;
-      ka[j] = scale[ch] * inv[g];
-      kb[j] = shift[ch] - mean[g] * ka[j];
-    }
-    walk([&](int64_t p, const float(&v)[V]) {
+  for (int j = 0; j < V; ++j) {
+    const int g = group_of(slot * V + j);
+    ka[j] = sc[j] * inv[g];
+    kb[j] = sf[j] - mean[g] * ka[j];
+  }
+  // The activation chosen once, outside the per-value loop.
+  auto apply = [&](auto fn) {
+    walk([&](int p, const float(&v)[V]) {
       float o[V];
 #pragma unroll
-      for (int j = 0; j < V; ++j) o[j] = activate(v[j] * ka[j] + kb[j], act);
+      for (int j = 0; j < V; ++j) o[j] = fn(v[j] * ka[j] + kb[j]);
       store_vec<T, V>(yb + p * c, o);
     });
+  };
+  if (act == 2) {
+    apply([](float v) { return activate(v, 2); });
+  } else if (act == 1) {
+    apply([](float v) { return activate(v, 1); });
+  } else {
+    apply([](float v) { return v; });
   }
 }
 
@@ -443,17 +492,25 @@ cudaError_t run_one(const GroupNormArgs& a, int b, cudaStream_t s, int* blocks =
     using T = typename decltype(tag)::type;
     constexpr int kV = vec_width<T>();
     const bool aligned = c % kV == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
-    auto go = [&](auto width) -> cudaError_t {
+    // Resident where each thread has at most two pixels (a small image).
+    auto resident = [&](int v) {
+      const int64_t lanes = kOneThreads / std::max<int64_t>(c / v, 1);
+      return b >= 1 && (a.spatial + b - 1) / b <= 2 * lanes;
+    };
+    auto go = [&](auto width, auto batch) -> cudaError_t {
       constexpr int V = decltype(width)::value;
       const size_t smem = one_smem(V, c, groups);
-      if (c / V > kOneThreads || smem > 48 * 1024) return cudaErrorInvalidValue;
-      auto* kern = group_norm_one_kernel<T, V>;
-      if (blocks) {
-        int per_sm = 0, dev = 0, sms = 0;
+      if (c / V > kOneThreads || smem > 48 * 1024 || a.spatial * c > INT32_MAX) return cudaErrorInvalidValue;
+      auto* kern = group_norm_one_kernel<T, V, decltype(batch)::value>;  // the non-resident form where probing
+      if (blocks) {  // the fewer of both batch widths' resident blocks: either may run
+        int per_sm = 0, per_sm2 = 0, dev = 0, sms = 0;
         cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kOneThreads, smem);
+        if (e == cudaSuccess) {
+          e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm2, group_norm_one_kernel<T, V, true>, kOneThreads, smem);
+        }
         if (e == cudaSuccess) e = cudaGetDevice(&dev);
         if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        *blocks = e == cudaSuccess ? per_sm * sms : 0;
+        *blocks = e == cudaSuccess ? std::min(per_sm, per_sm2) * sms : 0;
         return e;
       }
       cudaLaunchConfig_t cfg = {};
@@ -467,10 +524,15 @@ cudaError_t run_one(const GroupNormArgs& a, int b, cudaStream_t s, int* blocks =
       cfg.attrs = attr;
       cfg.numAttrs = 1;
       return cudaLaunchKernelEx(&cfg, kern, static_cast<const T*>(a.x), static_cast<const T*>(a.x_bias), a.bias_stride,
-                                a.scale, a.shift, static_cast<T*>(a.y), a.spatial, c, groups, a.eps, a.act,
+                                a.scale, a.shift, static_cast<T*>(a.y), int(a.spatial), int(c), int(groups), a.eps, a.act,
                                 static_cast<float2*>(a.scratch));
     };
-    return aligned ? go(std::integral_constant<int, kV>{}) : go(std::integral_constant<int, 1>{});
+    using Held = std::true_type;
+    using Walked = std::false_type;
+    if (aligned) {
+      return resident(kV) ? go(std::integral_constant<int, kV>{}, Held{}) : go(std::integral_constant<int, kV>{}, Walked{});
+    }
+    return resident(1) ? go(std::integral_constant<int, 1>{}, Held{}) : go(std::integral_constant<int, 1>{}, Walked{});
   });
 }
 

@@ -44,6 +44,11 @@
 // (scores, scaled scores, probabilities) has exactly one reader and is not a graph output. Run
 // after fuse-softmax (decomposed softmax) and fold-constants (scalar constants, folded masks).
 //
+// P.V written transposed, O^T = MatMul(V^T, Transpose(P)) (latent diffusion's VAE and UNet
+// attention blocks: torch.bmm(v, w.permute(0, 2, 1)) over [B, C, HW]): the same attention with
+// V = Transpose(V^T), its output transposed back. The MatMul becomes that Transpose, keeping its
+// name and output value, when the rest of the chain matches; otherwise the graph is left as it is.
+//
 // PyTorch's scaled_dot_product_attention as torch.onnx writes it (transformers' default "sdpa"
 // attention): Q and K^T each scaled by sqrt(scale), a boolean mask as Where(mask, 0, -inf) added,
 // and the probabilities guarded by Where(IsNaN(p), 0, p) before the P.V MatMul; the guard is
@@ -332,6 +337,61 @@ std::optional<Sdpa> match(const UseMap& u, const Node& pv) {
   return m;
 }
 
+// The axes [0, 1, ..., r-1] with the last two swapped.
+std::vector<int64_t> swapped_axes(size_t r) {
+  std::vector<int64_t> swap(r);
+  for (size_t i = 0; i < r; ++i) swap[i] = int64_t(i);
+  std::swap(swap[r - 2], swap[r - 1]);
+  return swap;
+}
+
+Type with_last_two_swapped(Type t) {
+  const size_t r = t.shape->dims.size();
+  std::swap(t.shape->dims[r - 2], t.shape->dims[r - 1]);
+  return t;
+}
+
+// ot = MatMul(V^T, Transpose(P)) whose P ends a chain `match` takes: rewritten as
+// Transpose(MatMul(P, Transpose(V^T))), ot's node the outer Transpose; returns the new P.V MatMul
+// and adds P's Transpose, now unread, to `dead`.
+Node* untranspose_pv(Graph& g, UseMap& u, Node& ot, std::vector<Node*>& dead) {
+  if (ot.inputs.size() != 2 || !ot.inputs[0] || !ot.inputs[1] || !ot.has_output(0)) return nullptr;
+  Node* tp = sole_producer(u, ot.inputs[1], OpKind::kTranspose);
+  Value* vt = ot.inputs[0];
+  if (!tp || !tp->inputs[0] || !vt->type.has_rank() || !ot.outputs[0]->type.has_rank()) return nullptr;
+  const size_t r = vt->type.shape->dims.size();
+  if ((r != 3 && r != 4) || tp->attr_ints("perm") != swapped_axes(r) || ot.outputs[0]->type.shape->dims.size() != r) {
+    return nullptr;
+  }
+  // The chain as it would read once rewritten, checked on stand-ins before anything changes.
+  Value v_in, o_out;
+  v_in.type = with_last_two_swapped(vt->type);
+  o_out.type = with_last_two_swapped(ot.outputs[0]->type);
+  Node trial;
+  trial.op = OpKind::kMatMul;
+  trial.inputs = {tp->inputs[0], &v_in};
+  trial.outputs = {&o_out};
+  if (!match(u, trial)) return nullptr;
+  const std::string base = ot.name.empty() ? ot.outputs[0]->name : ot.name;
+  Node* v = g.add_node(OpKind::kTranspose, {vt}, 1, g.unique_name(base + "_values"));
+  v->attrs["perm"] = Attribute::of_ints(swapped_axes(r));
+  v->outputs[0]->type = v_in.type;
+  u.add_node(v);
+  Node* pv = g.add_node(OpKind::kMatMul, {tp->inputs[0], v->outputs[0]}, 1, g.unique_name(base + "_pv"));
+  pv->outputs[0]->type = o_out.type;
+  u.set_input(tp, 0, nullptr);  // P's one reader is the new MatMul, as `match` requires
+  u.add_node(pv);
+  u.set_input(&ot, 0, pv->outputs[0]);
+  u.set_input(&ot, 1, nullptr);
+  ot.inputs.resize(1);
+  ot.op = OpKind::kTranspose;
+  ot.attrs.clear();
+  ot.attrs["perm"] = Attribute::of_ints(swapped_axes(r));
+  g.note_absorbed(*tp, *pv);
+  dead.push_back(tp);
+  return pv;
+}
+
 // a + b for two additive masks that both broadcast into the scores (so where neither dim is 1 they
 // agree): a new Add node, its dims the two broadcast right-aligned.
 Value* add_masks(Graph& g, UseMap& u, Value* a, Value* b, const std::string& name) {
@@ -419,7 +479,11 @@ Expected<bool> fuse_attention(Graph& g) {
   for (const auto& np : g.nodes) {
     if (np->op == OpKind::kMatMul) roots.push_back(np.get());
   }
+  for (size_t i = 0, n = roots.size(); i < n; ++i) {
+    if (Node* pv = untranspose_pv(g, uses, *roots[i], dead)) roots.push_back(pv);
+  }
   for (Node* pv : roots) {
+    if (pv->op != OpKind::kMatMul) continue;  // a transposed P.V MatMul, now the Transpose after it
     if (std::find(dead.begin(), dead.end(), pv) != dead.end()) continue;
     auto m = match(uses, *pv);
     if (!m) continue;

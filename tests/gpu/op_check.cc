@@ -118,7 +118,7 @@ struct Reference {
 // as in every real build. The lowering no longer matches them itself: fusion is the passes' call.
 const std::set<std::string> kThroughPasses = {
     "gelu_erf_pattern", "gelu_tanh_pattern", "attention_bert", "attention_bert_rowmask", "attention_cross",
-    "attention_causal", "attention_vit_packed", "gemm_tanh_gelu", "linear_erf_gelu", "group_norm_silu", "conv1d_speech",
+    "attention_causal", "attention_vit_packed", "attention_transposed_pv", "gemm_tanh_gelu", "linear_erf_gelu", "group_norm_silu", "conv1d_speech",
     "conv1d_strided_grouped", "convtranspose1d", "einsum_scores", "einsum_projection", "conv_group_norm_silu_nhwc",
     "groupnorm_export_form", "conv_group_norm_silu_nhwc_wide", "qmatmul_u8s8_per_channel_bias", "qmatmul_s8s8_zero_point", "qmatmul_fp8_per_channel_bias",
     "qmatmul_fp8_per_tensor", "qmatmul_s8s8_residual_gelu", "qmatmul_u8s8_multi_tile", "qmatmul_fp8_multi_tile",

@@ -291,6 +291,11 @@ Status lower_replacement(Lowering& L, const Node& n, const Replacement& r);
 // Attention nodes (and the views feeding them) -> one fused kernel (lower_attention.cc).
 void find_attention(Lowering& L);
 void find_conv_input_clips(Lowering& L);  // lower_conv.cc
+// A 2-D convolution of K output channels, K not a multiple of 8, lowered by `lower` as one of K
+// rounded up to 8 (zero filters made at build) and then a copy of its first K channels
+// (lower_conv_pad.cc). False, with nothing emitted, where the padded convolution declines.
+Expected<bool> lower_conv_padded_k(Lowering& L, const Node& n, const Tensor& w, const Tensor* bias,
+                                   const std::function<Status(const Node&)>& lower);
 void find_norm_input_bias(Lowering& L);   // lower_norm.cc
 Status lower_attention(Lowering& L, const Node& root, const AttentionMatch& m);
 

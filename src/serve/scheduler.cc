@@ -78,8 +78,15 @@ Scheduler::Scheduler(std::vector<Session> sessions, const ModelSettings& setting
     : settings_(settings), metrics_(metrics), outputs_(std::move(outputs)), gpu_(gpu) {
   for (Session& s : sessions) slots_.push_back(std::make_unique<Slot>(std::move(s)));
   for (auto& slot : slots_) workers_.emplace_back([this, s = slot.get()] { work(*s); });
-  timer_thread_ = std::thread([this] { expire(); });
-  for (int k = 0; k < 4; ++k) answerers_.emplace_back([this] { answer_loop(); });
+}
+
+// The timer and answer threads serve submitted requests alone: started by the first submit(), so a
+// repository served over HTTP only holds no idle threads for them per model version.
+void Scheduler::start_submit_threads() {
+  std::call_once(submit_threads_once_, [this] {
+    timer_thread_ = std::thread([this] { expire(); });
+    for (int k = 0; k < 4; ++k) answerers_.emplace_back([this] { answer_loop(); });
+  });
 }
 
 Scheduler::~Scheduler() {
@@ -91,7 +98,7 @@ Scheduler::~Scheduler() {
   timer_.notify_all();
   lock.unlock();
   for (std::thread& t : workers_) t.join();
-  timer_thread_.join();
+  if (timer_thread_.joinable()) timer_thread_.join();
   {
     std::lock_guard<std::mutex> g(answers_mu_);
     answers_stop_ = true;  // every submitted request was answered (callers_ is 0)
@@ -204,21 +211,29 @@ void Scheduler::submit(const std::vector<TensorView>& inputs, uint64_t timeout_u
   Pending* p = owned.get();
   prepare(*p, inputs, timeout_us, deadline, targets);
   p->done_cb = std::move(done);
+  start_submit_threads();
   std::unique_lock<std::mutex> lock(mu_);
-  enqueue(*p);
+  // Whatever can fail (the deadline's entry, a full queue) fails before the request is queued: an
+  // exception out of here means it was refused and its `done` will not be called.
+  if (p->until != Clock::time_point::max()) {  // the timer answers it if it is still queued then
+    p->deadline = deadlines_.emplace(p->until, p);
+    p->has_deadline = true;
+  }
+  try {
+    enqueue(*p);
+  } catch (...) {
+    if (p->has_deadline) deadlines_.erase(p->deadline);
+    throw;
+  }
   owned.release();  // the scheduler's until answer() calls done_cb
   // Run here only when the batch forms at once: the callback API's handlers must not block on a
-  // queue delay (gRPC runs them on a few threads).
+  // queue delay (gRPC runs them on a few threads). The batch takes it off the deadlines.
   Slot* idle = idle_slot();
   if (idle && forms_now()) {
     run_batch(lock, *idle, Clock::time_point::max());
     return;
   }
-  if (p->until != Clock::time_point::max()) {  // queued: the timer answers it if it is still there then
-    p->deadline = deadlines_.emplace(p->until, p);
-    p->has_deadline = true;
-    if (p->deadline == deadlines_.begin()) timer_.notify_one();
-  }
+  if (p->has_deadline && p->deadline == deadlines_.begin()) timer_.notify_one();
   queued_.notify_all();
 }
 

@@ -141,6 +141,7 @@ class Scheduler {
   // One caller or submitted request fewer; tells the destructor when it was the last. `locked`:
   // whether this thread holds the lock.
   void leave(bool locked);
+  void start_submit_threads();
   // The timer thread: answers submitted requests that are still queued at their deadline (504).
   void expire();
   // Whether the batch at the head of the queue would be formed without waiting (lock held, queue
@@ -205,7 +206,8 @@ class Scheduler {
   std::atomic<int> callers_{0};  // threads inside run() and submitted requests not yet answered
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<std::thread> workers_;  // one a slot
-  std::thread timer_thread_;
+  std::thread timer_thread_;             // with the answer threads, from the first submit()
+  std::once_flag submit_threads_once_;
   std::mutex answers_mu_;
   std::condition_variable answers_cv_;
   std::deque<Pending*> answers_;  // submitted requests answered by a worker, their `done` not yet called

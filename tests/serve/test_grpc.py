@@ -358,9 +358,13 @@ def test_timeout_and_full_queue(server):
     time.sleep(0.1)
     with pytest.raises(InferenceServerException, match="queue is full"):
         c.infer("slow", [slow_input(1)])
+    # Refused with a timeout of its own: no deadline of it may stay behind for the timer to find.
+    with pytest.raises(InferenceServerException, match="queue is full"):
+        c.infer("slow", [slow_input(1)], timeout=200000)
     a.join()
     b.join()
-    assert len(done) == 2  # neither the timeout nor the rejection disturbed the others
+    time.sleep(0.3)  # past the refused request's deadline
+    assert len(done) == 2  # neither the timeout nor the rejections disturbed the others
     y = c.infer("slow", [slow_input(1)]).as_numpy("y")
     assert y.shape == (1, 256, 256) and np.isfinite(y).all()
 

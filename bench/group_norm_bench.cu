@@ -107,16 +107,10 @@ int main() {
     cudaMemcpy(x, hx.data(), bytes, cudaMemcpyHostToDevice);
     cudaMemcpy(bias, hb.data(), hb.size() * sizeof(__half), cudaMemcpyHostToDevice);
     cudaMemcpy(p, hp.data(), hp.size() * sizeof(float), cudaMemcpyHostToDevice);
-    k::GroupNormArgs a;
-    a.dt = k::DT::kF16;
+    k::GroupNormArgs a = k::group_norm_shape(k::DT::kF16, sh.n, sh.c, groups, sh.hw, 1e-5f, 2);
     a.x = x;
     a.scale = a.shift = p;
     a.y = y;
-    a.n = sh.n;
-    a.c = sh.c;
-    a.groups = groups;
-    a.spatial = sh.hw;
-    a.act = 2;
     a.scratch = scratch;
     auto three = [&] { return k::group_norm_nhwc(a, pixels, s); };
     auto one = [&](int b) { return k::group_norm_nhwc_one_launch(a, b, s); };

@@ -340,16 +340,10 @@ Expected<int> pick_group_norm_launch(Lowering& L, k::DT dt, int64_t nb, int64_t 
   int best = 0;  // the divisor of `most`; 0: three launches
   float best_ms = -1;
   if (x.ok() && y.ok() && p.ok() && scratch.ok()) {
-    k::GroupNormArgs a;
-    a.dt = dt;
+    k::GroupNormArgs a = k::group_norm_shape(dt, nb, c, groups, spatial, 1e-5f, act);
     a.x = x.copy(0);
     a.scale = a.shift = static_cast<const float*>(p.copy(0));
     a.y = y.copy(0);
-    a.n = nb;
-    a.c = c;
-    a.groups = groups;
-    a.spatial = spatial;
-    a.act = act;
     a.scratch = scratch.copy(0);
     for (int d : {0, 1, 2, 4}) {
       if (d > 1 && most / d < 1) continue;  // small batches: fewer, fuller blocks merge faster
@@ -507,20 +501,13 @@ Expected<StepFn> bind_group_norm(Params& in, BindCtx&) {
   // holds fewer than the build's, the three launches run instead.
   const bool one = layout == 3 && k::group_norm_nhwc_one_blocks(dt, nb, c, groups, spatial) >= blocks;
   return StepFn([=](const RunCtx& cx) {
-    k::GroupNormArgs a;
-    a.dt = dt;
+    k::GroupNormArgs a = k::group_norm_shape(dt, nb, c, groups, spatial, eps, act);
     a.x = cx.ptr(xr);
     a.x_bias = biased ? cx.ptr(br) : nullptr;
     a.bias_stride = bstride;
     a.scale = static_cast<const float*>(cx.ptr(sr));
     a.shift = static_cast<const float*>(cx.ptr(tr));
     a.y = cx.ptr(yr);
-    a.n = nb;
-    a.c = c;
-    a.groups = groups;
-    a.spatial = spatial;
-    a.eps = eps;
-    a.act = act;
     a.scratch = cx.ptr(scr);
     if (one) return cuda_status(k::group_norm_nhwc_one_launch(a, int(blocks), cx.stream), "group_norm_nhwc_one_launch");
     if (nhwc) return cuda_status(k::group_norm_nhwc(a, pixels, cx.stream), "group_norm_nhwc");

@@ -185,6 +185,19 @@ struct GroupNormArgs {
   int act = 0;
   void* scratch = nullptr;
 };
+// The shape and math of one normalization; the caller sets the pointers.
+inline GroupNormArgs group_norm_shape(DT dt, int64_t n, int64_t c, int64_t groups, int64_t spatial, float eps = 1e-5f,
+                                      int act = 0) {
+  GroupNormArgs a;
+  a.dt = dt;
+  a.n = n;
+  a.c = c;
+  a.groups = groups;
+  a.spatial = spatial;
+  a.eps = eps;
+  a.act = act;
+  return a;
+}
 // NCHW: `scratch` holds group_norm_scratch_bytes(...) bytes (per-row statistics and per-chunk partials).
 size_t group_norm_scratch_bytes(int64_t n, int64_t c, int64_t groups, int64_t spatial);
 cudaError_t group_norm(const GroupNormArgs& a, cudaStream_t s);

@@ -593,13 +593,7 @@ int group_norm_nhwc_one_blocks(DT dt, int64_t n, int64_t c, int64_t groups, int6
   int fit = 0;
   // Null pointers are aligned: the widest vectors, as an aligned run takes them (an unaligned one
   // needs no more room).
-  GroupNormArgs probe;
-  probe.dt = dt;
-  probe.n = n;
-  probe.c = c;
-  probe.groups = groups;
-  probe.spatial = spatial;
-  if (run_one(probe, 0, nullptr, &fit) != cudaSuccess) {
+  if (run_one(group_norm_shape(dt, n, c, groups, spatial), 0, nullptr, &fit) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }

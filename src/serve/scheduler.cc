@@ -83,9 +83,10 @@ Scheduler::Scheduler(std::vector<Session> sessions, const ModelSettings& setting
 // The timer and answer threads serve submitted requests alone: started by the first submit(), so a
 // repository served over HTTP only holds no idle threads for them per model version.
 void Scheduler::start_submit_threads() {
+  // Resumable: where a thread fails to start, call_once throws and the next submit() starts the rest.
   std::call_once(submit_threads_once_, [this] {
-    timer_thread_ = std::thread([this] { expire(); });
-    for (int k = 0; k < 4; ++k) answerers_.emplace_back([this] { answer_loop(); });
+    if (!timer_thread_.joinable()) timer_thread_ = std::thread([this] { expire(); });
+    while (answerers_.size() < 4) answerers_.emplace_back([this] { answer_loop(); });
   });
 }
 

@@ -124,7 +124,8 @@ const std::set<std::string> kThroughPasses = {
     "qmatmul_fp8_per_tensor", "qmatmul_s8s8_residual_gelu", "qmatmul_u8s8_multi_tile", "qmatmul_fp8_multi_tile",
     "qmatmul_u8_zero_point_37", "qmatmul_s8s8_bias_through_cast",
     "attention_swin_windows", "attention_sdpa_guarded", "conv_group_norm_silu_one_launch", "conv_group_norm_silu_three_launches",
-    "conv_add_emb_group_norm_silu_one_launch", "conv_add_emb_group_norm_three_launches", "conv_add_shared_bias_group_norm"};
+    "conv_add_emb_group_norm_silu_one_launch", "conv_add_emb_group_norm_three_launches", "conv_add_shared_bias_group_norm",
+    "conv_add_emb_group_norm_walked"};
 
 Expected<Reference> cpu_reference(const Case& c, uint64_t seed) {
   Reference r;

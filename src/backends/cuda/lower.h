@@ -143,6 +143,7 @@ struct InputClip {
 // An Add in front of a GroupNorm of a value broadcast per image and channel, applied by the norm
 // as it reads x (find_norm_input_bias): `stride` elements of `bias` per image, 0 for one shared.
 struct NormInputBias {
+  const Node* add = nullptr;
   const Value* x = nullptr;
   const Value* bias = nullptr;
   int64_t stride = 0;

@@ -62,8 +62,12 @@ Expected<bool> lower_conv_padded_k(Lowering& L, const Node& n, const Tensor& w, 
   pc->node.outputs = {&pc->y};
   L.keep_alive.push_back(pc);
 
+  // The input in NHWC first, kept whatever follows: a lowering caches the conversion, so one made
+  // inside an attempt that declines would be cached with its step dropped.
+  KILN_RETURN_IF_ERROR(L.nhwc(n.inputs[0]).status());
   const size_t first = L.steps.size();
   if (Status s = lower(pc->node); !s) {  // the unpadded convolution's own path may still take it
+    if (s.code() != ErrorCode::kUnsupported) return s;
     L.steps.resize(first);
     for (auto it = L.copy_records.begin(); it != L.copy_records.end();) {
       it = it->first >= first ? L.copy_records.erase(it) : std::next(it);

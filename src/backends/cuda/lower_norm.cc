@@ -291,7 +291,7 @@ void find_norm_input_bias(Lowering& L) {
       bool ok = dim(1) == yd[1] && (dim(0) == yd[0] || dim(0) == 1) && prod_of(bd, 0, bd.size()) < prod_of(yd, 0, yd.size());
       for (size_t a = 2; a < yd.size(); ++a) ok = ok && dim(a) == 1;
       if (!ok) continue;
-      L.norm_input_bias[norm] = NormInputBias{h, b, dim(0) == yd[0] && yd[0] > 1 ? yd[1] : 0};
+      L.norm_input_bias[norm] = NormInputBias{&add, h, b, dim(0) == yd[0] && yd[0] > 1 ? yd[1] : 0};
       L.mark_fused(&add, norm);
       break;
     }
@@ -470,10 +470,17 @@ Status lower_group_norm_with(Lowering& L, const Node& n, const NormInputBias* ib
 Status lower_group_norm(Lowering& L, const Node& n) {
   const auto ib_it = L.norm_input_bias.find(&n);
   const NormInputBias* ib = ib_it == L.norm_input_bias.end() ? nullptr : &ib_it->second;
-  if (ib) {  // the Add fused in is no step of its own: declining now would leave its output unwritten
+  if (ib) {
     Status s = lower_group_norm_with(L, n, ib);
-    if (!s) return KILN_ERROR(kInternal, "{} with the Add in front of it: {}", n.describe(), s.message());
-    return s;
+    if (s || s.code() != ErrorCode::kUnsupported) return s;
+    // The Add was taken as no step of its own: where the norm declines it, the Add runs here and
+    // the norm reads its output as usual (or goes to the CPU reading it).
+    const auto& table = lowering_table();
+    auto add = table.find(OpKind::kAdd);
+    if (add == table.end()) return KILN_ERROR(kInternal, "no CUDA lowering for Add");
+    if (Status a = add->second(L, *ib->add); !a) {
+      return KILN_ERROR(kInternal, "{} in front of {}: {}", ib->add->describe(), n.describe(), a.message());
+    }
   }
   return lower_group_norm_with(L, n, nullptr);
 }

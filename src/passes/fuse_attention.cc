@@ -353,8 +353,8 @@ Type with_last_two_swapped(Type t) {
 
 // ot = MatMul(V^T, Transpose(P)) whose P ends a chain `match` takes: rewritten as
 // Transpose(MatMul(P, Transpose(V^T))), ot's node the outer Transpose; returns the new P.V MatMul
-// and adds P's Transpose, now unread, to `dead`.
-Node* untranspose_pv(Graph& g, UseMap& u, Node& ot, std::vector<Node*>& dead) {
+// and adds P's Transpose, now unread, to `dead` and to `p_transposes` (the MatMul's).
+Node* untranspose_pv(Graph& g, UseMap& u, Node& ot, std::vector<Node*>& dead, std::map<Node*, Node*>& p_transposes) {
   if (ot.inputs.size() != 2 || !ot.inputs[0] || !ot.inputs[1] || !ot.has_output(0)) return nullptr;
   Node* tp = sole_producer(u, ot.inputs[1], OpKind::kTranspose);
   Value* vt = ot.inputs[0];
@@ -387,8 +387,8 @@ Node* untranspose_pv(Graph& g, UseMap& u, Node& ot, std::vector<Node*>& dead) {
   ot.op = OpKind::kTranspose;
   ot.attrs.clear();
   ot.attrs["perm"] = Attribute::of_ints(swapped_axes(r));
-  g.note_absorbed(*tp, *pv);
   dead.push_back(tp);
+  p_transposes[pv] = tp;
   return pv;
 }
 
@@ -479,8 +479,9 @@ Expected<bool> fuse_attention(Graph& g) {
   for (const auto& np : g.nodes) {
     if (np->op == OpKind::kMatMul) roots.push_back(np.get());
   }
+  std::map<Node*, Node*> p_transposes;  // a rewritten P.V MatMul -> the Transpose of P it replaced
   for (size_t i = 0, n = roots.size(); i < n; ++i) {
-    if (Node* pv = untranspose_pv(g, uses, *roots[i], dead)) roots.push_back(pv);
+    if (Node* pv = untranspose_pv(g, uses, *roots[i], dead, p_transposes)) roots.push_back(pv);
   }
   for (Node* pv : roots) {
     if (pv->op != OpKind::kMatMul) continue;  // a transposed P.V MatMul, now the Transpose after it
@@ -578,6 +579,7 @@ Expected<bool> fuse_attention(Graph& g) {
     pv->op = m->windows ? OpKind::kReshape : r == 3 ? OpKind::kSqueeze : OpKind::kAttention;
     att->attrs["scale"] = Attribute::of_float(float(m->scale));
     for (Node* a : m->absorbed) g.note_absorbed(*a, *att);
+    if (auto tp = p_transposes.find(pv); tp != p_transposes.end()) g.note_absorbed(*tp->second, *att);
     dead.insert(dead.end(), m->absorbed.begin(), m->absorbed.end());
   }
   if (dead.empty()) return false;

@@ -170,10 +170,7 @@ class CudaStepBackend : public StepBackend {
     if (!s) {
       // A lowering may decline after emitting a step of its own (a patch copy before the GEMM
       // that then finds no algorithm): drop it, so the node's host step is its only work.
-      L_.steps.resize(emitted);
-      for (auto it = L_.copy_records.begin(); it != L_.copy_records.end();) {
-        it = it->first >= emitted ? L_.copy_records.erase(it) : std::next(it);
-      }
+      L_.drop_steps_from(emitted);
       return s;
     }
     Lowered r;

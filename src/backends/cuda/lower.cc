@@ -2,6 +2,7 @@
 #include "backends/cuda/lower.h"
 #include "backends/cuda/weight_pool.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/ranges.h>
@@ -323,6 +324,13 @@ int Lowering::node_index(const Node* n) const {
 }
 
 void Lowering::mark_fused(const Node* n, const Node* into) { fused_[n] = into; }
+
+void Lowering::drop_steps_from(size_t first) {
+  steps.resize(std::min(first, steps.size()));
+  for (auto it = copy_records.begin(); it != copy_records.end();) {
+    it = it->first >= first ? copy_records.erase(it) : std::next(it);
+  }
+}
 
 std::string_view act_name(Act a) {
   switch (a) {

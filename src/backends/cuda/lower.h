@@ -222,6 +222,8 @@ class Lowering {
   // kernel emitted now gains from programmatic serialization, if it waits before its first access.
   bool follows_trigger() const { return !steps.empty() && steps.back().triggers_dependents; }
   void mark_fused(const Node* n, const Node* into);  // n needs no step of its own (into's cover it)
+  // Drops the steps from index `first` on, with their copy records (a lowering that declined).
+  void drop_steps_from(size_t first);
   bool is_fused(const Node* n) const { return fused_.count(n) != 0; }
   const Node* fused_into(const Node* n) const {
     auto it = fused_.find(n);

@@ -489,18 +489,6 @@ Status lower_conv(Lowering& L, const Node& n) {
   if (!in_clip && (!w || (n.has_input(2) && !bias_t))) return lower_conv_fed(L, n);
   if (!w || w->rank() != 4) KILN_UNSUPPORTED("Conv needs a 4-D weight (2-D convolution)");
   if (n.has_input(2) && !bias_t) KILN_UNSUPPORTED("Conv bias computed at run time");
-  // Output channels short of a multiple of 8 in half NHWC: padded at build (lower_conv_pad.cc) where
-  // nothing is fused after the convolution (an Add, a Relu or a SiLU would see the padding) and it
-  // is no GEMM (kernel == stride, no padding: cuBLASLt takes any K).
-  const std::vector<int64_t> kst = n.attr_ints("strides", {1, 1});
-  const bool gemm_like = kst.size() == 2 && kst[0] == w->dim(2) && kst[1] == w->dim(3) &&
-                         n.attr_ints("pads", {0, 0, 0, 0}) == std::vector<int64_t>{0, 0, 0, 0};
-  if (!in_clip && !gemm_like && L.half() && w->dim(0) % 8 != 0 && w->dim(1) % 8 == 0 && n.attr_int("group", 1) == 1 &&
-      !next_op(L, n.outputs[0], OpKind::kAdd) && !next_op(L, n.outputs[0], OpKind::kRelu) &&
-      silu_after(L, n.outputs[0]).empty()) {
-    KILN_ASSIGN_OR_RETURN(bool padded, lower_conv_padded_k(L, n, *w, bias_t, [&L](const Node& m) { return lower_conv(L, m); }));
-    if (padded) return Status::ok();
-  }
   auto p4 = pads4(n);
   if (!p4) KILN_UNSUPPORTED("Conv with auto_pad {}", n.attr_string("auto_pad", ""));
   if ((*p4)[2] < (*p4)[0] || (*p4)[3] < (*p4)[1]) KILN_UNSUPPORTED("Conv with more padding at the start than the end");
@@ -514,6 +502,15 @@ Status lower_conv(Lowering& L, const Node& n) {
   // GEMM (below); other convolutions over fewer than 8 channels may transform their input (SmallC).
   bool patch = lay == Layout::kNHWC && group == 1 && st[0] == w->dim(2) && st[1] == w->dim(3) && dil[0] == 1 &&
                dil[1] == 1 && (*p4) == std::array<int64_t, 4>{0, 0, 0, 0};
+  // Output channels short of a multiple of 8 in NHWC: padded at build (lower_conv_pad.cc) where
+  // nothing is fused after the convolution (an Add, a Relu or a SiLU would see the padding); a
+  // patch GEMM takes any K as it is.
+  if (lay == Layout::kNHWC && group == 1 && !patch && !in_clip && w->dim(0) % 8 != 0 && w->dim(1) % 8 == 0 &&
+      !next_op(L, n.outputs[0], OpKind::kAdd) && !next_op(L, n.outputs[0], OpKind::kRelu) &&
+      silu_after(L, n.outputs[0]).empty()) {
+    KILN_ASSIGN_OR_RETURN(bool padded, lower_conv_padded_k(L, n, *w, bias_t, [&L](const Node& m) { return lower_conv(L, m); }));
+    if (padded) return Status::ok();
+  }
   std::vector<int64_t> yd_dims;
   for (const Dim& d : n.outputs[0]->type.shape->dims) yd_dims.push_back(d.value());
   std::optional<SmallC> small;

@@ -68,10 +68,7 @@ Expected<bool> lower_conv_padded_k(Lowering& L, const Node& n, const Tensor& w, 
   const size_t first = L.steps.size();
   if (Status s = lower(pc->node); !s) {  // the unpadded convolution's own path may still take it
     if (s.code() != ErrorCode::kUnsupported) return s;
-    L.steps.resize(first);
-    for (auto it = L.copy_records.begin(); it != L.copy_records.end();) {
-      it = it->first >= first ? L.copy_records.erase(it) : std::next(it);
-    }
+    L.drop_steps_from(first);
     return false;
   }
   // The steps count as the node's (the profile groups steps by ONNX node).

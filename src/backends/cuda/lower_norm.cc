@@ -243,9 +243,9 @@ Expected<StepFn> bind_channel_affine(Params& in, BindCtx&) {
   });
 }
 
-// Whether lower_group_norm takes n (its declines, checked ahead): float x of static rank >= 3,
-// channels in whole groups, rows the statistics kernels can take, constant parameters of c or
-// `groups` values.
+// Whether lower_group_norm will take n, so that an Add is fused in front of it only then: float x of
+// static rank >= 3, channels in whole groups, rows the statistics kernels can take, constant
+// parameters of c or `groups` values (where it declines anyway, lower_group_norm runs the Add).
 bool group_norm_lowers(const Lowering& L, const Node& n) {
   const Type& t = n.inputs[0]->type;
   if (!t.is_tensor() || !t.has_rank() || !t.shape->is_static() || t.shape->rank() < 3) return false;
@@ -297,7 +297,6 @@ void find_norm_input_bias(Lowering& L) {
     }
   }
 }
-
 
 namespace {
 
@@ -366,8 +365,8 @@ Expected<int> pick_group_norm_launch(Lowering& L, k::DT dt, int64_t nb, int64_t 
 // or per-channel values computed at run time),
 // and the output's only reader fused in when it is Relu or SiLU (diffusion UNets' GroupNorm ->
 // SiLU), and an Add in front of it of a value broadcast per image and channel (find_norm_input_bias).
-// NCHW x, or NHWC straight from a convolution; statistics scratch in the arena.
-
+// NCHW x, or NHWC straight from a convolution; statistics scratch in the arena. With `ib`, the Add
+// in front of it is applied as x is read.
 Status lower_group_norm_with(Lowering& L, const Node& n, const NormInputBias* ib) {
   const bool instance = n.op == OpKind::kInstanceNormalization;
   // A convolution's NHWC output is normalized in its layout (no round trip through NCHW), its

@@ -97,7 +97,8 @@ enum class StepOp : uint16_t {
   kCudnnGraphConv,  // a cuDNN operation graph: convolution + bias + residual + activation (lower_conv_graph.cc)
   kFakeQuant,       // k::fake_quant (QuantizedMatMul's activation when its product runs in 16 bits)
   kGemmSm90Quant,   // k::gemm_sm90_q8 (QuantizedMatMul's 8-bit product on Hopper, dequantized in its epilogue)
-  kLast = kGemmSm90Quant,
+  kSqueezeExcite,   // k::squeeze_excite (a squeeze-and-excitation gate: mean, two layers, activations)
+  kLast = kSqueezeExcite,
 };
 
 // What a step sees when it runs: the session's stream, handles and memory.

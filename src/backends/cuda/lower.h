@@ -150,11 +150,27 @@ struct NormInputBias {
 };
 
 struct AttentionMatch;  // lower_attention.cc
-// An Attention node run as the fused kernel, rooted where its output is written (the node, or a
-// head Transpose after it); `fused` are the nodes it swallows (lower_attention.cc).
+
+// A squeeze-and-excitation gate found whole (lower_squeeze_excite.cc): the spatial mean of x
+// [n, c, spatial...], two fully connected layers (host f32 weights w1 [cr, c] and w2 [c, cr],
+// biases possibly empty) and their activations; `nodes` in order, the root (writing `out`) last.
+struct SqueezeExcite {
+  const Value* x = nullptr;
+  const Value* out = nullptr;
+  int64_t n = 0, c = 0, cr = 0, spatial = 0;
+  Tensor w1, b1, w2, b2;
+  k::Unary act1 = k::Unary::kIdentity, act2 = k::Unary::kIdentity;
+  k::UnaryParams p1, p2;
+  std::vector<const Node*> nodes;
+};
+
+// A multi-node pattern run by one lowering, rooted where its output is written; `fused` are the
+// nodes it swallows. An Attention node as the fused kernel (the node, or a head Transpose after
+// it: lower_attention.cc), or a squeeze-excite gate.
 struct Replacement {
   std::vector<const Node*> fused;
   std::shared_ptr<const AttentionMatch> attention;
+  std::shared_ptr<const SqueezeExcite> squeeze_excite;
 };
 
 // Device scratch for build-time timing, freed on every path.
@@ -300,6 +316,9 @@ void find_conv_input_clips(Lowering& L);  // lower_conv.cc
 Expected<bool> lower_conv_padded_k(Lowering& L, const Node& n, const Tensor& w, const Tensor* bias,
                                    const std::function<Status(const Node&)>& lower);
 void find_norm_input_bias(Lowering& L);   // lower_norm.cc
+void find_squeeze_excite(Lowering& L);    // lower_squeeze_excite.cc
+Status lower_squeeze_excite(Lowering& L, const Node& root, const SqueezeExcite& m);
+void register_squeeze_excite_binder(std::map<StepOp, BindFn>& t);
 Status lower_attention(Lowering& L, const Node& root, const AttentionMatch& m);
 
 // A cuBLASLt matmul, row-major: y = act(alpha * a.b + beta * c + bias). Used by MatMul/Gemm and

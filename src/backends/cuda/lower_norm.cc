@@ -794,6 +794,7 @@ void register_norm_binders(std::map<StepOp, BindFn>& t) {
   t[StepOp::kChannelAffine] = bind_channel_affine<false>;
   t[StepOp::kChannelAffineClamp] = bind_channel_affine<true>;
   t[StepOp::kGroupNorm] = bind_group_norm;
+  register_squeeze_excite_binder(t);
   t[StepOp::kReduce] = bind_reduce;
   t[StepOp::kArgReduce] = bind_arg_reduce<false>;
   t[StepOp::kArgReduceLast] = bind_arg_reduce<true>;

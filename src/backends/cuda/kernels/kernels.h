@@ -217,6 +217,30 @@ int group_norm_nhwc_one_blocks(DT dt, int64_t n, int64_t c, int64_t groups, int6
 size_t group_norm_nhwc_one_scratch_bytes(int64_t n, int64_t groups, int b);
 cudaError_t group_norm_nhwc_one_launch(const GroupNormArgs& a, int b, cudaStream_t s);
 
+// Squeeze-and-excitation's gate (squeeze_excite.cu): per image, the mean of x over its pixels per
+// channel, then g = act2(b2 + W2 . act1(b1 + W1 . mean)) as [n, c] of dt. x is [n, spatial, c]
+// (channels_last) or [n, c, spatial]; w1 is [cr, c] and w2 [c, cr], b1 [cr] and b2 [c] optional,
+// all of dt. One cooperative launch of `blocks` blocks (squeeze_excite_blocks: as many as help, at
+// most what fits the current GPU at once; 0 where it cannot run) and `splits` runs of pixels per
+// image (squeeze_excite_splits); `part` holds squeeze_excite_scratch_bytes(n, c, cr, splits) bytes.
+inline constexpr int64_t kSqueezeExciteMaxC = 4096, kSqueezeExciteMaxCr = 1024;
+struct SqueezeExciteArgs {
+  DT dt = DT::kF32;
+  const void* x = nullptr;
+  bool channels_last = false;
+  int64_t n = 0, c = 0, spatial = 0, cr = 0;
+  const void *w1 = nullptr, *b1 = nullptr, *w2 = nullptr, *b2 = nullptr;
+  Unary act1 = Unary::kIdentity, act2 = Unary::kIdentity;
+  UnaryParams p1, p2;
+  void* g = nullptr;
+  float* part = nullptr;
+};
+bool squeeze_excite_act_ok(Unary op);  // the activations the kernel applies
+int squeeze_excite_splits(int64_t c, int64_t spatial, bool channels_last);
+size_t squeeze_excite_scratch_bytes(int64_t n, int64_t c, int64_t cr, int splits);
+int squeeze_excite_blocks(const SqueezeExciteArgs& a, int splits);
+cudaError_t squeeze_excite(const SqueezeExciteArgs& a, int splits, int blocks, cudaStream_t s);
+
 // Pad of x (dims in_dims) into y (out_dims), rank <= kMaxRank, any element width up to 8 bytes:
 // y[o] = x[src(o - begin)] per dim, where a coordinate outside x is the constant `value_bits`
 // (mode 0), mirrored (1, reflect), clamped (2, edge) or wrapped (3). Negative begin crops.

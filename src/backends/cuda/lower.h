@@ -303,8 +303,8 @@ void register_quant_lowerings(std::map<OpKind, LowerFn>& t);  // lower_gemm_quan
 void register_loss_lowerings(std::map<OpKind, LowerFn>& t);   // lower_loss.cc: NLL and SCE losses
 void register_collective_lowerings(std::map<OpKind, LowerFn>& t);  // lower_collective.cc: NCCL
 const std::map<OpKind, LowerFn>& lowering_table();
-// Finds the multi-node patterns (attention, Clip into depthwise conv) before lowering;
-// lower_replacement lowers a root.
+// Finds the multi-node patterns (attention, Clip into depthwise conv, Add into GroupNorm,
+// squeeze-excite gates) before lowering; lower_replacement lowers a root.
 void find_patterns(Lowering& L);
 Status lower_replacement(Lowering& L, const Node& n, const Replacement& r);
 // Attention nodes (and the views feeding them) -> one fused kernel (lower_attention.cc).

@@ -2,9 +2,9 @@
 // nodes are skipped as they come up in topological order): Attention nodes with the views that
 // feed them (lower_attention.cc), a Clip read by a depthwise convolution (lower_conv.cc) and a
 // broadcast Add read by a GroupNorm (lower_norm.cc), a squeeze-and-excitation gate
-// (lower_squeeze_excite.cc). Which
-// nodes fuse is the graph passes' decision (fuse-gelu, fuse-attention...); these only choose how
-// a fused node is run.
+// (lower_squeeze_excite.cc). Which nodes fuse is mostly the graph passes' decision (fuse-gelu,
+// fuse-attention...) and these choose how a fused node is run; the squeeze-excite gate is a chain of
+// plain nodes that the CUDA lowering runs as one kernel.
 #include "backends/cuda/lower.h"
 
 namespace kiln::cuda {

@@ -103,7 +103,14 @@ struct FcMatch {
   int64_t cout = 0;
 };
 
-std::optional<FcMatch> match_fc(const Lowering& L, const Value* v, int64_t n_img, int64_t cin) {
+// Small layers only: the kernel's layers are a group of lanes per output row between grid
+// barriers, which beats the library GEMMs' launches up to about 64k multiply-adds a layer and loses
+// past ~100k (bench/RESULTS.md, forty-second session: MobileNetV3's 960 x 240 layers, 4 x 672 x 168).
+constexpr int64_t kMaxMacs = 64 * 1024;
+
+// Checked before the weights are converted: every classifier head (pool, Flatten, Gemm) is a
+// candidate, and declined by its size.
+std::optional<FcMatch> match_fc(const Lowering& L, const Value* v, int64_t n_img, int64_t cin, int64_t max_cout) {
   const Node* fc = L.only_consumer(v);
   if (!fc || fc->inputs.empty() || fc->inputs[0] != v || fc->outputs.size() != 1) return std::nullopt;
   const auto in = v->type.shape ? v->type.shape->static_dims() : std::nullopt;
@@ -115,10 +122,16 @@ std::optional<FcMatch> match_fc(const Lowering& L, const Value* v, int64_t n_img
   FcMatch m;
   m.node = fc;
   m.cout = (*out)[1];
+  if (m.cout < 1 || m.cout > max_cout || n_img * cin * m.cout > kMaxMacs) return std::nullopt;
   double alpha = 1, beta = 1;
   bool trans = false;  // w stored [cin, cout]
   if (fc->op == OpKind::kConv) {
-    // 1x1 over a 1x1 map: the output's spatial dims, all 1, rule out padding.
+    // 1x1 over a 1x1 map without padding (strides could leave a padded output of one pixel).
+    const std::string pad = fc->attr_string("auto_pad", "NOTSET");
+    const std::vector<int64_t> pads = fc->attr_ints("pads", {});
+    if ((pad != "NOTSET" && pad != "VALID") || std::any_of(pads.begin(), pads.end(), [](int64_t p) { return p != 0; })) {
+      return std::nullopt;
+    }
     if (fc->attr_int("group", 1) != 1 || w->rank() != in->size() || w->dim(0) != m.cout || w->dim(1) != cin) return std::nullopt;
     for (size_t i = 2; i < in->size(); ++i) {
       if ((*in)[i] != 1 || (*out)[i] != 1 || w->dim(i) != 1) return std::nullopt;
@@ -203,12 +216,8 @@ std::optional<SqueezeExcite> match(const Lowering& L, const Node& pool) {
     m.nodes.push_back(view);
     v = o;
   }
-  auto fc1 = match_fc(L, v, m.n, m.c);
-  // Small layers only: the kernel's layers are a warp per output row between grid barriers, which
-  // beats the library GEMMs' launches up to about 64k multiply-adds a layer and loses past ~100k
-  // (bench/RESULTS.md, forty-second session: MobileNetV3's 960 x 240 layers, 4 x 672 x 168).
-  constexpr int64_t kMaxMacs = 64 * 1024;
-  if (!fc1 || fc1->cout > k::kSqueezeExciteMaxCr || m.n * m.c * fc1->cout > kMaxMacs) return std::nullopt;
+  auto fc1 = match_fc(L, v, m.n, m.c, k::kSqueezeExciteMaxCr);
+  if (!fc1) return std::nullopt;
   m.nodes.push_back(fc1->node);
   v = fc1->node->outputs[0];
   if (auto a = match_act(L, v)) {
@@ -217,7 +226,7 @@ std::optional<SqueezeExcite> match(const Lowering& L, const Node& pool) {
     m.nodes.insert(m.nodes.end(), a->nodes.begin(), a->nodes.end());
     v = a->out;
   }
-  auto fc2 = match_fc(L, v, m.n, fc1->cout);
+  auto fc2 = match_fc(L, v, m.n, fc1->cout, m.c);
   if (!fc2 || fc2->cout != m.c) return std::nullopt;
   m.nodes.push_back(fc2->node);
   v = fc2->node->outputs[0];
@@ -227,7 +236,6 @@ std::optional<SqueezeExcite> match(const Lowering& L, const Node& pool) {
     m.nodes.insert(m.nodes.end(), a->nodes.begin(), a->nodes.end());
     v = a->out;
   }
-  if (!k::squeeze_excite_act_ok(m.act1) || !k::squeeze_excite_act_ok(m.act2)) return std::nullopt;
   // The gate in the build's dtype of x (the kernel writes what it reads).
   if (L.device_dt(v->type.dtype) != dt) return std::nullopt;
   m.cr = fc1->cout;
@@ -239,8 +247,10 @@ std::optional<SqueezeExcite> match(const Lowering& L, const Node& pool) {
   return m;
 }
 
+}  // namespace
+
 // The kernel's step: x (NHWC or row-major) into the gate's buffer.
-Status emit_squeeze_excite(Lowering& L, const Node& root, const SqueezeExcite& m) {
+Status lower_squeeze_excite(Lowering& L, const Node& root, const SqueezeExcite& m) {
   KILN_ASSIGN_OR_RETURN(const DevValue* x, L.value(m.x));  // NHWC: rank 4, [N, H*W, C] in memory
   const k::DT dt = x->dt;
   KILN_ASSIGN_OR_RETURN(Ref w1, L.upload(m.w1, dt));
@@ -277,11 +287,17 @@ Status emit_squeeze_excite(Lowering& L, const Node& root, const SqueezeExcite& m
   w.put(int32_t(splits));
   L.emit(&root, fmt::format("kernel squeeze_excite (mean over {} pixels, {} -> {} -> {} channels, {} runs of pixels an image)",
                             m.spatial, m.c, m.cr, m.c, splits),
-         {x->ref.id}, {g.ref.id, part}, StepOp::kSqueezeExcite, std::move(w));
+         {read_id(x)}, {g.ref.id, part}, StepOp::kSqueezeExcite, std::move(w));
   return Status::ok();
 }
 
-Expected<StepFn> bind_squeeze_excite(Params& in, BindCtx&) {
+namespace {
+
+// The bytes an arena buffer holds; -1 for a weight (the plan's host copies are gone once the
+// device holds them, as other binders' weights go unmeasured too).
+int64_t held_bytes(const DevicePlan& p, Ref r) { return r.weight ? -1 : int64_t(p.buffer_bytes[size_t(r.id)]); }
+
+Expected<StepFn> bind_squeeze_excite(Params& in, BindCtx& ctx) {
   k::SqueezeExciteArgs a;
   a.dt = in.dt();
   a.channels_last = in.flag();
@@ -298,9 +314,18 @@ Expected<StepFn> bind_squeeze_excite(Params& in, BindCtx&) {
   a.p2.b = in.f32();
   const int splits = in.i32();
   KILN_RETURN_IF_ERROR(in.done());
-  // The blocks for this GPU (the plan may have been built on another); 0 for malformed parameters.
+  // The blocks for this GPU (the plan may have been built on another); 0 for parameters the kernel
+  // refuses. Then every arena buffer must hold what the kernel reads or writes.
   const int blocks = k::squeeze_excite_blocks(a, splits);
-  if (blocks < 1) return KILN_ERROR(kInvalidModel, "{}: malformed squeeze-excite parameters", in.step().label);
+  bool ok = blocks >= 1 && !g.weight && !part.weight;
+  const int64_t e = k::dt_size(a.dt);
+  auto holds = [&](Ref r, int64_t bytes) { const int64_t h = held_bytes(ctx.plan, r); ok = ok && (h < 0 || h >= bytes); };
+  if (ok) {
+    holds(x, a.n * a.c * a.spatial * e);
+    holds(g, a.n * a.c * e);
+    holds(part, int64_t(k::squeeze_excite_scratch_bytes(a.n, a.c, a.cr, splits)));
+  }
+  if (!ok) return KILN_ERROR(kInvalidModel, "{}: malformed squeeze-excite parameters", in.step().label);
   return StepFn([=](const RunCtx& c) {
     k::SqueezeExciteArgs r = a;
     r.x = c.ptr(x);
@@ -330,14 +355,9 @@ void find_squeeze_excite(Lowering& L) {
       if (f != root) L.mark_fused(f, root);
     }
     Replacement rep;
-    rep.fused.assign(m->nodes.begin(), m->nodes.end() - 1);
     rep.squeeze_excite = std::make_shared<SqueezeExcite>(std::move(*m));
     L.replacements[root] = std::move(rep);
   }
-}
-
-Status lower_squeeze_excite(Lowering& L, const Node& root, const SqueezeExcite& m) {
-  return emit_squeeze_excite(L, root, m);
 }
 
 void register_squeeze_excite_binder(std::map<StepOp, BindFn>& t) { t[StepOp::kSqueezeExcite] = bind_squeeze_excite; }

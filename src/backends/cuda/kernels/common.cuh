@@ -231,6 +231,23 @@ cudaError_t launch_pdl(bool pdl, void (*kern)(P...), dim3 grid, dim3 block, cuda
   return cudaLaunchKernelEx(&cfg, kern, args...);
 }
 
+// kern<<<grid, block, smem, s>>>(args...) as a cooperative launch: every block resident at once, so
+// that cooperative_groups' grid barrier may be used (the grid must fit: cudaOccupancy...).
+template <class... P, class... A>
+cudaError_t launch_cooperative(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kern, args...);
+}
+
 // V elements moved as one aligned vector access (16 bytes of input where the pointers allow).
 template <class T, int V>
 struct alignas(sizeof(T) * V) Pack {

@@ -513,17 +513,8 @@ cudaError_t run_one(const GroupNormArgs& a, int b, cudaStream_t s, int* blocks =
         *blocks = e == cudaSuccess ? std::min(per_sm, per_sm2) * sms : 0;
         return e;
       }
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(static_cast<unsigned>(b), static_cast<unsigned>(a.n));
-      cfg.blockDim = dim3(kOneThreads);
-      cfg.dynamicSmemBytes = smem;
-      cfg.stream = s;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeCooperative;
-      attr[0].val.cooperative = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      return cudaLaunchKernelEx(&cfg, kern, static_cast<const T*>(a.x), static_cast<const T*>(a.x_bias), a.bias_stride,
+      return launch_cooperative(kern, dim3(static_cast<unsigned>(b), static_cast<unsigned>(a.n)), dim3(kOneThreads), smem, s,
+                                static_cast<const T*>(a.x), static_cast<const T*>(a.x_bias), a.bias_stride,
                                 a.scale, a.shift, static_cast<T*>(a.y), int(a.spatial), int(c), int(groups), a.eps, a.act,
                                 static_cast<float2*>(a.scratch));
     };

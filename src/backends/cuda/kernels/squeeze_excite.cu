@@ -4,8 +4,8 @@
 // Sigmoid: five to seven launches of a few microseconds each at batch 1, where the work is tiny.
 //
 // One cooperative launch, every block resident, in four phases split by grid barriers: blocks sum
-// runs of an image's pixels per channel (`part`), then add the runs up into the mean, then a warp
-// per output row computes each layer (16-byte weight loads, lanes along the row). Spreading the
+// runs of an image's pixels per channel (`part`), then add the runs up into the mean, then a group
+// of lanes per output row computes each layer (16-byte weight loads along the row). Spreading the
 // layers over the GPU matters: done by one block, MobileNetV3's 960 x 240 layers took tens of
 // microseconds of dependent loads (bench/RESULTS.md, forty-second session). Every sum is in a
 // fixed order: a forward gives the same bits every run.
@@ -19,11 +19,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-
-template <class T, int V>
-struct alignas(sizeof(T) * V) SePack {
-  T v[V];
-};
 
 __device__ __forceinline__ float se_act(Unary op, float x, UnaryParams p) {
   switch (op) {
@@ -60,7 +55,7 @@ __device__ void pool_channels_last(const T* __restrict__ x, int64_t img, int64_t
     const T* base = x + img * spatial * c + int64_t(vb + j) * V;
 #pragma unroll 4
     for (int p = p0 + st; p < p1; p += strands) {
-      const SePack<T, V> v = *reinterpret_cast<const SePack<T, V>*>(base + int64_t(p) * c);
+      const Pack<T, V> v = *reinterpret_cast<const Pack<T, V>*>(base + int64_t(p) * c);
 #pragma unroll
       for (int k = 0; k < V; ++k) acc[k] += to_f(v.v[k]);
     }
@@ -113,7 +108,7 @@ __device__ void fc_rows(const T* __restrict__ w, const T* __restrict__ b, const 
       const float* xi = in + img * k;
 #pragma unroll 4
       for (int j = sub * V; j < k; j += g * V) {
-        const SePack<T, V> wv = *reinterpret_cast<const SePack<T, V>*>(wr + j);
+        const Pack<T, V> wv = *reinterpret_cast<const Pack<T, V>*>(wr + j);
 #pragma unroll
         for (int e = 0; e < V; ++e) d += to_f(wv.v[e]) * __ldcg(xi + j + e);
       }
@@ -219,13 +214,15 @@ bool vec_ok(const void* p, int64_t k) {
   return k % (16 / int64_t(sizeof(T))) == 0 && aligned_to(p, 16);
 }
 
-// Calls f with the kernel for a's dtype, layout and vector widths, and its shared memory.
+// Calls f with the kernel for a's dtype and layout, its vector widths (vec: x's, w1's, w2's 16-byte
+// vectors where 1, bit 0, 1 and 2; null: where the pointers allow), and its shared memory.
 template <class F>
-cudaError_t with_kernel(const SqueezeExciteArgs& a, F&& f) {
+cudaError_t with_kernel(const SqueezeExciteArgs& a, const int* vec, F&& f) {
   return dispatch_f32ish(a.dt, [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;
     constexpr int kV = 16 / sizeof(T);
-    const bool xv = a.channels_last && vec_ok<T>(a.x, a.c), w1v = vec_ok<T>(a.w1, a.c), w2v = vec_ok<T>(a.w2, a.cr);
+    const bool xv = a.channels_last && (vec ? (*vec & 1) : vec_ok<T>(a.x, a.c));
+    const bool w1v = vec ? (*vec & 2) : vec_ok<T>(a.w1, a.c), w2v = vec ? (*vec & 4) : vec_ok<T>(a.w2, a.cr);
     auto pick = [&](auto xw, auto last) -> cudaError_t {
       constexpr int V = decltype(xw)::value;
       constexpr bool L = decltype(last)::value;
@@ -240,9 +237,11 @@ cudaError_t with_kernel(const SqueezeExciteArgs& a, F&& f) {
   });
 }
 
+// Sizes the kernel's 32-bit pixel loops and 64-bit offsets take (compared by division: a malformed
+// engine file's sizes must not overflow the checks themselves).
 bool bad_args(const SqueezeExciteArgs& a, int splits) {
-  return a.n < 1 || a.c < 1 || a.cr < 1 || a.spatial < 1 || splits < 1 || splits > a.spatial || a.c > kSqueezeExciteMaxC ||
-         a.cr > kSqueezeExciteMaxCr || a.spatial * a.c > INT32_MAX || a.n * a.c * (splits + 1) > INT32_MAX ||
+  return a.n < 1 || a.n > 65535 || a.c < 1 || a.c > kSqueezeExciteMaxC || a.cr < 1 || a.cr > kSqueezeExciteMaxCr ||
+         a.spatial < 1 || a.spatial > (INT32_MAX / 2) / a.c || splits < 1 || splits > a.spatial ||
          !squeeze_excite_act_ok(a.act1) || !squeeze_excite_act_ok(a.act2);
 }
 
@@ -250,17 +249,24 @@ bool bad_args(const SqueezeExciteArgs& a, int splits) {
 
 int squeeze_excite_blocks(const SqueezeExciteArgs& a, int splits) {
   if (bad_args(a, splits)) return 0;
-  int per_sm = 0, dev = 0, sms = 0;
-  const cudaError_t e = with_kernel(a, [&](auto kern, size_t smem) {
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kThreads, smem);
-  });
+  // The fewest resident blocks of any form the launch may take (it picks by the pointers' alignment).
+  int per_sm = INT32_MAX, dev = 0, sms = 0;
+  cudaError_t e = cudaSuccess;
+  for (int vec = 0; vec < 8 && e == cudaSuccess; ++vec) {
+    e = with_kernel(a, &vec, [&](auto kern, size_t smem) {
+      int fit = 0;
+      const cudaError_t r = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kern, kThreads, smem);
+      per_sm = std::min(per_sm, fit);
+      return r;
+    });
+  }
   if (e != cudaSuccess || cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
-  // As many blocks as the widest phase has work for (runs of pixels, 32 means, a warp per row of
-  // either layer at most), at most what fits at once.
+  // As many blocks as the widest phase has work for (pooling units, 32 means a block, or at most a
+  // warp per row of either layer), at most what fits at once.
   const int64_t chunk = a.channels_last ? kThreads * 8 : kWarps;
   const int64_t want = std::max<int64_t>(std::max<int64_t>(a.n * splits * ((a.c + chunk - 1) / chunk), a.n * ((a.c + 31) / 32)),
                                          (a.n * std::max(a.c, a.cr) + kWarps - 1) / kWarps);
@@ -271,18 +277,8 @@ cudaError_t squeeze_excite(const SqueezeExciteArgs& a, int splits, int blocks, c
   if (bad_args(a, splits) || blocks < 1 || !a.part) return cudaErrorInvalidValue;
   const int rows = int((a.spatial + splits - 1) / splits);
   if ((a.spatial + rows - 1) / rows != splits) return cudaErrorInvalidValue;  // a run without pixels
-  return with_kernel(a, [&](auto kern, size_t smem) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeCooperative;
-    attr[0].val.cooperative = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, kern, a, splits, rows);
+  return with_kernel(a, nullptr, [&](auto kern, size_t smem) {
+    return launch_cooperative(kern, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), smem, s, a, splits, rows);
   });
 }
 

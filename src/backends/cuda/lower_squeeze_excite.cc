@@ -216,26 +216,24 @@ std::optional<SqueezeExcite> match(const Lowering& L, const Node& pool) {
     m.nodes.push_back(view);
     v = o;
   }
+  // A layer's output, then the activation after it if there is one: v moves to what the chain
+  // computes last.
+  auto layer = [&](const FcMatch& fc, k::Unary& op, k::UnaryParams& p) {
+    m.nodes.push_back(fc.node);
+    v = fc.node->outputs[0];
+    if (auto a = match_act(L, v)) {
+      op = a->op;
+      p = a->p;
+      m.nodes.insert(m.nodes.end(), a->nodes.begin(), a->nodes.end());
+      v = a->out;
+    }
+  };
   auto fc1 = match_fc(L, v, m.n, m.c, k::kSqueezeExciteMaxCr);
   if (!fc1) return std::nullopt;
-  m.nodes.push_back(fc1->node);
-  v = fc1->node->outputs[0];
-  if (auto a = match_act(L, v)) {
-    m.act1 = a->op;
-    m.p1 = a->p;
-    m.nodes.insert(m.nodes.end(), a->nodes.begin(), a->nodes.end());
-    v = a->out;
-  }
+  layer(*fc1, m.act1, m.p1);
   auto fc2 = match_fc(L, v, m.n, fc1->cout, m.c);
   if (!fc2 || fc2->cout != m.c) return std::nullopt;
-  m.nodes.push_back(fc2->node);
-  v = fc2->node->outputs[0];
-  if (auto a = match_act(L, v)) {
-    m.act2 = a->op;
-    m.p2 = a->p;
-    m.nodes.insert(m.nodes.end(), a->nodes.begin(), a->nodes.end());
-    v = a->out;
-  }
+  layer(*fc2, m.act2, m.p2);
   // The gate in the build's dtype of x (the kernel writes what it reads).
   if (L.device_dt(v->type.dtype) != dt) return std::nullopt;
   m.cr = fc1->cout;

@@ -204,7 +204,8 @@ std::optional<SqueezeExcite> match(const Lowering& L, const Node& pool) {
   // images pays for; past that the libraries' GEMMs and the split reductions do the work faster
   // (bench/RESULTS.md, forty-second session: EfficientNet-B0 and MobileNetV3 at batch 128).
   constexpr int64_t kMaxImages = 8;
-  if (m.n < 1 || m.n > kMaxImages || m.c < 1 || m.c > k::kSqueezeExciteMaxC || m.spatial < 1 || m.spatial * m.c > INT32_MAX) {
+  if (m.n < 1 || m.n > kMaxImages || m.c < 1 || m.c > k::kSqueezeExciteMaxC || m.spatial < 1 ||
+      m.spatial > (INT32_MAX / 2) / m.c) {
     return std::nullopt;
   }
   m.nodes = {&pool};
@@ -236,6 +237,19 @@ std::optional<SqueezeExcite> match(const Lowering& L, const Node& pool) {
   layer(*fc2, m.act2, m.p2);
   // The gate in the build's dtype of x (the kernel writes what it reads).
   if (L.device_dt(v->type.dtype) != dt) return std::nullopt;
+  // And a launch that fits this GPU in either layout (x's is chosen when x is lowered, later).
+  k::SqueezeExciteArgs a;
+  a.dt = *dt;
+  a.n = m.n;
+  a.c = m.c;
+  a.spatial = m.spatial;
+  a.cr = fc1->cout;
+  a.act1 = m.act1;
+  a.act2 = m.act2;
+  for (bool last : {false, true}) {
+    a.channels_last = last;
+    if (k::squeeze_excite_blocks(a, k::squeeze_excite_splits(m.c, m.spatial, last)) < 1) return std::nullopt;
+  }
   m.cr = fc1->cout;
   m.w1 = std::move(fc1->w);
   m.b1 = std::move(fc1->b);

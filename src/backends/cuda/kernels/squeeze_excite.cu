@@ -6,12 +6,13 @@
 // One cooperative launch, every block resident, in four phases split by grid barriers: blocks sum
 // runs of an image's pixels per channel (`part`), then add the runs up into the mean, then a group
 // of lanes per output row computes each layer (16-byte weight loads along the row). Spreading the
-// layers over the GPU matters: done by one block, MobileNetV3's 960 x 240 layers took tens of
-// microseconds of dependent loads (bench/RESULTS.md, forty-second session). Every sum is in a
+// layers over the GPU matters: with both layers done by one block per image, MobileNetV3-Large at
+// batch 1 went from 0.328 to 0.619 ms (bench/RESULTS.md, forty-second session). Every sum is in a
 // fixed order: a forward gives the same bits every run.
 #include <cooperative_groups.h>
 
 #include "backends/cuda/kernels/common.cuh"
+#include "backends/cuda/kernels/unary_math.cuh"
 
 namespace kiln::cuda::k {
 
@@ -20,21 +21,19 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
+// The activations squeeze_excite_act_ok lists, as the elementwise kernels compute them.
 __device__ __forceinline__ float se_act(Unary op, float x, UnaryParams p) {
   switch (op) {
-    case Unary::kRelu: return x < 0.f ? 0.f : x;
-    case Unary::kSigmoid: return 1.f / (1.f + expf(-x));
-    case Unary::kTanh: return tanhf(x);
-    case Unary::kHardSigmoid: return fmaxf(0.f, fminf(1.f, p.a * x + p.b));
-    case Unary::kHardSwish: return x * fmaxf(0.f, fminf(1.f, x * (1.f / 6.f) + 0.5f));
-    case Unary::kSilu: return x / (1.f + expf(-x));
-    case Unary::kClip: {
-      const float v = x < p.a ? p.a : x;
-      return v > p.b ? p.b : v;
-    }
-    case Unary::kLeakyRelu: return x >= 0.f ? x : p.a * x;
-    case Unary::kGeluErf: return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
-    case Unary::kGeluTanh: return 0.5f * x * (1.f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    case Unary::kRelu: return unary_f32<Unary::kRelu>(x, p);
+    case Unary::kSigmoid: return unary_f32<Unary::kSigmoid>(x, p);
+    case Unary::kTanh: return unary_f32<Unary::kTanh>(x, p);
+    case Unary::kHardSigmoid: return unary_f32<Unary::kHardSigmoid>(x, p);
+    case Unary::kHardSwish: return unary_f32<Unary::kHardSwish>(x, p);
+    case Unary::kSilu: return unary_f32<Unary::kSilu>(x, p);
+    case Unary::kClip: return unary_f32<Unary::kClip>(x, p);
+    case Unary::kLeakyRelu: return unary_f32<Unary::kLeakyRelu>(x, p);
+    case Unary::kGeluErf: return unary_f32<Unary::kGeluErf>(x, p);
+    case Unary::kGeluTanh: return unary_f32<Unary::kGeluTanh>(x, p);
     default: return x;  // kIdentity
   }
 }
@@ -267,7 +266,7 @@ int squeeze_excite_blocks(const SqueezeExciteArgs& a, int splits) {
   }
   // As many blocks as the widest phase has work for (pooling units, 32 means a block, or at most a
   // warp per row of either layer), at most what fits at once.
-  const int64_t chunk = a.channels_last ? kThreads * 8 : kWarps;
+  const int64_t chunk = a.channels_last ? kThreads * (16 / dt_size(a.dt)) : kWarps;  // the kernel's channel chunk
   const int64_t want = std::max<int64_t>(std::max<int64_t>(a.n * splits * ((a.c + chunk - 1) / chunk), a.n * ((a.c + 31) / 32)),
                                          (a.n * std::max(a.c, a.cr) + kWarps - 1) / kWarps);
   return int(std::min<int64_t>(want, int64_t(per_sm) * sms));

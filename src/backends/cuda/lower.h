@@ -134,11 +134,23 @@ DType ir_dtype_of(k::DT d);
 // A host copy of t in dtype `to` (ONNX Cast semantics), for weights and CPU-fallback I/O.
 Expected<Tensor> convert_tensor(const Tensor& t, DType to);
 
-// A Clip(x, lo, hi) whose only reader, a depthwise Conv, applies it while reading x.
-struct InputClip {
+// An activation (Clip, HardSwish, LeakyRelu) whose only reader, a depthwise Conv, applies it while
+// reading x (find_conv_input_acts).
+struct InputAct {
   const Value* x = nullptr;
-  float lo = 0, hi = 0;
+  k::DwInput act = k::DwInput::kNone;
+  float a = 0, b = 0;
 };
+
+// What one activation node (or the Sigmoid-and-Mul pair of SiLU) after value v applies
+// (match_act).
+struct ActMatch {
+  k::Unary op = k::Unary::kIdentity;
+  k::UnaryParams p;
+  std::vector<const Node*> nodes;
+  const Value* out = nullptr;
+};
+
 
 // An Add in front of a GroupNorm of a value broadcast per image and channel, applied by the norm
 // as it reads x (find_norm_input_bias): `stride` elements of `bias` per image, 0 for one shared.
@@ -258,7 +270,7 @@ class Lowering {
   // (a lowering that reads it directly, like the f32 image of space-to-depth, saves the pass).
   std::unordered_map<const Value*, DevValue> staged_inputs;
   std::unordered_map<const Node*, Replacement> replacements;  // root node -> pattern
-  std::unordered_map<const Node*, InputClip> input_clips;     // depthwise Conv -> its fused input Clip
+  std::unordered_map<const Node*, InputAct> input_acts;       // depthwise Conv -> its fused input activation
   std::unordered_map<const Node*, NormInputBias> norm_input_bias;  // GroupNorm -> the Add fused in front
   int bad_index_slots() const { return bad_index_slots_; }
   int node_index(const Node* n) const;  // position in the graph's top-level nodes, -1 if none
@@ -303,13 +315,26 @@ void register_quant_lowerings(std::map<OpKind, LowerFn>& t);  // lower_gemm_quan
 void register_loss_lowerings(std::map<OpKind, LowerFn>& t);   // lower_loss.cc: NLL and SCE losses
 void register_collective_lowerings(std::map<OpKind, LowerFn>& t);  // lower_collective.cc: NCCL
 const std::map<OpKind, LowerFn>& lowering_table();
-// Finds the multi-node patterns (attention, Clip into depthwise conv, Add into GroupNorm,
+// Finds the multi-node patterns (attention, activations into depthwise convs, Add into GroupNorm,
 // squeeze-excite gates) before lowering; lower_replacement lowers a root.
 void find_patterns(Lowering& L);
 Status lower_replacement(Lowering& L, const Node& n, const Replacement& r);
 // Attention nodes (and the views feeding them) -> one fused kernel (lower_attention.cc).
 void find_attention(Lowering& L);
-void find_conv_input_clips(Lowering& L);  // lower_conv.cc
+// Depthwise convolutions (lower_conv_depthwise.cc): whether lower_conv takes that path for n (it
+// then cannot decline the node), the activations found in front of them, the lowering of n with
+// its input x in NHWC (in_act: the fused activation, or null), and the step's binder.
+bool depthwise_candidate(Lowering& L, const Node& n);
+void find_conv_input_acts(Lowering& L);
+Status lower_depthwise(Lowering& L, const Node& n, const DevValue& x, const InputAct* in_act);
+void register_depthwise_binder(std::map<StepOp, BindFn>& t);
+// Helpers of lower_conv.cc: 2-D pads [top, left, bottom, right] (auto_pad NOTSET/VALID only), and
+// the nodes computing v * sigmoid(v) from v when nothing else reads v (empty otherwise).
+std::optional<std::array<int64_t, 4>> pads4(const Node& n);
+std::vector<const Node*> silu_after(Lowering& L, const Value* v);
+// The activation reading v (v's only reader, or SiLU's two: Sigmoid and Mul), with the value it
+// writes; none where v is a graph output or is read by anything else (lower_patterns.cc).
+std::optional<ActMatch> match_act(const Lowering& L, const Value* v);
 // A 2-D convolution of K output channels, K not a multiple of 8, lowered by `lower` as one of K
 // rounded up to 8 (zero filters made at build) and then a copy of its first K channels
 // (lower_conv_pad.cc). False, with nothing emitted, where the padded convolution declines.

@@ -40,15 +40,6 @@ Expected<cudnnTensorDescriptor_t> tensor_desc(Keep& keep, const std::vector<int6
   return t;
 }
 
-// 2-D pads [top, left, bottom, right] from an ONNX node (auto_pad NOTSET/VALID only).
-std::optional<std::array<int64_t, 4>> pads4(const Node& n) {
-  std::string ap = n.attr_string("auto_pad", "NOTSET");
-  if (ap == "VALID") return std::array<int64_t, 4>{0, 0, 0, 0};
-  if (ap != "NOTSET") return std::nullopt;
-  std::vector<int64_t> p = n.attr_ints("pads", {0, 0, 0, 0});
-  if (p.size() != 4) return std::nullopt;
-  return std::array<int64_t, 4>{p[0], p[1], p[2], p[3]};
-}
 
 
 // cuDNN pads symmetrically. TensorFlow-style SAME padding (one more row/column at the end) gets
@@ -419,6 +410,18 @@ const Node* next_op(Lowering& L, const Value* v, OpKind want) {
   return c && c->op == want && !L.is_fused(c) ? c : nullptr;  // not one a pattern has taken
 }
 
+}  // namespace
+
+// 2-D pads [top, left, bottom, right] from an ONNX node (auto_pad NOTSET/VALID only).
+std::optional<std::array<int64_t, 4>> pads4(const Node& n) {
+  std::string ap = n.attr_string("auto_pad", "NOTSET");
+  if (ap == "VALID") return std::array<int64_t, 4>{0, 0, 0, 0};
+  if (ap != "NOTSET") return std::nullopt;
+  std::vector<int64_t> p = n.attr_ints("pads", {0, 0, 0, 0});
+  if (p.size() != 4) return std::nullopt;
+  return std::array<int64_t, 4>{p[0], p[1], p[2], p[3]};
+}
+
 // The nodes computing v * sigmoid(v) from v when nothing else reads v: a FusedElementwise of just
 // that, or Sigmoid and Mul. The last one's output is the SiLU's. Empty otherwise.
 std::vector<const Node*> silu_after(Lowering& L, const Value* v) {
@@ -440,53 +443,19 @@ std::vector<const Node*> silu_after(Lowering& L, const Value* v) {
   return {sig, mul};
 }
 
-// Whether lower_conv takes its depthwise path for n (it then cannot decline the node).
-bool depthwise_candidate(Lowering& L, const Node& n) {
-  if (n.op != OpKind::kConv || !L.half()) return false;
-  const Tensor* w = L.constant(n.inputs[1]);
-  auto p4 = pads4(n);
-  const auto& xs = n.inputs[0]->type.shape;
-  auto dt = L.device_dt(n.inputs[0]->type.dtype);
-  int64_t group = n.attr_int("group", 1);
-  return w && w->rank() == 4 && (!n.has_input(2) || L.constant(n.inputs[2])) && p4 && (*p4)[2] >= (*p4)[0] &&
-         (*p4)[3] >= (*p4)[1] && dt && (*dt == k::DT::kF16 || *dt == k::DT::kBF16) && xs && xs->rank() == 4 &&
-         xs->dims[1].is_static() && group > 1 && group == xs->dims[1].value() && w->dim(0) == group && w->dim(1) == 1;
-}
-
-}  // namespace
-
-// MobileNet's Clip (ReLU6) after each expansion convolution feeds a depthwise convolution: the
-// depthwise kernel clamps its input as it reads it, and the Clip pass over the widest
-// activations of the network disappears.
-void find_conv_input_clips(Lowering& L) {
-  for (const auto& up : L.graph().nodes) {
-    const Node& clip = *up;
-    if (clip.op != OpKind::kClip || L.is_fused(&clip)) continue;
-    const Tensor* a = clip.has_input(1) ? L.constant(clip.inputs[1]) : nullptr;
-    const Tensor* b = clip.has_input(2) ? L.constant(clip.inputs[2]) : nullptr;
-    if (!a || !b || a->numel() != 1 || b->numel() != 1) continue;
-    float lo = float(a->as_double(0)), hi = float(b->as_double(0));
-    const Node* conv = L.only_consumer(clip.outputs[0]);
-    if (!(lo <= 0 && 0 <= hi) || !conv || conv->inputs[0] != clip.outputs[0] || !depthwise_candidate(L, *conv)) continue;
-    if (!(clip.inputs[0]->type == clip.outputs[0]->type)) continue;
-    L.input_clips[conv] = InputClip{clip.inputs[0], lo, hi};
-    L.mark_fused(&clip, conv);
-  }
-}
-
 namespace {
 
 Status lower_conv(Lowering& L, const Node& n) {
   const Value* xv = n.inputs[0];
-  const InputClip* in_clip = nullptr;
-  if (auto it = L.input_clips.find(&n); it != L.input_clips.end()) {
-    in_clip = &it->second;
-    xv = in_clip->x;
+  const InputAct* in_act = nullptr;
+  if (auto it = L.input_acts.find(&n); it != L.input_acts.end()) {
+    in_act = &it->second;
+    xv = in_act->x;
   }
   const Tensor* w = L.constant(n.inputs[1]);
   const Tensor* bias_t = n.has_input(2) ? L.constant(n.inputs[2]) : nullptr;
-  if (!in_clip && w && (w->rank() == 3 || w->rank() == 5)) return lower_conv_nd(L, n);
-  if (!in_clip && (!w || (n.has_input(2) && !bias_t))) return lower_conv_fed(L, n);
+  if (!in_act && w && (w->rank() == 3 || w->rank() == 5)) return lower_conv_nd(L, n);
+  if (!in_act && (!w || (n.has_input(2) && !bias_t))) return lower_conv_fed(L, n);
   if (!w || w->rank() != 4) KILN_UNSUPPORTED("Conv needs a 4-D weight (2-D convolution)");
   if (n.has_input(2) && !bias_t) KILN_UNSUPPORTED("Conv bias computed at run time");
   auto p4 = pads4(n);
@@ -505,7 +474,7 @@ Status lower_conv(Lowering& L, const Node& n) {
   // Output channels short of a multiple of 8 in NHWC: padded at build (lower_conv_pad.cc) where
   // nothing is fused after the convolution (an Add, a Relu or a SiLU would see the padding); a
   // patch GEMM takes any K as it is.
-  if (lay == Layout::kNHWC && group == 1 && !patch && !in_clip && w->dim(0) % 8 != 0 && w->dim(1) % 8 == 0 &&
+  if (lay == Layout::kNHWC && group == 1 && !patch && !in_act && w->dim(0) % 8 != 0 && w->dim(1) % 8 == 0 &&
       !next_op(L, n.outputs[0], OpKind::kAdd) && !next_op(L, n.outputs[0], OpKind::kRelu) &&
       silu_after(L, n.outputs[0]).empty()) {
     KILN_ASSIGN_OR_RETURN(bool padded, lower_conv_padded_k(L, n, *w, bias_t, [&L](const Node& m) { return lower_conv(L, m); }));
@@ -514,7 +483,7 @@ Status lower_conv(Lowering& L, const Node& n) {
   std::vector<int64_t> yd_dims;
   for (const Dim& d : n.outputs[0]->type.shape->dims) yd_dims.push_back(d.value());
   std::optional<SmallC> small;
-  if (lay == Layout::kNHWC && group == 1 && !patch && !in_clip && (*dt == k::DT::kF16 || *dt == k::DT::kBF16)) {
+  if (lay == Layout::kNHWC && group == 1 && !patch && !in_act && (*dt == k::DT::kF16 || *dt == k::DT::kBF16)) {
     KILN_ASSIGN_OR_RETURN(const DevValue* xin, L.value(xv));
     if (xin->dims.size() == 4) small = small_channel_plan(*w, *p4, st, dil, xin->dims[2], xin->dims[3], yd_dims[2], yd_dims[3]);
     if (small) {
@@ -529,91 +498,10 @@ Status lower_conv(Lowering& L, const Node& n) {
     KILN_ASSIGN_OR_RETURN(x0, lay == Layout::kNHWC ? L.nhwc(xv) : L.rowmajor(xv));
   }
 
-  // Depthwise (MobileNet's 3x3 per-channel filters): kiln's own NHWC kernel, with the bias and
-  // a following Relu or constant Clip (ReLU6) applied in the same pass; it reads the leading
-  // pads itself, so asymmetric padding needs no padded copy.
-  bool depthwise = depthwise_candidate(L, n);
-  if (in_clip && !depthwise) return KILN_ERROR(kInternal, "input Clip fused into a non-depthwise Conv");
-  if (depthwise) {
-    const Value* dout = n.outputs[0];
-    int act = 0;
-    float lo = 0, hi = 0;
-    const Node* fused_act = L.only_consumer(dout);
-    if (fused_act && fused_act->op == OpKind::kRelu) {
-      act = 1;
-    } else if (fused_act && fused_act->op == OpKind::kClip) {
-      const Tensor* a = fused_act->has_input(1) ? L.constant(fused_act->inputs[1]) : nullptr;
-      const Tensor* b = fused_act->has_input(2) ? L.constant(fused_act->inputs[2]) : nullptr;
-      if (a && b && a->numel() == 1 && b->numel() == 1) {
-        act = 2;
-        lo = float(a->as_double(0));
-        hi = float(b->as_double(0));
-      }
-    }
-    if (act == 0) fused_act = nullptr;
-    if (fused_act) dout = fused_act->outputs[0];
-    // A SiLU (EfficientNet's and MobileViT's depthwise convolutions have one) in the same pass.
-    std::vector<const Node*> silu;
-    if (act == 0) silu = silu_after(L, dout);
-    if (!silu.empty()) {
-      act = 3;
-      dout = silu.back()->outputs[0];
-    }
-    // Filter [C,1,R,S] -> [R,S,C] so that a warp's filter reads are consecutive channels.
-    const int64_t C = w->dim(0), R = w->dim(2), S = w->dim(3);
-    KILN_ASSIGN_OR_RETURN(Ref wr, L.upload_derived(*w, "rsc", *dt, [w, C, R, S]() -> Expected<Tensor> {
-      KILN_ASSIGN_OR_RETURN(Tensor wf, convert_tensor(*w, DType::kFloat32));
-      KILN_ASSIGN_OR_RETURN(Tensor wt, Tensor::create(DType::kFloat32, {R, S, C}));
-      for (int64_t c = 0; c < C; ++c)
-        for (int64_t r = 0; r < R * S; ++r) wt.data<float>()[r * C + c] = wf.data<float>()[c * R * S + r];
-      return wt;
-    }));
-    Ref br;
-    if (bias_t) {
-      KILN_ASSIGN_OR_RETURN(br, L.upload_constant(*bias_t, *dt));
-    }
-    k::DepthwiseShape sh{};
-    sh.n = int(x0->dims[0]);
-    sh.c = int(C);
-    sh.h = int(x0->dims[2]);
-    sh.w = int(x0->dims[3]);
-    sh.r = int(R);
-    sh.s = int(S);
-    sh.p = int(n.outputs[0]->type.shape->dims[2].value());
-    sh.q = int(n.outputs[0]->type.shape->dims[3].value());
-    sh.stride_h = int(st[0]);
-    sh.stride_w = int(st[1]);
-    sh.pad_h = int((*p4)[0]);
-    sh.pad_w = int((*p4)[1]);
-    sh.dil_h = int(dil[0]);
-    sh.dil_w = int(dil[1]);
-    if (in_clip) {
-      sh.in_clip = 1;
-      sh.in_lo = in_clip->lo;
-      sh.in_hi = in_clip->hi;
-    }
-    const DevValue& y = L.define(dout, lay);
-    ByteWriter wr_;
-    wr_.put(int32_t(*dt));
-    put(wr_, x0->ref);
-    put(wr_, wr);
-    put(wr_, bias_t ? br : Ref{});
-    put(wr_, y.ref);
-    for (int v : {sh.n, sh.h, sh.w, sh.c, sh.r, sh.s, sh.p, sh.q, sh.stride_h, sh.stride_w, sh.pad_h, sh.pad_w, sh.dil_h,
-                  sh.dil_w, sh.in_clip}) {
-      wr_.put(int32_t(v));
-    }
-    for (float v : {sh.in_lo, sh.in_hi}) wr_.put(v);
-    wr_.put(int32_t(act));
-    wr_.put(lo);
-    wr_.put(hi);
-    L.emit(&n, fmt::format("kernel depthwise_conv2d_nhwc{}{}{}", in_clip ? " (input clip)" : "", bias_t ? " +bias" : "",
-                           act == 1 ? " +relu" : act == 2 ? " +clip" : act == 3 ? " +silu" : ""),
-           {read_id(x0)}, {y.ref.id}, StepOp::kDepthwiseConv, std::move(wr_));
-    if (fused_act) L.mark_fused(fused_act, &n);
-    for (const Node* f : silu) L.mark_fused(f, &n);
-    return Status::ok();
-  }
+  // Depthwise: kiln's own kernel (lower_conv_depthwise.cc).
+  const bool depthwise = depthwise_candidate(L, n);
+  if (in_act && !depthwise) return KILN_ERROR(kInternal, "input activation fused into a non-depthwise Conv");
+  if (depthwise) return lower_depthwise(L, n, *x0, in_act);
 
   // (A small-channel transform has put all the padding in already.)
   KILN_ASSIGN_OR_RETURN(const DevValue* x,
@@ -834,10 +722,6 @@ Status lower_conv(Lowering& L, const Node& n) {
   return Status::ok();
 }
 
-}  // namespace
-
-namespace {
-
 // Four dims (cuDNN's 2-D descriptors), each at least 1 and within int.
 std::vector<int64_t> dims4(Params& in, bool& ok) {
   std::vector<int64_t> d = in.dims();
@@ -904,25 +788,6 @@ Expected<StepFn> bind_cudnn_conv(Params& in, BindCtx& bc) {
   });
 }
 
-Expected<StepFn> bind_depthwise(Params& in, BindCtx&) {
-  const k::DT dt = in.dt();
-  const Ref xr = in.ref(), wr = in.ref(), br = in.opt_ref(), yr = in.ref();
-  k::DepthwiseShape sh{};
-  for (int* v : {&sh.n, &sh.h, &sh.w, &sh.c, &sh.r, &sh.s, &sh.p, &sh.q, &sh.stride_h, &sh.stride_w, &sh.pad_h, &sh.pad_w,
-                 &sh.dil_h, &sh.dil_w, &sh.in_clip}) {
-    *v = in.i32();
-  }
-  sh.in_lo = in.f32();
-  sh.in_hi = in.f32();
-  const int act = in.i32();
-  const float lo = in.f32(), hi = in.f32();
-  KILN_RETURN_IF_ERROR(in.done());
-  return StepFn([=](const RunCtx& c) {
-    return cuda_status(k::depthwise_conv2d_nhwc(dt, c.ptr(xr), c.ptr(wr), br.id >= 0 ? c.ptr(br) : nullptr, c.ptr(yr), sh,
-                                                act, lo, hi, c.stream), "depthwise_conv2d_nhwc");
-  });
-}
-
 Expected<StepFn> bind_space_to_depth(Params& in, BindCtx&) {
   const Ref xr = in.ref();
   const k::DT in_dt = in.dt();
@@ -944,7 +809,7 @@ Expected<StepFn> bind_space_to_depth(Params& in, BindCtx&) {
 void register_conv_binders(std::map<StepOp, BindFn>& t) {
   register_graph_conv_binder(t);
   t[StepOp::kCudnnConv] = bind_cudnn_conv;
-  t[StepOp::kDepthwiseConv] = bind_depthwise;
+  register_depthwise_binder(t);
   t[StepOp::kSpaceToDepth] = bind_space_to_depth;
 }
 

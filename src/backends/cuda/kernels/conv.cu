@@ -22,6 +22,14 @@ struct alignas(sizeof(T) * V) Pack {
   T v[V];
 };
 
+// x after the fused input activation `in` (DwInput; uniform over the grid).
+__device__ __forceinline__ float dw_input(float x, int in, float a, float b) {
+  if (in == int(DwInput::kClip)) return fminf(fmaxf(x, a), b);
+  if (in == int(DwInput::kHardSwish)) return x * fmaxf(0.f, fminf(1.f, x * (1.f / 6.f) + 0.5f));
+  if (in == int(DwInput::kLeakyRelu)) return x >= 0.f ? x : a * x;
+  return x;
+}
+
 template <class T, int V, class U>
 __global__ void depthwise_kernel(const T* __restrict__ x, const T* __restrict__ f, const T* __restrict__ bias,
                                  T* __restrict__ y, DepthwiseShape sh, int act, float lo, float hi, U total) {
@@ -54,7 +62,7 @@ __global__ void depthwise_kernel(const T* __restrict__ x, const T* __restrict__ 
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           float xj = to_f(xv.v[j]);
-          if (sh.in_clip) xj = fminf(fmaxf(xj, sh.in_lo), sh.in_hi);
+          if (sh.in_act) xj = dw_input(xj, sh.in_act, sh.in_a, sh.in_b);
           acc[j] += xj * to_f(fv.v[j]);
         }
       }

@@ -322,11 +322,22 @@ cudaError_t gather_elements(int elem_bytes, const void* data, int64_t outer, int
 // bias [c] (may be null), y [n,p,q,c]; y = act(sum + bias) with act 0 none, 1 relu,
 // 2 clip(lo, hi), 3 SiLU. pad_h/pad_w are the leading pads (trailing pads only bound the output size).
 // kF32, kF16, kBF16; f32 accumulation.
+// The activation applied to each x as it is read (the one before the convolution, fused): each
+// is 0 at 0, so the padding stays zero, and a few instructions, since every x is read once per
+// filter tap (SiLU's exponential and division 25 times over for a 5x5 filter lost: bench/RESULTS.md,
+// forty-third session). Values are stored in engine files: append only.
+enum class DwInput : int {
+  kNone = 0,
+  kClip = 1,       // min(max(x, in_a), in_b), in_a <= 0 <= in_b
+  kHardSwish = 2,  // x * max(0, min(1, x / 6 + 0.5))
+  kLeakyRelu = 3,  // x >= 0 ? x : in_a * x
+  kLast = kLeakyRelu
+};
 struct DepthwiseShape {
   int n, h, w, c, r, s, p, q;
   int stride_h, stride_w, pad_h, pad_w, dil_h, dil_w;
-  int in_clip;         // nonzero: x is first clamped to [in_lo, in_hi] (a fused Clip before the conv)
-  float in_lo, in_hi;  // (padding stays zero: Clip(0) == 0 whenever in_lo <= 0 <= in_hi)
+  int in_act;        // a DwInput
+  float in_a, in_b;  // its parameters
 };
 cudaError_t depthwise_conv2d_nhwc(DT dt, const void* x, const void* filter, const void* bias, void* y,
                                   const DepthwiseShape& sh, int act, float lo, float hi, cudaStream_t s);

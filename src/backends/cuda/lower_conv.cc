@@ -445,6 +445,60 @@ std::vector<const Node*> silu_after(Lowering& L, const Value* v) {
 
 namespace {
 
+// One elementwise pass over y (a bias add, a SiLU) as the choices below estimate it.
+double pass_over_ms(int64_t elems, int elem_bytes) { return 2.0 * double(elems) * elem_bytes / 2.5e9 + 0.003; }
+
+bool graph_conv_fits(Lowering& L, Layout lay, int64_t group, const std::array<int64_t, 4>& wdims) {
+  return L.options().graph_conv >= 0 && lay == Layout::kNHWC && L.half() && group == 1 && wdims[1] % 8 == 0 &&
+         wdims[0] % 8 == 0;
+}
+
+GraphConv graph_conv_shape(k::DT dt, const std::vector<int64_t>& x, const std::array<int64_t, 4>& wdims,
+                           const std::vector<int64_t>& y, std::array<int, 2> pads, std::array<int, 2> stride,
+                           const std::vector<int64_t>& dil, const Tensor* bias, const DevValue* z, bool relu,
+                           const std::vector<const Node*>& silu) {
+  GraphConv gc;
+  gc.dt = dt;
+  gc.x = {x[0], x[1], x[2], x[3]};
+  gc.w = wdims;
+  gc.y = {y[0], y[1], y[2], y[3]};
+  gc.pre = gc.post = {pads[0], pads[1]};
+  gc.stride = {stride[0], stride[1]};
+  gc.dil = {dil[0], dil[1]};
+  gc.bias = bias != nullptr;
+  gc.residual = z != nullptr;
+  gc.act = relu ? 1 : silu.empty() ? 0 : 2;
+  return gc;
+}
+
+// Emits gc as one cuDNN operation graph when its fastest engine beats other_ms (the other path with
+// the passes it leaves; negative: not timed) by a margin, or when the build forces graphs. A graph
+// engine compiles when the engine is loaded (a few hundred milliseconds each): it must win by a
+// margin, not by the timing's noise (ResNet-50's 3x3 convolutions tie the legacy ones).
+Expected<bool> try_graph_conv(Lowering& L, const Node& n, const GraphConv& gc, const DevValue& x, const Tensor& w,
+                              const Tensor* bias_t, const DevValue* z, const Value* out,
+                              const std::vector<const Node*>& fused, const std::vector<const Node*>& silu,
+                              double other_ms) {
+  KILN_ASSIGN_OR_RETURN(std::optional<GraphConvChoice> gch, pick_graph_conv(L, gc));
+  constexpr double kMargin = 0.95;
+  if (!gch || !(L.options().graph_conv == 1 || (other_ms > 0 && gch->ms < kMargin * other_ms))) return false;
+  KILN_ASSIGN_OR_RETURN(Ref wr, L.upload_derived(w, "krsc", gc.dt, [&w]() { return to_krsc(w); }));
+  Ref br;
+  if (bias_t) {
+    KILN_ASSIGN_OR_RETURN(br, L.upload_constant(*bias_t, gc.dt));
+  }
+  const Value* gout = silu.empty() ? out : silu.back()->outputs[0];
+  const DevValue& y = L.define(gout, Layout::kNHWC);
+  const std::string impl = fmt::format("cudnn graph conv NHWC {} engine {}{}{}{} ({:.4f} ms against {:.4f})",
+                                       gc.dt == k::DT::kF16 ? "fp16" : "bf16", gch->engine, bias_t ? " +bias" : "",
+                                       z ? " +residual" : "", gc.act == 1 ? " +relu" : gc.act == 2 ? " +silu" : "",
+                                       gch->ms, other_ms);
+  emit_graph_conv(L, n, gc, *gch, impl, x.ref, wr, br, z ? z->ref : Ref{}, y.ref, {read_id(&x), z ? read_id(z) : -1});
+  for (const Node* f : fused) L.mark_fused(f, &n);
+  for (const Node* f : silu) L.mark_fused(f, &n);
+  return true;
+}
+
 Status lower_conv(Lowering& L, const Node& n) {
   const Value* xv = n.inputs[0];
   const InputAct* in_act = nullptr;
@@ -531,7 +585,8 @@ Status lower_conv(Lowering& L, const Node& n) {
   // A SiLU after it (x * sigmoid(x), fused by fuse-elementwise or not): only the graph path below
   // applies it in the same pass; elsewhere it stays a step of its own.
   std::vector<const Node*> silu;
-  if (!relu && !patch) silu = silu_after(L, out);
+  const bool one_by_one = w->dim(2) == 1 && w->dim(3) == 1;
+  if (!relu && (!patch || one_by_one)) silu = silu_after(L, out);
 
   // A 1x1, stride-1, unpadded convolution in NHWC is a GEMM over N*H*W rows:
   //   y[NHW, K] = x[NHW, C] . w[K, C]^T (+ bias, + residual as cuBLASLt's C, relu epilogue)
@@ -572,6 +627,16 @@ Status lower_conv(Lowering& L, const Node& n) {
     if (z) {
       ep.c = z;
       ep.beta = 1;
+    }
+    // cuBLASLt has no SiLU epilogue: a 1x1 convolution with one after it (EfficientNet's expansions)
+    // is also timed as a cuDNN operation graph, against the GEMM and the SiLU's pass.
+    const std::array<int64_t, 4> wdims{w->dim(0), w->dim(1), 1, 1};
+    if (!silu.empty() && one_by_one && graph_conv_fits(L, lay, group, wdims)) {
+      GraphConv gc = graph_conv_shape(*dt, x->dims, wdims, yd_dims, {0, 0}, {1, 1}, dil, bias_t, z, false, silu);
+      KILN_ASSIGN_OR_RETURN(float lt_ms, gemm_ms(L, gs, ep, *dt));
+      const double other_ms = lt_ms > 0 ? lt_ms + pass_over_ms(gs.m * gs.n, k::dt_size(*dt)) : -1.0;
+      KILN_ASSIGN_OR_RETURN(bool done, try_graph_conv(L, n, gc, *x, *w, bias_t, z, out, fused, silu, other_ms));
+      if (done) return Status::ok();
     }
     const DevValue& y = L.define(out, lay);
     Ref yr = y.ref;
@@ -638,44 +703,14 @@ Status lower_conv(Lowering& L, const Node& n) {
   }
   // The convolution, its epilogue and a SiLU as one cuDNN operation graph, where that is faster than
   // the algorithm above and the separate passes it leaves (a bias add, the SiLU).
-  if (L.options().graph_conv >= 0 && lay == Layout::kNHWC && L.half() && group == 1 && !small && wdims[1] % 8 == 0 &&
-      wdims[0] % 8 == 0) {
-    GraphConv gc;
-    gc.dt = *dt;
-    gc.x = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]};
-    gc.w = wdims;
-    gc.y = {yd_dims[0], yd_dims[1], yd_dims[2], yd_dims[3]};
-    gc.pre = gc.post = {cpads[0], cpads[1]};
-    gc.stride = {cstride[0], cstride[1]};
-    gc.dil = {dil[0], dil[1]};
-    gc.bias = bias_t != nullptr;
-    gc.residual = z != nullptr;
-    gc.act = relu ? 1 : silu.empty() ? 0 : 2;
-    KILN_ASSIGN_OR_RETURN(std::optional<GraphConvChoice> gch, pick_graph_conv(L, gc));
-    const double pass_ms = 2.0 * double(ynum) * eb / 2.5e9 + 0.003;  // one elementwise pass over y
+  if (graph_conv_fits(L, lay, group, wdims) && !small) {
+    GraphConv gc = graph_conv_shape(*dt, x->dims, wdims, yd_dims, cpads, cstride, dil, bias_t, z, relu, silu);
+    const double pass_ms = pass_over_ms(ynum, eb);
     const double legacy_ms = (algo == choice.algo ? choice.ms : choice.precomp_ms) + (separate_bias ? pass_ms : 0.0) +
                              (silu.empty() ? 0.0 : pass_ms);
-    // A graph engine compiles when the engine is loaded (a few hundred milliseconds each): it must
-    // win by a margin, not by the timing's noise (ResNet-50's 3x3 convolutions tie the legacy ones).
-    constexpr double kMargin = 0.95;
     const bool timed = choice.ms > 0 && (algo == choice.algo || choice.precomp_ms > 0);
-    if (gch && (L.options().graph_conv == 1 || (timed && gch->ms < kMargin * legacy_ms))) {
-      KILN_ASSIGN_OR_RETURN(Ref wr, L.upload_derived(*w, "krsc", *dt, [w]() { return to_krsc(*w); }));
-      Ref br;
-      if (bias_t) {
-        KILN_ASSIGN_OR_RETURN(br, L.upload_constant(*bias_t, *dt));
-      }
-      const Value* gout = silu.empty() ? out : silu.back()->outputs[0];
-      const DevValue& y = L.define(gout, lay);
-      const std::string impl = fmt::format("cudnn graph conv NHWC {} engine {}{}{}{} ({:.4f} ms against {:.4f})",
-                                           *dt == k::DT::kF16 ? "fp16" : "bf16", gch->engine, bias_t ? " +bias" : "",
-                                           z ? " +residual" : "", relu ? " +relu" : silu.empty() ? "" : " +silu", gch->ms,
-                                           legacy_ms);
-      emit_graph_conv(L, n, gc, *gch, impl, x->ref, wr, br, z ? z->ref : Ref{}, y.ref, {read_id(x), z ? read_id(z) : -1});
-      for (const Node* f : fused) L.mark_fused(f, &n);
-      for (const Node* f : silu) L.mark_fused(f, &n);
-      return Status::ok();
-    }
+    KILN_ASSIGN_OR_RETURN(bool done, try_graph_conv(L, n, gc, *x, *w, bias_t, z, out, fused, silu, timed ? legacy_ms : -1.0));
+    if (done) return Status::ok();
   }
 
   Ref wr;

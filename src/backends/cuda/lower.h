@@ -328,6 +328,9 @@ bool depthwise_candidate(Lowering& L, const Node& n);
 void find_conv_input_acts(Lowering& L);
 Status lower_depthwise(Lowering& L, const Node& n, const DevValue& x, const InputAct* in_act);
 void register_depthwise_binder(std::map<StepOp, BindFn>& t);
+// The bytes arena buffer r of plan p holds, for binders checking an engine file's sizes; -1 for a
+// weight (the plan's host copies are gone once the device holds them: weights go unmeasured).
+int64_t held_bytes(const DevicePlan& p, Ref r);
 // Helpers of lower_conv.cc: 2-D pads [top, left, bottom, right] (auto_pad NOTSET/VALID only), and
 // the nodes computing v * sigmoid(v) from v when nothing else reads v (empty otherwise).
 std::optional<std::array<int64_t, 4>> pads4(const Node& n);

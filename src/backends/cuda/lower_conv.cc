@@ -615,14 +615,8 @@ Status lower_conv(Lowering& L, const Node& n) {
       a = &rows;
     }
     DevValue wv, bv;
-    KILN_ASSIGN_OR_RETURN(wv.ref, L.upload_constant(*w, *dt));
-    wv.dt = *dt;
     Epilogue ep;
-    if (bias_t) {
-      KILN_ASSIGN_OR_RETURN(bv.ref, L.upload_constant(*bias_t, *dt));
-      bv.dt = *dt;
-      ep.bias = &bv;
-    }
+    if (bias_t) ep.bias = &bv;  // uploaded below (gemm_ms reads only whether there is a bias)
     if (relu) ep.act = Act::kRelu;
     if (z) {
       ep.c = z;
@@ -637,6 +631,13 @@ Status lower_conv(Lowering& L, const Node& n) {
       const double other_ms = lt_ms > 0 ? lt_ms + pass_over_ms(gs.m * gs.n, k::dt_size(*dt)) : -1.0;
       KILN_ASSIGN_OR_RETURN(bool done, try_graph_conv(L, n, gc, *x, *w, bias_t, z, out, fused, silu, other_ms));
       if (done) return Status::ok();
+    }
+    // (Uploaded only now: a graph takes its own KRSC copy, and an unused weight would stay in the engine.)
+    KILN_ASSIGN_OR_RETURN(wv.ref, L.upload_constant(*w, *dt));
+    wv.dt = *dt;
+    if (bias_t) {
+      KILN_ASSIGN_OR_RETURN(bv.ref, L.upload_constant(*bias_t, *dt));
+      bv.dt = *dt;
     }
     const DevValue& y = L.define(out, lay);
     Ref yr = y.ref;

@@ -1,9 +1,10 @@
 // Depthwise 2-D convolutions (MobileNet's and EfficientNet's 3x3 and 5x5 per-channel filters) on
 // kiln's own NHWC kernel (kernels/conv.cu), in half-precision builds: the bias, a following Relu,
 // constant Clip (ReLU6) or SiLU applied in the same pass, and a cheap activation in front of it
-// (the expansion convolution's Clip or HardSwish) applied as the input is read. It reads the leading pads itself, so
+// (the expansion convolution's Clip, HardSwish or LeakyRelu) applied as the input is read. It reads the leading pads itself, so
 // asymmetric padding needs no padded copy.
-#include <algorithm>
+#include <cmath>
+#include <optional>
 
 #include "backends/cuda/lower.h"
 
@@ -20,25 +21,31 @@ const char* dw_input_name(k::DwInput a) {
   }
 }
 
-// The activation found in front of depthwise convolution conv, read from v: recorded and claimed.
-void claim_input_act(Lowering& L, const Value* v) {
-  std::optional<ActMatch> m = match_act(L, v);
-  if (!m || std::any_of(m->nodes.begin(), m->nodes.end(), [&L](const Node* f) { return L.is_fused(f); })) return;
-  const Node* conv = L.only_consumer(m->out);
-  if (!conv || conv->inputs[0] != m->out || !depthwise_candidate(L, *conv) || L.input_acts.count(conv)) return;
-  if (!(v->type == m->out->type)) return;
-  InputAct in{v, k::DwInput::kNone, m->p.a, m->p.b};
-  switch (m->op) {
-    case k::Unary::kClip:
-      if (m->p.a <= 0 && 0 <= m->p.b) in.act = k::DwInput::kClip;
-      break;
-    case k::Unary::kHardSwish: in.act = k::DwInput::kHardSwish; break;
-    case k::Unary::kLeakyRelu: in.act = k::DwInput::kLeakyRelu; break;
-    default: break;
+// What activation node n applies, as the depthwise kernel's input transform (x: its input).
+std::optional<InputAct> input_act_of(const Lowering& L, const Node& n) {
+  if (n.inputs.empty() || !n.inputs[0] || n.outputs.size() != 1 || !(n.inputs[0]->type == n.outputs[0]->type)) {
+    return std::nullopt;
   }
-  if (in.act == k::DwInput::kNone) return;
-  L.input_acts[conv] = in;
-  for (const Node* f : m->nodes) L.mark_fused(f, conv);
+  InputAct in{n.inputs[0], k::DwInput::kNone, 0, 0};
+  switch (n.op) {
+    case OpKind::kClip:
+      in.act = k::DwInput::kClip;
+      in.a = -INFINITY;
+      in.b = INFINITY;
+      for (size_t i = 1; i < 3; ++i) {
+        if (!n.has_input(i)) continue;
+        const Tensor* c = L.constant(n.inputs[i]);
+        if (!c || c->numel() != 1) return std::nullopt;
+        (i == 1 ? in.a : in.b) = float(c->as_double(0));
+      }
+      return in;
+    case OpKind::kHardSwish: in.act = k::DwInput::kHardSwish; return in;
+    case OpKind::kLeakyRelu:
+      in.act = k::DwInput::kLeakyRelu;
+      in.a = n.attr_float("alpha", 0.01f);
+      return in;
+    default: return std::nullopt;
+  }
 }
 
 }  // namespace
@@ -58,14 +65,19 @@ bool depthwise_candidate(Lowering& L, const Node& n) {
 // The activation after each expansion convolution of an inverted-residual block (MobileNetV2's
 // Clip, MobileNetV3's HardSwish) feeds a depthwise convolution: the depthwise kernel applies it to
 // its input as it reads it, and the pass over the widest activations of the network disappears.
-// Only cheap activations that are 0 at 0 (kernels.h, DwInput): EfficientNet's SiLU stays a pass.
-// Relu is left to the producer's epilogue (a GEMM or cuDNN convolution applies it for free).
+// Cheap activations only (kernels.h, DwInput): EfficientNet's SiLU stays a pass. Relu is left to
+// the producer's epilogue (a GEMM or cuDNN convolution applies it for free). The activation's input
+// may have other readers; its output must have the convolution alone.
 void find_conv_input_acts(Lowering& L) {
-  for (const Value* v : L.graph().inputs) claim_input_act(L, v);
   for (const auto& up : L.graph().nodes) {
-    for (const Value* v : up->outputs) {
-      if (v) claim_input_act(L, v);
-    }
+    const Node& a = *up;
+    if (L.is_fused(&a)) continue;
+    std::optional<InputAct> in = input_act_of(L, a);
+    if (!in) continue;
+    const Node* conv = L.only_consumer(a.outputs[0]);
+    if (!conv || conv->inputs[0] != a.outputs[0] || !depthwise_candidate(L, *conv) || L.input_acts.count(conv)) continue;
+    L.input_acts[conv] = *in;
+    L.mark_fused(&a, conv);
   }
 }
 
@@ -160,7 +172,16 @@ Status lower_depthwise(Lowering& L, const Node& n, const DevValue& input, const 
 
 namespace {
 
-Expected<StepFn> bind_depthwise(Params& in, BindCtx&) {
+// n * ... in int64, or -1 past it (a malformed engine file's sizes).
+int64_t product(std::initializer_list<int64_t> dims) {
+  int64_t p = 1;
+  for (int64_t d : dims) {
+    if (__builtin_mul_overflow(p, d, &p)) return -1;
+  }
+  return p;
+}
+
+Expected<StepFn> bind_depthwise(Params& in, BindCtx& ctx) {
   const k::DT dt = in.dt();
   const Ref xr = in.ref(), wr = in.ref(), br = in.opt_ref(), yr = in.ref();
   k::DepthwiseShape sh{};
@@ -173,9 +194,24 @@ Expected<StepFn> bind_depthwise(Params& in, BindCtx&) {
   const int act = in.i32();
   const float lo = in.f32(), hi = in.f32();
   KILN_RETURN_IF_ERROR(in.done());
-  if (sh.in_act < 0 || sh.in_act > int(k::DwInput::kLast) || act < 0 || act > 3) {
-    return KILN_ERROR(kInvalidModel, "{}: malformed depthwise convolution parameters", in.step().label);
+  // Sizes the kernel's int pixel arithmetic takes, and arena buffers that hold what it reads and writes.
+  bool ok = sh.in_act >= 0 && sh.in_act <= int(k::DwInput::kLast) && act >= 0 && act <= 3 && !yr.weight;
+  for (int v : {sh.n, sh.h, sh.w, sh.c, sh.r, sh.s, sh.p, sh.q, sh.stride_h, sh.stride_w, sh.dil_h, sh.dil_w}) ok = ok && v >= 1;
+  ok = ok && sh.pad_h >= 0 && sh.pad_w >= 0 &&
+       int64_t(sh.p) * sh.stride_h + int64_t(sh.r) * sh.dil_h + sh.pad_h < INT32_MAX &&
+       int64_t(sh.q) * sh.stride_w + int64_t(sh.s) * sh.dil_w + sh.pad_w < INT32_MAX;
+  const int64_t e = k::dt_size(dt);
+  auto holds = [&](Ref r, int64_t bytes) {
+    const int64_t h = held_bytes(ctx.plan, r);
+    ok = ok && bytes >= 0 && (h < 0 || h >= bytes);
+  };
+  if (ok) {
+    holds(xr, product({sh.n, sh.h, sh.w, sh.c, e}));
+    holds(yr, product({sh.n, sh.p, sh.q, sh.c, e}));
+    holds(wr, product({sh.r, sh.s, sh.c, e}));
+    if (br.id >= 0) holds(br, product({sh.c, e}));
   }
+  if (!ok) return KILN_ERROR(kInvalidModel, "{}: malformed depthwise convolution parameters", in.step().label);
   return StepFn([=](const RunCtx& c) {
     return cuda_status(k::depthwise_conv2d_nhwc(dt, c.ptr(xr), c.ptr(wr), br.id >= 0 ? c.ptr(br) : nullptr, c.ptr(yr), sh,
                                                 act, lo, hi, c.stream), "depthwise_conv2d_nhwc");

@@ -192,6 +192,7 @@ Status lower_batch_norm(Lowering& L, const Node& n) {
   int64_t outer = nhwc ? x->dims[0] * spatial : x->dims[0], inner = nhwc ? 1 : spatial;
   // A Relu or a constant Clip that alone reads the output is the kernel's clamp (DenseNet's BN-ReLU).
   const Node* act = L.only_consumer(n.outputs[0]);
+  if (act && L.is_fused(act)) act = nullptr;  // taken by a pattern (a depthwise convolution's input)
   float lo = -std::numeric_limits<float>::infinity(), hi = std::numeric_limits<float>::infinity();
   if (act && act->op == OpKind::kRelu) {
     lo = 0;

@@ -1,6 +1,6 @@
 // Multi-node patterns the lowering runs as one kernel, found before lowering starts (so the inner
 // nodes are skipped as they come up in topological order): Attention nodes with the views that
-// feed them (lower_attention.cc), an activation read by a depthwise convolution (lower_conv.cc) and a
+// feed them (lower_attention.cc), an activation read by a depthwise convolution (lower_conv_depthwise.cc) and a
 // broadcast Add read by a GroupNorm (lower_norm.cc), a squeeze-and-excitation gate
 // (lower_squeeze_excite.cc). Which nodes fuse is mostly the graph passes' decision (fuse-gelu,
 // fuse-attention...) and these choose how a fused node is run; the squeeze-excite gate is a chain of

@@ -228,11 +228,9 @@ Status lower_squeeze_excite(Lowering& L, const Node& root, const SqueezeExcite& 
   return Status::ok();
 }
 
-namespace {
-
-// The bytes an arena buffer holds; -1 for a weight (the plan's host copies are gone once the
-// device holds them, as other binders' weights go unmeasured too).
 int64_t held_bytes(const DevicePlan& p, Ref r) { return r.weight ? -1 : int64_t(p.buffer_bytes[size_t(r.id)]); }
+
+namespace {
 
 Expected<StepFn> bind_squeeze_excite(Params& in, BindCtx& ctx) {
   k::SqueezeExciteArgs a;

@@ -24,7 +24,10 @@ struct alignas(sizeof(T) * V) Pack {
 
 // x after the fused input activation `in` (DwInput; uniform over the grid).
 __device__ __forceinline__ float dw_input(float x, int in, float a, float b) {
-  if (in == int(DwInput::kClip)) return fminf(fmaxf(x, a), b);
+  if (in == int(DwInput::kClip)) {  // NaN stays NaN, as Clip's own kernel keeps it
+    const float v = x < a ? a : x;
+    return v > b ? b : v;
+  }
   if (in == int(DwInput::kHardSwish)) return x * fmaxf(0.f, fminf(1.f, x * (1.f / 6.f) + 0.5f));
   if (in == int(DwInput::kLeakyRelu)) return x >= 0.f ? x : a * x;
   return x;

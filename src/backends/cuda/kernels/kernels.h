@@ -322,9 +322,10 @@ cudaError_t gather_elements(int elem_bytes, const void* data, int64_t outer, int
 // bias [c] (may be null), y [n,p,q,c]; y = act(sum + bias) with act 0 none, 1 relu,
 // 2 clip(lo, hi), 3 SiLU. pad_h/pad_w are the leading pads (trailing pads only bound the output size).
 // kF32, kF16, kBF16; f32 accumulation.
-// The activation applied to each x as it is read (the one before the convolution, fused): each
-// is 0 at 0, so the padding stays zero, and a few instructions, since every x is read once per
-// filter tap (SiLU's exponential and division 25 times over for a 5x5 filter lost: bench/RESULTS.md,
+
+// The activation applied to each x as it is read (the one before the convolution, fused; padded
+// taps are skipped, never activated). A few instructions each: every x is read once per filter
+// tap (SiLU's exponential and division 25 times over for a 5x5 filter lost: bench/RESULTS.md,
 // forty-third session). Values are stored in engine files: append only.
 enum class DwInput : int {
   kNone = 0,

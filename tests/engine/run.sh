@@ -70,7 +70,10 @@ grep -q "device:    cpu" "$TMP/inspect_engine.out" && grep -q "input  *f32\[1,3,
   && ok inspect_engine_content || bad inspect_engine_content "$(head -c 400 "$TMP/inspect_engine.out")"
 mkdir -p "$TMP/in" && cp "$M/chelsea.npy" "$TMP/in/input.npy"
 expect_ok compare_engine "$KILN" compare "$E" --inputs "$TMP/in" --reference "$TMP/onnx-out" --rtol 0 --atol 0
-expect_ok bench_engine "$KILN" bench "$E" --warmup 0 --iterations 2
+expect_ok bench_engine "$KILN" bench "$E" --warmup 0 --iterations 2 --json "$TMP/bench_engine.json"
+grep -Eq "^load: [0-9]+\.[0-9] ms$" "$TMP/bench_engine.out" &&
+  python3 -c "import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))['load_ms'] > 0 else 1)" "$TMP/bench_engine.json" \
+  && ok bench_engine_load_time || bad bench_engine_load_time "$(head -c 400 "$TMP/bench_engine.out")"
 
 # A model with an If whose branches read an outer value, an int64 input and a bool input.
 python3 - "$TMP" <<'PY' || bad small_models "python could not write the models"

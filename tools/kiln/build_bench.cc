@@ -79,7 +79,7 @@ int bench_main(LoadOptions load, EngineOptions eng, const BenchOptions& opt) {
   const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (from_file) {
     std::printf("load: %.1f ms\n", load_ms);
-    if (std::string r = engine->report(); r.rfind("loaded in ", 0) == 0) std::printf("  %s", r.substr(0, r.find('\n') + 1).c_str());
+    print_load_note(*engine);
   }
   RunOptions ro;
   ro.random_inputs = true;

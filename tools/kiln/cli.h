@@ -198,6 +198,8 @@ Expected<Engine> open_engine_for_files(const LoadOptions& load, const EngineOpti
 Expected<BuildConfig> build_config(const LoadOptions& load, const EngineOptions& eng, int64_t batch);
 // Whether `path` holds an engine file (by its first bytes, whatever its name).
 bool is_engine_file(const std::string& path);
+// An engine loaded from a file: its own breakdown of the load ("loaded in ..."), indented; nothing otherwise.
+void print_load_note(const Engine& e);
 
 // ---- shared helpers (common.cc) ---------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 // Which engine a subcommand runs: an engine file as it was built, or an ONNX model built now with
 // the command line's options (kiln::build picks the GPU when one is usable, else the CPU with one
 // warning line).
+#include <cstdio>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -63,6 +64,11 @@ Status check_loaded(const Engine& e, const std::string& path, const LoadOptions&
 }
 
 }  // namespace
+
+void print_load_note(const Engine& e) {
+  const std::string r = e.report();
+  if (r.rfind("loaded in ", 0) == 0) std::printf("  %s", r.substr(0, r.find('\n') + 1).c_str());
+}
 
 bool is_engine_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -213,7 +213,7 @@ int run_main(const LoadOptions& load, const RunOptions& opt, const EngineOptions
   // To a session ready to run (weights uploaded, CUDA graph captured), the first inference apart.
   std::printf("%s: %.1f ms\n", is_engine_file(load.model) ? "load" : "import + build",
               std::chrono::duration<double, std::milli>(t1 - t0).count());
-  if (std::string r = engine->report(); r.rfind("loaded in ", 0) == 0) std::printf("  %s", r.substr(0, r.find('\n') + 1).c_str());
+  print_load_note(*engine);
   std::vector<double> times;
   std::vector<HostTensor> host;
   for (int i = 0; i < opt.warmup + opt.iterations; ++i) {

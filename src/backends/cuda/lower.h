@@ -142,16 +142,6 @@ struct InputAct {
   float a = 0, b = 0;
 };
 
-// What one activation node (or the Sigmoid-and-Mul pair of SiLU) after value v applies
-// (match_act).
-struct ActMatch {
-  k::Unary op = k::Unary::kIdentity;
-  k::UnaryParams p;
-  std::vector<const Node*> nodes;
-  const Value* out = nullptr;
-};
-
-
 // An Add in front of a GroupNorm of a value broadcast per image and channel, applied by the norm
 // as it reads x (find_norm_input_bias): `stride` elements of `bias` per image, 0 for one shared.
 struct NormInputBias {
@@ -335,9 +325,6 @@ int64_t held_bytes(const DevicePlan& p, Ref r);
 // the nodes computing v * sigmoid(v) from v when nothing else reads v (empty otherwise).
 std::optional<std::array<int64_t, 4>> pads4(const Node& n);
 std::vector<const Node*> silu_after(Lowering& L, const Value* v);
-// The activation reading v (v's only reader, or SiLU's two: Sigmoid and Mul), with the value it
-// writes; none where v is a graph output or is read by anything else (lower_patterns.cc).
-std::optional<ActMatch> match_act(const Lowering& L, const Value* v);
 // A 2-D convolution of K output channels, K not a multiple of 8, lowered by `lower` as one of K
 // rounded up to 8 (zero filters made at build) and then a copy of its first K channels
 // (lower_conv_pad.cc). False, with nothing emitted, where the padded convolution declines.

@@ -214,38 +214,39 @@ __device__ __forceinline__ int64_t global_threads() { return static_cast<int64_t
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
+// kern<<<grid, block, smem, s>>>(args...) with one launch attribute (none where attr is null).
+template <class... P, class... A>
+cudaError_t launch_with(cudaLaunchAttribute* attr, void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                        A... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = attr ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kern, args...);
+}
+
 // kern<<<grid, block, 0, s>>>(args...), with programmatic stream serialization when `pdl`: the
 // kernel may then start while the previous one in the stream finishes, so it must call pdl_wait()
 // before its first access to memory that kernel writes or reads.
 template <class... P, class... A>
 cudaError_t launch_pdl(bool pdl, void (*kern)(P...), dim3 grid, dim3 block, cudaStream_t s, A... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kern, args...);
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  return launch_with(pdl ? &attr : nullptr, kern, grid, block, 0, s, args...);
 }
 
 // kern<<<grid, block, smem, s>>>(args...) as a cooperative launch: every block resident at once, so
 // that cooperative_groups' grid barrier may be used (the grid must fit: cudaOccupancy...).
 template <class... P, class... A>
 cudaError_t launch_cooperative(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kern, args...);
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeCooperative;
+  attr.val.cooperative = 1;
+  return launch_with(&attr, kern, grid, block, smem, s, args...);
 }
 
 // V elements moved as one aligned vector access (16 bytes of input where the pointers allow).

@@ -13,6 +13,7 @@
 #include "backends/cuda/nvrtc.h"
 #include "backends/cuda/timing_cache.h"
 #include "passes/value_inputs.h"
+#include "api/staged_split.h"
 #endif
 
 namespace kiln {
@@ -110,6 +111,11 @@ class GpuEngine : public DeviceEngine {
 
 }  // namespace
 
+std::shared_ptr<DeviceEngine> static_gpu_engine(std::shared_ptr<const Plan> plan, std::shared_ptr<cuda::Engine> e,
+                                                std::string cache_line) {
+  return std::make_shared<GpuEngine>(std::move(plan), std::move(e), std::move(cache_line));
+}
+
 cuda::BuildOptions build_options(const BuildConfig& c) {
   cuda::BuildOptions bo;
   bo.precision = c.precision;
@@ -140,6 +146,8 @@ Expected<std::shared_ptr<DeviceEngine>> build_with_cache(std::shared_ptr<const P
     }
     return build_dynamic_gpu_engine(std::move(plan), c, std::move(cache), std::move(source));
   }
+  // Shapes that depend on values the model computes (NonZero, a computed TopK k...): staged.
+  if (has_open_shapes(*plan->graph)) return build_staged_gpu_engine(std::move(plan), c, std::move(cache), true);
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<cuda::Engine> e, cuda::Engine::build(*plan->graph, bo));
   warn_cpu_nodes(e->report());
   std::string line = fmt::format("timing cache: {}, {} choices reused, {} timed\n", source, cache->hits(), cache->misses());
@@ -204,6 +212,11 @@ Expected<std::shared_ptr<DeviceEngine>> load_gpu_engine(std::shared_ptr<const Pl
   }
   std::string why = cuda::target_mismatch(built, cuda::current_target());
   if (!why.empty()) return KILN_ERROR(kUnsupported, "{}: this GPU engine cannot run here: {}", name, why);
+  if (sections.count("STGD")) {
+    auto tune = sections.find("TUNE");
+    if (tune == sections.end()) return KILN_ERROR(kInvalidModel, "{}: a staged GPU engine without its TUNE section", name);
+    return load_staged_gpu_engine(std::move(plan), config, tune->second, name);
+  }
   auto dpln = sections.find("DPLN");
   auto dwgt = sections.find("DWGT");
   if (auto tune = sections.find("TUNE"); tune != sections.end() && dpln == sections.end()) {

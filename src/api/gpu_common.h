@@ -25,4 +25,17 @@ Expected<std::shared_ptr<DeviceEngine>> build_dynamic_gpu_engine(std::shared_ptr
 Expected<std::shared_ptr<DeviceEngine>> load_dynamic_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& c,
                                                                 std::string_view tune, const std::string& name);
 
+// A static GPU engine over `plan`, whose graph `e` was built from (gpu.cc); `cache_line` starts
+// its report.
+std::shared_ptr<DeviceEngine> static_gpu_engine(std::shared_ptr<const Plan> plan, std::shared_ptr<cuda::Engine> e,
+                                                std::string cache_line);
+// A GPU engine for a graph with fixed input shapes whose other shapes depend on values it computes
+// (gpu_staged.cc, staged_split.h); `time_misses` as cuda::BuildOptions has it, for the stage
+// before the cut.
+Expected<std::shared_ptr<DeviceEngine>> build_staged_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& c,
+                                                                std::shared_ptr<cuda::TimingCache> cache, bool time_misses);
+// The same from an engine file (its STGD section marks it; TUNE is the build's timing cache).
+Expected<std::shared_ptr<DeviceEngine>> load_staged_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& c,
+                                                               std::string_view tune, const std::string& name);
+
 }  // namespace kiln

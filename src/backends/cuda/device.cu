@@ -78,4 +78,11 @@ std::string copy_to_host(void* dst, const void* src, size_t bytes, void* stream)
   return e == cudaSuccess ? "" : cuda_reason(e);
 }
 
+std::string copy_to_device(void* dst, const void* src, size_t bytes, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  return e == cudaSuccess ? "" : cuda_reason(e);
+}
+
 }  // namespace kiln::cuda

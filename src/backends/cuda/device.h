@@ -39,5 +39,7 @@ namespace kiln::cuda {
 // stream) and waits for it; "" on success, else the CUDA error. Dynamic engines read value inputs
 // a caller passed on the device this way.
 std::string copy_to_host(void* dst, const void* src, size_t bytes, void* stream);
+// The other way, host to device, waiting likewise (a staged engine's outputs into a caller's buffers).
+std::string copy_to_device(void* dst, const void* src, size_t bytes, void* stream);
 
 }  // namespace kiln::cuda

@@ -5,7 +5,8 @@
 // those nodes run on the CPU reference kernels; the nodes after them on a GPU plan made for the
 // exact shapes the host nodes produced, at the first run that meets them (specialize_graph, lowered
 // with the timing cache's nearest choices and nothing timed, as a dynamic engine's shape plans are;
-// cut again when it opens shapes of its own). Values cross between stages as host tensors.
+// cut again when it opens shapes of its own). What the first stage makes for the last alone stays
+// on the GPU between them; the rest crosses as host tensors.
 //
 // A plan after the cut whose inputs hold no element (NonZero found nothing) runs on the CPU
 // reference kernels: empty tensors are not lowered. One the GPU backend refuses (kUnsupported) does
@@ -17,6 +18,7 @@
 #ifdef KILN_HAVE_CUDA
 #include <cstring>
 #include <mutex>
+#include <set>
 
 #include "api/gpu_common.h"
 #include "api/staged_split.h"
@@ -49,6 +51,7 @@ struct AfterPlan {
   std::shared_ptr<const Plan> plan;
   std::shared_ptr<DeviceEngine> gpu;  // null: runs on the CPU reference kernels (`on_cpu` says why)
   std::string on_cpu;
+  bool staged = false;  // `gpu` cuts again: its outputs' shapes are known only once it ran
   uint64_t last_use = 0;
 };
 
@@ -146,6 +149,7 @@ class StagedGpuEngine : public DeviceEngine, public std::enable_shared_from_this
       auto e = build_stage(p->plan, /*time_misses=*/false, /*runtime_dims=*/true);
       if (e) {
         p->gpu = std::move(*e);
+        p->staged = has_open_shapes(*p->plan->graph);
       } else if (e.status().code() == ErrorCode::kUnsupported) {
         p->on_cpu = e.status().message();
         std::fprintf(stderr, "kiln: warning: %s: runs on the CPU: %s\n", shapes_text(*after_, s).c_str(), p->on_cpu.c_str());
@@ -214,6 +218,8 @@ class StagedGpuEngine : public DeviceEngine, public std::enable_shared_from_this
 // Values of a run by name: the model's inputs, then what each stage computes.
 using Env = std::map<std::string, Data>;
 
+TensorView view_of(const Tensor& t) { return {t.dtype(), t.dims(), const_cast<void*>(t.raw()), false}; }
+
 Expected<std::vector<Data>> gather(const Graph& g, const Env& env) {
   std::vector<Data> in;
   for (const Value* v : g.inputs) {
@@ -237,7 +243,25 @@ class StagedGpuSession : public Session::Impl {
   explicit StagedGpuSession(std::shared_ptr<const StagedGpuEngine> e) : e_(std::move(e)) {}
   Status start() {
     if (!e_->before()) return Status::ok();
-    KILN_ASSIGN_OR_RETURN(before_, stage_session(*e_->before(), e_->before_plan()->graph.get()));
+    const Graph& bg = *e_->before_plan()->graph;
+    KILN_ASSIGN_OR_RETURN(before_, stage_session(*e_->before(), &bg));
+    // What the stage before the cut makes for the nodes after it alone stays on the GPU, in buffers
+    // of this session; what the host nodes or the caller read comes back to the host.
+    std::set<std::string> to_host;
+    for (const Value* v : e_->host_plan().graph->inputs) to_host.insert(v->name);
+    for (const Value* v : e_->graph().outputs) to_host.insert(v->name);
+    for (const Value* v : bg.outputs) {
+      TensorView w{v->type.dtype, *v->type.shape->static_dims(), nullptr, false};
+      if (!to_host.count(v->name)) {
+        std::string err;
+        std::shared_ptr<void> b = cuda::device_buffer(w.bytes(), &err);
+        if (!b) return KILN_ERROR(kOutOfMemory, "staged engine: {} bytes on the GPU for '{}': {}", w.bytes(), v->name, err);
+        w.data = b.get();
+        w.on_device = true;
+        buffers_.push_back(std::move(b));
+      }
+      before_out_.push_back(std::move(w));
+    }
     return Status::ok();
   }
 
@@ -386,7 +410,32 @@ class StagedGpuSession : public Session::Impl {
     if (inputs.size() != g.inputs.size()) return KILN_ERROR(kInvalidArgument, "expected {} inputs, got {}", g.inputs.size(), inputs.size());
     Env env;
     for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i]->name] = std::move(inputs[i]);
-    if (before_) KILN_RETURN_IF_ERROR(stage(*before_, *e_->before_plan()->graph, env, steps, bad));
+    // Step times and non-finite checks run every stage on host tensors (stage()); a plain run keeps
+    // what crosses from before the cut to after it on the GPU (`device`).
+    const bool diagnose = steps || bad;
+    std::map<std::string, TensorView> device;
+    if (before_ && diagnose) {
+      KILN_RETURN_IF_ERROR(stage(*before_, *e_->before_plan()->graph, env, steps, bad));
+    } else if (before_) {
+      const Graph& bg = *e_->before_plan()->graph;
+      KILN_ASSIGN_OR_RETURN(std::vector<Data> in, gather(bg, env));
+      std::vector<TensorView> iv, ov = before_out_;
+      for (const Data& d : in) iv.push_back(view_of(d.tensor));
+      std::vector<Tensor> host(ov.size());
+      for (size_t i = 0; i < ov.size(); ++i) {
+        if (ov[i].on_device) continue;
+        KILN_ASSIGN_OR_RETURN(host[i], Tensor::create(ov[i].dtype, ov[i].shape));
+        ov[i].data = host[i].raw();
+      }
+      KILN_RETURN_IF_ERROR(before_->run_device(iv, ov, nullptr, true));
+      for (size_t i = 0; i < ov.size(); ++i) {
+        if (ov[i].on_device) {
+          device[bg.outputs[i]->name] = ov[i];
+        } else {
+          env[bg.outputs[i]->name] = Data(std::move(host[i]));
+        }
+      }
+    }
     {
       auto t0 = std::chrono::steady_clock::now();
       const Plan& host = e_->host_plan();
@@ -402,16 +451,42 @@ class StagedGpuSession : public Session::Impl {
     }
     if (const Graph* after = e_->after_graph()) {
       Shapes shapes;
+      std::vector<TensorView> iv;
       for (const Value* v : after->inputs) {
-        auto it = env.find(v->name);
-        if (it == env.end() || !it->second.is_tensor()) {
+        if (auto d = device.find(v->name); d != device.end()) {
+          iv.push_back(d->second);
+        } else if (auto it = env.find(v->name); it != env.end() && it->second.is_tensor()) {
+          iv.push_back(view_of(it->second.tensor));
+        } else {
           return KILN_ERROR(kInternal, "staged engine: '{}' is not a tensor computed before the stage reading it", v->name);
         }
-        shapes.push_back(it->second.tensor.dims());
+        shapes.push_back(iv.back().shape);
       }
       KILN_ASSIGN_OR_RETURN(Session::Impl * s, after_session(shapes));
       const AfterPlan& p = *after_.at(shapes).plan;
-      KILN_RETURN_IF_ERROR(stage(*s, *p.plan->graph, env, steps, bad));
+      const Graph& ag = *p.plan->graph;
+      if (p.gpu && !p.staged && !diagnose) {  // static shapes: the caller places the outputs
+        std::vector<TensorView> ov;
+        std::vector<Data> out;
+        for (const Value* v : ag.outputs) {
+          KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(v->type.dtype, *v->type.shape->static_dims()));
+          ov.push_back(view_of(t));
+          out.push_back(Data(std::move(t)));
+        }
+        KILN_RETURN_IF_ERROR(s->run_device(iv, ov, nullptr, true));
+        KILN_RETURN_IF_ERROR(scatter(ag, std::move(out), env));
+      } else {
+        for (const TensorView& w : iv) {  // on the CPU, or cut again: every input on the host
+          if (!w.on_device) continue;
+          KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::create(w.dtype, w.shape));
+          std::string err = t.nbytes() ? cuda::copy_to_host(t.raw(), w.data, t.nbytes(), nullptr) : "";
+          if (!err.empty()) return KILN_ERROR(kInternal, "staged engine: copying a value to the host: {}", err);
+          for (const auto& [name, d] : device) {
+            if (d.data == w.data) env[name] = Data(t);
+          }
+        }
+        KILN_RETURN_IF_ERROR(stage(*s, ag, env, steps, bad));
+      }
     }
     std::vector<Data> out;
     for (const Value* v : g.outputs) {
@@ -428,6 +503,8 @@ class StagedGpuSession : public Session::Impl {
 
   std::shared_ptr<const StagedGpuEngine> e_;
   std::unique_ptr<Session::Impl> before_;
+  std::vector<TensorView> before_out_;  // per output of the stage before the cut: on the GPU, or not placed yet
+  std::vector<std::shared_ptr<void>> buffers_;
   std::map<Shapes, Entry> after_;
   uint64_t clock_ = 0;
 };

@@ -78,6 +78,20 @@ std::string copy_to_host(void* dst, const void* src, size_t bytes, void* stream)
   return e == cudaSuccess ? "" : cuda_reason(e);
 }
 
+std::shared_ptr<void> device_buffer(size_t bytes, std::string* err) {
+  std::lock_guard<std::recursive_mutex> lock(device_mutation_mutex());
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+  if (e != cudaSuccess) {
+    *err = cuda_reason(e);
+    return nullptr;
+  }
+  return std::shared_ptr<void>(p, [](void* q) {
+    std::lock_guard<std::recursive_mutex> lock(device_mutation_mutex());
+    cudaFree(q);
+  });
+}
+
 std::string copy_to_device(void* dst, const void* src, size_t bytes, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s);

@@ -2,6 +2,7 @@
 // both answer "no device" with the reason, which the CLI prints once as a warning.
 #pragma once
 
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -41,5 +42,8 @@ namespace kiln::cuda {
 std::string copy_to_host(void* dst, const void* src, size_t bytes, void* stream);
 // The other way, host to device, waiting likewise (a staged engine's outputs into a caller's buffers).
 std::string copy_to_device(void* dst, const void* src, size_t bytes, void* stream);
+// `bytes` of device memory, freed when its last owner goes (both under device_mutation_mutex); null
+// with `err` set when CUDA cannot give it.
+std::shared_ptr<void> device_buffer(size_t bytes, std::string* err);
 
 }  // namespace kiln::cuda

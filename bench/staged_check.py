@@ -113,6 +113,31 @@ def range_model():
     return helper.make_model(g, opset_imports=OPSET, ir_version=8)
 
 
+def loop_model():
+    # A Loop whose trip count is the number of positives in x's first row, each iteration a row of
+    # scan output (the running value times 0.5, plus x's second row); after it, a sum over the scans.
+    inits = [const("zero", np.array(0, np.int64)), const("one", np.array(1, np.int64)),
+             const("z", np.array(0.0, np.float32)), const("t", np.array(True))]
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Mul", ["v_in", "halfb"], ["v_half"]),
+         helper.make_node("Add", ["v_half", "row1"], ["v_out"]),
+         helper.make_node("Identity", ["v_out"], ["scan"])],
+        "body", [vi("i", TensorProto.INT64, []), vi("cond_in", TensorProto.BOOL, []), vi("v_in", TensorProto.FLOAT, [16])],
+        [vi("cond_out", TensorProto.BOOL, []), vi("v_out", TensorProto.FLOAT, [16]), vi("scan", TensorProto.FLOAT, [16])],
+        initializer=[const("halfb", np.array(0.5, np.float32))])
+    nodes = [helper.make_node("Gather", ["x", "zero"], ["row0"], axis=0),
+             helper.make_node("Gather", ["x", "one"], ["row1"], axis=0),
+             helper.make_node("Greater", ["row0", "z"], ["g"]),
+             helper.make_node("Cast", ["g"], ["c"], to=TensorProto.INT64),
+             helper.make_node("ReduceSum", ["c"], ["n"], keepdims=0),
+             helper.make_node("Loop", ["n", "t", "row0"], ["v_final", "scans"], body=body),
+             helper.make_node("Tanh", ["scans"], ["y"])]
+    g = helper.make_graph(nodes, "loop", [vi("x", TensorProto.FLOAT, [4, 16])],
+                          [vi("y", TensorProto.FLOAT, None), vi("v_final", TensorProto.FLOAT, None)], initializer=inits)
+    return helper.make_model(g, opset_imports=OPSET, ir_version=8)
+
+
 def feeds_nonzero(seed, frac):
     # The threshold in the widest gap between the channel means near the `frac` quantile, so that fp16
     # rounding cannot move a mean across it (None: above them all).
@@ -151,6 +176,7 @@ CASES = {
     "topk_computed_k": (topk_model, [{"x": np.random.default_rng(s).standard_normal((4, 1000)).astype(np.float32)} for s in (4, 5)], None),
     "nms": (nms_model, [feeds_nms(6), feeds_nms(7)], None),
     "unique": (unique_model, [{"x": np.random.default_rng(s).integers(0, hi, 64).astype(np.int64)} for s, hi in ((8, 10), (9, 40))], None),
+    "loop_computed_trips": (loop_model, [{"x": np.random.default_rng(s).standard_normal((4, 16)).astype(np.float32)} for s in (12, 13)], None),
     "range_computed": (range_model, [{"x": np.random.default_rng(s).standard_normal((8, 160)).astype(np.float32)} for s in (10, 11)], None),
 }
 

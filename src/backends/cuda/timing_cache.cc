@@ -1,5 +1,6 @@
 #include "backends/cuda/timing_cache.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 #include <filesystem>
@@ -64,14 +65,13 @@ bool split_signature(const std::string& sig, std::string& form, std::vector<doub
 
 }  // namespace
 
-std::optional<std::string> TimingCache::nearest(const std::string& kind, const std::string& signature) {
+std::vector<TimingCache::Near> TimingCache::nearest_n(const std::string& kind, const std::string& signature, size_t n) {
   std::string form, other_form;
   std::vector<double> dims, other;
-  if (!split_signature(signature, form, dims)) return std::nullopt;
+  if (!split_signature(signature, form, dims)) return {};
   const std::string prefix = target_ + "|" + kind + "|" + form + " @ ";
   std::lock_guard<std::mutex> lock(mu_);
-  std::map<std::string, std::string>::iterator best = entries_.end();
-  double best_d = 0;
+  std::vector<std::pair<double, std::map<std::string, std::string>::iterator>> found;
   for (auto it = entries_.lower_bound(prefix); it != entries_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
     if (!split_signature(it->first.substr(target_.size() + kind.size() + 2), other_form, other) ||
         other.size() != dims.size()) {
@@ -79,14 +79,26 @@ std::optional<std::string> TimingCache::nearest(const std::string& kind, const s
     }
     double d = 0;
     for (size_t i = 0; i < dims.size(); ++i) d += std::abs(std::log((dims[i] + 1) / (other[i] + 1)));
-    if (best == entries_.end() || d < best_d) {
-      best = it;
-      best_d = d;
-    }
+    found.emplace_back(d, it);
   }
-  if (best == entries_.end()) return std::nullopt;
-  used_.insert(best->first);
-  return best->second;
+  // Nearest first; equally near ones in key order (stable), so the choice never depends on chance.
+  std::stable_sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  if (found.size() > n) found.resize(n);
+  std::vector<Near> out;
+  for (const auto& [d, it] : found) {
+    used_.insert(it->first);
+    Near x;
+    split_signature(it->first.substr(target_.size() + kind.size() + 2), other_form, x.dims);
+    x.value = it->second;
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+std::optional<std::string> TimingCache::nearest(const std::string& kind, const std::string& signature) {
+  std::vector<Near> v = nearest_n(kind, signature, 1);
+  if (v.empty()) return std::nullopt;
+  return v[0].value;
 }
 
 std::string TimingCache::to_text(bool only_used) const {

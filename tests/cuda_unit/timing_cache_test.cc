@@ -76,25 +76,5 @@ TEST(TimingCache, NearestTakesTheClosestShapeOfTheSameForm) {
   EXPECT_EQ(c.nearest("conv", "w[64,3,7,7] @ x[9,3,224,224]").value_or(""), "conv");
 }
 
-// nearest_n: the n nearest of the same form, nearest first, each with the numbers of its shape.
-TEST(TimingCache, NearestNListsTheClosestShapesInOrder) {
-  TimingCache c("H100 sm_90");
-  std::string text;  // merged, as a loaded engine's TUNE section is: nothing used yet
-  for (int m : {256, 1024, 1536, 1792, 4096}) text += fmt::format("H100 sm_90|lt|dt1 t00 e0 c0 0 @ {} 3072 768 b1 0 0 0\ta{}\n", m, m);
-  text += "H100 sm_90|lt|dt1 t01 e0 c0 0 @ 1617 3072 768 b1 0 0 0\tother-form\n";
-  ASSERT_TRUE(c.merge_text(text, "test"));
-  auto v = c.nearest_n("lt", "dt1 t00 e0 c0 0 @ 1617 3072 768 b1 0 0 0", 3);
-  ASSERT_EQ(v.size(), 3u);
-  EXPECT_EQ(v[0].value, "a1536");
-  EXPECT_EQ(v[1].value, "a1792");
-  EXPECT_EQ(v[2].value, "a1024");
-  EXPECT_EQ(v[0].dims, (std::vector<double>{1536, 3072, 768, 1, 0, 0, 0}));
-  // Every entry handed out is one the engine used: its file keeps them.
-  EXPECT_NE(c.to_text(/*only_used=*/true).find("a1024"), std::string::npos);
-  EXPECT_EQ(c.to_text(/*only_used=*/true).find("a4096"), std::string::npos);
-  EXPECT_EQ(c.nearest_n("lt", "dt1 t00 e0 c0 0 @ 1617 3072 768 b1 0 0 0", 10).size(), 5u);
-  EXPECT_TRUE(c.nearest_n("lt", "dt9 t00 e0 c0 0 @ 1617 3072 768 b1 0 0 0", 3).empty());
-}
-
 }  // namespace
 }  // namespace kiln::cuda

@@ -68,15 +68,6 @@ std::optional<k::DT> to_kdt(DType d) {
   }
 }
 
-int sm_count() {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      sms < 1) {
-    return 132;
-  }
-  return sms;
-}
-
 Expected<std::vector<int64_t>> exact_dims(const Value* v) {
   if (!v->type.shape) KILN_UNSUPPORTED("'{}' has no known shape", v->name);
   auto d = v->type.shape->static_dims();

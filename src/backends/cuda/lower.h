@@ -127,8 +127,6 @@ k::NdStrides nd(const std::vector<int64_t>& dims, const std::vector<int64_t>& st
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& dims);
 // The product of d[from, to) (lower_data.cc).
 int64_t prod_of(const std::vector<int64_t>& d, size_t from, size_t to);
-// The current GPU's SMs (132, an H100 SXM's, when the driver cannot say; lower.cc).
-int sm_count();
 // Strides of `v` read as broadcast into `out_dims` (numpy rules; 0 for broadcast dims).
 std::vector<int64_t> broadcast_strides(const DevValue& v, const std::vector<int64_t>& out_dims);
 std::optional<k::DT> to_kdt(DType d);

@@ -5,11 +5,9 @@
 // [K,M] one. So D = A.B (row-major) is computed as D^T = B^T . A^T (column-major): cuBLASLt's
 // "A" is our B, its "B" is our A, m = N, n = M, and the bias vector runs along m = N.
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <optional>
 
 #include "backends/cuda/lower.h"
 #include "backends/cuda/timing_cache.h"
@@ -150,64 +148,6 @@ bool decode_algo(const std::string& v, cublasLtMatmulAlgo_t& a, float& ms) {
   return end && *end == '\0';
 }
 
-// cuBLASLt's tile ids with their rows x columns (generated from the toolkit's cublasLt.h).
-struct LtTile {
-  uint32_t id;
-  int rows, cols;
-};
-constexpr LtTile kLtTiles[] = {
-#include "lt_tiles.inc"
-};
-
-// Waves of CTAs an algorithm launches for a product whose cuBLASLt view is rows x cols (our n x m,
-// make_lt_descs), `batch` times: its tiles times its split-K slices over the SMs, one CTA per SM
-// (the large tiles Hopper's kernels use). 0 when its tile is not in the table.
-double lt_waves(const cublasLtMatmulAlgo_t& a, double rows, double cols, double batch, int sms) {
-  const uint32_t id = algo_config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_TILE_ID);
-  for (const LtTile& t : kLtTiles) {
-    if (t.id != id) continue;
-    const double split = std::max(1, algo_config<int32_t>(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM));
-    return std::ceil(std::ceil(rows / t.rows) * std::ceil(cols / t.cols) * batch * split / sms);
-  }
-  return 0;
-}
-
-// A shape nothing was timed at (a dynamic engine's shape plan; nothing is timed while it runs): the
-// algorithms timed at the nearest shapes, each one's time there scaled to this shape by its waves
-// here over its waves there (else by the work), and the least taken. The nearest shape's own
-// algorithm alone can be a wave too many a few rows away, which doubles the product's time: a tile
-// whose grid just filled the SMs there spills into a second wave here.
-std::optional<std::pair<cublasLtMatmulAlgo_t, float>> nearest_lt_algo(Lowering& L, TimingCache& cache, cublasLtMatmulDesc_t desc,
-                                                                       cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
-                                                                       cublasLtMatrixLayout_t ld, const GemmShape& s,
-                                                                       const std::string& key) {
-  constexpr size_t kNearest = 6;
-  const int sms = sm_count();
-  std::optional<std::pair<cublasLtMatmulAlgo_t, float>> best;
-  double best_ms = 0;
-  for (const TimingCache::Near& e : cache.nearest_n("lt", key, kNearest)) {
-    cublasLtMatmulAlgo_t algo{};
-    float ms = -1;
-    cublasLtMatmulHeuristicResult_t check{};
-    if (e.dims.size() < 4 || !decode_algo(e.value, algo, ms) ||
-        cublasLtMatmulAlgoCheck(L.lt, desc, la, lb, ld, ld, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
-        check.workspaceSize > L.options().workspace_bytes) {
-      continue;
-    }
-    const double m = e.dims[0], n = e.dims[1], k = e.dims[2], batch = std::max(1.0, e.dims[3]);
-    const double there = lt_waves(algo, n, m, batch, sms), here = lt_waves(algo, double(s.n), double(s.m), double(s.batch), sms);
-    const double scale = there > 0 && here > 0 ? here / there : double(s.m) * double(s.n) * double(s.k) * double(s.batch) /
-                                                                    std::max(1.0, m * n * k * batch);
-    const double predicted = ms > 0 ? ms * scale : -1;
-    // Untimed entries count only when nothing timed is there.
-    if (!best || (predicted > 0 && (best_ms <= 0 || predicted < best_ms))) {
-      best = std::make_pair(algo, float(predicted));
-      best_ms = predicted;
-    }
-  }
-  return best;
-}
-
 // The heuristic's candidates (and split-K variants), timed on scratch buffers when autotuning
 // (TensorRT's tactic timing for GEMMs); the heuristic's first choice otherwise or when timing
 // cannot run. Each candidate is timed as the forward runs it (tuning.h): launches back to back in a
@@ -223,13 +163,7 @@ Expected<cublasLtMatmulAlgo_t> pick_lt_algo(Lowering& L, cublasLtMatmulDesc_t de
   TimingCache* cache = L.options().autotune ? L.options().timing_cache.get() : nullptr;
   if (cache) {
     std::optional<std::string> v = cache->get("lt", key);
-    if (!v && !L.options().time_misses) {
-      if (auto near = nearest_lt_algo(L, *cache, desc, la, lb, ld, s, key)) {
-        L.gemm_algos[key] = near->first;
-        if (near->second > 0) L.gemm_algo_ms[key] = near->second;
-        return near->first;
-      }
-    }
+    if (!v && !L.options().time_misses) v = cache->nearest("lt", key);
     if (v) {
       cublasLtMatmulAlgo_t algo{};
       float ms = -1;

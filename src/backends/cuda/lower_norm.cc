@@ -301,6 +301,15 @@ void find_norm_input_bias(Lowering& L) {
 
 namespace {
 
+// The current GPU's SMs (132 on an H100 SXM when the driver cannot say).
+int sm_count() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      sms < 1) {
+    return 132;
+  }
+  return sms;
+}
 
 // The blocks an image for the one-launch NHWC normalization (k::group_norm_nhwc_one_launch), or 0
 // for the three launches. Where the build autotunes, the three launches, one launch with as many

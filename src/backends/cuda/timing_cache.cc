@@ -1,6 +1,5 @@
 #include "backends/cuda/timing_cache.h"
 
-#include <algorithm>
 #include <cmath>
 #include <vector>
 #include <filesystem>
@@ -65,13 +64,14 @@ bool split_signature(const std::string& sig, std::string& form, std::vector<doub
 
 }  // namespace
 
-std::vector<TimingCache::Near> TimingCache::nearest_n(const std::string& kind, const std::string& signature, size_t n) {
+std::optional<std::string> TimingCache::nearest(const std::string& kind, const std::string& signature) {
   std::string form, other_form;
   std::vector<double> dims, other;
-  if (!split_signature(signature, form, dims)) return {};
+  if (!split_signature(signature, form, dims)) return std::nullopt;
   const std::string prefix = target_ + "|" + kind + "|" + form + " @ ";
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<std::pair<double, std::map<std::string, std::string>::iterator>> found;
+  std::map<std::string, std::string>::iterator best = entries_.end();
+  double best_d = 0;
   for (auto it = entries_.lower_bound(prefix); it != entries_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
     if (!split_signature(it->first.substr(target_.size() + kind.size() + 2), other_form, other) ||
         other.size() != dims.size()) {
@@ -79,26 +79,14 @@ std::vector<TimingCache::Near> TimingCache::nearest_n(const std::string& kind, c
     }
     double d = 0;
     for (size_t i = 0; i < dims.size(); ++i) d += std::abs(std::log((dims[i] + 1) / (other[i] + 1)));
-    found.emplace_back(d, it);
+    if (best == entries_.end() || d < best_d) {
+      best = it;
+      best_d = d;
+    }
   }
-  // Nearest first; equally near ones in key order (stable), so the choice never depends on chance.
-  std::stable_sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  if (found.size() > n) found.resize(n);
-  std::vector<Near> out;
-  for (const auto& [d, it] : found) {
-    used_.insert(it->first);
-    Near x;
-    split_signature(it->first.substr(target_.size() + kind.size() + 2), other_form, x.dims);
-    x.value = it->second;
-    out.push_back(std::move(x));
-  }
-  return out;
-}
-
-std::optional<std::string> TimingCache::nearest(const std::string& kind, const std::string& signature) {
-  std::vector<Near> v = nearest_n(kind, signature, 1);
-  if (v.empty()) return std::nullopt;
-  return v[0].value;
+  if (best == entries_.end()) return std::nullopt;
+  used_.insert(best->first);
+  return best->second;
 }
 
 std::string TimingCache::to_text(bool only_used) const {

@@ -21,7 +21,6 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <vector>
 
 #include "backends/cuda/target.h"
 #include "support/status.h"
@@ -43,13 +42,6 @@ class TimingCache {
   // a shape nothing was timed at: a dynamic engine's shape plan takes the choice of the nearest shape
   // its build timed. The lowering still checks that the library accepts it.
   std::optional<std::string> nearest(const std::string& kind, const std::string& signature);
-  // The `n` nearest such entries, nearest first, each with its DIMS (every one marked as used): a
-  // lowering that can predict a choice's time at another shape picks among them.
-  struct Near {
-    std::vector<double> dims;
-    std::string value;
-  };
-  std::vector<Near> nearest_n(const std::string& kind, const std::string& signature, size_t n);
 
   // Entries in the text form. `only_used`: the entries looked up or added since construction (what
   // one engine needs, for its file).

@@ -1,13 +1,14 @@
 """Models whose shapes depend on values they compute (NonZero, NonMaxSuppression, Unique, a TopK
 with a computed k, a Range to a computed limit), on the GPU as staged engines, in one device call:
 
-    python3 bench/staged_check.py --kiln BIN/kiln [--out DIR] [--device cuda] [--time]
+    python3 bench/staged_check.py --kiln BIN/kiln [--out DIR] [--device cuda] [--time] [--ssd]
 
 Per case (a small ONNX model made with onnx.helper and one or more input sets): `kiln build m.onnx
 --device D -o m.kiln` (its report must say the engine is staged on a GPU), then the saved engine
 run in a fresh process on each input set, and the .onnx run directly in fp16, each output compared
 with onnxruntime (CPU, fp32; kiln's cpu-ref where onnxruntime is missing). --time: `kiln bench` of
 the larger model on the device and on the CPU (where the whole model ran before staged engines).
+--ssd: a torchvision detector's post-processing (ssd_check).
 Prints one line per check; exits non-zero on any failure.
 """
 import argparse
@@ -228,12 +229,48 @@ def compare(got, want, tol):
     return None if worst <= tol else f"max rel diff {worst:.2e} > {tol:.0e}"
 
 
+def ssd_check(kiln, work):
+    """SSDlite320-MobileNetV3 (torchvision, random weights) exported by torch.onnx (TorchScript, opset 17):
+    90 NonZero and a NonMaxSuppression in its post-processing. kiln fp32 on the device against
+    onnxruntime, then `kiln bench` fp16 on the device and on the CPU, and onnxruntime's time."""
+    import time
+    import onnxruntime as ort
+    import torch
+    import torchvision
+    torch.manual_seed(0)
+    m = torchvision.models.detection.ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None).eval()
+    img = torch.rand(3, 320, 320)
+    path = os.path.join(work, "ssd.onnx")
+    torch.onnx.export(m, ([img],), path, opset_version=17, dynamo=False, input_names=["images"],
+                      output_names=["boxes", "scores", "labels"])
+    feeds = {"images": img.numpy()}
+    s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    want = [np.asarray(o) for o in s.run(None, feeds)]
+    t0 = time.perf_counter()
+    for _ in range(10):
+        s.run(None, feeds)
+    print(f"time ssd onnxruntime cpu: {1000 * (time.perf_counter() - t0) / 10:.1f} ms a run", flush=True)
+    try:
+        got = run_kiln([kiln, "run", path, "--device", "cuda"], feeds, os.path.join(work, "ssd_out"), ["boxes", "scores", "labels"])
+        err = compare(got, want, 1e-4)
+    except RuntimeError as e:
+        err = str(e)
+    print(f"{'ok  ' if err is None else 'FAIL'} ssd fp32 on the GPU vs onnxruntime{'' if err is None else ': ' + err}", flush=True)
+    for dev in ("cuda", "cpu"):
+        rc, text = sh([kiln, "bench", path, "--device", dev, "--iterations", "20", "--warmup", "3"] +
+                      (["--fp16"] if dev == "cuda" else []), timeout=900)
+        line = [ln for ln in text.splitlines() if "median" in ln]
+        print(f"time ssd on {dev}: rc={rc} {line[-1] if line else text[-300:]}", flush=True)
+    return err is not None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kiln", required=True)
     ap.add_argument("--out", default=None)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--time", action="store_true")
+    ap.add_argument("--ssd", action="store_true", help="also SSDlite320-MobileNetV3 from torchvision (needs torch)")
     a = ap.parse_args()
     work = a.out or tempfile.mkdtemp()
     os.makedirs(work, exist_ok=True)
@@ -281,6 +318,8 @@ def main():
     except RuntimeError as e:
         check(f"wrong input shape is an error ({e})", None if "x" in str(e) else "the message names no input")
 
+    if a.ssd:
+        failures += ssd_check(a.kiln, work)
     if a.time:
         path = os.path.join(work, "nonzero_big.onnx")
         onnx.save(nonzero_model(n=16, c=64, hw=128), path)

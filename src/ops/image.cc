@@ -1,6 +1,7 @@
 // Op family: image. Resize lives in image_resize.cc, GridSample and AffineGrid in image_grid.cc;
 // this file holds NonMaxSuppression, CenterCropPad and ImageDecoder.
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "ops/image_util.h"
@@ -55,6 +56,54 @@ bool suppresses(const Box& a, const Box& b, float iou_threshold) {
   return inter / uni > iou_threshold;
 }
 
+// The boxes one (batch, class) has kept so far, bucketed along x: a candidate is compared only with
+// the kept boxes in the buckets its x range touches, as boxes apart along x never overlap. Buckets
+// are as wide as the widest candidate, so a box lies in at most two. Exporters' batched NMS (every
+// class in one call, each class's boxes offset far from the others') then costs about what one
+// class's would, where comparing with every kept box grew with the square of all the boxes. The
+// result is the one every-pair comparison gives: only pairs that cannot overlap are skipped.
+class KeptBoxes {
+ public:
+  // `boxes`: every candidate (finite coordinates), to size the buckets.
+  explicit KeptBoxes(const std::vector<Box>& boxes) {
+    float lo = boxes.empty() ? 0.0f : boxes[0].x0, hi = lo, widest = 0;
+    for (const Box& b : boxes) {
+      lo = std::min(lo, b.x0);
+      hi = std::max(hi, b.x1);
+      widest = std::max(widest, b.x1 - b.x0);
+    }
+    lo_ = lo;
+    const float span = hi - lo;
+    if (!std::isfinite(span) || !std::isfinite(widest)) {  // coordinates near the float range: one bucket
+      buckets_.resize(1);
+      return;
+    }
+    width_ = std::max({widest, span / 65536.0f, 1e-6f});
+    buckets_.resize(size_t(span / width_) + 1);
+  }
+  bool suppressed(const Box& b, const std::vector<Box>& all, float iou) const {
+    for (size_t i = bucket(b.x0), last = bucket(b.x1); i <= last; ++i) {
+      for (int64_t k : buckets_[i]) {
+        if (suppresses(b, all[size_t(k)], iou)) return true;
+      }
+    }
+    return false;
+  }
+  void keep(const Box& b, int64_t index) {
+    for (size_t i = bucket(b.x0), last = bucket(b.x1); i <= last; ++i) buckets_[i].push_back(index);
+  }
+
+ private:
+  size_t bucket(float x) const {
+    const float f = (x - lo_) / width_;
+    return f <= 0 ? 0 : std::min(buckets_.size() - 1, size_t(f));
+  }
+  float lo_ = 0, width_ = 1;
+  std::vector<std::vector<int64_t>> buckets_;
+};
+
+bool finite_box(const Box& b) { return std::isfinite(b.x0) && std::isfinite(b.x1) && std::isfinite(b.y0) && std::isfinite(b.y1); }
+
 // A scalar optional input (an empty tensor counts as absent).
 std::optional<double> optional_scalar(const KernelCtx& c, size_t i) {
   if (!c.has_input(i) || c.tensor(i).numel() == 0) return std::nullopt;
@@ -85,13 +134,21 @@ Status nms_cpu(KernelCtx& c) {
       }
       // Highest score first; equal scores keep the lower box index first.
       std::stable_sort(cand.begin(), cand.end(), [&](int64_t i, int64_t j) { return sc[i] > sc[j]; });
+      std::vector<Box> cand_boxes;
+      for (int64_t s : cand) cand_boxes.push_back(all[size_t(s)]);
+      // Every pair is compared when a coordinate is not finite (buckets need finite ones).
+      const bool bucketed = std::all_of(cand_boxes.begin(), cand_boxes.end(), finite_box);
+      KeptBoxes index(bucketed ? cand_boxes : std::vector<Box>{});
       std::vector<int64_t> kept;
       for (int64_t s : cand) {
         if (int64_t(kept.size()) >= max_out) break;
-        bool keep = std::none_of(kept.begin(), kept.end(),
-                                 [&](int64_t k) { return suppresses(all[size_t(s)], all[size_t(k)], iou); });
-        if (!keep) continue;
+        const Box& box = all[size_t(s)];
+        const bool drop = bucketed ? index.suppressed(box, all, iou)
+                                   : std::any_of(kept.begin(), kept.end(),
+                                                 [&](int64_t k) { return suppresses(box, all[size_t(k)], iou); });
+        if (drop) continue;
         kept.push_back(s);
+        if (bucketed) index.keep(box, s);
         selected.insert(selected.end(), {b, cl, s});
       }
     }

@@ -83,6 +83,19 @@ struct Session::Impl {
   virtual size_t device_bytes() const = 0;
 };
 
+// Milliseconds of each of `iterations` runs of `s` after `warmup` untimed ones, by the host clock:
+// for sessions whose runs synchronise with the host (the CPU's, a staged GPU engine's).
+inline Expected<std::vector<double>> host_clock_benchmark(Session::Impl& s, const std::vector<Data>& inputs, int warmup,
+                                                          int iterations) {
+  std::vector<double> t;
+  for (int i = 0; i < warmup + iterations; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    KILN_ASSIGN_OR_RETURN(auto out, s.run(inputs));
+    if (i >= warmup) t.push_back(ms_since(t0));
+  }
+  return t;
+}
+
 // What every CPU session shares: host tensors only, a host-clock benchmark over run(), no device
 // memory; profile and check_finite report nothing unless a session knows its steps.
 struct HostSession : Session::Impl {
@@ -90,13 +103,7 @@ struct HostSession : Session::Impl {
     return KILN_ERROR(kInvalidArgument, "this engine runs on the CPU: pass host tensors to Session::run(inputs)");
   }
   Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) override {
-    std::vector<double> t;
-    for (int i = 0; i < warmup + iterations; ++i) {
-      auto t0 = std::chrono::steady_clock::now();
-      KILN_ASSIGN_OR_RETURN(auto out, run(inputs));
-      if (i >= warmup) t.push_back(ms_since(t0));
-    }
-    return t;
+    return host_clock_benchmark(*this, inputs, warmup, iterations);
   }
   Expected<std::vector<StepTime>> profile(const std::vector<Data>&) override { return std::vector<StepTime>{}; }
   Expected<std::vector<NonFiniteStep>> check_finite(const std::vector<Data>&) override {

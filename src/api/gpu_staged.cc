@@ -101,7 +101,7 @@ class StagedGpuEngine : public DeviceEngine, public std::enable_shared_from_this
     if (before_) {
       out += "before the cut:\n" + before_->report();
     } else {
-      out += "before the cut: nothing (the first data-dependent node reads the model's inputs)\n";
+      out += "before the cut: nothing on the GPU (the data-dependent nodes read the model's inputs alone)\n";
     }
     return out;
   }
@@ -323,15 +323,9 @@ class StagedGpuSession : public Session::Impl {
     return Status::ok();
   }
 
-  // Host-clock: a run synchronises with the host between its stages.
+  // A run synchronises with the host between its stages.
   Expected<std::vector<double>> benchmark(const std::vector<Data>& inputs, int warmup, int iterations) override {
-    std::vector<double> t;
-    for (int i = 0; i < warmup + iterations; ++i) {
-      auto t0 = std::chrono::steady_clock::now();
-      KILN_ASSIGN_OR_RETURN(auto out, run(inputs));
-      if (i >= warmup) t.push_back(ms_since(t0));
-    }
-    return t;
+    return host_clock_benchmark(*this, inputs, warmup, iterations);
   }
   Expected<std::vector<StepTime>> profile(const std::vector<Data>& inputs) override {
     std::vector<StepTime> steps;
@@ -345,6 +339,7 @@ class StagedGpuSession : public Session::Impl {
   }
   size_t device_bytes() const override {
     size_t b = before_ ? before_->device_bytes() : 0;
+    for (const TensorView& w : before_out_) b += w.on_device ? w.bytes() : 0;
     for (const auto& [shape, e] : after_) b += e.session->device_bytes();
     return b;
   }
@@ -444,7 +439,8 @@ class StagedGpuSession : public Session::Impl {
       KILN_RETURN_IF_ERROR(scatter(*host.graph, std::move(out), env));
       if (steps) {
         for (const auto& n : host.graph->nodes) {
-          steps->push_back({fmt::format("{} on the CPU (its output shape depends on computed values)", n->describe()),
+          steps->push_back({fmt::format("{} on the CPU (its output shape depends on computed values; the host nodes' "
+                                        "time shared equally)", n->describe()),
                             ms_since(t0) / double(host.graph->nodes.size()), n->describe(), std::string(op_name(n->op))});
         }
       }

@@ -1,6 +1,8 @@
 // The cut of a graph at the nodes that open shapes (staged_split.h).
 #include "api/staged_split.h"
 
+#include <algorithm>
+#include <map>
 #include <set>
 
 #include "runtime/engine_file.h"
@@ -113,17 +115,22 @@ Expected<StagedSplit> split_at_open_shapes(const Graph& g) {
     }
   }
   auto stage_of = [&](const Value* v) { return made_in.count(v) ? made_in.at(v) : kBefore; };
-  std::set<const Value*> graph_outputs(g.outputs.begin(), g.outputs.end());
+  // The nodes after the cut run only when the caller reads something they make (else the passes
+  // left them as dead code): what only they read is then nobody's output.
+  bool after_kept = false;
+  for (const Value* v : g.outputs) after_kept = after_kept || (v && !v->constant && v->producer && stage_of(v) == kAfter);
   // Per stage: the non-constant values its nodes read from elsewhere (its inputs), and the values
   // it makes that a later stage or the caller reads (its outputs), in the graph's order.
   std::vector<const Value*> ins[3], outs[3];
   std::set<const Value*> in_seen[3], out_seen[3];
   for (const Value* v : g.inputs) {  // the graph's inputs first, in their order
     for (size_t i = 0; i < g.nodes.size(); ++i) {
+      if (stage[i] == kAfter && !after_kept) continue;
       if (std::find(reads[i].begin(), reads[i].end(), v) != reads[i].end()) add_once(ins[stage[i]], in_seen[stage[i]], v);
     }
   }
   for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (stage[i] == kAfter && !after_kept) continue;
     for (const Value* v : reads[i]) {
       if (v->constant || !v->producer) continue;  // weights stay with every stage that reads them
       const Stage from = stage_of(v);
@@ -147,7 +154,7 @@ Expected<StagedSplit> split_at_open_shapes(const Graph& g) {
     KILN_ASSIGN_OR_RETURN(out.before, extract(g, stage, kBefore, ins[kBefore], outs[kBefore]));
   }
   KILN_ASSIGN_OR_RETURN(out.host, extract(g, stage, kHost, ins[kHost], outs[kHost]));
-  if (any[kAfter] && !outs[kAfter].empty()) {
+  if (after_kept) {
     KILN_ASSIGN_OR_RETURN(out.after, extract(g, stage, kAfter, ins[kAfter], outs[kAfter]));
   }
   return out;

@@ -26,9 +26,9 @@
 namespace kiln {
 
 struct StagedSplit {
-  std::unique_ptr<Graph> before;  // null when no node comes before the cut
+  std::unique_ptr<Graph> before;  // null when no node before the cut makes a value the rest or the caller reads
   std::unique_ptr<Graph> host;    // never null: at least one node opens a shape
-  std::unique_ptr<Graph> after;   // null when nothing reads the host nodes' outputs but the caller
+  std::unique_ptr<Graph> after;   // null when the caller reads nothing the nodes after the cut make
   std::vector<std::string> host_nodes;  // Node::describe() of each host node, for reports
 };
 

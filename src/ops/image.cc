@@ -78,7 +78,9 @@ class KeptBoxes {
       buckets_.resize(1);
       return;
     }
-    width_ = std::max({widest, span / 65536.0f, 1e-6f});
+    // At most ~2 buckets per candidate (and 65,536): a few small boxes spread wide make few.
+    const float most = float(std::min<size_t>(65536, 2 * boxes.size() + 1));
+    width_ = std::max({widest, span / most, 1e-6f});
     buckets_.resize(size_t(span / width_) + 1);
   }
   bool suppressed(const Box& b, const std::vector<Box>& all, float iou) const {
@@ -94,9 +96,11 @@ class KeptBoxes {
   }
 
  private:
+  // Boxes with x0 > x1 (a negative width) span no bucket: they overlap nothing.
   size_t bucket(float x) const {
     const float f = (x - lo_) / width_;
-    return f <= 0 ? 0 : std::min(buckets_.size() - 1, size_t(f));
+    if (!(f > 0)) return 0;
+    return f >= float(buckets_.size() - 1) ? buckets_.size() - 1 : size_t(f);
   }
   float lo_ = 0, width_ = 1;
   std::vector<std::vector<int64_t>> buckets_;
@@ -137,7 +141,7 @@ Status nms_cpu(KernelCtx& c) {
       std::vector<Box> cand_boxes;
       for (int64_t s : cand) cand_boxes.push_back(all[size_t(s)]);
       // Every pair is compared when a coordinate is not finite (buckets need finite ones).
-      const bool bucketed = std::all_of(cand_boxes.begin(), cand_boxes.end(), finite_box);
+      const bool bucketed = max_out > 0 && std::all_of(cand_boxes.begin(), cand_boxes.end(), finite_box);
       KeptBoxes index(bucketed ? cand_boxes : std::vector<Box>{});
       std::vector<int64_t> kept;
       for (int64_t s : cand) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <random>
 
@@ -22,6 +23,7 @@ struct Case {
   std::vector<float> score;  // [batches, classes, boxes]
   int64_t max_out;
   float iou, threshold;
+  bool center = false;  // boxes as x_center, y_center, width, height (center_point_box = 1)
 };
 
 // The ONNX definition, comparing every candidate with every box kept before it.
@@ -29,6 +31,7 @@ std::vector<int64_t> every_pair(const Case& c) {
   std::vector<int64_t> out;
   auto corners = [&](int64_t b, int64_t s) {
     const float* p = &c.box[size_t((b * c.boxes + s) * 4)];
+    if (c.center) return std::array<float, 4>{p[1] - p[3] / 2, p[0] - p[2] / 2, p[1] + p[3] / 2, p[0] + p[2] / 2};
     return std::array<float, 4>{std::min(p[0], p[2]), std::min(p[1], p[3]), std::max(p[0], p[2]), std::max(p[1], p[3])};
   };
   for (int64_t b = 0; b < c.batches; ++b) {
@@ -66,9 +69,9 @@ std::vector<int64_t> kiln_nms(const Case& c) {
   %m = const dense<i64[1]> [{3}]
   %iou = const dense<f32[1]> [{4}]
   %thr = const dense<f32[1]> [{5}]
-  %sel = NonMaxSuppression(%boxes, %scores, %m, %iou, %thr) : i64[?,3]
+  %sel = NonMaxSuppression(%boxes, %scores, %m, %iou, %thr) {{center_point_box = {6}}} : i64[?,3]
   return %sel
-}})", c.batches, c.classes, c.boxes, c.max_out, c.iou, c.threshold));
+}})", c.batches, c.classes, c.boxes, c.max_out, c.iou, c.threshold, c.center ? 1 : 0));
   EXPECT_TRUE(g) << g.status().message();
   if (!g) return {};
   EXPECT_TRUE(infer_types(**g));
@@ -120,6 +123,30 @@ TEST(NonMaxSuppression, SeveralBatchesClassesAndLimits) {
   c.max_out = 7;
   c.iou = 0.2f;
   c.threshold = 0.5f;
+  EXPECT_EQ(kiln_nms(c), every_pair(c));
+}
+
+// Center-point boxes, some with negative widths or heights (x0 > x1: they overlap nothing).
+TEST(NonMaxSuppression, CenterPointBoxesWithNegativeSizes) {
+  Case c = random_case(11, 1, 2, 800, 8);
+  c.center = true;
+  for (size_t i = 0; i < c.box.size(); i += 4) {
+    c.box[i + 2] = (i % 28 == 0 ? -1.0f : 1.0f) * (5 + float(i % 50));
+    c.box[i + 3] = (i % 36 == 0 ? -1.0f : 1.0f) * (5 + float(i % 40));
+  }
+  EXPECT_EQ(kiln_nms(c), every_pair(c));
+}
+
+TEST(NonMaxSuppression, NoBoxesAskedFor) {
+  Case c = random_case(12, 1, 2, 100, 2);
+  c.max_out = 0;
+  EXPECT_TRUE(kiln_nms(c).empty());
+}
+
+// Coordinates near the float range: the span between them is not finite (one bucket).
+TEST(NonMaxSuppression, CoordinatesNearTheFloatRange) {
+  Case c = random_case(13, 1, 1, 300, 4);
+  for (size_t i = 0; i < 8; ++i) c.box[i] = (i % 2 ? 3e38f : -3e38f);
   EXPECT_EQ(kiln_nms(c), every_pair(c));
 }
 

@@ -12,6 +12,7 @@
 #include "api/staged_split.h"
 #include "ir/text.h"
 #include "ops/infer.h"
+#include "runtime/engine_file.h"
 
 namespace kiln {
 namespace {
@@ -86,8 +87,8 @@ void run_stage(const Graph& stage, std::map<std::string, Data>& env, bool specia
     ASSERT_TRUE(s) << s.status().message();
     EXPECT_FALSE(has_open_shapes(**s)) << "the after stage at exact shapes still has open shapes";
     g = std::move(*s);
-  } else {
-    auto c = parse_graph(print_graph(stage));
+  } else {  // the extracted graph as the engine plans it
+    auto c = clone_graph(stage);
     ASSERT_TRUE(c) << c.status().message();
     g = std::move(*c);
   }
@@ -194,6 +195,54 @@ TEST(StagedSplit, StaticGraphsAndRangedInputs) {
   ASSERT_FALSE(split);
   EXPECT_EQ(split.status().code(), ErrorCode::kUnsupported);
   EXPECT_NE(split.status().message().find("input 'x'"), std::string::npos) << split.status().message();
+}
+
+// After the cut, an If whose branches read a value made before the cut (outer-scope reads) and a
+// graph input; the caller reads a graph input, one value twice, and the host node's output.
+TEST(StagedSplit, SubgraphReadsAndOddOutputs) {
+  constexpr const char* kIf = R"(graph main(%x: f32[6], %c: bool[]) {
+  %r = Relu(%x) : f32[6]
+  %nz = NonZero(%r) : i64[1,?]
+  %f = Cast(%nz) {to = 1} : f32[1,?]
+  %s = ReduceSum(%f) {keepdims = 0} : f32[]
+  %y = If(%c) {else_branch = graph else_g() {
+    %e = Mul(%r, %s) : f32[6]
+    return %e
+  }, then_branch = graph then_g() {
+    %t = Add(%r, %s) : f32[6]
+    return %t
+  }} : f32[6]
+  return %y, %x, %y, %nz
+})";
+  auto g = parsed(kIf);
+  ASSERT_TRUE(g);
+  auto split = split_at_open_shapes(*g);
+  ASSERT_TRUE(split) << split.status().message();
+  ASSERT_TRUE(split->before && split->after);
+  EXPECT_EQ(names_of(split->before->outputs), (std::vector<std::string>{"r"}));
+  EXPECT_EQ(names_of(split->after->inputs), (std::vector<std::string>{"c", "nz", "r"}));
+  for (bool c : {true, false}) {
+    Tensor x = random_tensor({6}, 21), cond = *Tensor::create(DType::kBool, {});
+    x.data<float>()[1] = -1;
+    cond.data<bool>()[0] = c;
+    check_stages_compose(kIf, {Data(x), Data(cond)});
+  }
+}
+
+// A sequence crossing into the nodes after the cut: they are planned per tensor shape.
+TEST(StagedSplit, ASequenceCrossingTheCutIsUnsupported) {
+  auto g = parsed(R"(graph main(%x: f32[6]) {
+  %q = SequenceConstruct(%x, %x) : seq<f32[6]>
+  %nz = NonZero(%x) : i64[1,?]
+  %i = ReduceMin(%nz) {keepdims = 0} : i64[]
+  %e = SequenceAt(%q, %i) : f32[6]
+  return %e
+})");
+  ASSERT_TRUE(g);
+  auto split = split_at_open_shapes(*g);
+  ASSERT_FALSE(split);
+  EXPECT_EQ(split.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(split.status().message().find("'q'"), std::string::npos) << split.status().message();
 }
 
 // The data-dependent node first: nothing before the cut, the host stage reads the graph's input.

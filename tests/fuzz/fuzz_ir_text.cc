@@ -3,7 +3,9 @@
 // Status is a fine answer; a crash, sanitizer report or hang is a finding. A graph that parses and
 // verifies must print and parse again (the printer and parser agree on everything they accept),
 // and the tensor-parallel pass (which reasons about every op's dims to follow a split) must take it
-// for 2 and 3 ranks without a crash; a result it returns must verify.
+// for 2 and 3 ranks without a crash; a result it returns must verify. A graph with shapes left open
+// is cut as a staged GPU engine cuts one (api/staged_split.h): each stage graph it returns must
+// verify.
 //
 //   bash tests/fuzz/run.sh build-fuzz 60     (make fuzz; this target gets a quarter of the time)
 //   build-fuzz/tests/kiln_fuzz_ir_text FILE   (replay one input)
@@ -18,6 +20,7 @@
 #include "ir/tensor.h"
 #include "ir/text.h"
 #include "ir/verifier.h"
+#include "api/staged_split.h"
 #include "passes/tensor_parallel.h"
 
 extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
@@ -37,6 +40,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!split) continue;
     auto changed = kiln::shard_tensor_parallel(**split, ranks, ranks - 1);
     if (changed && *changed && !kiln::verify_graph(**split)) __builtin_trap();  // a split graph that does not verify
+  }
+  if (kiln::has_open_shapes(**g)) {
+    auto cut = kiln::split_at_open_shapes(**g);
+    if (cut) {
+      for (const kiln::Graph* stage : {cut->before.get(), cut->host.get(), cut->after.get()}) {
+        if (stage && !kiln::verify_graph(*stage)) __builtin_trap();  // a stage graph that does not verify
+      }
+    }
   }
   return 0;
 }

@@ -36,7 +36,9 @@ void drop_attrs(Node& n, std::initializer_list<const char*> names) {
 // A float attribute becomes a constant input cast to the data input's type: CastLike(c, x).
 void float_attr_to_input_like(Graph& g, Node& n, const std::string& attr, size_t slot) {
   const Attribute* a = n.attr(attr);
-  if (!a) return;
+  // Without its data input there is no type to cast to: the attribute stays, and the node's schema
+  // check names what is missing.
+  if (!a || n.inputs.empty() || !n.inputs[0]) return;
   float v = a->f;
   n.attrs.erase(attr);
   Value* c = g.add_constant(g.unique_name(n.name + "_" + attr), Tensor::scalar<float>(v));

@@ -111,6 +111,20 @@ class GpuEngine : public DeviceEngine {
 
 }  // namespace
 
+std::string shapes_text(const Graph& g, const std::vector<std::vector<int64_t>>& s,
+                        const std::vector<std::pair<size_t, Tensor>>& values) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < g.inputs.size(); ++i) {
+    out += fmt::format("{}{}:", i ? " " : "", g.inputs[i]->name);
+    for (size_t k = 0; k < s[i].size(); ++k) out += fmt::format("{}{}", k ? "x" : "", s[i][k]);
+  }
+  for (const auto& [i, t] : values) {
+    out += fmt::format(" {}=", g.inputs[i]->name);
+    for (int64_t k = 0; k < t.numel(); ++k) out += fmt::format("{}{}", k ? "," : "", t.as_double(k));
+  }
+  return out;
+}
+
 std::shared_ptr<DeviceEngine> static_gpu_engine(std::shared_ptr<const Plan> plan, std::shared_ptr<cuda::Engine> e,
                                                 std::string cache_line) {
   return std::make_shared<GpuEngine>(std::move(plan), std::move(e), std::move(cache_line));

@@ -25,6 +25,10 @@ Expected<std::shared_ptr<DeviceEngine>> build_dynamic_gpu_engine(std::shared_ptr
 Expected<std::shared_ptr<DeviceEngine>> load_dynamic_gpu_engine(std::shared_ptr<const Plan> plan, const BuildConfig& c,
                                                                 std::string_view tune, const std::string& name);
 
+// "ids:8x128 mask:8x128" for input shapes `s` of graph g, and "k=5" for value inputs (index into
+// g's inputs, value): how shape plans are named in reports and errors.
+std::string shapes_text(const Graph& g, const std::vector<std::vector<int64_t>>& s,
+                        const std::vector<std::pair<size_t, Tensor>>& values = {});
 // A static GPU engine over `plan`, whose graph `e` was built from (gpu.cc); `cache_line` starts
 // its report.
 std::shared_ptr<DeviceEngine> static_gpu_engine(std::shared_ptr<const Plan> plan, std::shared_ptr<cuda::Engine> e,

@@ -54,19 +54,6 @@ PlanKey plan_key(Shapes s, const Values& values) {
 constexpr size_t kKeptPlans = 32;
 constexpr size_t kKeptSessions = 8;
 
-std::string shapes_text(const Graph& g, const Shapes& s, const Values& values = {}) {
-  std::string out;
-  for (size_t i = 0; i < s.size() && i < g.inputs.size(); ++i) {
-    out += fmt::format("{}{}:", i ? " " : "", g.inputs[i]->name);
-    for (size_t k = 0; k < s[i].size(); ++k) out += fmt::format("{}{}", k ? "x" : "", s[i][k]);
-  }
-  for (const auto& [i, t] : values) {
-    out += fmt::format(" {}=", g.inputs[i]->name);
-    for (int64_t k = 0; k < t.numel(); ++k) out += fmt::format("{}{}", k ? "," : "", t.as_double(k));
-  }
-  return out;
-}
-
 struct ShapePlan {
   Shapes shapes;
   std::unique_ptr<Graph> graph;  // before the engine: its host steps read the graph's nodes

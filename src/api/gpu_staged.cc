@@ -38,14 +38,6 @@ using Shapes = std::vector<std::vector<int64_t>>;
 constexpr size_t kKeptPlans = 32;    // plans after the cut an engine keeps, by exact input shapes
 constexpr size_t kKeptSessions = 8;  // their sessions a session keeps
 
-std::string shapes_text(const Graph& g, const Shapes& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size() && i < g.inputs.size(); ++i) {
-    out += fmt::format("{}{}:{}", i ? " " : "", g.inputs[i]->name, s[i].empty() ? "scalar" : dims_to_string(s[i]));
-  }
-  return out;
-}
-
 // The plan of the nodes after the cut for one set of exact input shapes.
 struct AfterPlan {
   std::shared_ptr<const Plan> plan;

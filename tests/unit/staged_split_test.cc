@@ -138,6 +138,16 @@ void check_stages_compose(const char* text, const std::vector<Data>& in) {
   expect_same(run_graph(parsed(text), in), got);
 }
 
+// A graph the cut refuses: kUnsupported, the message naming `what`.
+void expect_refused(const char* text, const std::string& what) {
+  auto g = parsed(text);
+  ASSERT_TRUE(g);
+  auto split = split_at_open_shapes(*g);
+  ASSERT_FALSE(split);
+  EXPECT_EQ(split.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(split.status().message().find(what), std::string::npos) << split.status().message();
+}
+
 TEST(StagedSplit, NonZeroCutsBeforeAndAfter) {
   auto g = parsed(kNonZero);
   ASSERT_TRUE(g);
@@ -186,15 +196,10 @@ TEST(StagedSplit, StaticGraphsAndRangedInputs) {
 })");
   ASSERT_TRUE(g);
   EXPECT_FALSE(has_open_shapes(*g));
-  auto ranged = parsed(R"(graph main(%x: f32[N,5]) {
+  expect_refused(R"(graph main(%x: f32[N,5]) {
   %nz = NonZero(%x) : i64[2,?]
   return %nz
-})");
-  ASSERT_TRUE(ranged);
-  auto split = split_at_open_shapes(*ranged);
-  ASSERT_FALSE(split);
-  EXPECT_EQ(split.status().code(), ErrorCode::kUnsupported);
-  EXPECT_NE(split.status().message().find("input 'x'"), std::string::npos) << split.status().message();
+})", "input 'x'");
 }
 
 // After the cut, an If whose branches read a value made before the cut (outer-scope reads) and a
@@ -231,18 +236,13 @@ TEST(StagedSplit, SubgraphReadsAndOddOutputs) {
 
 // A sequence crossing into the nodes after the cut: they are planned per tensor shape.
 TEST(StagedSplit, ASequenceCrossingTheCutIsUnsupported) {
-  auto g = parsed(R"(graph main(%x: f32[6]) {
+  expect_refused(R"(graph main(%x: f32[6]) {
   %q = SequenceConstruct(%x, %x) : seq<f32[6]>
   %nz = NonZero(%x) : i64[1,?]
   %i = ReduceMin(%nz) {keepdims = 0} : i64[]
   %e = SequenceAt(%q, %i) : f32[6]
   return %e
-})");
-  ASSERT_TRUE(g);
-  auto split = split_at_open_shapes(*g);
-  ASSERT_FALSE(split);
-  EXPECT_EQ(split.status().code(), ErrorCode::kUnsupported);
-  EXPECT_NE(split.status().message().find("'q'"), std::string::npos) << split.status().message();
+})", "'q'");
 }
 
 // The data-dependent node first: nothing before the cut, the host stage reads the graph's input.
